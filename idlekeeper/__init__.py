@@ -1,0 +1,41 @@
+"""idlekeeper: connection timeouts for trio servers, kept in a timing wheel by one reaper.
+
+Quick start::
+
+    async with idlekeeper.open_keeper() as keeper:
+        await idlekeeper.serve_tcp(handler, 8080, keeper=keeper, idle=30)
+
+See :func:`open_keeper`, :meth:`Keeper.watch` and :class:`WatchedStream`.
+"""
+
+from .deadlines import ConnectionDeadlines, Reason
+from .epochs import Epoch, EpochClock
+from .keeper import Keeper, open_keeper
+from .serve import Handler, serve_listeners, serve_tcp
+from .stats import KeeperStats, LagHistogram
+from .timers import TimerHandle, Timers
+from .watch import ExpireHook, Watch, WatchedStream
+from .wheel import TimingWheel, WheelEntry
+
+__all__ = [
+    "ConnectionDeadlines",
+    "Epoch",
+    "EpochClock",
+    "ExpireHook",
+    "Handler",
+    "Keeper",
+    "KeeperStats",
+    "LagHistogram",
+    "Reason",
+    "TimerHandle",
+    "Timers",
+    "TimingWheel",
+    "Watch",
+    "WatchedStream",
+    "WheelEntry",
+    "open_keeper",
+    "serve_listeners",
+    "serve_tcp",
+]
+
+__version__ = "0.1.0"

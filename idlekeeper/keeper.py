@@ -1,0 +1,337 @@
+"""The keeper: one timing wheel and one reaper task for every connection it watches.
+
+``async with open_keeper() as keeper`` starts the reaper; ``keeper.watch(...)`` puts
+a connection under it. The reaper sleeps until the earliest filed deadline (forever
+while nothing is filed), wakes, advances the wheel to now, and for each due entry
+either files it again (it had activity since it was filed) or expires it: a
+synchronous ``CancelScope.cancel()`` and, by default, closing the socket. User
+hooks run elsewhere (tasks, worker threads), so they cannot hold the reaper up.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import math
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from time import perf_counter
+from typing import Any, cast
+
+import trio
+
+from . import _loop_epochs
+from .deadlines import Reason
+from .epochs import EpochClock
+from .stall import SocketLike, send_would_progress, unread_bytes
+from .stats import KeeperStats
+from .timers import TimerHandle, Timers
+from .watch import ExpireHook, Watch, find_socket
+from .wheel import TimingWheel, WheelEntry
+
+__all__ = ["Keeper", "open_keeper"]
+
+logger = logging.getLogger("idlekeeper")
+
+DEFAULT_TICK = 0.1
+
+
+def _is_async(fn: Callable[..., object]) -> bool:
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
+        getattr(fn, "__call__", None)  # noqa: B004 - async callable objects
+    )
+
+
+class Keeper:
+    """Deadlines for many connections, kept by one reaper task.
+
+    Create it with :func:`open_keeper`. All methods are synchronous and O(1).
+    """
+
+    def __init__(
+        self,
+        nursery: trio.Nursery,
+        *,
+        tick: float,
+        stall_check: bool,
+        hook_timeout: float | None,
+        hook_threads: int,
+    ) -> None:
+        self._nursery = nursery
+        self._wheel: TimingWheel[WheelEntry] = TimingWheel(tick, trio.current_time())
+        self._timers = Timers(trio.current_time, wheel=self._wheel, on_error=self._timer_error)
+        self._epochs = _loop_epochs.acquire()
+        self._stall_check = stall_check
+        self._hook_timeout = hook_timeout
+        self._hook_limiter = trio.CapacityLimiter(hook_threads)
+        self._sync_hooks: list[tuple[Callable[[Watch], object], Watch]] = []
+        self._sleep_scope: trio.CancelScope | None = None
+        self._closed = False
+        self.stats = KeeperStats(self._wheel.__len__)
+        """Live counters; see :class:`~idlekeeper.stats.KeeperStats`."""
+
+    # -- public ----------------------------------------------------------------
+
+    @property
+    def tick(self) -> float:
+        """The wheel's resolution: no expiry runs more than one tick after its deadline."""
+        return self._wheel.tick
+
+    @property
+    def epochs(self) -> EpochClock:
+        """The run's activity clock (for code that records activity by hand)."""
+        return self._epochs
+
+    def watch(
+        self,
+        stream: trio.abc.Stream | None = None,
+        *,
+        idle: float | None = None,
+        receive: float | None = None,
+        send: float | None = None,
+        deadline: float | None = None,
+        max_age: float | None = None,
+        socket: SocketLike | None = None,
+        close: bool = True,
+        stall_check: bool | None = None,
+        on_expire: ExpireHook | None = None,
+    ) -> Watch:
+        """Put a connection under watch; use the result as a ``with`` block.
+
+        ``stream`` (optional) is wrapped as ``watch.stream``, whose reads and writes
+        record activity. ``idle``, ``receive`` and ``send`` are timeouts in seconds;
+        ``deadline`` is an absolute trio time and ``max_age`` the same relative to
+        now (the earlier one wins). ``socket`` defaults to the socket under
+        ``stream``; it is used to check for unread bytes before an inactivity
+        expiry, and closed on expiry when ``close`` is true. ``on_expire(watch)``
+        runs after an expiry, as a task if async, in a worker thread if not.
+        """
+        if self._closed:
+            raise RuntimeError("this keeper is closed")
+        if socket is None:
+            socket = find_socket(stream)
+        watch = Watch(
+            self,
+            stream,
+            socket,
+            close=close,
+            stall_check=self._stall_check if stall_check is None else stall_check,
+            on_expire=on_expire,
+        )
+        now = trio.current_time()
+        if idle is not None:
+            watch.set_idle_timeout(idle, now)
+        if receive is not None:
+            watch.set_receive_timeout(receive, now)
+        if send is not None:
+            watch.set_send_timeout(send, now)
+        when = math.inf if deadline is None else deadline
+        if max_age is not None:
+            when = min(when, now + max_age)
+        watch.set_deadline(when)
+        return watch
+
+    def call_at(self, when: float, callback: Callable[..., object], *args: Any) -> TimerHandle:
+        """Run ``callback(*args)`` from the reaper once, no earlier than trio time ``when``.
+
+        A plain callback runs inline in the reaper and must be quick; an async one
+        is started as a task.
+        """
+        handle = self._timers.call_at(when, self._adapt(callback), *args)
+        self._poke(handle._wheel_tick * self._wheel.tick)
+        return handle
+
+    def call_later(self, delay: float, callback: Callable[..., object], *args: Any) -> TimerHandle:
+        """Like :meth:`call_at`, ``delay`` seconds from now."""
+        return self.call_at(trio.current_time() + delay, callback, *args)
+
+    def call_every(
+        self, interval: float, callback: Callable[..., object], *args: Any, first: float | None = None
+    ) -> TimerHandle:
+        """Run ``callback(*args)`` every ``interval`` seconds until the handle is cancelled."""
+        handle = self._timers.call_every(interval, self._adapt(callback), *args, first=first)
+        self._poke(handle._wheel_tick * self._wheel.tick)
+        return handle
+
+    # -- called by Watch -------------------------------------------------------
+
+    def _enter(self, watch: Watch) -> None:
+        self.stats.watched += 1
+        self._changed(watch)
+
+    def _exit(self, watch: Watch) -> None:
+        self.stats.watched -= 1
+        self._wheel.cancel(watch)
+
+    def _changed(self, watch: Watch) -> None:
+        if watch._state != 1 or watch.reason is not None or self._closed:
+            return
+        when = watch.check_time(trio.current_time())
+        wheel = self._wheel
+        if when == math.inf:
+            wheel.cancel(watch)
+            return
+        if watch.filed and watch._wheel_tick * wheel.tick <= when:
+            return  # filed early enough already; the reaper will re-file it lazily
+        self._poke(wheel.schedule(watch, when))
+
+    # -- the reaper --------------------------------------------------------------
+
+    def _poke(self, due: float) -> None:
+        """Wake the reaper sooner if ``due`` is before its alarm."""
+        scope = self._sleep_scope
+        if scope is not None and due < scope.deadline:
+            scope.deadline = due
+
+    async def _reap(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        wheel = self._wheel
+        stats = self.stats
+        task_status.started()
+        while True:
+            alarm = wheel.next_deadline()
+            with trio.CancelScope(deadline=math.inf if alarm is None else alarm) as scope:
+                self._sleep_scope = scope
+                await trio.sleep_forever()
+            self._sleep_scope = None
+            stats.wakeups += 1
+            started = perf_counter()
+            now = trio.current_time()
+            for entry in wheel.advance(now):
+                try:
+                    if isinstance(entry, Watch):
+                        self._due(entry, now)
+                    elif isinstance(entry, TimerHandle):
+                        self._timers.fire(entry, now)
+                except Exception:  # pragma: no cover - a bug, but never the reaper's death
+                    logger.exception("idlekeeper: error handling %r", entry)
+            stats.timers_fired = self._timers.fired
+            stats.busy_seconds += perf_counter() - started
+
+    def _due(self, watch: Watch, now: float) -> None:
+        if watch._state != 1 or watch.reason is not None:
+            return
+        when, reason = watch.resolve(now)
+        if reason is None or when > now:
+            self._refile(watch, now)
+            return
+        sock = watch._socket
+        if sock is not None and watch._stall_check and self._peer_kept_up(watch, sock, reason):
+            self.stats.stall_saves += 1
+            self._refile(watch, now)
+            return
+        watch._expire(reason, now - when)
+        self.stats.expired[reason] += 1
+        self.stats.lag.observe(now - when)
+        if watch.on_expire is not None:
+            self._run_hook(watch.on_expire, watch)
+
+    def _peer_kept_up(self, watch: Watch, sock: SocketLike, reason: Reason) -> bool:
+        """Whether the kernel shows the peer active though our stamps are old.
+
+        If so, stamp the activity now: it happened no later than now.
+        """
+        if reason is Reason.ABSOLUTE:
+            return False
+        if reason is not Reason.SEND and unread_bytes(sock) > 0:
+            watch.rx = self._epochs.current
+            return True
+        if watch.sending and reason is not Reason.RECEIVE and send_would_progress(sock):
+            watch.tx = self._epochs.current
+            return True
+        return False
+
+    def _refile(self, watch: Watch, now: float) -> None:
+        when = watch.check_time(now)
+        if when != math.inf:
+            self.stats.refiles += 1
+            self._wheel.schedule(watch, when)
+
+    # -- hooks and timer callbacks, kept off the reaper --------------------------
+
+    def _run_hook(self, hook: ExpireHook, watch: Watch) -> None:
+        if _is_async(hook):
+            self._nursery.start_soon(self._async_hook, hook, watch)
+            return
+        if not self._sync_hooks:
+            self._nursery.start_soon(self._sync_hook_batch)
+        self._sync_hooks.append((hook, watch))
+
+    async def _async_hook(self, hook: ExpireHook, watch: Watch) -> None:
+        try:
+            with trio.move_on_after(math.inf if self._hook_timeout is None else self._hook_timeout) as scope:
+                result = hook(watch)
+                if result is not None:
+                    await result
+            if scope.cancelled_caught:
+                self.stats.hook_errors += 1
+                logger.warning("idlekeeper: on_expire hook %r timed out after %ss", hook, self._hook_timeout)
+        except Exception:
+            self.stats.hook_errors += 1
+            logger.exception("idlekeeper: on_expire hook %r raised", hook)
+
+    async def _sync_hook_batch(self) -> None:
+        # Started when the first hook of a reaper pass is queued; tasks start on a
+        # later loop pass, so by then the whole reaper pass is queued, and one
+        # worker thread handles all of it.
+        batch, self._sync_hooks = self._sync_hooks, []
+        errors = await trio.to_thread.run_sync(
+            _call_all, batch, abandon_on_cancel=True, limiter=self._hook_limiter
+        )
+        self.stats.hook_errors += errors
+
+    def _adapt(self, callback: Callable[..., object]) -> Callable[..., object]:
+        if not _is_async(callback):
+            return callback
+        nursery = self._nursery
+        task = cast(Callable[..., Awaitable[object]], callback)
+
+        def start(*args: Any) -> None:
+            nursery.start_soon(task, *args)
+
+        return start
+
+    def _timer_error(self, handle: TimerHandle, exc: BaseException) -> None:
+        self.stats.hook_errors += 1
+        logger.error("idlekeeper: timer callback %r raised", handle.callback, exc_info=exc)
+
+
+def _call_all(batch: list[tuple[Callable[[Watch], object], Watch]]) -> int:
+    errors = 0
+    for hook, watch in batch:
+        try:
+            hook(watch)
+        except Exception:
+            errors += 1
+            logger.exception("idlekeeper: on_expire hook %r raised", hook)
+    return errors
+
+
+@asynccontextmanager
+async def open_keeper(
+    *,
+    tick: float = DEFAULT_TICK,
+    stall_check: bool = True,
+    hook_timeout: float | None = 30.0,
+    hook_threads: int = 4,
+) -> AsyncIterator[Keeper]:
+    """Start a keeper and its reaper task; stop them when the block exits.
+
+    ``tick`` (seconds) is the wheel's resolution: an expiry runs after its deadline
+    and less than one tick later, while the process is not starved of CPU.
+    ``stall_check`` looks for unread bytes (and a drained send buffer) before an
+    inactivity expiry. Async ``on_expire`` hooks are cut off after
+    ``hook_timeout``; plain ones run in up to ``hook_threads`` worker threads.
+    """
+    if hook_threads < 1:
+        raise ValueError("hook_threads must be at least 1")
+    async with trio.open_nursery() as nursery:
+        keeper = Keeper(
+            nursery, tick=tick, stall_check=stall_check, hook_timeout=hook_timeout, hook_threads=hook_threads
+        )
+        try:
+            await nursery.start(keeper._reap)
+            yield keeper
+        finally:
+            keeper._closed = True
+            _loop_epochs.release()
+            nursery.cancel_scope.cancel()

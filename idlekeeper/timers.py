@@ -1,0 +1,149 @@
+"""Delayed and repeating callbacks on a timing wheel, the job of Kafka's SystemTimer.
+
+Pure: no trio, no I/O. The clock is a callable handed in, and ``run_due`` is called
+by whoever owns the loop (the keeper's reaper, a test, a plain ``while`` loop).
+A million pending callbacks cost a million small objects and O(1) per call.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable
+from typing import Any
+
+from .wheel import TimingWheel, WheelEntry
+
+__all__ = ["TimerHandle", "Timers"]
+
+logger = logging.getLogger("idlekeeper.timers")
+
+
+class TimerHandle(WheelEntry):
+    """A pending call. ``cancel()`` it to stop it; ``when`` is its due time."""
+
+    __slots__ = ("when", "interval", "callback", "args", "_timers")
+
+    def __init__(
+        self,
+        timers: Timers,
+        when: float,
+        interval: float | None,
+        callback: Callable[..., object],
+        args: tuple[Any, ...],
+    ) -> None:
+        super().__init__()
+        self.when = when
+        self.interval = interval
+        self.callback = callback
+        self.args = args
+        self._timers: Timers | None = timers
+
+    @property
+    def cancelled(self) -> bool:
+        """True once cancelled (or, for a one-shot timer, once it has run)."""
+        return self._timers is None
+
+    def cancel(self) -> bool:
+        """Stop the call if it has not happened yet. Returns whether it was pending."""
+        timers = self._timers
+        if timers is None:
+            return False
+        self._timers = None
+        timers._wheel.cancel(self)
+        return True
+
+    def __repr__(self) -> str:
+        state = "cancelled" if self._timers is None else f"when={self.when:.3f}"
+        return f"<TimerHandle {getattr(self.callback, '__qualname__', self.callback)} {state}>"
+
+
+def _log_error(handle: TimerHandle, exc: BaseException) -> None:
+    logger.error("timer callback %r raised", handle.callback, exc_info=exc)
+
+
+class Timers:
+    """call_at / call_later / call_every over a :class:`TimingWheel`.
+
+    ``clock`` returns the current time; ``wheel`` may be shared with other kinds of
+    entries (the keeper files its connections in the same wheel), in which case
+    the owner hands due :class:`TimerHandle` s to :meth:`fire`.
+    """
+
+    def __init__(
+        self,
+        clock: Callable[[], float],
+        tick: float = 0.01,
+        *,
+        wheel: TimingWheel[Any] | None = None,
+        on_error: Callable[[TimerHandle, BaseException], None] = _log_error,
+    ) -> None:
+        self._clock = clock
+        self._wheel: TimingWheel[Any] = wheel if wheel is not None else TimingWheel(tick, clock())
+        self._on_error = on_error
+        self.fired = 0
+        """How many callbacks have run."""
+
+    def __len__(self) -> int:
+        return len(self._wheel)
+
+    def call_at(self, when: float, callback: Callable[..., object], *args: Any) -> TimerHandle:
+        """Call ``callback(*args)`` once, no earlier than ``when``."""
+        handle = TimerHandle(self, when, None, callback, args)
+        self._wheel.schedule(handle, when)
+        return handle
+
+    def call_later(self, delay: float, callback: Callable[..., object], *args: Any) -> TimerHandle:
+        """Call ``callback(*args)`` once, no earlier than ``delay`` from now."""
+        return self.call_at(self._clock() + delay, callback, *args)
+
+    def call_every(
+        self,
+        interval: float,
+        callback: Callable[..., object],
+        *args: Any,
+        first: float | None = None,
+    ) -> TimerHandle:
+        """Call ``callback(*args)`` every ``interval`` until cancelled.
+
+        The first call is at ``first`` (default: one interval from now). Calls keep
+        to the original grid, so they do not drift; if the loop fell behind by
+        several intervals, the missed ones collapse into a single call.
+        """
+        if not (interval > 0 and math.isfinite(interval)):
+            raise ValueError(f"interval must be positive and finite, not {interval!r}")
+        when = self._clock() + interval if first is None else first
+        handle = TimerHandle(self, when, interval, callback, args)
+        self._wheel.schedule(handle, when)
+        return handle
+
+    def next_deadline(self) -> float | None:
+        """When :meth:`run_due` will next have work, or None."""
+        return self._wheel.next_deadline()
+
+    def run_due(self, now: float | None = None) -> int:
+        """Run every callback that is due at ``now`` (default: the clock). Returns the count."""
+        if now is None:
+            now = self._clock()
+        ran = 0
+        for handle in self._wheel.advance(now):
+            self.fire(handle, now)
+            ran += 1
+        return ran
+
+    def fire(self, handle: TimerHandle, now: float) -> None:
+        """Run one due handle and re-arm it if it repeats. Errors go to ``on_error``."""
+        if handle._timers is None:
+            return
+        interval = handle.interval
+        if interval is None:
+            handle._timers = None
+        else:
+            missed = math.floor((now - handle.when) / interval)
+            handle.when += interval * (missed + 1)
+            self._wheel.schedule(handle, handle.when)
+        self.fired += 1
+        try:
+            handle.callback(*handle.args)
+        except Exception as exc:
+            self._on_error(handle, exc)

@@ -1,0 +1,292 @@
+"""A watched connection: its deadlines, its cancel scope, and the stream that stamps it.
+
+:class:`Watch` is what ``keeper.watch(...)`` returns: a ``with`` block whose cancel
+scope the keeper's reaper cancels when a deadline passes. :class:`WatchedStream`
+wraps the connection's stream so that every ``receive_some`` and ``send_all``
+records activity with a single attribute store (see :mod:`idlekeeper.epochs`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from types import TracebackType
+from typing import Protocol
+
+import trio
+
+from .deadlines import ConnectionDeadlines, Reason
+from .epochs import EpochClock
+from .stall import SocketLike
+
+__all__ = ["ExpireHook", "Watch", "WatchedStream"]
+
+ExpireHook = Callable[["Watch"], Awaitable[None] | None]
+"""``on_expire(watch)``: a plain function (run in a worker thread) or an async one."""
+
+# A pending send larger than this is fed to the transport in pieces, each of which
+# stamps progress: "between two successful writes", as nginx's send_timeout, rather
+# than "for the whole response".
+SEND_CHUNK = 64 * 1024
+
+
+class _Owner(Protocol):
+    """What a watch needs from its keeper (kept abstract to avoid an import cycle)."""
+
+    @property
+    def epochs(self) -> EpochClock: ...
+
+    def _enter(self, watch: Watch) -> None: ...
+
+    def _exit(self, watch: Watch) -> None: ...
+
+    def _changed(self, watch: Watch) -> None: ...
+
+
+def find_socket(stream: trio.abc.Stream | None) -> trio.socket.SocketType | None:
+    """The socket under a stream, following ``transport_stream`` (SSLStream, wrappers)."""
+    seen = 0
+    current: object = stream
+    while current is not None and seen < 16:
+        sock = getattr(current, "socket", None)
+        if isinstance(sock, trio.socket.SocketType):
+            return sock
+        current = getattr(current, "transport_stream", None)
+        seen += 1
+    return None
+
+
+class Watch(ConnectionDeadlines):
+    """One connection under a keeper's watch. Use it as a ``with`` block.
+
+    Inside the block, the connection's deadlines are live; when one passes, the
+    block's cancel scope is cancelled (and, with ``close=True``, the socket closed).
+    After the block, :attr:`expired` and :attr:`reason` say why it ended.
+
+    The timeouts are attributes: assign a number of seconds, or None to clear, as
+    the protocol changes phase. Each counts from its last activity or from the
+    assignment, whichever is later. :attr:`deadline` is absolute (trio time).
+    """
+
+    __slots__ = (
+        "_owner",
+        "_scope",
+        "_socket",
+        "_stream",
+        "_close",
+        "_stall_check",
+        "on_expire",
+        "reason",
+        "lag",
+        "_state",
+    )
+
+    def __init__(
+        self,
+        owner: _Owner,
+        stream: trio.abc.Stream | None,
+        socket: SocketLike | None,
+        *,
+        close: bool,
+        stall_check: bool,
+        on_expire: ExpireHook | None,
+    ) -> None:
+        super().__init__()
+        self._owner = owner
+        self._scope = trio.CancelScope()
+        self._socket = socket
+        self._stream = None if stream is None else WatchedStream(stream, self, owner.epochs)
+        self._close = close
+        self._stall_check = stall_check
+        self.on_expire = on_expire
+        """Called once if the connection expires; see :data:`ExpireHook`."""
+        self.reason: Reason | None = None
+        """Why the connection expired, or None."""
+        self.lag = 0.0
+        """How long after its deadline the expiry ran (seconds)."""
+        self._state = 0  # 0 new, 1 inside the block, 2 done
+
+    # -- the block ---------------------------------------------------------------
+
+    def __enter__(self) -> Watch:
+        if self._state:
+            raise RuntimeError("a Watch can be entered only once")
+        self._scope.__enter__()
+        self._state = 1
+        self._owner._enter(self)
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool:
+        self._state = 2
+        self._owner._exit(self)
+        return self._scope.__exit__(exc_type, exc, tb)
+
+    @property
+    def active(self) -> bool:
+        """Inside the ``with`` block and not expired."""
+        return self._state == 1 and self.reason is None
+
+    @property
+    def expired(self) -> bool:
+        """Whether a deadline ended the connection."""
+        return self.reason is not None
+
+    @property
+    def cancel_scope(self) -> trio.CancelScope:
+        """The scope the keeper cancels on expiry."""
+        return self._scope
+
+    @property
+    def stream(self) -> WatchedStream:
+        """The wrapped stream that records activity (only if a stream was given)."""
+        if self._stream is None:
+            raise AttributeError("this Watch was created without a stream")
+        return self._stream
+
+    @property
+    def socket(self) -> SocketLike | None:
+        """The socket used for stall checks and closing, if any."""
+        return self._socket
+
+    # -- deadlines, as assignable attributes ----------------------------------------
+
+    @property
+    def idle_timeout(self) -> float | None:
+        """Seconds without activity in either direction, or None."""
+        return self._idle
+
+    @idle_timeout.setter
+    def idle_timeout(self, seconds: float | None) -> None:
+        self.set_idle_timeout(seconds, trio.current_time())
+        self._owner._changed(self)
+
+    @property
+    def receive_timeout(self) -> float | None:
+        """Seconds without receiving anything, or None."""
+        return self._receive
+
+    @receive_timeout.setter
+    def receive_timeout(self, seconds: float | None) -> None:
+        self.set_receive_timeout(seconds, trio.current_time())
+        self._owner._changed(self)
+
+    @property
+    def send_timeout(self) -> float | None:
+        """Seconds a pending send may go without progress, or None."""
+        return self._send
+
+    @send_timeout.setter
+    def send_timeout(self, seconds: float | None) -> None:
+        self.set_send_timeout(seconds, trio.current_time())
+        self._owner._changed(self)
+
+    @property
+    def deadline(self) -> float:
+        """Absolute trio time at which the connection ends; ``inf`` for none."""
+        return self._deadline
+
+    @deadline.setter
+    def deadline(self, when: float | None) -> None:
+        self.set_deadline(when)
+        self._owner._changed(self)
+
+    # -- activity by hand, for connections that are not read through .stream -------
+
+    def mark_received(self) -> None:
+        """Record that something was received now."""
+        self.rx = self._owner.epochs.current
+
+    def mark_sent(self) -> None:
+        """Record that a send made progress now."""
+        self.tx = self._owner.epochs.current
+
+    def touch(self) -> None:
+        """Record activity in both directions."""
+        self.rx = self.tx = self._owner.epochs.current
+
+    # -- used by the keeper ------------------------------------------------------------
+
+    def _expire(self, reason: Reason, lag: float) -> None:
+        self.reason = reason
+        self.lag = lag
+        self._scope.cancel()
+        if self._close and self._socket is not None:
+            close = getattr(self._socket, "close", None)
+            if close is not None:
+                close()
+
+    def __repr__(self) -> str:
+        state = ("new", "watching", "done")[self._state]
+        if self.reason is not None:
+            state = f"expired ({self.reason})"
+        return (
+            f"<Watch {state} idle={self._idle} receive={self._receive}"
+            f" send={self._send} deadline={self._deadline}>"
+        )
+
+
+class WatchedStream(trio.abc.HalfCloseableStream):
+    """A stream that records activity on its :class:`Watch` as data moves.
+
+    Works over any ``trio.abc.Stream``: ``SocketStream``, ``SSLStream``, a memory
+    stream in a test. ``send_eof`` needs a half-closeable transport.
+    """
+
+    def __init__(self, transport_stream: trio.abc.Stream, watch: Watch, epochs: EpochClock) -> None:
+        self.transport_stream = transport_stream
+        """The wrapped stream."""
+        self._watch = watch
+        self._epochs = epochs
+
+    @property
+    def watch(self) -> Watch:
+        """The watch whose deadlines this stream's activity refreshes."""
+        return self._watch
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
+        """Receive from the transport; a return (data or EOF) counts as receive activity."""
+        data = await self.transport_stream.receive_some(max_bytes)
+        self._watch.rx = self._epochs.current
+        return data
+
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        """Send everything; each piece the transport accepts counts as send progress."""
+        watch = self._watch
+        epochs = self._epochs
+        watch.tx = epochs.current
+        watch.sending = True
+        try:
+            if len(data) <= SEND_CHUNK:
+                await self.transport_stream.send_all(data)
+            else:
+                view = memoryview(data).cast("B")
+                for start in range(0, len(view), SEND_CHUNK):
+                    await self.transport_stream.send_all(view[start : start + SEND_CHUNK])
+                    watch.tx = epochs.current
+        finally:
+            watch.sending = False
+        watch.tx = epochs.current
+
+    async def wait_send_all_might_not_block(self) -> None:
+        """Pass through to the transport."""
+        await self.transport_stream.wait_send_all_might_not_block()
+
+    async def send_eof(self) -> None:
+        """Half-close the transport, if it supports that."""
+        transport = self.transport_stream
+        if not isinstance(transport, trio.abc.HalfCloseableStream):
+            raise TypeError(f"{type(transport).__name__} does not support send_eof")
+        await transport.send_eof()
+
+    async def aclose(self) -> None:
+        """Close the transport. After an expiry that already closed it, this is quiet."""
+        try:
+            await self.transport_stream.aclose()
+        except (trio.ClosedResourceError, trio.BrokenResourceError):
+            if not self._watch.expired:
+                raise
+

@@ -1,0 +1,283 @@
+"""The keeper under MockClock: deadlines, lazy activity, wake-ups, timers, hooks."""
+
+from __future__ import annotations
+
+import math
+import threading
+
+import pytest
+import trio
+import trio.testing
+
+import idlekeeper
+from idlekeeper import Reason
+
+
+async def test_idle_expires_on_time_never_early(keeper: idlekeeper.Keeper, clock: trio.testing.MockClock) -> None:
+    start = trio.current_time()
+    with keeper.watch(idle=5) as w:
+        await trio.sleep(100)
+    assert w.expired and w.reason is Reason.IDLE
+    ended = trio.current_time() - start
+    assert 5 <= ended < 5 + keeper.tick
+    assert keeper.stats.expired[Reason.IDLE] == 1
+    assert keeper.stats.watched == 0
+    assert len(keeper._wheel) == 0
+
+
+async def test_activity_is_lazy_and_defers_expiry(keeper: idlekeeper.Keeper, clock: trio.testing.MockClock) -> None:
+    start = trio.current_time()
+    with keeper.watch(idle=5) as w:
+        for _ in range(4):
+            await trio.sleep(2)
+            filed_tick = w._wheel_tick
+            w.mark_received()
+            # Recording activity did not touch the wheel.
+            assert w._wheel_tick == filed_tick
+        last = trio.current_time()
+        await trio.sleep(100)
+    assert w.reason is Reason.IDLE
+    assert last + 5 <= trio.current_time() < last + 5 + keeper.tick
+    assert trio.current_time() - start == pytest.approx(13, abs=keeper.tick)
+    # Filed at 5, re-filed at 5 (activity at 4) -> 9, at 9 -> 13: two re-files.
+    assert keeper.stats.refiles == 2
+
+
+async def test_zero_wakeups_while_nothing_is_watched(keeper: idlekeeper.Keeper, clock: trio.testing.MockClock) -> None:
+    await trio.sleep(24 * 3600)
+    assert keeper.stats.wakeups == 0
+
+
+async def test_one_wakeup_per_expiry_without_empty_slots(keeper: idlekeeper.Keeper, clock: trio.testing.MockClock) -> None:
+    """A deadline far up the wheel's levels costs one wake-up, not one per slot or cascade."""
+    with keeper.watch(idle=3600) as w:
+        await trio.sleep(10_000)
+    assert w.reason is Reason.IDLE
+    assert keeper.stats.wakeups == 1
+    await trio.sleep(10_000)
+    assert keeper.stats.wakeups == 1
+
+
+async def test_receive_timeout_ignores_sends(keeper: idlekeeper.Keeper, clock: trio.testing.MockClock) -> None:
+    with keeper.watch(receive=4, idle=100) as w:
+        for _ in range(10):
+            await trio.sleep(1)
+            w.mark_sent()
+    assert w.reason is Reason.RECEIVE
+    assert trio.current_time() == pytest.approx(4, abs=keeper.tick)
+
+
+async def test_send_timeout_only_counts_while_sending(keeper: idlekeeper.Keeper, clock: trio.testing.MockClock) -> None:
+    with keeper.watch(send=3) as w:
+        await trio.sleep(20)  # nothing pending: no send deadline
+        assert w.active
+        w.sending = True
+        w.mark_sent()
+        began = trio.current_time()
+        await trio.sleep(20)
+    assert w.reason is Reason.SEND
+    assert began + 3 <= trio.current_time() < began + 3 + keeper.tick
+
+
+async def test_absolute_deadline_is_not_extended_by_activity(keeper: idlekeeper.Keeper, clock: trio.testing.MockClock) -> None:
+    with keeper.watch(idle=2, max_age=7) as w:
+        for _ in range(20):
+            await trio.sleep(0.5)
+            w.touch()
+    assert w.reason is Reason.ABSOLUTE
+    assert 7 <= trio.current_time() < 7 + keeper.tick
+
+
+async def test_phases_set_change_and_clear(keeper: idlekeeper.Keeper, clock: trio.testing.MockClock) -> None:
+    with keeper.watch(idle=10) as w:
+        await trio.sleep(1)
+        # Head phase: an absolute deadline, earlier than the filed idle one.
+        w.deadline = trio.current_time() + 2
+        await trio.sleep(1)
+        w.deadline = None  # head complete
+        w.idle_timeout = None
+        w.receive_timeout = 3
+        assert w.receive_timeout == 3
+        await trio.sleep(2)
+        w.receive_timeout = None
+        assert not w.has_deadline
+        await trio.sleep(50)
+        assert w.active
+        assert len(keeper._wheel) == 0  # nothing filed once every deadline is cleared
+        w.idle_timeout = 1
+        await trio.sleep(50)
+    assert w.reason is Reason.IDLE
+    assert trio.current_time() == pytest.approx(55, abs=keeper.tick)
+
+
+async def test_earlier_deadline_wakes_a_sleeping_reaper(keeper: idlekeeper.Keeper, clock: trio.testing.MockClock) -> None:
+    with keeper.watch(idle=1000) as w:
+        await trio.sleep(1)
+        w.idle_timeout = 2
+        await trio.sleep(1000)
+    assert w.reason is Reason.IDLE
+    assert trio.current_time() == pytest.approx(3, abs=keeper.tick)
+
+
+async def test_watch_rules(keeper: idlekeeper.Keeper, clock: trio.testing.MockClock) -> None:
+    w = keeper.watch(idle=1)
+    with w:
+        pass
+    with pytest.raises(RuntimeError), w:
+        pass
+    with pytest.raises(ValueError):
+        keeper.watch(idle=0)
+    with pytest.raises(ValueError):
+        keeper.watch(receive=-1)
+    with pytest.raises(AttributeError):
+        keeper.watch().stream  # noqa: B018 - property access is the test
+
+
+async def test_closed_keeper_refuses_watches(clock: trio.testing.MockClock) -> None:
+    async with idlekeeper.open_keeper() as k:
+        pass
+    with pytest.raises(RuntimeError):
+        k.watch(idle=1)
+
+
+async def test_many_connections_expire_each_once_and_count_returns_to_zero(
+    keeper: idlekeeper.Keeper, clock: trio.testing.MockClock
+) -> None:
+    ended: dict[int, tuple[float, Reason | None]] = {}
+    last_activity: dict[int, float] = {}
+
+    async def conn(i: int) -> None:
+        with keeper.watch(idle=1 + i % 7, receive=None if i % 3 else 2.5) as w:
+            for _ in range(i % 5):
+                await trio.sleep(0.3 * (i % 4 + 1))
+                w.touch()
+                last_activity[i] = trio.current_time()
+            await trio.sleep_forever()
+        ended[i] = (trio.current_time(), w.reason)
+
+    async with trio.open_nursery() as nursery:
+        for i in range(300):
+            nursery.start_soon(conn, i)
+    assert len(ended) == 300
+    for i, (t, reason) in ended.items():
+        base = last_activity.get(i, 0.0)
+        limit = (1 + i % 7) if (i % 3 or reason is Reason.IDLE) else 2.5
+        assert reason in (Reason.IDLE, Reason.RECEIVE)
+        assert base + limit <= t + 1e-9, "early"
+        assert t < base + limit + keeper.tick + 1e-9, "more than a tick late"
+    assert keeper.stats.expired_total == 300
+    assert keeper.stats.watched == 0
+    assert keeper.stats.filed == 0
+
+
+# -- timers -------------------------------------------------------------------
+
+
+async def test_call_later_every_and_cancel(keeper: idlekeeper.Keeper, clock: trio.testing.MockClock) -> None:
+    seen: list[tuple[str, float]] = []
+    keeper.call_later(2.5, lambda: seen.append(("once", trio.current_time())))
+    every = keeper.call_every(1.0, lambda: seen.append(("every", trio.current_time())))
+    dropped = keeper.call_later(1.5, lambda: seen.append(("dropped", trio.current_time())))
+    assert dropped.cancel()
+    await trio.sleep(3.05)
+    every.cancel()
+    await trio.sleep(10)
+    assert [name for name, _ in seen] == ["every", "every", "once", "every"]
+    for name, t in seen:
+        expected = {"once": 2.5}.get(name)
+        if expected is not None:
+            assert expected <= t < expected + keeper.tick
+    assert [t for n, t in seen if n == "every"] == pytest.approx([1, 2, 3], abs=keeper.tick)
+    assert keeper.stats.filed == 0
+
+
+async def test_async_timer_callback_runs_as_task(keeper: idlekeeper.Keeper, clock: trio.testing.MockClock) -> None:
+    done = trio.Event()
+
+    async def cb(tag: str) -> None:
+        await trio.sleep(1)
+        assert tag == "x"
+        done.set()
+
+    keeper.call_later(1, cb, "x")
+    with trio.fail_after(3):
+        await done.wait()
+
+
+async def test_raising_timer_callback_does_not_kill_reaper(keeper: idlekeeper.Keeper, clock: trio.testing.MockClock) -> None:
+    def boom() -> None:
+        raise RuntimeError("boom")
+
+    keeper.call_later(1, boom)
+    with keeper.watch(idle=3) as w:
+        await trio.sleep(10)
+    assert w.reason is Reason.IDLE
+    assert keeper.stats.hook_errors == 1
+
+
+# -- hooks --------------------------------------------------------------------
+
+
+async def test_hooks_cannot_stall_or_kill_the_reaper(clock: trio.testing.MockClock) -> None:
+    release = threading.Event()
+    hook_log: list[str] = []
+
+    async def hangs(w: idlekeeper.Watch) -> None:
+        hook_log.append("hangs")
+        await trio.sleep_forever()
+
+    def blocks(w: idlekeeper.Watch) -> None:
+        hook_log.append("blocks")
+        release.wait(timeout=30)
+
+    def raises(w: idlekeeper.Watch) -> None:
+        raise ValueError("hook failure")
+
+    async def raises_async(w: idlekeeper.Watch) -> None:
+        raise ValueError("async hook failure")
+
+    ended: dict[str, float] = {}
+
+    # One hook thread, so that the blocked hook also holds up the raising one
+    # queued behind it -- but never the reaper.
+    async with idlekeeper.open_keeper(tick=0.1, hook_timeout=60, hook_threads=1) as keeper:
+
+        async def conn(name: str, idle: float, hook: idlekeeper.ExpireHook | None) -> None:
+            with keeper.watch(idle=idle, on_expire=hook) as w:
+                await trio.sleep_forever()
+            assert w.reason is Reason.IDLE
+            ended[name] = trio.current_time()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(conn, "hangs", 1, hangs)
+            nursery.start_soon(conn, "blocks", 1, blocks)
+            nursery.start_soon(conn, "raises", 1.2, raises)
+            nursery.start_soon(conn, "raises_async", 1, raises_async)
+            for i in range(20):
+                nursery.start_soon(conn, f"plain{i}", 1.5 + i * 0.5, None)
+        # Every later connection expired on time although hooks hang and block.
+        for i in range(20):
+            assert 1.5 + i * 0.5 <= ended[f"plain{i}"] < 1.5 + i * 0.5 + keeper.tick
+        await trio.sleep(61)  # the hanging async hook hits hook_timeout
+        assert keeper.stats.hook_errors == 2  # raises_async, and hangs timing out
+        release.set()
+        # The limiter is FIFO: once we hold it, both hook batches are done.
+        await trio.to_thread.run_sync(lambda: None, limiter=keeper._hook_limiter)
+        await trio.testing.wait_all_tasks_blocked()
+        assert keeper.stats.hook_errors == 3
+        assert sorted(hook_log) == ["blocks", "hangs"]
+        # And the reaper is still alive.
+        with keeper.watch(idle=1) as w:
+            await trio.sleep(5)
+        assert w.reason is Reason.IDLE
+
+
+async def test_stats_dict_is_json_ready(keeper: idlekeeper.Keeper, clock: trio.testing.MockClock) -> None:
+    import json
+
+    with keeper.watch(idle=0.5):
+        await trio.sleep(2)
+    text = json.dumps(keeper.stats.as_dict())
+    assert '"idle": 1' in text
+    assert keeper.stats.lag.count == 1
+    assert not math.isinf(keeper.stats.lag.quantile(0.99))
