@@ -129,10 +129,7 @@ class ConnectionDeadlines(WheelEntry):
     def has_deadline(self) -> bool:
         """Whether any deadline is set."""
         return not (
-            self._idle is None
-            and self._receive is None
-            and self._send is None
-            and self._deadline == _INF
+            self._idle is None and self._receive is None and self._send is None and self._deadline == _INF
         )
 
     # -- resolution ------------------------------------------------------------

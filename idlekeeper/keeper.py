@@ -65,6 +65,8 @@ class Keeper:
         self._hook_timeout = hook_timeout
         self._hook_limiter = trio.CapacityLimiter(hook_threads)
         self._sync_hooks: list[tuple[Callable[[Watch], object], Watch]] = []
+        self._hooks_pending = 0
+        self._hooks_idle: trio.Event | None = None
         self._sleep_scope: trio.CancelScope | None = None
         self._closed = False
         self.stats = KeeperStats(self._wheel.__len__)
@@ -152,6 +154,28 @@ class Keeper:
         handle = self._timers.call_every(interval, self._adapt(callback), *args, first=first)
         self._poke(handle._wheel_tick * self._wheel.tick)
         return handle
+
+    @property
+    def hooks_pending(self) -> int:
+        """``on_expire`` hooks queued or running."""
+        return self._hooks_pending
+
+    async def wait_hooks(self) -> None:
+        """Wait until every ``on_expire`` hook queued so far has finished.
+
+        For tests and graceful shutdown (so that "offline" notifications are out
+        before the process exits). A sync hook blocked forever blocks this too.
+        """
+        while self._hooks_pending:
+            if self._hooks_idle is None:
+                self._hooks_idle = trio.Event()
+            await self._hooks_idle.wait()
+
+    def _hooks_finished(self, count: int) -> None:
+        self._hooks_pending -= count
+        if not self._hooks_pending and self._hooks_idle is not None:
+            self._hooks_idle.set()
+            self._hooks_idle = None
 
     # -- called by Watch -------------------------------------------------------
 
@@ -249,6 +273,7 @@ class Keeper:
     # -- hooks and timer callbacks, kept off the reaper --------------------------
 
     def _run_hook(self, hook: ExpireHook, watch: Watch) -> None:
+        self._hooks_pending += 1
         if _is_async(hook):
             self._nursery.start_soon(self._async_hook, hook, watch)
             return
@@ -268,16 +293,21 @@ class Keeper:
         except Exception:
             self.stats.hook_errors += 1
             logger.exception("idlekeeper: on_expire hook %r raised", hook)
+        finally:
+            self._hooks_finished(1)
 
     async def _sync_hook_batch(self) -> None:
         # Started when the first hook of a reaper pass is queued; tasks start on a
         # later loop pass, so by then the whole reaper pass is queued, and one
         # worker thread handles all of it.
         batch, self._sync_hooks = self._sync_hooks, []
-        errors = await trio.to_thread.run_sync(
-            _call_all, batch, abandon_on_cancel=True, limiter=self._hook_limiter
-        )
-        self.stats.hook_errors += errors
+        try:
+            errors = await trio.to_thread.run_sync(
+                _call_all, batch, abandon_on_cancel=True, limiter=self._hook_limiter
+            )
+            self.stats.hook_errors += errors
+        finally:
+            self._hooks_finished(len(batch))
 
     def _adapt(self, callback: Callable[..., object]) -> Callable[..., object]:
         if not _is_async(callback):

@@ -48,9 +48,7 @@ async def serve_listeners(
         except Exception:
             logger.exception("idlekeeper: connection handler raised")
 
-    await trio.serve_listeners(
-        watched, listeners, handler_nursery=handler_nursery, task_status=task_status
-    )
+    await trio.serve_listeners(watched, listeners, handler_nursery=handler_nursery, task_status=task_status)
 
 
 async def serve_tcp(

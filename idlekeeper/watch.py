@@ -289,4 +289,3 @@ class WatchedStream(trio.abc.HalfCloseableStream):
         except (trio.ClosedResourceError, trio.BrokenResourceError):
             if not self._watch.expired:
                 raise
-

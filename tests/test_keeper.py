@@ -8,12 +8,13 @@ import threading
 import pytest
 import trio
 import trio.testing
+from trio.testing import MockClock
 
 import idlekeeper
 from idlekeeper import Reason
 
 
-async def test_idle_expires_on_time_never_early(keeper: idlekeeper.Keeper, clock: trio.testing.MockClock) -> None:
+async def test_idle_expires_on_time_never_early(keeper: idlekeeper.Keeper, clock: MockClock) -> None:
     start = trio.current_time()
     with keeper.watch(idle=5) as w:
         await trio.sleep(100)
@@ -25,7 +26,7 @@ async def test_idle_expires_on_time_never_early(keeper: idlekeeper.Keeper, clock
     assert len(keeper._wheel) == 0
 
 
-async def test_activity_is_lazy_and_defers_expiry(keeper: idlekeeper.Keeper, clock: trio.testing.MockClock) -> None:
+async def test_activity_is_lazy_and_defers_expiry(keeper: idlekeeper.Keeper, clock: MockClock) -> None:
     start = trio.current_time()
     with keeper.watch(idle=5) as w:
         for _ in range(4):
@@ -43,12 +44,12 @@ async def test_activity_is_lazy_and_defers_expiry(keeper: idlekeeper.Keeper, clo
     assert keeper.stats.refiles == 2
 
 
-async def test_zero_wakeups_while_nothing_is_watched(keeper: idlekeeper.Keeper, clock: trio.testing.MockClock) -> None:
+async def test_zero_wakeups_while_nothing_is_watched(keeper: idlekeeper.Keeper, clock: MockClock) -> None:
     await trio.sleep(24 * 3600)
     assert keeper.stats.wakeups == 0
 
 
-async def test_one_wakeup_per_expiry_without_empty_slots(keeper: idlekeeper.Keeper, clock: trio.testing.MockClock) -> None:
+async def test_one_wakeup_per_expiry_without_empty_slots(keeper: idlekeeper.Keeper, clock: MockClock) -> None:
     """A deadline far up the wheel's levels costs one wake-up, not one per slot or cascade."""
     with keeper.watch(idle=3600) as w:
         await trio.sleep(10_000)
@@ -58,7 +59,7 @@ async def test_one_wakeup_per_expiry_without_empty_slots(keeper: idlekeeper.Keep
     assert keeper.stats.wakeups == 1
 
 
-async def test_receive_timeout_ignores_sends(keeper: idlekeeper.Keeper, clock: trio.testing.MockClock) -> None:
+async def test_receive_timeout_ignores_sends(keeper: idlekeeper.Keeper, clock: MockClock) -> None:
     with keeper.watch(receive=4, idle=100) as w:
         for _ in range(10):
             await trio.sleep(1)
@@ -67,7 +68,7 @@ async def test_receive_timeout_ignores_sends(keeper: idlekeeper.Keeper, clock: t
     assert trio.current_time() == pytest.approx(4, abs=keeper.tick)
 
 
-async def test_send_timeout_only_counts_while_sending(keeper: idlekeeper.Keeper, clock: trio.testing.MockClock) -> None:
+async def test_send_timeout_only_counts_while_sending(keeper: idlekeeper.Keeper, clock: MockClock) -> None:
     with keeper.watch(send=3) as w:
         await trio.sleep(20)  # nothing pending: no send deadline
         assert w.active
@@ -79,7 +80,9 @@ async def test_send_timeout_only_counts_while_sending(keeper: idlekeeper.Keeper,
     assert began + 3 <= trio.current_time() < began + 3 + keeper.tick
 
 
-async def test_absolute_deadline_is_not_extended_by_activity(keeper: idlekeeper.Keeper, clock: trio.testing.MockClock) -> None:
+async def test_absolute_deadline_is_not_extended_by_activity(
+    keeper: idlekeeper.Keeper, clock: MockClock
+) -> None:
     with keeper.watch(idle=2, max_age=7) as w:
         for _ in range(20):
             await trio.sleep(0.5)
@@ -88,7 +91,7 @@ async def test_absolute_deadline_is_not_extended_by_activity(keeper: idlekeeper.
     assert 7 <= trio.current_time() < 7 + keeper.tick
 
 
-async def test_phases_set_change_and_clear(keeper: idlekeeper.Keeper, clock: trio.testing.MockClock) -> None:
+async def test_phases_set_change_and_clear(keeper: idlekeeper.Keeper, clock: MockClock) -> None:
     with keeper.watch(idle=10) as w:
         await trio.sleep(1)
         # Head phase: an absolute deadline, earlier than the filed idle one.
@@ -110,7 +113,7 @@ async def test_phases_set_change_and_clear(keeper: idlekeeper.Keeper, clock: tri
     assert trio.current_time() == pytest.approx(55, abs=keeper.tick)
 
 
-async def test_earlier_deadline_wakes_a_sleeping_reaper(keeper: idlekeeper.Keeper, clock: trio.testing.MockClock) -> None:
+async def test_earlier_deadline_wakes_a_sleeping_reaper(keeper: idlekeeper.Keeper, clock: MockClock) -> None:
     with keeper.watch(idle=1000) as w:
         await trio.sleep(1)
         w.idle_timeout = 2
@@ -119,7 +122,7 @@ async def test_earlier_deadline_wakes_a_sleeping_reaper(keeper: idlekeeper.Keepe
     assert trio.current_time() == pytest.approx(3, abs=keeper.tick)
 
 
-async def test_watch_rules(keeper: idlekeeper.Keeper, clock: trio.testing.MockClock) -> None:
+async def test_watch_rules(keeper: idlekeeper.Keeper, clock: MockClock) -> None:
     w = keeper.watch(idle=1)
     with w:
         pass
@@ -133,7 +136,7 @@ async def test_watch_rules(keeper: idlekeeper.Keeper, clock: trio.testing.MockCl
         keeper.watch().stream  # noqa: B018 - property access is the test
 
 
-async def test_closed_keeper_refuses_watches(clock: trio.testing.MockClock) -> None:
+async def test_closed_keeper_refuses_watches(clock: MockClock) -> None:
     async with idlekeeper.open_keeper() as k:
         pass
     with pytest.raises(RuntimeError):
@@ -141,7 +144,7 @@ async def test_closed_keeper_refuses_watches(clock: trio.testing.MockClock) -> N
 
 
 async def test_many_connections_expire_each_once_and_count_returns_to_zero(
-    keeper: idlekeeper.Keeper, clock: trio.testing.MockClock
+    keeper: idlekeeper.Keeper, clock: MockClock
 ) -> None:
     ended: dict[int, tuple[float, Reason | None]] = {}
     last_activity: dict[int, float] = {}
@@ -173,7 +176,7 @@ async def test_many_connections_expire_each_once_and_count_returns_to_zero(
 # -- timers -------------------------------------------------------------------
 
 
-async def test_call_later_every_and_cancel(keeper: idlekeeper.Keeper, clock: trio.testing.MockClock) -> None:
+async def test_call_later_every_and_cancel(keeper: idlekeeper.Keeper, clock: MockClock) -> None:
     seen: list[tuple[str, float]] = []
     keeper.call_later(2.5, lambda: seen.append(("once", trio.current_time())))
     every = keeper.call_every(1.0, lambda: seen.append(("every", trio.current_time())))
@@ -191,7 +194,7 @@ async def test_call_later_every_and_cancel(keeper: idlekeeper.Keeper, clock: tri
     assert keeper.stats.filed == 0
 
 
-async def test_async_timer_callback_runs_as_task(keeper: idlekeeper.Keeper, clock: trio.testing.MockClock) -> None:
+async def test_async_timer_callback_runs_as_task(keeper: idlekeeper.Keeper, clock: MockClock) -> None:
     done = trio.Event()
 
     async def cb(tag: str) -> None:
@@ -204,7 +207,9 @@ async def test_async_timer_callback_runs_as_task(keeper: idlekeeper.Keeper, cloc
         await done.wait()
 
 
-async def test_raising_timer_callback_does_not_kill_reaper(keeper: idlekeeper.Keeper, clock: trio.testing.MockClock) -> None:
+async def test_raising_timer_callback_does_not_kill_reaper(
+    keeper: idlekeeper.Keeper, clock: MockClock
+) -> None:
     def boom() -> None:
         raise RuntimeError("boom")
 
@@ -218,7 +223,7 @@ async def test_raising_timer_callback_does_not_kill_reaper(keeper: idlekeeper.Ke
 # -- hooks --------------------------------------------------------------------
 
 
-async def test_hooks_cannot_stall_or_kill_the_reaper(clock: trio.testing.MockClock) -> None:
+async def test_hooks_cannot_stall_or_kill_the_reaper(clock: MockClock) -> None:
     release = threading.Event()
     hook_log: list[str] = []
 
@@ -260,10 +265,9 @@ async def test_hooks_cannot_stall_or_kill_the_reaper(clock: trio.testing.MockClo
             assert 1.5 + i * 0.5 <= ended[f"plain{i}"] < 1.5 + i * 0.5 + keeper.tick
         await trio.sleep(61)  # the hanging async hook hits hook_timeout
         assert keeper.stats.hook_errors == 2  # raises_async, and hangs timing out
+        assert keeper.hooks_pending == 2  # blocks, and raises queued behind it
         release.set()
-        # The limiter is FIFO: once we hold it, both hook batches are done.
-        await trio.to_thread.run_sync(lambda: None, limiter=keeper._hook_limiter)
-        await trio.testing.wait_all_tasks_blocked()
+        await keeper.wait_hooks()
         assert keeper.stats.hook_errors == 3
         assert sorted(hook_log) == ["blocks", "hangs"]
         # And the reaper is still alive.
@@ -272,7 +276,7 @@ async def test_hooks_cannot_stall_or_kill_the_reaper(clock: trio.testing.MockClo
         assert w.reason is Reason.IDLE
 
 
-async def test_stats_dict_is_json_ready(keeper: idlekeeper.Keeper, clock: trio.testing.MockClock) -> None:
+async def test_stats_dict_is_json_ready(keeper: idlekeeper.Keeper, clock: MockClock) -> None:
     import json
 
     with keeper.watch(idle=0.5):

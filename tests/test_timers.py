@@ -1,0 +1,80 @@
+"""The pure Timers API: a plain loop and a fake clock, no trio."""
+
+from __future__ import annotations
+
+import pytest
+
+from idlekeeper import Timers
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_call_later_fires_once_no_earlier() -> None:
+    clock = FakeClock()
+    timers = Timers(clock, tick=0.01)
+    fired: list[float] = []
+    timers.call_later(1.0, lambda: fired.append(clock.now))
+    clock.now = 100.99
+    assert timers.run_due() == 0
+    clock.now = 101.0
+    assert timers.run_due() == 1
+    clock.now = 200.0
+    assert timers.run_due() == 0
+    assert fired == [101.0]
+    assert len(timers) == 0
+
+
+def test_call_every_keeps_its_grid_and_collapses_missed_calls() -> None:
+    clock = FakeClock()
+    timers = Timers(clock, tick=0.01)
+    calls: list[float] = []
+    handle = timers.call_every(1.0, lambda: calls.append(clock.now))
+    for t in (101.0, 102.0, 103.5):
+        clock.now = t
+        timers.run_due()
+    clock.now = 107.2  # fell behind by three intervals: one call, then back on grid
+    timers.run_due()
+    assert calls == [101.0, 102.0, 103.5, 107.2]
+    assert handle.when == pytest.approx(108.0)
+    assert handle.cancel()
+    assert not handle.cancel()
+    clock.now = 200
+    assert timers.run_due() == 0
+    assert len(timers) == 0
+
+
+def test_errors_do_not_stop_other_callbacks() -> None:
+    clock = FakeClock()
+    errors: list[BaseException] = []
+    timers = Timers(clock, on_error=lambda h, e: errors.append(e))
+    ran: list[int] = []
+
+    def bad() -> None:
+        raise KeyError("x")
+
+    timers.call_later(1, bad)
+    timers.call_later(1, ran.append, 1)
+    clock.now += 1
+    assert timers.run_due() == 2
+    assert ran == [1]
+    assert isinstance(errors[0], KeyError)
+    assert timers.fired == 2
+
+
+def test_a_million_pending_callbacks_cost_no_scan() -> None:
+    """Advancing past nothing due touches nothing, however many are pending."""
+    clock = FakeClock()
+    timers = Timers(clock, tick=0.01)
+    for i in range(200_000):
+        timers.call_later(3600 + i * 0.001, lambda: None)
+    clock.now += 60
+    assert timers.run_due() == 0
+    assert timers.next_deadline() == pytest.approx(100 + 3600, abs=0.01)
+    with pytest.raises(ValueError):
+        timers.call_every(0, lambda: None)
