@@ -28,9 +28,7 @@ class _EpochSealer(trio.abc.Instrument):
         self.epochs.seal(self._now())
 
 
-_SEALER: trio.lowlevel.RunVar[_EpochSealer | None] = trio.lowlevel.RunVar(
-    "idlekeeper_epoch_sealer", default=None
-)
+_SEALER: trio.lowlevel.RunVar[_EpochSealer | None] = trio.lowlevel.RunVar("idlekeeper_epoch_sealer", default=None)
 
 
 def acquire() -> EpochClock:

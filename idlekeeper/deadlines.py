@@ -128,9 +128,7 @@ class ConnectionDeadlines(WheelEntry):
     @property
     def has_deadline(self) -> bool:
         """Whether any deadline is set."""
-        return not (
-            self._idle is None and self._receive is None and self._send is None and self._deadline == _INF
-        )
+        return not (self._idle is None and self._receive is None and self._send is None and self._deadline == _INF)
 
     # -- resolution ------------------------------------------------------------
 

@@ -26,7 +26,7 @@ from .epochs import EpochClock
 from .stall import SocketLike, send_would_progress, unread_bytes
 from .stats import KeeperStats
 from .timers import TimerHandle, Timers
-from .watch import ExpireHook, Watch, find_socket
+from .watch import ExpireHook, Watch, WatchedStream, find_socket
 from .wheel import TimingWheel, WheelEntry
 
 __all__ = ["Keeper", "open_keeper"]
@@ -100,10 +100,10 @@ class Keeper:
     ) -> Watch:
         """Put a connection under watch; use the result as a ``with`` block.
 
-        ``stream`` (optional) is wrapped as ``watch.stream``, whose reads and writes
-        record activity. ``idle``, ``receive`` and ``send`` are timeouts in seconds;
-        ``deadline`` is an absolute trio time and ``max_age`` the same relative to
-        now (the earlier one wins). ``socket`` defaults to the socket under
+        With a ``stream``, the result is a :class:`WatchedStream`: read and write it
+        instead of ``stream``, and its activity is recorded. ``idle``, ``receive``
+        and ``send`` are timeouts in seconds; ``deadline`` is an absolute trio time
+        and ``max_age`` the same relative to now (the earlier one wins). ``socket`` defaults to the socket under
         ``stream``; it is used to check for unread bytes before an inactivity
         expiry, and closed on expiry when ``close`` is true. ``on_expire(watch)``
         runs after an expiry, as a task if async, in a worker thread if not.
@@ -112,13 +112,11 @@ class Keeper:
             raise RuntimeError("this keeper is closed")
         if socket is None:
             socket = find_socket(stream)
-        watch = Watch(
-            self,
-            stream,
-            socket,
-            close=close,
-            stall_check=self._stall_check if stall_check is None else stall_check,
-            on_expire=on_expire,
+        check = self._stall_check if stall_check is None else stall_check
+        watch = (
+            Watch(self, socket, close=close, stall_check=check, on_expire=on_expire)
+            if stream is None
+            else WatchedStream(self, stream, socket, close=close, stall_check=check, on_expire=on_expire)
         )
         now = trio.current_time()
         if idle is not None:
@@ -302,9 +300,7 @@ class Keeper:
         # worker thread handles all of it.
         batch, self._sync_hooks = self._sync_hooks, []
         try:
-            errors = await trio.to_thread.run_sync(
-                _call_all, batch, abandon_on_cancel=True, limiter=self._hook_limiter
-            )
+            errors = await trio.to_thread.run_sync(_call_all, batch, abandon_on_cancel=True, limiter=self._hook_limiter)
             self.stats.hook_errors += errors
         finally:
             self._hooks_finished(len(batch))

@@ -41,10 +41,8 @@ async def serve_listeners(
 
     async def watched(raw: trio.abc.Stream) -> None:
         try:
-            with keeper.watch(
-                raw, idle=idle, receive=receive, send=send, max_age=max_age, on_expire=on_expire
-            ) as watch:
-                await handler(watch.stream)
+            with keeper.watch(raw, idle=idle, receive=receive, send=send, max_age=max_age, on_expire=on_expire) as conn:
+                await handler(conn.stream)
         except Exception:
             logger.exception("idlekeeper: connection handler raised")
 

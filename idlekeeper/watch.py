@@ -1,9 +1,11 @@
 """A watched connection: its deadlines, its cancel scope, and the stream that stamps it.
 
 :class:`Watch` is what ``keeper.watch(...)`` returns: a ``with`` block whose cancel
-scope the keeper's reaper cancels when a deadline passes. :class:`WatchedStream`
-wraps the connection's stream so that every ``receive_some`` and ``send_all``
-records activity with a single attribute store (see :mod:`idlekeeper.epochs`).
+scope the keeper's reaper cancels when a deadline passes. Given a stream, the watch
+is a :class:`WatchedStream`: a Watch that is also a ``trio.abc.HalfCloseableStream``
+over that stream, whose every ``receive_some`` and ``send_all`` records activity
+with a single attribute store (see :mod:`idlekeeper.epochs`). One object, not two,
+so that the store does not first chase a pointer to another object.
 """
 
 from __future__ import annotations
@@ -69,9 +71,9 @@ class Watch(ConnectionDeadlines):
 
     __slots__ = (
         "_owner",
+        "_epochs",
         "_scope",
         "_socket",
-        "_stream",
         "_close",
         "_stall_check",
         "on_expire",
@@ -83,7 +85,6 @@ class Watch(ConnectionDeadlines):
     def __init__(
         self,
         owner: _Owner,
-        stream: trio.abc.Stream | None,
         socket: SocketLike | None,
         *,
         close: bool,
@@ -92,9 +93,9 @@ class Watch(ConnectionDeadlines):
     ) -> None:
         super().__init__()
         self._owner = owner
+        self._epochs = owner.epochs
         self._scope = trio.CancelScope()
         self._socket = socket
-        self._stream = None if stream is None else WatchedStream(stream, self, owner.epochs)
         self._close = close
         self._stall_check = stall_check
         self.on_expire = on_expire
@@ -142,10 +143,10 @@ class Watch(ConnectionDeadlines):
 
     @property
     def stream(self) -> WatchedStream:
-        """The wrapped stream that records activity (only if a stream was given)."""
-        if self._stream is None:
+        """This watch as a stream (only if it was given one: it is then a WatchedStream)."""
+        if not isinstance(self, WatchedStream):
             raise AttributeError("this Watch was created without a stream")
-        return self._stream
+        return self
 
     @property
     def socket(self) -> SocketLike | None:
@@ -198,15 +199,15 @@ class Watch(ConnectionDeadlines):
 
     def mark_received(self) -> None:
         """Record that something was received now."""
-        self.rx = self._owner.epochs.current
+        self.rx = self._epochs.current
 
     def mark_sent(self) -> None:
         """Record that a send made progress now."""
-        self.tx = self._owner.epochs.current
+        self.tx = self._epochs.current
 
     def touch(self) -> None:
         """Record activity in both directions."""
-        self.rx = self.tx = self._owner.epochs.current
+        self.rx = self.tx = self._epochs.current
 
     # -- used by the keeper ------------------------------------------------------------
 
@@ -223,42 +224,51 @@ class Watch(ConnectionDeadlines):
         state = ("new", "watching", "done")[self._state]
         if self.reason is not None:
             state = f"expired ({self.reason})"
-        return (
-            f"<Watch {state} idle={self._idle} receive={self._receive}"
-            f" send={self._send} deadline={self._deadline}>"
-        )
+        return f"<Watch {state} idle={self._idle} receive={self._receive} send={self._send} deadline={self._deadline}>"
 
 
-class WatchedStream(trio.abc.HalfCloseableStream):
-    """A stream that records activity on its :class:`Watch` as data moves.
+class WatchedStream(Watch, trio.abc.HalfCloseableStream):
+    """A :class:`Watch` that is also a stream, recording activity as data moves.
 
+    ``with keeper.watch(stream, ...) as conn:`` gives one: read and write ``conn``
+    as you would ``stream``; change ``conn.idle_timeout`` and friends as the
+    protocol changes phase; ``async with conn`` (or ``conn.aclose()``) closes it.
     Works over any ``trio.abc.Stream``: ``SocketStream``, ``SSLStream``, a memory
     stream in a test. ``send_eof`` needs a half-closeable transport.
     """
 
-    def __init__(self, transport_stream: trio.abc.Stream, watch: Watch, epochs: EpochClock) -> None:
+    __slots__ = ("transport_stream",)
+
+    def __init__(
+        self,
+        owner: _Owner,
+        transport_stream: trio.abc.Stream,
+        socket: SocketLike | None,
+        *,
+        close: bool,
+        stall_check: bool,
+        on_expire: ExpireHook | None,
+    ) -> None:
+        super().__init__(owner, socket, close=close, stall_check=stall_check, on_expire=on_expire)
         self.transport_stream = transport_stream
         """The wrapped stream."""
-        self._watch = watch
-        self._epochs = epochs
 
     @property
-    def watch(self) -> Watch:
-        """The watch whose deadlines this stream's activity refreshes."""
-        return self._watch
+    def watch(self) -> WatchedStream:
+        """The watch whose deadlines this stream's activity refreshes: itself."""
+        return self
 
     async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
         """Receive from the transport; a return (data or EOF) counts as receive activity."""
         data = await self.transport_stream.receive_some(max_bytes)
-        self._watch.rx = self._epochs.current
+        self.rx = self._epochs.current
         return data
 
     async def send_all(self, data: bytes | bytearray | memoryview) -> None:
         """Send everything; each piece the transport accepts counts as send progress."""
-        watch = self._watch
         epochs = self._epochs
-        watch.tx = epochs.current
-        watch.sending = True
+        self.tx = epochs.current
+        self.sending = True
         try:
             if len(data) <= SEND_CHUNK:
                 await self.transport_stream.send_all(data)
@@ -266,10 +276,10 @@ class WatchedStream(trio.abc.HalfCloseableStream):
                 view = memoryview(data).cast("B")
                 for start in range(0, len(view), SEND_CHUNK):
                     await self.transport_stream.send_all(view[start : start + SEND_CHUNK])
-                    watch.tx = epochs.current
+                    self.tx = epochs.current
         finally:
-            watch.sending = False
-        watch.tx = epochs.current
+            self.sending = False
+        self.tx = epochs.current
 
     async def wait_send_all_might_not_block(self) -> None:
         """Pass through to the transport."""
@@ -287,5 +297,5 @@ class WatchedStream(trio.abc.HalfCloseableStream):
         try:
             await self.transport_stream.aclose()
         except (trio.ClosedResourceError, trio.BrokenResourceError):
-            if not self._watch.expired:
+            if not self.expired:
                 raise

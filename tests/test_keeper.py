@@ -80,9 +80,7 @@ async def test_send_timeout_only_counts_while_sending(keeper: idlekeeper.Keeper,
     assert began + 3 <= trio.current_time() < began + 3 + keeper.tick
 
 
-async def test_absolute_deadline_is_not_extended_by_activity(
-    keeper: idlekeeper.Keeper, clock: MockClock
-) -> None:
+async def test_absolute_deadline_is_not_extended_by_activity(keeper: idlekeeper.Keeper, clock: MockClock) -> None:
     with keeper.watch(idle=2, max_age=7) as w:
         for _ in range(20):
             await trio.sleep(0.5)
@@ -207,9 +205,7 @@ async def test_async_timer_callback_runs_as_task(keeper: idlekeeper.Keeper, cloc
         await done.wait()
 
 
-async def test_raising_timer_callback_does_not_kill_reaper(
-    keeper: idlekeeper.Keeper, clock: MockClock
-) -> None:
+async def test_raising_timer_callback_does_not_kill_reaper(keeper: idlekeeper.Keeper, clock: MockClock) -> None:
     def boom() -> None:
         raise RuntimeError("boom")
 

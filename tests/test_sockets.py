@@ -143,9 +143,7 @@ async def test_stall_safety_with_real_unread_bytes(keeper: idlekeeper.Keeper, cl
     assert read_at + 5 <= trio.current_time() < read_at + 5 + keeper.tick
 
 
-async def test_without_unread_bytes_the_same_server_expires(
-    keeper: idlekeeper.Keeper, clock: MockClock
-) -> None:
+async def test_without_unread_bytes_the_same_server_expires(keeper: idlekeeper.Keeper, clock: MockClock) -> None:
     """The control for the stall test: no bytes waiting, expired on time."""
     server, _client = await tcp_pair()
     with keeper.watch(server, idle=5) as w:
@@ -155,9 +153,7 @@ async def test_without_unread_bytes_the_same_server_expires(
     assert 5 <= trio.current_time() < 5 + keeper.tick
 
 
-async def test_close_false_leaves_socket_open_for_a_goodbye(
-    keeper: idlekeeper.Keeper, clock: MockClock
-) -> None:
+async def test_close_false_leaves_socket_open_for_a_goodbye(keeper: idlekeeper.Keeper, clock: MockClock) -> None:
     """close=False lets a protocol answer (an HTTP 408, say) before closing itself."""
     server, client = await tcp_pair()
     with keeper.watch(server, idle=2, close=False) as w:
@@ -208,9 +204,7 @@ def ca() -> trustme.CA:
     return trustme.CA()
 
 
-async def test_ssl_stream_is_watched_and_closed(
-    keeper: idlekeeper.Keeper, clock: MockClock, ca: trustme.CA
-) -> None:
+async def test_ssl_stream_is_watched_and_closed(keeper: idlekeeper.Keeper, clock: MockClock, ca: trustme.CA) -> None:
     server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     ca.issue_cert("localhost").configure_cert(server_ctx)
     client_ctx = ssl.create_default_context()
