@@ -429,7 +429,9 @@ def main(argv: list[str] | None = None) -> None:
     rows = [reaper_cpu(huge, 0, timeout, 0.01, 3 * timeout, 0.1)]
     fixed = 10_000 if not args.quick else 2_000
     for parked in (0, big, huge):
-        rows.append(reaper_cpu(fixed, parked, 10.0, 0.0, 60.0, 0.1))
+        # Best of two: the figure is small, and a shared machine adds noise.
+        runs = [reaper_cpu(fixed, parked, 10.0, 0.0, 60.0, 0.1) for _ in range(2)]
+        rows.append(min(runs, key=lambda row: float(row["reaper_cpu_ms_per_s"])))
     result["reaper"] = rows
     print("part 3: memory ...", file=sys.stderr)
     result["memory"] = bytes_per_connection(big)

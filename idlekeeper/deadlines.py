@@ -144,25 +144,28 @@ class ConnectionDeadlines(WheelEntry):
             t = max(self._send_since, latest(self.tx, now)) + self._send
             if t < when:
                 when, reason = t, Reason.SEND
-        if self._receive is not None:
-            t = max(self._receive_since, latest(self.rx, now)) + self._receive
-            if t < when:
-                when, reason = t, Reason.RECEIVE
-        if self._idle is not None:
-            t = max(self._idle_since, latest(self.rx, now), latest(self.tx, now)) + self._idle
-            if t < when:
-                when, reason = t, Reason.IDLE
+        if self._receive is not None or self._idle is not None:
+            rx = latest(self.rx, now)
+            if self._receive is not None:
+                t = max(self._receive_since, rx) + self._receive
+                if t < when:
+                    when, reason = t, Reason.RECEIVE
+            if self._idle is not None:
+                t = max(self._idle_since, rx, latest(self.tx, now)) + self._idle
+                if t < when:
+                    when, reason = t, Reason.IDLE
         return when, reason
 
-    def check_time(self, now: float) -> float:
+    def check_time(self, now: float, resolved: float | None = None) -> float:
         """When the keeper must look at this connection next; ``inf`` for never.
 
-        The earliest resolved deadline, or sooner: a send that is not pending yet
-        could start at any moment after ``now`` and so end no sooner than
-        ``now + send_timeout``, which is when it is worth checking again. This lets
-        ``send_all`` flip ``sending`` with a plain store and no wheel operation.
+        The earliest resolved deadline (pass it as ``resolved`` if already known),
+        or sooner: a send that is not pending yet could start at any moment after
+        ``now`` and so end no sooner than ``now + send_timeout``, which is when it
+        is worth checking again. This lets ``send_all`` flip ``sending`` with a
+        plain store and no wheel operation.
         """
-        when, _ = self.resolve(now)
+        when = self.resolve(now)[0] if resolved is None else resolved
         if self._send is not None and not self.sending:
             t = max(self._send_since, latest(self.tx, now), now) + self._send
             if t < when:

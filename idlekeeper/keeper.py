@@ -234,7 +234,7 @@ class Keeper:
             return
         when, reason = watch.resolve(now)
         if reason is None or when > now:
-            self._refile(watch, now)
+            self._refile(watch, now, when)
             return
         sock = watch._socket
         if sock is not None and watch._stall_check and self._peer_kept_up(watch, sock, reason):
@@ -262,8 +262,8 @@ class Keeper:
             return True
         return False
 
-    def _refile(self, watch: Watch, now: float) -> None:
-        when = watch.check_time(now)
+    def _refile(self, watch: Watch, now: float, resolved: float | None = None) -> None:
+        when = watch.check_time(now, resolved)
         if when != math.inf:
             self.stats.refiles += 1
             self._wheel.schedule(watch, when)
