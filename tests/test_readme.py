@@ -1,0 +1,33 @@
+"""Every Python example in the README runs as written and ends by itself."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+BLOCKS = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
+
+
+def test_readme_has_examples() -> None:
+    assert len(BLOCKS) >= 4
+
+
+@pytest.mark.parametrize("code", BLOCKS, ids=[f"example{i}" for i in range(len(BLOCKS))])
+def test_readme_example_runs(code: str, tmp_path: Path) -> None:
+    script = tmp_path / "example.py"
+    script.write_text(code)
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60, cwd=README.parent)
+    assert done.returncode == 0, done.stderr
+    if "serve_tcp, echo" in code:
+        assert "b'hello'\nb''\n" in done.stdout
+        assert "<Reason.IDLE: 'idle'>: 1" in done.stdout
+    if "slowloris" in code:
+        assert "ERR request head too slow" in done.stdout
+    if "call_every" in code:
+        assert done.stdout.count("every 100 ms") == 3
+        assert done.stdout.count("once") == 1
