@@ -103,10 +103,11 @@ class Keeper:
         With a ``stream``, the result is a :class:`WatchedStream`: read and write it
         instead of ``stream``, and its activity is recorded. ``idle``, ``receive``
         and ``send`` are timeouts in seconds; ``deadline`` is an absolute trio time
-        and ``max_age`` the same relative to now (the earlier one wins). ``socket`` defaults to the socket under
-        ``stream``; it is used to check for unread bytes before an inactivity
-        expiry, and closed on expiry when ``close`` is true. ``on_expire(watch)``
-        runs after an expiry, as a task if async, in a worker thread if not.
+        and ``max_age`` the same relative to now (the earlier one wins).
+        ``socket`` defaults to the socket under ``stream``; it is used to check for
+        unread bytes before an inactivity expiry (unless ``stall_check`` is false),
+        and closed on expiry when ``close`` is true. ``on_expire(watch)`` runs after
+        an expiry, as a task if async, in a worker thread if not.
         """
         if self._closed:
             raise RuntimeError("this keeper is closed")
