@@ -1,0 +1,154 @@
+"""``python -m servers.heartbeat``: the MQTT 3.1.1 keep-alive presence server."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import logging
+import signal
+import sys
+from collections.abc import Sequence
+
+import trio
+
+from ..workers import open_listeners, reserve_port, supervise
+from .auth import PasswordFile
+from .presence import PresenceLog
+from .server import HeartbeatConfig, serve_heartbeat
+
+DESCRIPTION = """\
+MQTT 3.1.1 keep-alive presence server. Devices connect with any MQTT client;
+a device silent for 1.5 x its keep-alive is declared dead, its Will is published,
+and an offline event goes to subscribers of presence/<client-id>, to the presence
+log and to the status endpoint. Built on idlekeeper: one timing wheel and one
+reaper task per worker process."""
+
+
+def parser() -> argparse.ArgumentParser:
+    """The command line, documented in --help and the README."""
+    p = argparse.ArgumentParser(prog="python -m servers.heartbeat", description=DESCRIPTION)
+    a = p.add_argument
+    a("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1; 0.0.0.0 for all)")
+    a("--port", type=int, default=1883, help="MQTT TCP port; 0 picks a free one (default: 1883)")
+    a("--workers", type=int, default=1, help="worker processes sharing the port with SO_REUSEPORT (default: 1)")
+    a("--tick", type=float, default=0.1, help="keeper tick in seconds: expiries run at most this late (default: 0.1)")
+    a(
+        "--connect-timeout",
+        type=float,
+        default=10.0,
+        help="seconds a new socket has to complete CONNECT (default: 10)",
+    )
+    a(
+        "--max-idle",
+        type=float,
+        default=3600.0,
+        help="idle cap in seconds for clients with keep-alive 0; 0 disables it (default: 3600)",
+    )
+    a(
+        "--max-keepalive",
+        type=int,
+        default=3600,
+        help="server-side cap on a client's keep-alive, in seconds (default: 3600)",
+    )
+    a("--send-timeout", type=float, default=30.0, help="seconds a subscriber may stall our sends (default: 30)")
+    a("--max-packet-size", type=int, default=256 * 1024, help="largest accepted packet in bytes (default: 262144)")
+    a(
+        "--max-connections",
+        type=int,
+        default=18_000,
+        help="devices per worker; beyond it CONNECT gets CONNACK 3 (default: 18000, under the 20,000-file limit)",
+    )
+    a(
+        "--status-port",
+        type=int,
+        default=None,
+        help="HTTP status port (/healthz, /metrics, /devices/<id>); worker i serves on this port + i",
+    )
+    a("--status-host", default="127.0.0.1", help="status endpoint address (default: loopback only)")
+    a("--auth-file", default=None, help="password file of salted hashes (python -m servers.heartbeat.auth add ...)")
+    a("--presence-log", default=None, help="write presence events as JSON lines to this file, or - for stdout")
+    a("--log-level", default="WARNING", help="logging level for protocol errors and the like (default: WARNING)")
+    a("--worker-index", type=int, default=None, help=argparse.SUPPRESS)
+    return p
+
+
+def config_from(args: argparse.Namespace, worker: int) -> HeartbeatConfig:
+    """A worker's configuration from the parsed command line."""
+    cfg = HeartbeatConfig(
+        host=args.host,
+        port=args.port,
+        tick=args.tick,
+        connect_timeout=args.connect_timeout,
+        max_idle=args.max_idle or None,
+        max_keepalive=args.max_keepalive,
+        send_timeout=args.send_timeout,
+        max_packet_size=args.max_packet_size,
+        max_connections=args.max_connections,
+        worker=worker,
+        auth=PasswordFile.load(args.auth_file) if args.auth_file else None,
+    )
+    if args.presence_log:
+        cfg.extra_sinks.append(PresenceLog(args.presence_log))
+    return cfg
+
+
+async def run_worker(args: argparse.Namespace, worker: int, reuse_port: bool) -> None:
+    """One worker: serve until SIGINT or SIGTERM, then shut down cleanly."""
+    config = config_from(args, worker)
+    listeners = open_listeners(args.host, args.port, reuse_port=reuse_port)
+    status_port = None if args.status_port is None else args.status_port + worker
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async with trio.open_nursery() as nursery:
+            server = await nursery.start(
+                lambda task_status: serve_heartbeat(
+                    config,
+                    listeners=listeners,
+                    status_port=status_port,
+                    status_host=args.status_host,
+                    task_status=task_status,
+                )
+            )
+            print(
+                f"heartbeat worker {worker}: listening on {args.host}:{server.port}"
+                + (f", status on {args.status_host}:{status_port}" if status_port is not None else ""),
+                file=sys.stderr,
+                flush=True,
+            )
+            async for _ in signals:
+                break
+            # Cancelling the server ends every connection with reason "shutdown".
+            nursery.cancel_scope.cancel()
+    for sink in config.extra_sinks:
+        close = getattr(sink, "close", None)
+        if close is not None:
+            close()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point: a single worker, or a supervisor of ``--workers`` workers."""
+    args = parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    if args.workers <= 1 or args.worker_index is not None:
+        worker = args.worker_index or 0
+        trio.run(run_worker, args, worker, args.worker_index is not None)
+        return 0
+    holder = None
+    if args.port == 0:
+        args.port, holder = reserve_port(args.host)
+    base = [sys.executable, "-m", "servers.heartbeat", *(argv if argv is not None else sys.argv[1:])]
+
+    def command(index: int) -> list[str]:
+        return [*base, "--port", str(args.port), "--worker-index", str(index)]
+
+    def ready(pids: list[int]) -> None:
+        print(f"heartbeat: supervisor pid {os.getpid()}, workers {pids}, port {args.port}", file=sys.stderr, flush=True)
+
+    try:
+        return supervise(command, args.workers, on_ready=ready)
+    finally:
+        if holder is not None:
+            holder.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,77 @@
+"""Subscriptions and routing: which subscribers get a message published on a topic.
+
+Pure. Exact filters (no wildcards) sit in a dict, so a device subscribed to its own
+command topic costs O(1) per publish however many devices there are; wildcard
+filters (``presence/#``) are few and are matched one by one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from typing import Generic, TypeVar
+
+from .codec import topic_matches
+
+__all__ = ["Subscriptions"]
+
+K = TypeVar("K", bound=Hashable)
+
+
+def _is_wildcard(topic_filter: str) -> bool:
+    return "+" in topic_filter or "#" in topic_filter
+
+
+class Subscriptions(Generic[K]):
+    """Topic filters per subscriber key, with the granted QoS of each."""
+
+    def __init__(self, max_qos: int = 1) -> None:
+        self._max_qos = max_qos
+        self._exact: dict[str, dict[K, int]] = {}
+        self._wild: dict[str, dict[K, int]] = {}
+        self._by_key: dict[K, set[str]] = {}
+
+    def __len__(self) -> int:
+        return sum(len(filters) for filters in self._by_key.values())
+
+    def subscribe(self, key: K, topic_filter: str, qos: int) -> int:
+        """Add or replace a subscription; returns the granted QoS (capped)."""
+        granted = min(qos, self._max_qos)
+        table = self._wild if _is_wildcard(topic_filter) else self._exact
+        table.setdefault(topic_filter, {})[key] = granted
+        self._by_key.setdefault(key, set()).add(topic_filter)
+        return granted
+
+    def unsubscribe(self, key: K, topic_filter: str) -> bool:
+        """Remove one subscription; returns whether it existed."""
+        table = self._wild if _is_wildcard(topic_filter) else self._exact
+        subs = table.get(topic_filter)
+        if not subs or key not in subs:
+            return False
+        del subs[key]
+        if not subs:
+            del table[topic_filter]
+        filters = self._by_key.get(key)
+        if filters is not None:
+            filters.discard(topic_filter)
+            if not filters:
+                del self._by_key[key]
+        return True
+
+    def drop(self, key: K) -> None:
+        """Remove every subscription of ``key`` (its connection ended)."""
+        for topic_filter in list(self._by_key.get(key, ())):
+            self.unsubscribe(key, topic_filter)
+
+    def has(self, key: K) -> bool:
+        """Whether ``key`` has any subscription."""
+        return key in self._by_key
+
+    def route(self, topic: str) -> dict[K, int]:
+        """Subscribers of ``topic`` with the QoS to deliver at (the highest match wins)."""
+        out: dict[K, int] = dict(self._exact.get(topic, {}))
+        for topic_filter, subs in self._wild.items():
+            if topic_matches(topic_filter, topic):
+                for key, qos in subs.items():
+                    if qos > out.get(key, -1):
+                        out[key] = qos
+        return out

@@ -1,0 +1,451 @@
+"""The heartbeat server: MQTT 3.1.1 keep-alive and presence on idlekeeper.
+
+Each connection is one short trio loop: receive, feed the codec, hand packets to
+the session, carry out its effects. Deadlines are declared once per phase on the
+watched stream, and the keeper's one reaper enforces all of them:
+
+- before CONNECT: an absolute ``connect_timeout`` from accept;
+- after CONNECT: a receive timeout of 1.5 × keep-alive (the spec's rule; any
+  control packet counts), or the server's ``max_idle`` when keep-alive is 0; and a
+  packet that has started arriving must be complete within that same time, so
+  trickled bytes cannot keep a dead device "alive";
+- while the server is sending to a subscriber: ``send_timeout`` without progress.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import math
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+import trio
+
+import idlekeeper
+from idlekeeper import Reason
+from idlekeeper.epochs import latest
+
+from ..prometheus import MetricsWriter
+from . import codec
+from .auth import AuthResult, PasswordFile
+from .broker import Subscriptions
+from .codec import PacketReader, ProtocolError
+from .presence import Offline, PresenceEvent, PresenceSink
+from .session import Accept, Goodbye, Route, Send, Session, State, Subscribe, Unsubscribe
+
+__all__ = ["Connection", "HeartbeatConfig", "HeartbeatServer"]
+
+logger = logging.getLogger("servers.heartbeat")
+
+# A subscriber that falls this far behind loses its oldest queued messages.
+OUTBOX_LIMIT = 50_000
+_WRITE_BATCH = 64 * 1024
+
+
+@dataclass
+class HeartbeatConfig:
+    """Everything a heartbeat worker needs to know. The CLI fills it in."""
+
+    host: str = "127.0.0.1"
+    port: int = 1883
+    tick: float = 0.1
+    connect_timeout: float = 10.0
+    max_idle: float | None = 3600.0
+    max_keepalive: int = 3600
+    send_timeout: float = 30.0
+    max_packet_size: int = 256 * 1024
+    max_connections: int = 18_000
+    presence_prefix: str = "presence/"
+    worker: int = 0
+    auth: PasswordFile | None = None
+    extra_sinks: list[PresenceSink] = field(default_factory=list)
+
+
+class Connection:
+    """One client connection, as the server sees it."""
+
+    __slots__ = (
+        "ended_by",
+        "msg_id",
+        "opened",
+        "outbox",
+        "outbox_bytes",
+        "peer",
+        "session",
+        "stream",
+        "wake",
+        "writer",
+    )
+
+    def __init__(self, stream: idlekeeper.WatchedStream, peer: str) -> None:
+        self.stream = stream
+        self.peer = peer
+        self.opened = trio.current_time()
+        self.session = Session()
+        self.ended_by: Offline | None = None
+        self.outbox: collections.deque[bytes] | None = None
+        self.outbox_bytes = 0
+        self.wake: trio.Event | None = None
+        self.writer: trio.CancelScope | None = None
+        self.msg_id = 0
+
+    def end(self, reason: Offline) -> None:
+        """Close this connection from outside its own task (takeover, shutdown)."""
+        if self.ended_by is None:
+            self.ended_by = reason
+        self.stream.cancel_scope.cancel()
+        sock = self.stream.socket
+        if sock is not None:
+            close = getattr(sock, "close", None)
+            if close is not None:
+                close()
+
+
+def _peer_of(stream: idlekeeper.WatchedStream) -> str:
+    sock = stream.socket
+    try:
+        host, port = sock.getpeername()[:2]  # type: ignore[union-attr]
+    except (OSError, AttributeError):
+        return "?"
+    return f"{host}:{port}"
+
+
+class HeartbeatServer:
+    """Presence for many MQTT devices, in one trio process (one worker)."""
+
+    def __init__(self, config: HeartbeatConfig, keeper: idlekeeper.Keeper, nursery: trio.Nursery) -> None:
+        self.config = config
+        self.keeper = keeper
+        self._nursery = nursery
+        self.online: dict[str, Connection] = {}
+        self.connections: set[Connection] = set()
+        self.subscriptions: Subscriptions[Connection] = Subscriptions(max_qos=1)
+        self.devices: dict[str, dict[str, Any]] = {}
+        self.sinks: list[PresenceSink] = list(config.extra_sinks)
+        self.offline_by_reason: collections.Counter[str] = collections.Counter()
+        self.counters: collections.Counter[str] = collections.Counter()
+        self.started = time.time()
+        self.port = 0
+
+    # -- the connection loop ------------------------------------------------------
+
+    async def handle(self, stream: idlekeeper.WatchedStream) -> None:
+        """Serve one client connection until it ends, whatever ends it."""
+        cfg = self.config
+        conn = Connection(stream, _peer_of(stream))
+        self.connections.add(conn)
+        self.counters["connections"] += 1
+        stream.deadline = trio.current_time() + cfg.connect_timeout
+        reader = PacketReader(cfg.max_packet_size)
+        session = conn.session
+        outcome: Offline | None = None
+        detail = ""
+        try:
+            async for data in stream:
+                for packet in reader.feed(data):
+                    self.counters["packets_in"] += 1
+                    for effect in session.receive(packet):
+                        await self._apply(conn, effect)
+                    if session.state is State.CLOSED:
+                        break
+                if session.state is State.CLOSED:
+                    outcome = Offline.DISCONNECT  # unless refused: ended_by says so
+                    break
+                if session.state is State.CONNECTED:
+                    self._packet_deadline(conn, reader.buffered > 0)
+        except ProtocolError as exc:
+            outcome, detail = Offline.PROTOCOL_ERROR, exc.reason
+            self.counters["protocol_errors"] += 1
+            logger.info("protocol error from %s (%s): %s %s", conn.peer, session.client_id, exc.reason, exc.detail)
+            if exc.connack_code is not None and session.state in (State.AWAITING_CONNECT, State.CONNECTING):
+                await self._goodbye(conn, session.refused(exc.connack_code))
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            outcome = Offline.CONNECTION_LOST
+        except trio.Cancelled:
+            outcome = Offline.SHUTDOWN  # cancelled from outside: the server is stopping
+            raise
+        finally:
+            self._ended(conn, self._reason(conn, outcome), detail)
+
+    def _reason(self, conn: Connection, outcome: Offline | None) -> Offline:
+        if conn.ended_by is not None:
+            return conn.ended_by
+        stream = conn.stream
+        if stream.expired:
+            if conn.session.state is not State.CONNECTED:
+                return Offline.CONNECT_TIMEOUT
+            return Offline.SEND_TIMEOUT if stream.reason is Reason.SEND else Offline.KEEPALIVE_TIMEOUT
+        return outcome or Offline.CONNECTION_LOST
+
+    def _packet_deadline(self, conn: Connection, partial: bool) -> None:
+        """A packet that has begun must be complete within the keep-alive window."""
+        stream = conn.stream
+        if partial and stream.deadline == math.inf:
+            window = stream.receive_timeout
+            if window is not None:
+                stream.deadline = trio.current_time() + window
+        elif not partial and stream.deadline != math.inf:
+            stream.deadline = None
+
+    async def _apply(self, conn: Connection, effect: object) -> None:
+        if isinstance(effect, Send):
+            await self._send(conn, effect.data)
+        elif isinstance(effect, Route):
+            self.counters["messages_in"] += 1
+            self.route(effect.topic, effect.payload, effect.qos)
+        elif isinstance(effect, Accept):
+            await self._accept(conn, effect)
+        elif isinstance(effect, Subscribe):
+            self.subscriptions.subscribe(conn, effect.topic_filter, effect.qos)
+            self._start_writer(conn)
+        elif isinstance(effect, Unsubscribe):
+            self.subscriptions.unsubscribe(conn, effect.topic_filter)
+        elif isinstance(effect, Goodbye):
+            pass
+
+    async def _accept(self, conn: Connection, request: Accept) -> None:
+        cfg = self.config
+        code = 0
+        if cfg.auth is not None:
+            result = await trio.to_thread.run_sync(cfg.auth.check, request.username, request.password)
+            if result is not AuthResult.ACCEPTED:
+                code = int(result)
+                self.counters["auth_failures"] += 1
+        if not code and len(self.online) >= cfg.max_connections and request.client_id not in self.online:
+            code = 3  # server unavailable: the polite refusal beyond the cap
+            self.counters["refused_capacity"] += 1
+        if code:
+            self.counters[f"refused_{code}"] += 1
+            conn.ended_by = Offline.REFUSED
+            await self._goodbye(conn, conn.session.refused(code))
+            return
+        old = self.online.get(request.client_id)
+        if old is not None and old is not conn:
+            old.end(Offline.TAKEOVER)
+        self.online[request.client_id] = conn
+        stream = conn.stream
+        stream.deadline = None
+        keep_alive = min(request.keep_alive, cfg.max_keepalive) if request.keep_alive else 0
+        stream.receive_timeout = 1.5 * keep_alive if keep_alive else cfg.max_idle
+        await self._send(conn, conn.session.accepted())
+        self._event(conn, "online", None)
+
+    async def _goodbye(self, conn: Connection, connack: bytes) -> None:
+        """Send a refusal, briefly: a refused client must not hold its connection open."""
+        with trio.move_on_after(1.0):
+            try:
+                await conn.stream.send_all(connack)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                pass
+
+    # -- sending ------------------------------------------------------------------------
+
+    async def _send(self, conn: Connection, data: bytes) -> None:
+        if conn.outbox is not None:
+            self._enqueue(conn, data)
+        else:
+            await conn.stream.send_all(data)
+
+    def _enqueue(self, conn: Connection, data: bytes) -> None:
+        outbox = conn.outbox
+        if outbox is None:
+            return
+        if len(outbox) >= OUTBOX_LIMIT:
+            dropped = outbox.popleft()
+            conn.outbox_bytes -= len(dropped)
+            self.counters["messages_dropped"] += 1
+        outbox.append(data)
+        conn.outbox_bytes += len(data)
+        if conn.wake is not None:
+            conn.wake.set()
+
+    def _start_writer(self, conn: Connection) -> None:
+        if conn.outbox is not None:
+            return
+        conn.outbox = collections.deque()
+        conn.writer = trio.CancelScope()
+        conn.stream.send_timeout = self.config.send_timeout
+        self._nursery.start_soon(self._writer, conn)
+
+    async def _writer(self, conn: Connection) -> None:
+        outbox = conn.outbox
+        assert outbox is not None and conn.writer is not None
+        with conn.writer:
+            try:
+                while True:
+                    if not outbox:
+                        conn.wake = trio.Event()
+                        await conn.wake.wait()
+                        continue
+                    batch: list[bytes] = []
+                    size = 0
+                    while outbox and size < _WRITE_BATCH:
+                        item = outbox.popleft()
+                        batch.append(item)
+                        size += len(item)
+                    conn.outbox_bytes -= size
+                    await conn.stream.send_all(b"".join(batch))
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                pass
+
+    def route(self, topic: str, payload: bytes, qos: int) -> int:
+        """Deliver a message to every subscriber of ``topic``; returns how many."""
+        targets = self.subscriptions.route(topic)
+        if not targets:
+            return 0
+        plain = b""
+        for conn, granted in targets.items():
+            if min(qos, granted) == 0:
+                if not plain:
+                    plain = codec.encode_publish(topic, payload)
+                self._enqueue(conn, plain)
+            else:
+                conn.msg_id = conn.msg_id % 65535 + 1
+                self._enqueue(conn, codec.encode_publish(topic, payload, qos=1, packet_id=conn.msg_id))
+        self.counters["messages_out"] += len(targets)
+        return len(targets)
+
+    # -- presence ------------------------------------------------------------------------
+
+    def _ended(self, conn: Connection, reason: Offline, detail: str) -> None:
+        """Bookkeeping when a connection ends; synchronous, so it runs even when cancelled."""
+        self.connections.discard(conn)
+        if conn.writer is not None:
+            conn.writer.cancel()
+        self.subscriptions.drop(conn)
+        session = conn.session
+        client_id = session.client_id
+        was_online = client_id is not None and self.online.get(client_id) is conn
+        if was_online:
+            assert client_id is not None
+            del self.online[client_id]
+            will = session.will
+            if will is not None and reason not in (Offline.DISCONNECT, Offline.REFUSED):
+                self.counters["wills_published"] += 1
+                self.route(will.topic, will.message, will.qos)
+        self.offline_by_reason[reason.value] += 1
+        if was_online or client_id is None or reason is Offline.REFUSED:
+            self._event(conn, "offline", reason, detail, publish=was_online)
+
+    def _event(self, conn: Connection, status: str, reason: Offline | None, detail: str = "", publish: bool = True) -> None:
+        now = trio.current_time()
+        stream = conn.stream
+        silent_for = max(0.0, now - max(latest(stream.rx, now), conn.opened))
+        event = PresenceEvent(
+            status=status,
+            client_id=conn.session.client_id,
+            peer=conn.peer,
+            reason=reason,
+            silent_for=silent_for,
+            time=time.time(),
+            worker=self.config.worker,
+            detail=detail,
+        )
+        client_id = conn.session.client_id
+        if client_id is not None:
+            record = self.devices.setdefault(client_id, {})
+            record.update(event.to_dict())
+            record["keep_alive"] = conn.session.keep_alive
+            if publish:
+                self.route(self.config.presence_prefix + client_id, event.payload(), 0)
+        for sink in self.sinks:
+            try:
+                sink(event)
+            except Exception:
+                logger.exception("presence sink %r raised", sink)
+
+    # -- control -----------------------------------------------------------------------------
+
+    def shutdown(self) -> None:
+        """Close every connection with reason ``shutdown`` (each gets its TCP close)."""
+        devices = [c for c in self.connections if c.outbox is None]
+        subscribers = [c for c in self.connections if c.outbox is not None]
+        for conn in devices + subscribers:
+            conn.end(Offline.SHUTDOWN)
+
+    # -- status endpoint (servers.status.StatusSource) -------------------------------------
+
+    def healthy(self) -> bool:
+        """The worker is serving."""
+        return True
+
+    def lookup(self, kind: str, key: str) -> object | None:
+        """``/devices/<client-id>``: the device's last presence record."""
+        if kind != "devices":
+            return None
+        record = self.devices.get(key)
+        if record is None:
+            return None
+        out = dict(record)
+        conn = self.online.get(key)
+        if conn is not None:
+            now = trio.current_time()
+            out["status"] = "online"
+            out["silent_for"] = round(max(0.0, now - max(latest(conn.stream.rx, now), conn.opened)), 3)
+        return out
+
+    def metrics(self) -> str:
+        """Prometheus text for this worker."""
+        w = MetricsWriter()
+        labels = {"worker": str(self.config.worker)}
+        w.gauge("heartbeat_devices_online", "Devices with a live, accepted MQTT connection.", len(self.online), labels)
+        w.gauge("heartbeat_connections", "Open client connections, handshaking ones included.", len(self.connections), labels)
+        for reason in Offline:
+            w.counter(
+                "heartbeat_offline_total",
+                "Connections ended, by reason.",
+                self.offline_by_reason.get(reason.value, 0),
+                {**labels, "reason": reason.value},
+            )
+        for name, help_text in _COUNTERS:
+            w.counter(f"heartbeat_{name}_total", help_text, self.counters.get(name, 0), labels)
+        w.keeper_stats(self.keeper.stats, labels)
+        w.process(labels)
+        return w.render()
+
+
+_COUNTERS: Iterable[tuple[str, str]] = (
+    ("connections", "Connections accepted."),
+    ("packets_in", "MQTT control packets received."),
+    ("messages_in", "PUBLISH messages received and routed."),
+    ("messages_out", "Messages delivered to subscribers."),
+    ("messages_dropped", "Messages dropped for subscribers that fell too far behind."),
+    ("protocol_errors", "Connections closed for violating MQTT 3.1.1."),
+    ("auth_failures", "CONNECTs refused for bad or missing credentials."),
+    ("refused_capacity", "CONNECTs refused because the worker was at its connection cap."),
+    ("wills_published", "Will messages published for devices that died."),
+)
+
+
+async def serve_heartbeat(
+    config: HeartbeatConfig,
+    *,
+    listeners: list[trio.SocketListener] | None = None,
+    status_port: int | None = None,
+    status_host: str = "127.0.0.1",
+    task_status: trio.TaskStatus[HeartbeatServer] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Run one heartbeat worker until cancelled; ``nursery.start`` returns the server.
+
+    ``listeners`` default to a TCP listener on ``config.host:config.port`` (port 0
+    picks a free one: read ``server.port``). Cancelling it is a shutdown: every
+    connection ends with reason ``shutdown`` and gets its TCP close.
+    """
+    from ..status import serve_status
+    from ..workers import open_listeners
+
+    async with idlekeeper.open_keeper(tick=config.tick) as keeper, trio.open_nursery() as nursery:
+        server = HeartbeatServer(config, keeper, nursery)
+        if listeners is None:
+            listeners = open_listeners(config.host, config.port)
+        server.port = listeners[0].socket.getsockname()[1]
+        await nursery.start(
+            partial(idlekeeper.serve_listeners, server.handle, listeners, keeper=keeper, handler_nursery=nursery)
+        )
+        if status_port is not None:
+            await nursery.start(partial(serve_status, server, status_port, keeper=keeper, host=status_host))
+        task_status.started(server)

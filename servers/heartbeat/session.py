@@ -1,0 +1,205 @@
+"""One MQTT connection's protocol state, sans-IO: packets in, effects out.
+
+The server's connection loop feeds each parsed packet to :meth:`Session.receive`
+and carries out the effects it returns (send bytes, route a message, subscribe,
+close). Nothing here touches a socket, a clock or the broker, so every rule of the
+handshake and of MQTT 3.1.1's packet order is testable on its own.
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+import os
+from dataclasses import dataclass
+
+from . import codec
+from .codec import ProtocolError
+
+__all__ = [
+    "Accept",
+    "Effect",
+    "Goodbye",
+    "Route",
+    "Send",
+    "Session",
+    "State",
+    "Subscribe",
+    "Unsubscribe",
+    "Will",
+]
+
+
+class State(enum.Enum):
+    """Where a connection is in its life."""
+
+    AWAITING_CONNECT = "awaiting-connect"
+    CONNECTING = "connecting"
+    CONNECTED = "connected"
+    CLOSED = "closed"
+
+
+@dataclass(frozen=True, slots=True)
+class Will:
+    """The message a client asked to have published if it dies."""
+
+    topic: str
+    message: bytes
+    qos: int
+    retain: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Send:
+    """Write these bytes to the client."""
+
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Accept:
+    """A well-formed CONNECT: the server checks credentials and capacity, then calls
+    :meth:`Session.accepted` or :meth:`Session.refused`."""
+
+    client_id: str
+    assigned: bool
+    keep_alive: int
+    clean_session: bool
+    username: str | None
+    password: bytes | None
+    will: Will | None
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """Deliver a message to the topic's subscribers."""
+
+    topic: str
+    payload: bytes
+    qos: int
+    retain: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Subscribe:
+    """Add a subscription (already granted in the SUBACK that follows)."""
+
+    topic_filter: str
+    qos: int
+
+
+@dataclass(frozen=True, slots=True)
+class Unsubscribe:
+    """Remove a subscription."""
+
+    topic_filter: str
+
+
+@dataclass(frozen=True, slots=True)
+class Goodbye:
+    """The client sent DISCONNECT: close cleanly and discard its Will."""
+
+
+Effect = Send | Accept | Route | Subscribe | Unsubscribe | Goodbye
+
+_ids = itertools.count(1)
+_ID_PREFIX = f"auto-{os.getpid():x}-"
+
+
+def assign_client_id() -> str:
+    """A client id for a CONNECT that sent an empty one (unique in this process)."""
+    return f"{_ID_PREFIX}{next(_ids):x}"
+
+
+class Session:
+    """MQTT 3.1.1 packet-order rules and replies for one connection."""
+
+    def __init__(self, *, max_qos: int = 1, reserved_prefix: str = "presence/") -> None:
+        self.state = State.AWAITING_CONNECT
+        self.client_id: str | None = None
+        self.keep_alive = 0
+        self.will: Will | None = None
+        self.denied_publishes = 0
+        self._max_qos = max_qos
+        self._reserved = reserved_prefix
+
+    def receive(self, packet: codec.Packet) -> list[Effect]:
+        """Effects of one packet from the client. Raises ProtocolError on a violation."""
+        if self.state is State.AWAITING_CONNECT:
+            if not isinstance(packet, codec.Connect):
+                raise ProtocolError("expected-connect", detail=f"{type(packet).__name__} before CONNECT")
+            return [self._connect(packet)]
+        if self.state is not State.CONNECTED:
+            raise ProtocolError("not-connected", detail=f"{type(packet).__name__} in state {self.state.value}")
+        if isinstance(packet, codec.Pingreq):
+            return [Send(codec.encode_pingresp())]
+        if isinstance(packet, codec.Publish):
+            return self._publish(packet)
+        if isinstance(packet, codec.Subscribe):
+            granted = [min(qos, self._max_qos) for _, qos in packet.topics]
+            effects: list[Effect] = [
+                Subscribe(topic_filter, qos) for (topic_filter, _), qos in zip(packet.topics, granted, strict=True)
+            ]
+            effects.append(Send(codec.encode_suback(packet.packet_id, granted)))
+            return effects
+        if isinstance(packet, codec.Unsubscribe):
+            out: list[Effect] = [Unsubscribe(topic_filter) for topic_filter in packet.topics]
+            out.append(Send(codec.encode_unsuback(packet.packet_id)))
+            return out
+        if isinstance(packet, codec.Disconnect):
+            self.state = State.CLOSED
+            self.will = None
+            return [Goodbye()]
+        if isinstance(packet, codec.Pubrel):
+            return [Send(codec.encode_pubcomp(packet.packet_id))]
+        if isinstance(packet, codec.Connect):
+            raise ProtocolError("second-connect", detail="CONNECT on a connected session")
+        return []  # PUBACK / PUBREC / PUBCOMP for what we sent: nothing to do
+
+    def accepted(self) -> bytes:
+        """The server took the CONNECT: the CONNACK to send."""
+        self.state = State.CONNECTED
+        return codec.encode_connack(False, 0)
+
+    def refused(self, return_code: int) -> bytes:
+        """The server refused the CONNECT: the CONNACK to send before closing."""
+        self.state = State.CLOSED
+        self.will = None
+        return codec.encode_connack(False, return_code)
+
+    def _connect(self, packet: codec.Connect) -> Accept:
+        self.state = State.CONNECTING
+        client_id = packet.client_id
+        assigned = False
+        if not client_id:
+            if not packet.clean_session:
+                # MQTT-3.1.3-8: an empty id needs a clean session.
+                raise ProtocolError("identifier-rejected", connack_code=2, detail="empty client id without clean session")
+            client_id = assign_client_id()
+            assigned = True
+        self.client_id = client_id
+        self.keep_alive = packet.keep_alive
+        if packet.will_topic is not None:
+            self.will = Will(packet.will_topic, packet.will_message or b"", packet.will_qos, packet.will_retain)
+        return Accept(
+            client_id=client_id,
+            assigned=assigned,
+            keep_alive=packet.keep_alive,
+            clean_session=packet.clean_session,
+            username=packet.username,
+            password=packet.password,
+            will=self.will,
+        )
+
+    def _publish(self, packet: codec.Publish) -> list[Effect]:
+        effects: list[Effect] = []
+        if packet.topic.startswith(self._reserved):
+            # Presence is the server's to publish; a device may not forge it.
+            self.denied_publishes += 1
+        else:
+            effects.append(Route(packet.topic, packet.payload, min(packet.qos, self._max_qos), packet.retain))
+        if packet.qos == 1 and packet.packet_id is not None:
+            effects.append(Send(codec.encode_puback(packet.packet_id)))
+        elif packet.qos == 2 and packet.packet_id is not None:
+            effects.append(Send(codec.encode_pubrec(packet.packet_id)))
+        return effects

@@ -1,0 +1,129 @@
+"""Worker processes on one port (SO_REUSEPORT) and the supervisor that keeps them up.
+
+Shared by every server in ``servers/``. One process holds at most ~19,000 sockets
+here (the open-file limit is 20,000 and cannot be raised), so hundreds of thousands
+of connections take several processes; they are also how a server uses every core.
+The kernel spreads new connections over the workers' listening sockets.
+
+The supervisor is plain blocking Python (no trio): it starts the workers, restarts
+any that dies (with a back-off, so a worker that crashes at start-up cannot spin),
+and on SIGINT or SIGTERM stops them all by PID, waits for their clean shutdown, and
+kills whatever is left after the grace period.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+
+import trio
+
+__all__ = ["open_listeners", "reserve_port", "supervise"]
+
+logger = logging.getLogger("servers.workers")
+
+
+def _bound_socket(host: str, port: int, reuse_port: bool) -> socket.socket:
+    family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if reuse_port:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        if family == socket.AF_INET6:
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        sock.bind(addr)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def open_listeners(
+    host: str, port: int, *, reuse_port: bool = False, backlog: int = 4096
+) -> list[trio.SocketListener]:
+    """A listening TCP socket on ``host:port`` as a trio listener (SO_REUSEPORT if asked)."""
+    sock = _bound_socket(host, port, reuse_port)
+    sock.listen(backlog)
+    return [trio.SocketListener(trio.socket.from_stdlib_socket(sock))]
+
+
+def reserve_port(host: str) -> tuple[int, socket.socket]:
+    """A free port for a group of SO_REUSEPORT workers, held by a bound, non-listening socket.
+
+    Keep the socket until the workers listen, then close it: it receives nothing.
+    """
+    sock = _bound_socket(host, 0, reuse_port=True)
+    return sock.getsockname()[1], sock
+
+
+def supervise(
+    command: Callable[[int], Sequence[str]],
+    workers: int,
+    *,
+    grace: float = 10.0,
+    restart_backoff: float = 1.0,
+    on_ready: Callable[[list[int]], None] | None = None,
+) -> int:
+    """Run ``workers`` processes (``command(index)`` is each one's argv) until a signal.
+
+    Returns 0 after a clean stop. A worker that exits is restarted, no sooner than
+    ``restart_backoff`` seconds after its previous start (doubling while it keeps
+    dying young, up to a minute).
+    """
+    stopping = False
+
+    def stop(signum: int, frame: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+    procs: dict[int, subprocess.Popen[bytes]] = {}
+    started: dict[int, float] = {}
+    backoff = dict.fromkeys(range(workers), restart_backoff)
+    restart_at: dict[int, float] = {}
+
+    def start(index: int) -> None:
+        procs[index] = subprocess.Popen(list(command(index)))
+        started[index] = time.monotonic()
+
+    try:
+        for index in range(workers):
+            start(index)
+        if on_ready is not None:
+            on_ready([p.pid for p in procs.values()])
+        while not stopping:
+            time.sleep(0.2)
+            now = time.monotonic()
+            for index, proc in list(procs.items()):
+                code = proc.poll()
+                if code is None or stopping:
+                    continue
+                if index not in restart_at:
+                    # Died young: back off (doubling, up to a minute); lived long: start again soon.
+                    young = now - started[index] < 60
+                    backoff[index] = min(backoff[index] * 2, 60.0) if young else restart_backoff
+                    restart_at[index] = started[index] + backoff[index]
+                    print(f"supervisor: worker {index} (pid {proc.pid}) exited with {code}", file=sys.stderr)
+                if now >= restart_at[index]:
+                    del restart_at[index]
+                    start(index)
+        return 0
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)  # by PID, never by name
+        deadline = time.monotonic() + grace
+        for proc in procs.values():
+            try:
+                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

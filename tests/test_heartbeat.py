@@ -1,0 +1,294 @@
+"""The heartbeat server in-process, driven by raw MQTT over real loopback sockets, under MockClock."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from functools import partial
+
+import pytest
+import trio
+from trio.testing import MockClock
+
+from servers.heartbeat import codec
+from servers.heartbeat.auth import PasswordFile
+from servers.heartbeat.presence import Offline, PresenceEvent
+from servers.heartbeat.server import HeartbeatConfig, HeartbeatServer, serve_heartbeat
+
+TICK = 0.1
+
+
+class Client:
+    """A minimal MQTT client over a trio stream, for tests."""
+
+    def __init__(self, stream: trio.SocketStream) -> None:
+        self.stream = stream
+        self.buf = b""
+
+    @classmethod
+    async def connect(
+        cls, port: int, client_id: str = "", keep_alive: int = 60, expect: int | None = 0, **kw: object
+    ) -> Client:
+        client = cls(await trio.open_tcp_stream("127.0.0.1", port))
+        await client.stream.send_all(codec.encode_connect(client_id, keep_alive=keep_alive, **kw))  # type: ignore[arg-type]
+        if expect is not None:
+            assert await client.read(4) == codec.encode_connack(False, expect)
+        return client
+
+    async def read(self, n: int) -> bytes:
+        while len(self.buf) < n:
+            data = await self.stream.receive_some()
+            if not data:
+                raise EOFError(f"closed with {self.buf!r} buffered")
+            self.buf += data
+        out, self.buf = self.buf[:n], self.buf[n:]
+        return out
+
+    async def read_packet(self) -> bytes:
+        head = await self.read(2)
+        length, shift, byte = 0, 0, head[1]
+        extra = b""
+        while True:
+            length |= (byte & 0x7F) << shift
+            if not byte & 0x80:
+                break
+            shift += 7
+            b = await self.read(1)
+            extra += b
+            byte = b[0]
+        return head + extra + await self.read(length)
+
+    async def closed(self) -> bool:
+        try:
+            while True:
+                data = await self.stream.receive_some()
+                if not data:
+                    return True
+                self.buf += data
+        except trio.BrokenResourceError:
+            return True
+
+    async def send(self, data: bytes) -> None:
+        await self.stream.send_all(data)
+
+
+def publish_topic(packet: bytes) -> tuple[str, bytes]:
+    reader = codec.PacketReader()
+    # Parse a server-to-client PUBLISH by reusing the client-side parser (same layout).
+    (pub,) = reader.feed(packet)
+    assert isinstance(pub, codec.Publish)
+    return pub.topic, pub.payload
+
+
+@asynccontextmanager
+async def running(config: HeartbeatConfig | None = None) -> AsyncIterator[tuple[HeartbeatServer, list[PresenceEvent]]]:
+    events: list[PresenceEvent] = []
+    cfg = config or HeartbeatConfig(port=0, tick=TICK, connect_timeout=5)
+    cfg.port = 0
+    cfg.tick = TICK
+    cfg.extra_sinks.append(events.append)
+    async with trio.open_nursery() as nursery:
+        server = await nursery.start(partial(serve_heartbeat, cfg))
+        yield server, events
+        nursery.cancel_scope.cancel()
+
+
+async def test_connect_ping_publish_and_presence(clock: MockClock) -> None:
+    async with running() as (server, events):
+        watcher = await Client.connect(server.port, "dashboard")
+        await watcher.send(codec.encode_subscribe(1, [("presence/#", 0), ("sensors/+/temp", 1)]))
+        assert await watcher.read_packet() == codec.encode_suback(1, [0, 1])
+        device = await Client.connect(server.port, "dev-1", keep_alive=10)
+        topic, payload = publish_topic(await watcher.read_packet())
+        assert topic == "presence/dev-1"
+        assert json.loads(payload)["status"] == "online"
+        await device.send(codec.encode_pingreq())
+        assert await device.read(2) == codec.encode_pingresp()
+        await device.send(codec.encode_publish("sensors/dev-1/temp", b"21.5"))
+        await device.send(codec.encode_publish("sensors/dev-1/temp", b"21.6", qos=1, packet_id=7))
+        assert await device.read(4) == codec.encode_puback(7)
+        assert publish_topic(await watcher.read_packet()) == ("sensors/dev-1/temp", b"21.5")
+        packet = await watcher.read_packet()
+        assert packet[0] == 0x32  # delivered at QoS 1
+        await device.send(codec.encode_disconnect())
+        assert await device.closed()
+        topic, payload = publish_topic(await watcher.read_packet())
+        offline = json.loads(payload)
+        assert (topic, offline["status"], offline["reason"]) == ("presence/dev-1", "offline", "disconnect")
+        assert server.lookup("devices", "dev-1")["status"] == "offline"  # type: ignore[index]
+    assert [(e.client_id, e.status) for e in events][:3] == [
+        ("dashboard", "online"),
+        ("dev-1", "online"),
+        ("dev-1", "offline"),
+    ]
+
+
+async def test_silent_device_expires_at_one_and_a_half_keepalive_with_will(clock: MockClock) -> None:
+    async with running() as (server, events):
+        watcher = await Client.connect(server.port, "watcher", keep_alive=0)
+        await watcher.send(codec.encode_subscribe(1, [("presence/#", 0), ("wills/#", 0)]))
+        await watcher.read_packet()
+        device = await Client.connect(
+            server.port, "dead-1", keep_alive=4, will_topic="wills/dead-1", will_message=b"gone"
+        )
+        await watcher.read_packet()  # its online event
+        await trio.sleep(3)
+        await device.send(codec.encode_pingreq())  # last sign of life
+        await device.read(2)
+        last = trio.current_time()
+        assert await device.closed()  # socket left open by the device, closed by the server
+        closed_at = trio.current_time()
+        assert last + 6 <= closed_at < last + 6 + TICK
+        got = {publish_topic(await watcher.read_packet()) for _ in range(2)}
+        assert ("wills/dead-1", b"gone") in got
+        (offline,) = [json.loads(p) for t, p in got if t == "presence/dead-1"]
+        assert offline["reason"] == "keepalive-timeout"
+        assert 6 <= offline["silent_for"] < 6 + TICK
+    assert server.offline_by_reason["keepalive-timeout"] == 1
+
+
+async def test_keepalive_zero_is_capped_by_max_idle(clock: MockClock) -> None:
+    cfg = HeartbeatConfig(max_idle=50)
+    async with running(cfg) as (server, _):
+        device = await Client.connect(server.port, "lazy", keep_alive=0)
+        start = trio.current_time()
+        assert await device.closed()
+        assert 50 <= trio.current_time() - start < 50 + TICK
+
+
+async def test_keepalive_is_capped_by_server(clock: MockClock) -> None:
+    cfg = HeartbeatConfig(max_keepalive=10)
+    async with running(cfg) as (server, _):
+        device = await Client.connect(server.port, "sleepy", keep_alive=600)
+        start = trio.current_time()
+        assert await device.closed()
+        assert 15 <= trio.current_time() - start < 15 + TICK
+
+
+async def test_connect_timeout_and_empty_client_id(clock: MockClock) -> None:
+    async with running() as (server, events):
+        mute = Client(await trio.open_tcp_stream("127.0.0.1", server.port))
+        start = trio.current_time()
+        anonymous = await Client.connect(server.port, "")  # mosquitto_pub's default
+        assert len(server.online) == 1
+        (assigned,) = server.online
+        assert assigned.startswith("auto-")
+        assert await mute.closed()
+        assert 5 <= trio.current_time() - start < 5 + TICK
+        await anonymous.send(codec.encode_disconnect())
+    assert any(e.reason is Offline.CONNECT_TIMEOUT and e.client_id is None for e in events)
+
+
+async def test_takeover_closes_the_old_connection(clock: MockClock) -> None:
+    async with running() as (server, events):
+        first = await Client.connect(server.port, "dup", will_topic="w/dup", will_message=b"x")
+        second = await Client.connect(server.port, "dup")
+        assert await first.closed()
+        assert server.online["dup"] is not None
+        await second.send(codec.encode_pingreq())
+        assert await second.read(2) == codec.encode_pingresp()
+    offline = [e for e in events if e.status == "offline" and e.client_id == "dup"]
+    assert offline[0].reason is Offline.TAKEOVER
+
+
+BAD_INPUTS = {
+    "truncated packet then silence": codec.encode_connect("t", keep_alive=5)[:-3],
+    "oversized packet": b"\x30\xff\xff\xff\x7f",
+    "5-byte varint": b"\x30\xff\xff\xff\xff\x01",
+    "reserved flag bits": b"\x12\x00",
+    "protocol level 3": codec.encode_connect("old", protocol_level=3, protocol_name="MQIsdp"),
+    "protocol level 5": codec.encode_connect("new", protocol_level=5),
+    "publish before connect": codec.encode_publish("a/b", b"x"),
+    "random bytes": bytes(range(7, 250, 3)),
+    "http request": b"GET / HTTP/1.1\r\nHost: x\r\n\r\n",
+    "second connect": codec.encode_connect("twice") + codec.encode_connect("twice"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BAD_INPUTS))
+async def test_bad_input_closes_only_that_connection(name: str, clock: MockClock) -> None:
+    async with running() as (server, events):
+        healthy = await Client.connect(server.port, "healthy", keep_alive=30)
+        bad = Client(await trio.open_tcp_stream("127.0.0.1", server.port))
+        await bad.send(BAD_INPUTS[name])
+        assert await bad.closed()
+        if "level" in name:
+            assert bad.buf == codec.encode_connack(False, 1)  # the spec's refusal code
+        for _ in range(3):
+            await healthy.send(codec.encode_pingreq())
+            assert await healthy.read(2) == codec.encode_pingresp()
+            await trio.sleep(10)
+        assert list(server.online) == ["healthy"]
+    reasons = {e.reason for e in events if e.client_id != "healthy"}
+    assert reasons <= {Offline.PROTOCOL_ERROR, Offline.CONNECT_TIMEOUT, Offline.KEEPALIVE_TIMEOUT}
+    assert reasons
+
+
+async def test_packets_split_and_coalesced(clock: MockClock) -> None:
+    async with running() as (server, _):
+        stream = await trio.open_tcp_stream("127.0.0.1", server.port)
+        data = (
+            codec.encode_connect("splitter", keep_alive=30)
+            + codec.encode_pingreq()
+            + codec.encode_publish("x/y", b"1", qos=1, packet_id=3)
+            + codec.encode_disconnect()
+        )
+        for i in range(len(data)):
+            await stream.send_all(data[i : i + 1])
+        got = b""
+        while chunk := await stream.receive_some():
+            got += chunk
+        assert got == codec.encode_connack(False, 0) + codec.encode_pingresp() + codec.encode_puback(3)
+
+
+async def test_trickled_packet_cannot_keep_a_dead_device_alive(clock: MockClock) -> None:
+    async with running() as (server, events):
+        device = await Client.connect(server.port, "trickler", keep_alive=2)
+        start = trio.current_time()
+        packet = codec.encode_publish("t", b"x" * 100)
+        with trio.move_on_after(60):
+            for byte in packet:  # a byte a second: never a complete packet
+                await device.send(bytes([byte]))
+                await trio.sleep(1)
+        assert await device.closed()
+        assert trio.current_time() - start < 3 + 1 + TICK
+    assert [e.reason for e in events if e.client_id == "trickler"][-1] is Offline.KEEPALIVE_TIMEOUT
+
+
+async def test_auth_and_connection_cap(clock: MockClock) -> None:
+    users = PasswordFile.from_lines([])
+    users.set("alice", b"s3cret", iterations=1000)
+    cfg = HeartbeatConfig(auth=users, max_connections=1)
+    async with running(cfg) as (server, events):
+        await Client.connect(server.port, "no-creds", expect=5)
+        await Client.connect(server.port, "wrong", username="alice", password=b"nope", expect=4)
+        ok = await Client.connect(server.port, "ok", username="alice", password=b"s3cret", expect=0)
+        await Client.connect(server.port, "full", username="alice", password=b"s3cret", expect=3)
+        await ok.send(codec.encode_pingreq())
+        assert await ok.read(2) == codec.encode_pingresp()
+        assert server.counters["auth_failures"] == 2
+        assert server.counters["refused_capacity"] == 1
+    assert sum(1 for e in events if e.reason is Offline.REFUSED) == 3
+
+
+async def test_shutdown_emits_offline_for_everyone(clock: MockClock) -> None:
+    events: list[PresenceEvent] = []
+    cfg = HeartbeatConfig(port=0, tick=TICK)
+    cfg.extra_sinks.append(events.append)
+    async with trio.open_nursery() as nursery:
+        server = await nursery.start(partial(serve_heartbeat, cfg))
+        clients = [await Client.connect(server.port, f"d{i}") for i in range(5)]
+        nursery.cancel_scope.cancel()
+    for client in clients:
+        assert await client.closed()
+    assert sorted(e.client_id or "" for e in events if e.reason is Offline.SHUTDOWN) == [f"d{i}" for i in range(5)]
+
+
+async def test_metrics_text(clock: MockClock) -> None:
+    async with running() as (server, _):
+        await Client.connect(server.port, "m1")
+        text = server.metrics()
+        assert 'heartbeat_devices_online{worker="0"} 1' in text
+        assert "idlekeeper_reaper_lag_seconds_bucket" in text
+        assert "process_resident_memory_bytes" in text

@@ -1,0 +1,283 @@
+"""The heartbeat server as its own process, against real clients: paho-mqtt, the
+mosquitto command-line clients and raw sockets; a SIGSTOP stall; workers; status.
+
+These run on the wall clock (a real server process, real client libraries), with
+keep-alives of a second or two, and every process is stopped by its PID.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import paho.mqtt.client as mqtt
+import pytest
+
+from servers.heartbeat import codec
+
+ROOT = Path(__file__).resolve().parent.parent
+IN_CI = os.environ.get("CI") == "true"
+
+
+@dataclass
+class Server:
+    proc: subprocess.Popen[str]
+    port: int
+    log: Path
+    status_port: int | None = None
+
+    def events(self) -> list[dict[str, object]]:
+        if not self.log.exists():
+            return []
+        return [json.loads(line) for line in self.log.read_text().splitlines() if line.strip()]
+
+    def wait_for(self, predicate: object, timeout: float = 10.0) -> list[dict[str, object]]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            found = [e for e in self.events() if predicate(e)]  # type: ignore[operator]
+            if found:
+                return found
+            time.sleep(0.02)
+        raise AssertionError(f"no matching presence event; got {self.events()}")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def start_server(tmp_path: Path) -> Iterator[object]:
+    started: list[Server] = []
+
+    def start(*args: str, workers: int = 1, status: bool = False) -> Server:
+        log = tmp_path / f"presence-{len(started)}.jsonl"
+        port = free_port()
+        cmd = [
+            sys.executable,
+            "-m",
+            "servers.heartbeat",
+            "--port",
+            str(port),
+            "--tick",
+            "0.05",
+            "--presence-log",
+            str(log),
+            "--workers",
+            str(workers),
+            *args,
+        ]
+        status_port = None
+        if status:
+            status_port = free_port()
+            cmd += ["--status-port", str(status_port)]
+        proc = subprocess.Popen(cmd, cwd=ROOT, stderr=subprocess.PIPE, text=True)
+        server = Server(proc, port, log, status_port)
+        started.append(server)
+        assert proc.stderr is not None
+        ready = 0
+        deadline = time.monotonic() + 20
+        while ready < workers and time.monotonic() < deadline:
+            line = proc.stderr.readline()
+            if not line:
+                break
+            if re.search(r"heartbeat worker \d+: listening", line):
+                ready += 1
+        assert ready == workers, "server did not start"
+        threading.Thread(target=proc.stderr.read, daemon=True).start()  # keep draining
+        return server
+
+    yield start
+    for server in started:
+        if server.proc.poll() is None:
+            server.proc.send_signal(signal.SIGTERM)  # by PID
+            try:
+                server.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                server.proc.kill()
+                server.proc.wait()
+
+
+def raw_connect(port: int, client_id: str, keep_alive: int, **kw: object) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", port))
+    sock.sendall(codec.encode_connect(client_id, keep_alive=keep_alive, **kw))  # type: ignore[arg-type]
+    sock.settimeout(5)
+    assert sock.recv(4) == codec.encode_connack(False, 0)
+    return sock
+
+
+def wait_closed(sock: socket.socket, timeout: float) -> float:
+    """Block until the server closes ``sock``; return when (monotonic)."""
+    sock.settimeout(timeout)
+    try:
+        while sock.recv(4096):
+            pass
+    except ConnectionResetError:
+        pass
+    return time.monotonic()
+
+
+def paho_client(client_id: str) -> mqtt.Client:
+    return mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id)
+
+
+def test_paho_connect_ping_publish_subscribe_and_will(start_server: object) -> None:
+    server: Server = start_server()  # type: ignore[operator]
+    got: list[tuple[str, bytes]] = []
+    subscribed = threading.Event()
+    watcher = paho_client("paho-watcher")
+    watcher.on_message = lambda c, u, msg: got.append((msg.topic, msg.payload))
+    watcher.on_subscribe = lambda *a: subscribed.set()
+    watcher.connect("127.0.0.1", server.port, keepalive=2)
+    watcher.loop_start()
+    try:
+        watcher.subscribe([("presence/#", 0), ("wills/#", 1), ("data/#", 1)])
+        assert subscribed.wait(5)
+        device = paho_client("paho-device")
+        device.connect("127.0.0.1", server.port, keepalive=2)
+        device.loop_start()
+        device.publish("data/t", b"q0", qos=0)
+        device.publish("data/t", b"q1", qos=1).wait_for_publish(5)
+        time.sleep(5)  # paho pings by itself every 2 s: it must stay online
+        dead = raw_connect(server.port, "paho-dead", keep_alive=1, will_topic="wills/paho-dead", will_message=b"bye")
+        wait_closed(dead, 5)
+        deadline = time.monotonic() + 5
+        while ("wills/paho-dead", b"bye") not in got and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert ("data/t", b"q0") in got and ("data/t", b"q1") in got
+        assert ("wills/paho-dead", b"bye") in got
+        presence = [json.loads(p) for t, p in got if t == "presence/paho-device"]
+        assert [p["status"] for p in presence] == ["online"]  # pings kept it alive
+        device.disconnect()
+        device.loop_stop()
+    finally:
+        watcher.disconnect()
+        watcher.loop_stop()
+    offline = server.wait_for(lambda e: e["client_id"] == "paho-dead" and e["status"] == "offline")
+    assert offline[0]["reason"] == "keepalive-timeout"
+
+
+def test_silent_device_closed_between_1_5_keepalive_and_one_tick_later(start_server: object) -> None:
+    server: Server = start_server()  # type: ignore[operator]
+    socks = []
+    for i in range(5):
+        sock = raw_connect(server.port, f"silent-{i}", keep_alive=1)
+        sock.sendall(codec.encode_pingreq())
+        assert sock.recv(2) == codec.encode_pingresp()
+        socks.append((sock, time.monotonic()))
+    for sock, last in socks:
+        closed = wait_closed(sock, 5)
+        assert closed - last >= 1.5
+    events = server.wait_for(lambda e: str(e["client_id"]).startswith("silent-") and e["status"] == "offline")
+    deadline = time.monotonic() + 5
+    while len(events) < 5 and time.monotonic() < deadline:
+        events = [e for e in server.events() if str(e["client_id"]).startswith("silent-") and e["status"] == "offline"]
+        time.sleep(0.05)
+    assert len(events) == 5
+    for event in events:
+        assert event["reason"] == "keepalive-timeout"
+        # The server's own view: silent at least 1.5 s, and cut within one 50 ms tick.
+        assert 1.5 <= float(str(event["silent_for"])) < 1.5 + 0.05 + 0.02
+
+
+@pytest.mark.skipif(
+    shutil.which("mosquitto_sub") is None and not IN_CI,
+    reason="mosquitto-clients not installed (apt-get install mosquitto-clients; CI installs it)",
+)
+def test_mosquitto_clients(start_server: object) -> None:
+    server: Server = start_server()  # type: ignore[operator]
+    sub = subprocess.Popen(
+        ["mosquitto_sub", "-h", "127.0.0.1", "-p", str(server.port), "-t", "presence/#", "-v", "-C", "2", "-W", "15"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        server.wait_for(lambda e: e["status"] == "online")  # the subscriber is in
+        time.sleep(0.3)
+        done = subprocess.run(
+            ["mosquitto_pub", "-h", "127.0.0.1", "-p", str(server.port), "-i", "mosq-dev", "-t", "t", "-m", "hi"],
+            capture_output=True,
+            timeout=10,
+        )
+        assert done.returncode == 0, done.stderr
+        out, _ = sub.communicate(timeout=15)
+    finally:
+        if sub.poll() is None:
+            sub.kill()
+            sub.wait()
+    lines = out.strip().splitlines()
+    assert lines[0].startswith("presence/mosq-dev ") and '"status":"online"' in lines[0]
+    assert '"reason":"disconnect"' in lines[1]
+
+
+def test_sigstop_stall_keeps_pinging_clients(start_server: object) -> None:
+    """The server is stopped for longer than 1.5 x keep-alive; a client that kept
+    pinging must survive, while one that went silent is still cut."""
+    server: Server = start_server()  # type: ignore[operator]
+    alive = raw_connect(server.port, "stall-alive", keep_alive=1)  # deadline 1.5 s
+    silent = raw_connect(server.port, "stall-silent", keep_alive=1)
+    stop = threading.Event()
+
+    def pinger() -> None:
+        while not stop.is_set():
+            alive.sendall(codec.encode_pingreq())
+            time.sleep(0.5)
+
+    thread = threading.Thread(target=pinger, daemon=True)
+    thread.start()
+    try:
+        time.sleep(0.5)
+        os.kill(server.proc.pid, signal.SIGSTOP)
+        time.sleep(3.0)  # twice the keep-alive window, pings piling up in the kernel
+        os.kill(server.proc.pid, signal.SIGCONT)
+        wait_closed(silent, 5)
+        time.sleep(2.0)
+        stop.set()
+        thread.join()
+        alive.setblocking(False)
+        try:
+            data = alive.recv(65536)
+        except BlockingIOError:
+            data = b"x"
+        assert data != b"", "the pinging client was dropped"
+    finally:
+        stop.set()
+        os.kill(server.proc.pid, signal.SIGCONT)
+    offline = {e["client_id"]: e["reason"] for e in server.events() if e["status"] == "offline"}
+    assert offline.get("stall-silent") == "keepalive-timeout"
+    assert "stall-alive" not in offline
+
+
+def test_workers_share_the_port_and_shut_down_cleanly(start_server: object) -> None:
+    server: Server = start_server(workers=2, status=True)  # type: ignore[operator]
+    socks = [raw_connect(server.port, f"w-{i}", keep_alive=30) for i in range(40)]
+    events = server.wait_for(lambda e: e["status"] == "online")
+    deadline = time.monotonic() + 5
+    while len(events) < 40 and time.monotonic() < deadline:
+        events = [e for e in server.events() if e["status"] == "online"]
+        time.sleep(0.05)
+    assert {e["worker"] for e in events} == {0, 1}  # the kernel spread them
+    assert server.status_port is not None
+    with urllib.request.urlopen(f"http://127.0.0.1:{server.status_port}/healthz", timeout=5) as resp:
+        assert resp.status == 200
+    with urllib.request.urlopen(f"http://127.0.0.1:{server.status_port}/metrics", timeout=5) as resp:
+        assert b"heartbeat_devices_online" in resp.read()
+    server.proc.send_signal(signal.SIGTERM)
+    assert server.proc.wait(timeout=20) == 0
+    for sock in socks:
+        wait_closed(sock, 5)  # every client got its TCP close
+    shutdown = [e for e in server.events() if e["status"] == "offline" and e["reason"] == "shutdown"]
+    assert sorted(str(e["client_id"]) for e in shutdown) == sorted(f"w-{i}" for i in range(40))
