@@ -83,7 +83,7 @@ async def _serve_one(source: StatusSource, conn: idlekeeper.WatchedStream) -> No
             data = await conn.receive_some(8192)
             if data and conn.deadline == math.inf and h.their_state is h11.IDLE:
                 conn.deadline = trio.current_time() + HEAD_TIMEOUT  # a request head has begun
-            h.receive_data(data)  # b"" tells h11 the peer closed
+            h.receive_data(bytes(data))  # b"" tells h11 the peer closed
             continue
         if isinstance(event, h11.Request):
             conn.deadline = None
@@ -118,7 +118,11 @@ async def _error(conn: idlekeeper.WatchedStream, h: h11.Connection, status: int)
             [
                 h11.Response(
                     status_code=status,
-                    headers=[("Content-Type", "text/plain"), ("Content-Length", str(len(body))), ("Connection", "close")],
+                    headers=[
+                        ("Content-Type", "text/plain"),
+                        ("Content-Length", str(len(body))),
+                        ("Connection", "close"),
+                    ],
                 ),
                 h11.Data(data=body),
                 h11.EndOfMessage(),
@@ -128,6 +132,24 @@ async def _error(conn: idlekeeper.WatchedStream, h: h11.Connection, status: int)
         await conn.send_all(
             f"HTTP/1.1 {status} Error\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode() + body
         )
+    await linger(conn)
+
+
+async def linger(conn: idlekeeper.WatchedStream, seconds: float = 1.0, limit: int = 256 * 1024) -> None:
+    """Half-close, then read and discard for a moment before closing (nginx's lingering
+    close): closing with the client's bytes unread would reset the connection, and the
+    reset can destroy the error response before the client reads it."""
+    with trio.move_on_after(seconds):
+        try:
+            await conn.send_eof()
+            drained = 0
+            while drained < limit:
+                data = await conn.receive_some(65536)
+                if not data:
+                    break
+                drained += len(data)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
 
 
 async def serve_status(

@@ -44,9 +44,7 @@ def _bound_socket(host: str, port: int, reuse_port: bool) -> socket.socket:
     return sock
 
 
-def open_listeners(
-    host: str, port: int, *, reuse_port: bool = False, backlog: int = 4096
-) -> list[trio.SocketListener]:
+def open_listeners(host: str, port: int, *, reuse_port: bool = False, backlog: int = 4096) -> list[trio.SocketListener]:
     """A listening TCP socket on ``host:port`` as a trio listener (SO_REUSEPORT if asked)."""
     sock = _bound_socket(host, port, reuse_port)
     sock.listen(backlog)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
@@ -53,7 +54,9 @@ async def test_ping_slowloris_and_slow_reader(clock: MockClock, capsys: pytest.C
                 pass
 
         async def see_close() -> None:
-            assert await loris.receive_some() == b""
+            # Closed with a trickled byte unread, the server's close is a reset: also a close.
+            with contextlib.suppress(trio.BrokenResourceError):
+                assert await loris.receive_some() == b""
             loris_closed.append(trio.current_time() - began)
 
         nursery.start_soon(trickle)

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import paho.mqtt.client as mqtt
 import pytest
+from paho.mqtt.enums import CallbackAPIVersion
 
 from servers.heartbeat import codec
 
@@ -131,7 +132,7 @@ def wait_closed(sock: socket.socket, timeout: float) -> float:
 
 
 def paho_client(client_id: str) -> mqtt.Client:
-    return mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id)
+    return mqtt.Client(CallbackAPIVersion.VERSION2, client_id=client_id)
 
 
 def test_paho_connect_ping_publish_subscribe_and_will(start_server: object) -> None:
@@ -139,7 +140,7 @@ def test_paho_connect_ping_publish_subscribe_and_will(start_server: object) -> N
     got: list[tuple[str, bytes]] = []
     subscribed = threading.Event()
     watcher = paho_client("paho-watcher")
-    watcher.on_message = lambda c, u, msg: got.append((msg.topic, msg.payload))
+    watcher.on_message = lambda c, u, msg: got.append((msg.topic, bytes(msg.payload)))
     watcher.on_subscribe = lambda *a: subscribed.set()
     watcher.connect("127.0.0.1", server.port, keepalive=2)
     watcher.loop_start()

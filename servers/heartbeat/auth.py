@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import binascii
 import enum
 import hashlib
 import hmac
@@ -54,7 +55,8 @@ def _b64(raw: bytes) -> str:
 
 
 def _unb64(text: str) -> bytes:
-    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+    # validate=True: a corrupt entry must be an error, not silently shortened.
+    return base64.b64decode(text + "=" * (-len(text) % 4), altchars=b"-_", validate=True)
 
 
 def hash_password(password: bytes, *, iterations: int = DEFAULT_ITERATIONS, salt: bytes | None = None) -> str:
@@ -114,7 +116,7 @@ class PasswordFile:
                 raise AuthFileError(f"{source}:{number}: expected 'username:{SCHEME}$...'")
             try:
                 users._users[name] = _Entry.parse(stored)
-            except (ValueError, TypeError) as exc:
+            except (ValueError, TypeError, binascii.Error) as exc:
                 raise AuthFileError(f"{source}:{number}: bad entry for {name!r} ({exc.__class__.__name__})") from None
         return users
 

@@ -15,6 +15,7 @@ watched stream, and the keeper's one reaper enforces all of them:
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
 import math
 import time
@@ -70,6 +71,7 @@ class Connection:
 
     __slots__ = (
         "ended_by",
+        "finished",
         "msg_id",
         "opened",
         "outbox",
@@ -87,6 +89,7 @@ class Connection:
         self.opened = trio.current_time()
         self.session = Session()
         self.ended_by: Offline | None = None
+        self.finished = False
         self.outbox: collections.deque[bytes] | None = None
         self.outbox_bytes = 0
         self.wake: trio.Event | None = None
@@ -209,6 +212,7 @@ class HeartbeatServer:
 
     async def _accept(self, conn: Connection, request: Accept) -> None:
         cfg = self.config
+        conn.stream.deadline = None  # CONNECT is in: the handshake deadline has been met
         code = 0
         if cfg.auth is not None:
             result = await trio.to_thread.run_sync(cfg.auth.check, request.username, request.password)
@@ -225,7 +229,9 @@ class HeartbeatServer:
             return
         old = self.online.get(request.client_id)
         if old is not None and old is not conn:
+            # Its offline event (and Will) go out now, before the new one's online event.
             old.end(Offline.TAKEOVER)
+            self._ended(old, Offline.TAKEOVER, "")
         self.online[request.client_id] = conn
         stream = conn.stream
         stream.deadline = None
@@ -237,10 +243,8 @@ class HeartbeatServer:
     async def _goodbye(self, conn: Connection, connack: bytes) -> None:
         """Send a refusal, briefly: a refused client must not hold its connection open."""
         with trio.move_on_after(1.0):
-            try:
+            with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
                 await conn.stream.send_all(connack)
-            except (trio.BrokenResourceError, trio.ClosedResourceError):
-                pass
 
     # -- sending ------------------------------------------------------------------------
 
@@ -313,6 +317,9 @@ class HeartbeatServer:
 
     def _ended(self, conn: Connection, reason: Offline, detail: str) -> None:
         """Bookkeeping when a connection ends; synchronous, so it runs even when cancelled."""
+        if conn.finished:
+            return
+        conn.finished = True
         self.connections.discard(conn)
         if conn.writer is not None:
             conn.writer.cancel()
@@ -331,7 +338,9 @@ class HeartbeatServer:
         if was_online or client_id is None or reason is Offline.REFUSED:
             self._event(conn, "offline", reason, detail, publish=was_online)
 
-    def _event(self, conn: Connection, status: str, reason: Offline | None, detail: str = "", publish: bool = True) -> None:
+    def _event(
+        self, conn: Connection, status: str, reason: Offline | None, detail: str = "", publish: bool = True
+    ) -> None:
         now = trio.current_time()
         stream = conn.stream
         silent_for = max(0.0, now - max(latest(stream.rx, now), conn.opened))
@@ -393,7 +402,12 @@ class HeartbeatServer:
         w = MetricsWriter()
         labels = {"worker": str(self.config.worker)}
         w.gauge("heartbeat_devices_online", "Devices with a live, accepted MQTT connection.", len(self.online), labels)
-        w.gauge("heartbeat_connections", "Open client connections, handshaking ones included.", len(self.connections), labels)
+        w.gauge(
+            "heartbeat_connections",
+            "Open client connections, handshaking ones included.",
+            len(self.connections),
+            labels,
+        )
         for reason in Offline:
             w.counter(
                 "heartbeat_offline_total",

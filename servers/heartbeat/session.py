@@ -174,7 +174,9 @@ class Session:
         if not client_id:
             if not packet.clean_session:
                 # MQTT-3.1.3-8: an empty id needs a clean session.
-                raise ProtocolError("identifier-rejected", connack_code=2, detail="empty client id without clean session")
+                raise ProtocolError(
+                    "identifier-rejected", connack_code=2, detail="empty client id without clean session"
+                )
             client_id = assign_client_id()
             assigned = True
         self.client_id = client_id
