@@ -23,6 +23,8 @@ from collections.abc import Callable, Sequence
 
 import trio
 
+from .bus import Hub
+
 __all__ = ["open_listeners", "reserve_port", "supervise"]
 
 logger = logging.getLogger("servers.workers")
@@ -67,6 +69,7 @@ def supervise(
     grace: float = 10.0,
     restart_backoff: float = 1.0,
     on_ready: Callable[[list[int]], None] | None = None,
+    hub: Hub | None = None,
 ) -> int:
     """Run ``workers`` processes (``command(index)`` is each one's argv) until a signal.
 
@@ -96,7 +99,10 @@ def supervise(
         if on_ready is not None:
             on_ready([p.pid for p in procs.values()])
         while not stopping:
-            time.sleep(0.2)
+            if hub is not None:
+                hub.poll(0.2)  # relays between workers while it waits
+            else:
+                time.sleep(0.2)
             now = time.monotonic()
             for index, proc in list(procs.items()):
                 code = proc.poll()

@@ -262,23 +262,104 @@ def test_sigstop_stall_keeps_pinging_clients(start_server: object) -> None:
     assert "stall-alive" not in offline
 
 
-def test_workers_share_the_port_and_shut_down_cleanly(start_server: object) -> None:
+def subscriber(port: int, name: str, topic_filter: str) -> tuple[socket.socket, list[tuple[str, dict[str, object]]]]:
+    """A raw MQTT subscriber whose received PUBLISHes are collected by a thread."""
+    sock = raw_connect(port, name, keep_alive=0)
+    sock.sendall(codec.encode_subscribe(1, [(topic_filter, 0)]))
+    got: list[tuple[str, dict[str, object]]] = []
+    assert sock.recv(5)[0] == 0x90  # SUBACK
+
+    def collect() -> None:
+        reader_buf = b""
+        sock.settimeout(None)
+        while True:
+            try:
+                data = sock.recv(65536)
+            except OSError:
+                return
+            if not data:
+                return
+            reader_buf += data
+            while len(reader_buf) >= 2:
+                length, shift, i = 0, 0, 1
+                while True:
+                    if i >= len(reader_buf):
+                        break
+                    byte = reader_buf[i]
+                    length |= (byte & 0x7F) << shift
+                    i += 1
+                    if not byte & 0x80:
+                        break
+                    shift += 7
+                if len(reader_buf) < i + length:
+                    break
+                body = reader_buf[i : i + length]
+                reader_buf = reader_buf[i + length :]
+                tlen = int.from_bytes(body[:2], "big")
+                got.append((body[2 : 2 + tlen].decode(), json.loads(body[2 + tlen :])))
+
+    threading.Thread(target=collect, daemon=True).start()
+    return sock, got
+
+
+def test_workers_share_the_port_presence_and_takeovers(start_server: object) -> None:
+    import psutil
+
     server: Server = start_server(workers=2, status=True)  # type: ignore[operator]
+    watchers = [subscriber(server.port, f"watcher-{i}", "presence/#") for i in range(4)]
+    time.sleep(0.5)  # let every worker learn the others' subscriptions
     socks = [raw_connect(server.port, f"w-{i}", keep_alive=30) for i in range(40)]
-    events = server.wait_for(lambda e: e["status"] == "online")
+    events = server.wait_for(lambda e: e["status"] == "online" and str(e["client_id"]).startswith("w-"))
     deadline = time.monotonic() + 5
     while len(events) < 40 and time.monotonic() < deadline:
-        events = [e for e in server.events() if e["status"] == "online"]
+        events = [e for e in server.events() if e["status"] == "online" and str(e["client_id"]).startswith("w-")]
         time.sleep(0.05)
     assert {e["worker"] for e in events} == {0, 1}  # the kernel spread them
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and any(len(got) < 40 for _, got in watchers):
+        time.sleep(0.05)
+    for _, got in watchers:  # every subscriber heard of every device, whichever worker held it
+        assert {t for t, p in got if p["status"] == "online"} >= {f"presence/w-{i}" for i in range(40)}
+
+    # The same client id again and again: wherever it lands, the previous one is closed.
+    previous = raw_connect(server.port, "roamer", keep_alive=30)
+    for _ in range(6):
+        current = raw_connect(server.port, "roamer", keep_alive=30)
+        wait_closed(previous, 5)
+        previous = current
+    previous.sendall(codec.encode_pingreq())
+    assert previous.recv(2) == codec.encode_pingresp()
+
     assert server.status_port is not None
     with urllib.request.urlopen(f"http://127.0.0.1:{server.status_port}/healthz", timeout=5) as resp:
         assert resp.status == 200
     with urllib.request.urlopen(f"http://127.0.0.1:{server.status_port}/metrics", timeout=5) as resp:
         assert b"heartbeat_devices_online" in resp.read()
+
+    # A worker that dies is replaced, and the port keeps serving.
+    workers = psutil.Process(server.proc.pid).children()
+    assert len(workers) == 2
+    os.kill(workers[0].pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        alive = [p for p in psutil.Process(server.proc.pid).children() if p.status() != psutil.STATUS_ZOMBIE]
+        if len(alive) == 2 and workers[0].pid not in {p.pid for p in alive}:
+            break
+        time.sleep(0.1)
+    else:
+        raise AssertionError("the dead worker was not replaced")
+    time.sleep(1.0)
+    late = [raw_connect(server.port, f"late-{i}", keep_alive=30) for i in range(10)]
+
     server.proc.send_signal(signal.SIGTERM)
     assert server.proc.wait(timeout=20) == 0
-    for sock in socks:
+    for sock in [*socks, *late]:
         wait_closed(sock, 5)  # every client got its TCP close
-    shutdown = [e for e in server.events() if e["status"] == "offline" and e["reason"] == "shutdown"]
-    assert sorted(str(e["client_id"]) for e in shutdown) == sorted(f"w-{i}" for i in range(40))
+    shutdown = {str(e["client_id"]) for e in server.events() if e["status"] == "offline" and e["reason"] == "shutdown"}
+    survivors = {f"w-{i}" for i in range(40)} - {
+        str(e["client_id"]) for e in server.events() if e["status"] == "offline" and e["reason"] != "shutdown"
+    }
+    assert shutdown >= {f"late-{i}" for i in range(10)}
+    # Devices on the killed worker lost their connection with it (no event could be written);
+    # every device on a live worker got a clean "shutdown".
+    assert shutdown & survivors

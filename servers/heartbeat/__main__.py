@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 import trio
 
+from ..bus import BusClient, Hub
 from ..workers import open_listeners, reserve_port, supervise
 from .auth import PasswordFile
 from .presence import PresenceLog
@@ -69,6 +70,7 @@ def parser() -> argparse.ArgumentParser:
     a("--presence-log", default=None, help="write presence events as JSON lines to this file, or - for stdout")
     a("--log-level", default="WARNING", help="logging level for protocol errors and the like (default: WARNING)")
     a("--worker-index", type=int, default=None, help=argparse.SUPPRESS)
+    a("--bus", default=None, help=argparse.SUPPRESS)
     return p
 
 
@@ -108,6 +110,10 @@ async def run_worker(args: argparse.Namespace, worker: int, reuse_port: bool) ->
                     task_status=task_status,
                 )
             )
+            if args.bus:
+                bus = BusClient(args.bus, server.on_bus)
+                await nursery.start(bus.run)
+                server.attach_bus(bus)
             print(
                 f"heartbeat worker {worker}: listening on {args.host}:{server.port}"
                 + (f", status on {args.status_host}:{status_port}" if status_port is not None else ""),
@@ -136,16 +142,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.port == 0:
         args.port, holder = reserve_port(args.host)
     base = [sys.executable, "-m", "servers.heartbeat", *(argv if argv is not None else sys.argv[1:])]
+    hub = Hub()
 
     def command(index: int) -> list[str]:
-        return [*base, "--port", str(args.port), "--worker-index", str(index)]
+        return [*base, "--port", str(args.port), "--worker-index", str(index), "--bus", hub.path]
 
     def ready(pids: list[int]) -> None:
         print(f"heartbeat: supervisor pid {os.getpid()}, workers {pids}, port {args.port}", file=sys.stderr, flush=True)
 
     try:
-        return supervise(command, args.workers, on_ready=ready)
+        return supervise(command, args.workers, on_ready=ready, hub=hub)
     finally:
+        hub.close()
         if holder is not None:
             holder.close()
 

@@ -62,6 +62,10 @@ class Subscriptions(Generic[K]):
         for topic_filter in list(self._by_key.get(key, ())):
             self.unsubscribe(key, topic_filter)
 
+    def filters(self) -> set[str]:
+        """Every filter that has at least one subscriber."""
+        return set(self._exact) | set(self._wild)
+
     def has(self, key: K) -> bool:
         """Whether ``key`` has any subscription."""
         return key in self._by_key

@@ -14,6 +14,7 @@ watched stream, and the keeper's one reaper enforces all of them:
 
 from __future__ import annotations
 
+import base64
 import collections
 import contextlib
 import logging
@@ -30,6 +31,7 @@ import idlekeeper
 from idlekeeper import Reason
 from idlekeeper.epochs import latest
 
+from ..bus import BusClient
 from ..prometheus import MetricsWriter
 from . import codec
 from .auth import AuthResult, PasswordFile
@@ -133,6 +135,9 @@ class HeartbeatServer:
         self.counters: collections.Counter[str] = collections.Counter()
         self.started = time.time()
         self.port = 0
+        self.bus: BusClient | None = None
+        self.remote_filters: dict[int, set[str]] = {}
+        self._announced: set[str] = set()
 
     # -- the connection loop ------------------------------------------------------
 
@@ -205,8 +210,10 @@ class HeartbeatServer:
         elif isinstance(effect, Subscribe):
             self.subscriptions.subscribe(conn, effect.topic_filter, effect.qos)
             self._start_writer(conn)
+            self._announce()
         elif isinstance(effect, Unsubscribe):
             self.subscriptions.unsubscribe(conn, effect.topic_filter)
+            self._announce()
         elif isinstance(effect, Goodbye):
             pass
 
@@ -233,6 +240,8 @@ class HeartbeatServer:
             old.end(Offline.TAKEOVER)
             self._ended(old, Offline.TAKEOVER, "")
         self.online[request.client_id] = conn
+        if self.bus is not None:
+            self.bus.send({"t": "k", "c": request.client_id, "w": cfg.worker})
         stream = conn.stream
         stream.deadline = None
         keep_alive = min(request.keep_alive, cfg.max_keepalive) if request.keep_alive else 0
@@ -297,7 +306,22 @@ class HeartbeatServer:
                 pass
 
     def route(self, topic: str, payload: bytes, qos: int) -> int:
-        """Deliver a message to every subscriber of ``topic``; returns how many."""
+        """Deliver a message to every subscriber of ``topic``, on every worker.
+
+        Returns how many local subscribers got it. Other workers get it through the
+        bus only if one of them has a matching subscription.
+        """
+        if self.bus is not None and self._remote_wants(topic):
+            self.bus.send({"t": "r", "topic": topic, "p": base64.b64encode(payload).decode(), "q": qos})
+        return self._deliver(topic, payload, qos)
+
+    def _remote_wants(self, topic: str) -> bool:
+        for filters in self.remote_filters.values():
+            if topic in filters or any(codec.topic_matches(f, topic) for f in filters):
+                return True
+        return False
+
+    def _deliver(self, topic: str, payload: bytes, qos: int) -> int:
         targets = self.subscriptions.route(topic)
         if not targets:
             return 0
@@ -315,7 +339,7 @@ class HeartbeatServer:
 
     # -- presence ------------------------------------------------------------------------
 
-    def _ended(self, conn: Connection, reason: Offline, detail: str) -> None:
+    def _ended(self, conn: Connection, reason: Offline, detail: str, publish: bool = True) -> None:
         """Bookkeeping when a connection ends; synchronous, so it runs even when cancelled."""
         if conn.finished:
             return
@@ -323,7 +347,8 @@ class HeartbeatServer:
         self.connections.discard(conn)
         if conn.writer is not None:
             conn.writer.cancel()
-        self.subscriptions.drop(conn)
+            self.subscriptions.drop(conn)
+            self._announce()
         session = conn.session
         client_id = session.client_id
         was_online = client_id is not None and self.online.get(client_id) is conn
@@ -336,7 +361,7 @@ class HeartbeatServer:
                 self.route(will.topic, will.message, will.qos)
         self.offline_by_reason[reason.value] += 1
         if was_online or client_id is None or reason is Offline.REFUSED:
-            self._event(conn, "offline", reason, detail, publish=was_online)
+            self._event(conn, "offline", reason, detail, publish=was_online and publish)
 
     def _event(
         self, conn: Connection, status: str, reason: Offline | None, detail: str = "", publish: bool = True
@@ -366,6 +391,38 @@ class HeartbeatServer:
                 sink(event)
             except Exception:
                 logger.exception("presence sink %r raised", sink)
+
+    # -- between workers ----------------------------------------------------------------
+
+    def attach_bus(self, bus: BusClient) -> None:
+        """Join the other workers: share subscriptions, presence and takeovers."""
+        self.bus = bus
+        self._announced = set()
+        self._announce(force=True)
+
+    def _announce(self, force: bool = False) -> None:
+        if self.bus is None:
+            return
+        filters = self.subscriptions.filters()
+        if force or filters != self._announced:
+            self._announced = filters
+            self.bus.send({"t": "s", "w": self.config.worker, "f": sorted(filters)})
+
+    def on_bus(self, message: dict[str, Any]) -> None:
+        """A message from another worker."""
+        kind = message.get("t")
+        if kind == "r":
+            self._deliver(str(message["topic"]), base64.b64decode(message["p"]), int(message["q"]))
+        elif kind == "s":
+            self.remote_filters[int(message["w"])] = set(message["f"])
+        elif kind == "k":
+            conn = self.online.get(str(message["c"]))
+            if conn is not None:
+                # The device reconnected to another worker. Its old connection here
+                # ends quietly: publishing "offline" now could reach subscribers after
+                # the new worker's "online".
+                conn.end(Offline.TAKEOVER)
+                self._ended(conn, Offline.TAKEOVER, "on another worker", publish=False)
 
     # -- control -----------------------------------------------------------------------------
 
