@@ -72,6 +72,7 @@ class Connection:
     """One client connection, as the server sees it."""
 
     __slots__ = (
+        "accepted_at",
         "ended_by",
         "finished",
         "msg_id",
@@ -89,6 +90,7 @@ class Connection:
         self.stream = stream
         self.peer = peer
         self.opened = trio.current_time()
+        self.accepted_at = 0.0
         self.session = Session()
         self.ended_by: Offline | None = None
         self.finished = False
@@ -240,8 +242,11 @@ class HeartbeatServer:
             old.end(Offline.TAKEOVER)
             self._ended(old, Offline.TAKEOVER, "")
         self.online[request.client_id] = conn
+        # CLOCK_MONOTONIC is one clock for every process on the machine (trio's clock
+        # is offset per process), so workers can order takeovers that cross on the bus.
+        conn.accepted_at = time.monotonic()
         if self.bus is not None:
-            self.bus.send({"t": "k", "c": request.client_id, "w": cfg.worker})
+            self.bus.send({"t": "k", "c": request.client_id, "w": cfg.worker, "at": conn.accepted_at})
         stream = conn.stream
         stream.deadline = None
         keep_alive = min(request.keep_alive, cfg.max_keepalive) if request.keep_alive else 0
@@ -417,7 +422,7 @@ class HeartbeatServer:
             self.remote_filters[int(message["w"])] = set(message["f"])
         elif kind == "k":
             conn = self.online.get(str(message["c"]))
-            if conn is not None:
+            if conn is not None and conn.accepted_at < float(message["at"]):
                 # The device reconnected to another worker. Its old connection here
                 # ends quietly: publishing "offline" now could reach subscribers after
                 # the new worker's "online".
