@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint unit bench clean
+.PHONY: demo echo-demo test lint unit bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -15,6 +15,9 @@ $(STAMP): pyproject.toml
 
 demo: $(STAMP)
 	$(PY) -m loadtest.demo
+
+echo-demo: $(STAMP)
+	$(PY) -m loadtest.echo_demo
 
 test: lint unit
 

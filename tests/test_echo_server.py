@@ -96,7 +96,7 @@ def test_demo_end_to_end(tmp_path: Path) -> None:
     """The main job, small: a separate server process, real time, real clients."""
     out = tmp_path / "demo.json"
     done = subprocess.run(
-        [sys.executable, "-m", "loadtest.demo", "--clients", "80", "--duration", "7", "--json", str(out)],
+        [sys.executable, "-m", "loadtest.echo_demo", "--clients", "80", "--duration", "7", "--json", str(out)],
         capture_output=True,
         text=True,
         timeout=120,
