@@ -26,6 +26,7 @@ import paho.mqtt.client as mqtt
 import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
+from loadtest.demo import free_port
 from servers.heartbeat import codec
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -52,12 +53,6 @@ class Server:
                 return found
             time.sleep(0.02)
         raise AssertionError(f"no matching presence event; got {self.events()}")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture
@@ -270,7 +265,8 @@ def subscriber(port: int, name: str, topic_filter: str) -> tuple[socket.socket, 
     assert sock.recv(5)[0] == 0x90  # SUBACK
 
     def collect() -> None:
-        reader_buf = b""
+        # PUBLISH has the same layout both ways, so the server's parser reads them.
+        reader = codec.PacketReader(max_packet_size=1 << 20)
         sock.settimeout(None)
         while True:
             try:
@@ -279,24 +275,9 @@ def subscriber(port: int, name: str, topic_filter: str) -> tuple[socket.socket, 
                 return
             if not data:
                 return
-            reader_buf += data
-            while len(reader_buf) >= 2:
-                length, shift, i = 0, 0, 1
-                while True:
-                    if i >= len(reader_buf):
-                        break
-                    byte = reader_buf[i]
-                    length |= (byte & 0x7F) << shift
-                    i += 1
-                    if not byte & 0x80:
-                        break
-                    shift += 7
-                if len(reader_buf) < i + length:
-                    break
-                body = reader_buf[i : i + length]
-                reader_buf = reader_buf[i + length :]
-                tlen = int.from_bytes(body[:2], "big")
-                got.append((body[2 : 2 + tlen].decode(), json.loads(body[2 + tlen :])))
+            for packet in reader.feed(data):
+                if isinstance(packet, codec.Publish):
+                    got.append((packet.topic, json.loads(packet.payload)))
 
     threading.Thread(target=collect, daemon=True).start()
     return sock, got
