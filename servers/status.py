@@ -7,10 +7,11 @@ complete 10 s after its first byte.
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from functools import partial
 from typing import Protocol
 from urllib.parse import unquote
@@ -42,15 +43,19 @@ class StatusSource(Protocol):
         """Prometheus text for /metrics."""
         ...
 
-    def lookup(self, kind: str, key: str) -> object | None:
-        """A JSON-ready object for /<kind>/<key>, or None for 404."""
+    def lookup(self, kind: str, key: str, local: bool = False) -> object | Awaitable[object | None] | None:
+        """A JSON-ready object for /<kind>/<key>, or None for 404 (may be async).
+
+        ``local`` is set for ``?local=1``: answer from this process only (workers use
+        it to ask each other without asking back).
+        """
         ...
 
 
-def _respond(source: StatusSource, method: str, target: str) -> tuple[int, str, bytes, list[tuple[str, str]]]:
+async def _respond(source: StatusSource, method: str, target: str) -> tuple[int, str, bytes, list[tuple[str, str]]]:
     if method not in ("GET", "HEAD"):
         return 405, "text/plain", b"method not allowed\n", [("Allow", "GET, HEAD")]
-    path = target.split("?", 1)[0]
+    path, _, query = target.partition("?")
     if path == "/healthz":
         ok = source.healthy()
         return (200, "text/plain", b"ok\n", []) if ok else (503, "text/plain", b"unhealthy\n", [])
@@ -58,7 +63,9 @@ def _respond(source: StatusSource, method: str, target: str) -> tuple[int, str, 
         return 200, CONTENT_TYPE, source.metrics().encode(), []
     parts = path.strip("/").split("/", 1)
     if len(parts) == 2 and parts[0] and parts[1]:
-        found = source.lookup(parts[0], unquote(parts[1]))
+        found = source.lookup(parts[0], unquote(parts[1]), local="local=1" in query.split("&"))
+        if inspect.isawaitable(found):
+            found = await found
         if found is not None:
             return 200, "application/json", json.dumps(found).encode() + b"\n", []
     return 404, "application/json", b'{"error": "not found"}\n', []
@@ -87,7 +94,7 @@ async def _serve_one(source: StatusSource, conn: idlekeeper.WatchedStream) -> No
             continue
         if isinstance(event, h11.Request):
             conn.deadline = None
-            status, ctype, body, extra = _respond(source, event.method.decode(), event.target.decode())
+            status, ctype, body, extra = await _respond(source, event.method.decode(), event.target.decode())
             headers = [("Content-Type", ctype), ("Content-Length", str(len(body))), *extra]
             out: list[h11.Event] = [h11.Response(status_code=status, headers=headers)]
             if event.method != b"HEAD":
@@ -170,3 +177,26 @@ async def serve_status(
     async with trio.open_nursery() as nursery:
         await nursery.start(partial(idlekeeper.serve_listeners, handler, listeners, keeper=keeper, idle=10, send=10))
         task_status.started(bound)
+
+
+async def fetch_json(host: str, port: int, path: str) -> object | None:
+    """GET ``path`` from another status endpoint; the JSON body on 200, else None.
+
+    Callers bound it with a cancel scope (``trio.move_on_after``)."""
+    try:
+        stream = await trio.open_tcp_stream(host, port)
+        async with stream:
+            await stream.send_all(f"GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n".encode())
+            raw = b""
+            while chunk := await stream.receive_some(65536):
+                raw += chunk
+    except (OSError, trio.BrokenResourceError):
+        return None
+    head, _, body = raw.partition(b"\r\n\r\n")
+    if not head.startswith(b"HTTP/1.1 200"):
+        return None
+    try:
+        found: object = json.loads(body)
+    except ValueError:
+        return None
+    return found

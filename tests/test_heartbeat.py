@@ -116,7 +116,8 @@ async def test_connect_ping_publish_and_presence(clock: MockClock) -> None:
         topic, payload = publish_topic(await watcher.read_packet())
         offline = json.loads(payload)
         assert (topic, offline["status"], offline["reason"]) == ("presence/dev-1", "offline", "disconnect")
-        assert server.lookup("devices", "dev-1")["status"] == "offline"  # type: ignore[index]
+        record = await server.lookup("devices", "dev-1")
+        assert isinstance(record, dict) and record["status"] == "offline"
     assert [(e.client_id, e.status) for e in events][:3] == [
         ("dashboard", "online"),
         ("dev-1", "online"),

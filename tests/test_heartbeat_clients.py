@@ -316,6 +316,12 @@ def test_workers_share_the_port_presence_and_takeovers(start_server: object) -> 
         assert resp.status == 200
     with urllib.request.urlopen(f"http://127.0.0.1:{server.status_port}/metrics", timeout=5) as resp:
         assert b"heartbeat_devices_online" in resp.read()
+    # Any worker's endpoint answers for a device held by any worker.
+    for port in (server.status_port, server.status_port + 1):
+        for i in (0, 1, 2, 3):
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/devices/w-{i}", timeout=5) as resp:
+                record = json.loads(resp.read())
+            assert record["client_id"] == f"w-{i}" and record["status"] == "online"
 
     # A worker that dies is replaced, and the port keeps serving.
     workers = psutil.Process(server.proc.pid).children()

@@ -25,7 +25,7 @@ class Source:
         w.gauge("up", "Up.", 1)
         return w.render()
 
-    def lookup(self, kind: str, key: str) -> object | None:
+    def lookup(self, kind: str, key: str, local: bool = False) -> object | None:
         return {"id": key} if kind == "devices" and key == "dev 1" else None
 
 

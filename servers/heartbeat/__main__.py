@@ -97,6 +97,8 @@ def config_from(args: argparse.Namespace, worker: int) -> HeartbeatConfig:
 async def run_worker(args: argparse.Namespace, worker: int, reuse_port: bool) -> None:
     """One worker: serve until SIGINT or SIGTERM, then shut down cleanly."""
     config = config_from(args, worker)
+    if args.status_port is not None and args.worker_index is not None:
+        config.peer_status = [(args.status_host, args.status_port + j) for j in range(args.workers) if j != worker]
     listeners = open_listeners(args.host, args.port, reuse_port=reuse_port)
     status_port = None if args.status_port is None else args.status_port + worker
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:

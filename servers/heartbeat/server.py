@@ -24,6 +24,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
+from urllib.parse import quote
 
 import trio
 
@@ -33,6 +34,7 @@ from idlekeeper.epochs import latest
 
 from ..bus import BusClient
 from ..prometheus import MetricsWriter
+from ..status import fetch_json
 from . import codec
 from .auth import AuthResult, PasswordFile
 from .broker import Subscriptions
@@ -65,6 +67,8 @@ class HeartbeatConfig:
     presence_prefix: str = "presence/"
     worker: int = 0
     auth: PasswordFile | None = None
+    peer_status: list[tuple[str, int]] = field(default_factory=list)
+    """Other workers' status endpoints, asked for devices this worker does not hold."""
     extra_sinks: list[PresenceSink] = field(default_factory=list)
 
 
@@ -444,10 +448,27 @@ class HeartbeatServer:
         """The worker is serving."""
         return True
 
-    def lookup(self, kind: str, key: str) -> object | None:
-        """``/devices/<client-id>``: the device's last presence record."""
+    async def lookup(self, kind: str, key: str, local: bool = False) -> object | None:
+        """``/devices/<client-id>``: the device's presence record, from whichever worker.
+
+        A device online here wins; otherwise the other workers are asked (an online
+        record there beats an offline one here).
+        """
         if kind != "devices":
             return None
+        mine = self._local_device(key)
+        if local or (mine is not None and mine.get("status") == "online") or not self.config.peer_status:
+            return mine
+        path = f"/devices/{quote(key, safe='')}?local=1"
+        for host, port in self.config.peer_status:
+            theirs = None
+            with trio.move_on_after(1.0):  # a stuck worker must not hang the endpoint
+                theirs = await fetch_json(host, port, path)
+            if isinstance(theirs, dict) and (mine is None or theirs.get("status") == "online"):
+                mine = theirs
+        return mine
+
+    def _local_device(self, key: str) -> dict[str, Any] | None:
         record = self.devices.get(key)
         if record is None:
             return None
@@ -511,7 +532,7 @@ async def serve_heartbeat(
     picks a free one: read ``server.port``). Cancelling it is a shutdown: every
     connection ends with reason ``shutdown`` and gets its TCP close.
     """
-    from ..status import serve_status
+    from ..status import serve_status  # the status endpoint only when asked for
     from ..workers import open_listeners
 
     async with idlekeeper.open_keeper(tick=config.tick) as keeper, trio.open_nursery() as nursery:
