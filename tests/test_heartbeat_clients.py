@@ -185,8 +185,10 @@ def test_silent_device_closed_between_1_5_keepalive_and_one_tick_later(start_ser
     assert len(events) == 5
     for event in events:
         assert event["reason"] == "keepalive-timeout"
-        # The server's own view: silent at least 1.5 s, and cut within one 50 ms tick.
-        assert 1.5 <= float(str(event["silent_for"])) < 1.5 + 0.05 + 0.02
+        # The server's own view: silent at least 1.5 s, and cut within one 50 ms tick
+        # (plus a scheduling allowance: this runs on the wall clock of a shared machine;
+        # the exact one-tick bound is checked under MockClock in test_heartbeat.py).
+        assert 1.5 <= float(str(event["silent_for"])) < 1.5 + 0.05 + 0.05
 
 
 @pytest.mark.skipif(
