@@ -40,7 +40,7 @@ from .auth import AuthResult, PasswordFile
 from .broker import Subscriptions
 from .codec import PacketReader, ProtocolError
 from .presence import Offline, PresenceEvent, PresenceSink
-from .session import Accept, Goodbye, Route, Send, Session, State, Subscribe, Unsubscribe
+from .session import Accept, Route, Send, Session, State, Subscribe, Unsubscribe
 
 __all__ = ["Connection", "HeartbeatConfig", "HeartbeatServer"]
 
@@ -220,8 +220,7 @@ class HeartbeatServer:
         elif isinstance(effect, Unsubscribe):
             self.subscriptions.unsubscribe(conn, effect.topic_filter)
             self._announce()
-        elif isinstance(effect, Goodbye):
-            pass
+        # Goodbye needs nothing here: the session is CLOSED and the loop ends.
 
     async def _accept(self, conn: Connection, request: Accept) -> None:
         cfg = self.config
@@ -252,7 +251,6 @@ class HeartbeatServer:
         if self.bus is not None:
             self.bus.send({"t": "k", "c": request.client_id, "w": cfg.worker, "at": conn.accepted_at})
         stream = conn.stream
-        stream.deadline = None
         keep_alive = min(request.keep_alive, cfg.max_keepalive) if request.keep_alive else 0
         stream.receive_timeout = 1.5 * keep_alive if keep_alive else cfg.max_idle
         await self._send(conn, conn.session.accepted())
