@@ -49,6 +49,8 @@ class Device:
     closed_at: float = math.nan  # trio time it saw the server close it
     connected: bool = False
     cut_early: bool = False  # the server closed it while it was still running
+    max_gap: float = 0.0  # longest time between two of its packets, as actually sent
+    went_silent: bool = False  # it did stop pinging before the end of the run
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -101,12 +103,21 @@ async def run_device(device: Device, port: int, args: argparse.Namespace, stop_a
                 # Real clients ping `keepalive` after their last packet; jitter spreads them.
                 await trio.sleep(args.keepalive * rng.uniform(0.8, 1.0))
                 if trio.current_time() >= silent_at:
-                    await trio.sleep_forever()  # dead: the socket stays open, nothing is sent
+                    device.went_silent = True
+                    break
                 try:
                     await stream.send_all(codec.encode_pingreq())
                 except (trio.BrokenResourceError, trio.ClosedResourceError):
                     return
-                device.last_ping = trio.current_time()
+                now = trio.current_time()
+                # An overloaded generator sends late; that is its silence, not the server's error.
+                device.max_gap = max(device.max_gap, now - device.last_ping)
+                device.last_ping = now
+        if device.went_silent:
+            # Dead: the socket stays open and nothing is sent, until the server notices
+            # (read_until_closed then ends this) or the observation window is over.
+            with trio.move_on_at(stop_at + 1.5 * args.keepalive + 0.5):
+                await trio.sleep_forever()
         nursery.cancel_scope.cancel()
 
 
@@ -222,16 +233,17 @@ def summarize(
 ) -> dict[str, Any]:
     window = 1.5 * args.keepalive
     offline = {e["client_id"]: e for e in events if e["status"] == "offline"}
-    silent = [d for d in devices if d.silent and d.connected]
+    silent = [d for d in devices if d.went_silent]
     healthy = [d for d in devices if not d.silent and d.connected]
     detected = [d for d in silent if offline.get(d.client_id, {}).get("reason") == "keepalive-timeout"]
     server_late = [(float(offline[d.client_id]["silent_for"]) - window) * 1000 for d in detected]
     client_late = [(d.closed_at - d.last_ping - window) * 1000 for d in detected if not math.isnan(d.closed_at)]
-    # A healthy device is falsely expired if the server cut it while it was still
-    # pinging; ending with its own close after the run, or at shutdown, is fine.
-    false_expiries = [
-        d.client_id for d in healthy if d.cut_early or offline.get(d.client_id, {}).get("reason") in SERVER_CUTS
-    ]
+    # A healthy device is falsely expired if the server cut it although every ping
+    # went out in time; ending with its own close after the run, or at shutdown, is
+    # fine. One whose pings the generator itself sent late was really silent.
+    cut = [d for d in healthy if d.cut_early or offline.get(d.client_id, {}).get("reason") in SERVER_CUTS]
+    false_expiries = [d.client_id for d in cut if d.max_gap < window]
+    generator_late = [d.client_id for d in cut if d.max_gap >= window]
     connected = sum(d.connected for d in devices)
 
     def stats(values: list[float]) -> dict[str, float]:
@@ -250,6 +262,8 @@ def summarize(
         "lateness_ms_server": stats(server_late),
         "lateness_ms_client": stats(client_late),
         "false_expiries": len(false_expiries),
+        "generator_late": len(generator_late),
+        "generator_max_gap_s": max((d.max_gap for d in healthy), default=0.0),
         "rss_per_device_bytes": (peak - baseline) / connected if connected else math.nan,
         "server_rss_peak_mb": peak / 1e6,
         "presence_log": str(log),
@@ -268,6 +282,11 @@ def print_report(r: dict[str, Any], args: argparse.Namespace) -> None:
                 f"max {late['max']:.1f} ms past 1.5 x keep-alive (tick {args.tick * 1000:.0f} ms)"
             )
     print(f"false expiries         {r['false_expiries']} healthy devices dropped")
+    if r["generator_late"]:
+        print(
+            f"generator overloaded   {r['generator_late']} devices went silent because this generator sent their "
+            f"pings late (longest gap {r['generator_max_gap_s']:.1f} s); use fewer devices per process"
+        )
     per_device = r["rss_per_device_bytes"] / 1024
     print(f"server memory          {per_device:.1f} KiB RSS per device, peak {r['server_rss_peak_mb']:.0f} MB")
     print(f"presence log           {r['presence_log']}")
@@ -293,6 +312,7 @@ def main(argv: list[str] | None = None) -> int:
     late = result["lateness_ms_server"]
     ok = (
         result["false_expiries"] == 0
+        and result["generator_late"] == 0
         and result["detected"] == result["silent"]
         and (not late or late["min"] >= 0)
         and result["connected"] == result["devices"]
