@@ -18,9 +18,7 @@ import contextlib
 import json
 import math
 import random
-import re
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -33,6 +31,8 @@ import psutil
 import trio
 
 from servers.heartbeat import codec
+
+from .processes import free_port, start_heartbeat
 
 HOST = "127.0.0.1"
 SERVER_CUTS = {"keepalive-timeout", "connect-timeout", "protocol-error", "send-timeout", "takeover", "refused"}
@@ -57,13 +57,6 @@ def percentile(values: list[float], q: float) -> float:
     """Nearest-rank percentile (q in 0..100) of a non-empty list."""
     ordered = sorted(values)
     return ordered[max(1, math.ceil(q / 100 * len(ordered))) - 1]
-
-
-def free_port() -> int:
-    """A free loopback port (the server takes it right after)."""
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return int(s.getsockname()[1])
 
 
 async def run_device(device: Device, port: int, args: argparse.Namespace, stop_at: float) -> None:
@@ -142,7 +135,7 @@ async def watch_presence(port: int, events: list[dict[str, Any]]) -> None:
                 events.append(event)
 
 
-def server_processes(proc: subprocess.Popen[bytes]) -> list[psutil.Process]:
+def server_processes(proc: subprocess.Popen[str]) -> list[psutil.Process]:
     """The supervisor and its workers."""
     try:
         root = psutil.Process(proc.pid)
@@ -162,28 +155,8 @@ def rss(procs: list[psutil.Process]) -> int:
 async def demo(args: argparse.Namespace) -> dict[str, Any]:
     port = free_port()
     log = Path(tempfile.mkdtemp(prefix="ik-demo-")) / "presence.jsonl"
-    cmd = [
-        sys.executable,
-        "-m",
-        "servers.heartbeat",
-        "--port",
-        str(port),
-        "--workers",
-        str(args.workers),
-        "--tick",
-        str(args.tick),
-        "--presence-log",
-        str(log),
-    ]
-    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE)  # noqa: ASYNC220 - started once, not awaited
-    assert proc.stderr is not None
-    ready = 0
-    while ready < args.workers:
-        line = (await trio.to_thread.run_sync(proc.stderr.readline)).decode()
-        if not line:
-            raise RuntimeError("the heartbeat server did not start")
-        if re.search(r"heartbeat worker \d+: listening", line):
-            ready += 1
+    extra = ["--tick", str(args.tick), "--presence-log", str(log)]
+    proc = await trio.to_thread.run_sync(start_heartbeat, port, args.workers, extra)
     devices = [Device(i, silent=i < args.devices * args.silent) for i in range(args.devices)]
     random.Random(1).shuffle(devices)
     for i, device in enumerate(devices):

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import signal
 import socket
@@ -26,7 +25,7 @@ import paho.mqtt.client as mqtt
 import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
-from loadtest.demo import free_port
+from loadtest.processes import free_port, start_heartbeat
 from servers.heartbeat import codec
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -62,38 +61,13 @@ def start_server(tmp_path: Path) -> Iterator[object]:
     def start(*args: str, workers: int = 1, status: bool = False) -> Server:
         log = tmp_path / f"presence-{len(started)}.jsonl"
         port = free_port()
-        cmd = [
-            sys.executable,
-            "-m",
-            "servers.heartbeat",
-            "--port",
-            str(port),
-            "--tick",
-            "0.05",
-            "--presence-log",
-            str(log),
-            "--workers",
-            str(workers),
-            *args,
-        ]
+        extra = ["--tick", "0.05", "--presence-log", str(log), *args]
         status_port = None
         if status:
             status_port = free_port()
-            cmd += ["--status-port", str(status_port)]
-        proc = subprocess.Popen(cmd, cwd=ROOT, stderr=subprocess.PIPE, text=True)
-        server = Server(proc, port, log, status_port)
+            extra += ["--status-port", str(status_port)]
+        server = Server(start_heartbeat(port, workers, extra, cwd=str(ROOT)), port, log, status_port)
         started.append(server)
-        assert proc.stderr is not None
-        ready = 0
-        deadline = time.monotonic() + 20
-        while ready < workers and time.monotonic() < deadline:
-            line = proc.stderr.readline()
-            if not line:
-                break
-            if re.search(r"heartbeat worker \d+: listening", line):
-                ready += 1
-        assert ready == workers, "server did not start"
-        threading.Thread(target=proc.stderr.read, daemon=True).start()  # keep draining
         return server
 
     yield start

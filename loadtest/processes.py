@@ -1,0 +1,49 @@
+"""Starting the servers under test as processes of their own, and waiting until they listen."""
+
+from __future__ import annotations
+
+import re
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+
+__all__ = ["free_port", "start_heartbeat"]
+
+_LISTENING = re.compile(r"heartbeat worker \d+: listening")
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A free port on ``host`` (the server takes it right after)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def start_heartbeat(
+    port: int, workers: int = 1, extra: Sequence[str] = (), timeout: float = 20.0, cwd: str | None = None
+) -> subprocess.Popen[str]:
+    """Run ``python -m servers.heartbeat`` on ``port`` and return once every worker listens.
+
+    Its stderr keeps being drained by a thread, so the server never blocks on it.
+    Stop it with ``send_signal(SIGTERM)`` on the returned process (by PID).
+    """
+    cmd = [sys.executable, "-m", "servers.heartbeat", "--port", str(port), "--workers", str(workers), *extra]
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, cwd=cwd)
+    assert proc.stderr is not None
+    ready = 0
+    deadline = time.monotonic() + timeout
+    while ready < workers and time.monotonic() < deadline:
+        line = proc.stderr.readline()
+        if not line:
+            break
+        if _LISTENING.search(line):
+            ready += 1
+    if ready < workers:
+        proc.kill()
+        proc.wait()
+        raise RuntimeError(f"servers.heartbeat did not start ({ready} of {workers} workers listening)")
+    threading.Thread(target=proc.stderr.read, daemon=True).start()
+    return proc
