@@ -9,6 +9,7 @@ from functools import partial
 
 import pytest
 import trio
+import trio.testing
 from trio.testing import MockClock
 
 from servers.heartbeat import codec
@@ -298,3 +299,23 @@ async def test_metrics_text(clock: MockClock) -> None:
         assert 'heartbeat_devices_online{worker="0"} 1' in text
         assert "idlekeeper_reaper_lag_seconds_bucket" in text
         assert "process_resident_memory_bytes" in text
+
+
+async def test_device_records_are_bounded(clock: MockClock) -> None:
+    cfg = HeartbeatConfig(max_device_records=3)
+    async with running(cfg) as (server, _):
+        keeper = await Client.connect(server.port, "stays-online")
+        for i in range(6):
+            c = await Client.connect(server.port, f"gone-{i}")
+            await c.send(codec.encode_disconnect())
+            assert await c.closed()
+        anonymous = await Client.connect(server.port, "")
+        await anonymous.send(codec.encode_disconnect())
+        assert await anonymous.closed()
+        await trio.testing.wait_all_tasks_blocked()
+        assert len(server.devices) <= 3
+        assert "stays-online" in server.devices  # online devices are never forgotten
+        assert "gone-5" in server.devices and "gone-0" not in server.devices
+        assert not any(k.startswith("auto-") for k in server.devices)
+        await keeper.send(codec.encode_pingreq())
+        assert await keeper.read(2) == codec.encode_pingresp()

@@ -17,6 +17,7 @@ from __future__ import annotations
 import base64
 import collections
 import contextlib
+import itertools
 import logging
 import math
 import time
@@ -65,6 +66,8 @@ class HeartbeatConfig:
     max_packet_size: int = 256 * 1024
     max_connections: int = 18_000
     presence_prefix: str = "presence/"
+    max_device_records: int = 1_000_000
+    """Presence records kept for /devices; the longest-offline are forgotten first."""
     worker: int = 0
     auth: PasswordFile | None = None
     peer_status: list[tuple[str, int]] = field(default_factory=list)
@@ -388,9 +391,7 @@ class HeartbeatServer:
         )
         client_id = conn.session.client_id
         if client_id is not None:
-            record = self.devices.setdefault(client_id, {})
-            record.update(event.to_dict())
-            record["keep_alive"] = conn.session.keep_alive
+            self._remember(client_id, conn, event)
             if publish:
                 self.route(self.config.presence_prefix + client_id, event.payload(), 0)
         for sink in self.sinks:
@@ -430,6 +431,20 @@ class HeartbeatServer:
                 # the new worker's "online".
                 conn.end(Offline.TAKEOVER)
                 self._ended(conn, Offline.TAKEOVER, "on another worker", publish=False)
+
+    def _remember(self, client_id: str, conn: Connection, event: PresenceEvent) -> None:
+        """Keep the device's last presence record for /devices, within a bound."""
+        record = self.devices.pop(client_id, {})
+        if event.status == "offline" and conn.session.assigned:
+            return  # an anonymous client (assigned id) cannot be looked up again
+        record.update(event.to_dict())
+        record["keep_alive"] = conn.session.keep_alive
+        self.devices[client_id] = record  # re-inserted: the dict stays oldest-first
+        excess = len(self.devices) - self.config.max_device_records
+        if excess > 0:
+            # Forget the longest-offline devices; online ones stay whatever their age.
+            for key in [k for k in itertools.islice(self.devices, excess * 2 + 16) if k not in self.online][:excess]:
+                del self.devices[key]
 
     # -- control -----------------------------------------------------------------------------
 

@@ -117,6 +117,7 @@ class Session:
     def __init__(self, *, max_qos: int = 1, reserved_prefix: str = "presence/") -> None:
         self.state = State.AWAITING_CONNECT
         self.client_id: str | None = None
+        self.assigned = False
         self.keep_alive = 0
         self.will: Will | None = None
         self.denied_publishes = 0
@@ -180,6 +181,7 @@ class Session:
             client_id = assign_client_id()
             assigned = True
         self.client_id = client_id
+        self.assigned = assigned
         self.keep_alive = packet.keep_alive
         if packet.will_topic is not None:
             self.will = Will(packet.will_topic, packet.will_message or b"", packet.will_qos, packet.will_retain)
