@@ -14,7 +14,7 @@ BLOCKS = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
 
 
 def test_readme_has_examples() -> None:
-    assert len(BLOCKS) >= 4
+    assert len(BLOCKS) >= 5
 
 
 @pytest.mark.parametrize("code", BLOCKS, ids=[f"example{i}" for i in range(len(BLOCKS))])
@@ -28,6 +28,9 @@ def test_readme_example_runs(code: str, tmp_path: Path) -> None:
         assert "<Reason.IDLE: 'idle'>: 1" in done.stdout
     if "slowloris" in code:
         assert "ERR request head too slow" in done.stdout
+    if "on_presence" in code:
+        assert "sensor-17 online None" in done.stdout
+        assert "sensor-17 offline keepalive-timeout silent for 1.5s" in done.stdout
     if "call_every" in code:
         assert done.stdout.count("every 100 ms") == 3
         assert done.stdout.count("once") == 1
