@@ -28,6 +28,7 @@ async def serve_listeners(
     receive: float | None = None,
     send: float | None = None,
     max_age: float | None = None,
+    close: bool = True,
     on_expire: ExpireHook | None = None,
     handler_nursery: trio.Nursery | None = None,
     task_status: trio.TaskStatus[list[trio.SocketListener]] = trio.TASK_STATUS_IGNORED,
@@ -35,13 +36,17 @@ async def serve_listeners(
     """Like :func:`trio.serve_listeners`, handing each handler a watched stream.
 
     The deadlines given here are where every connection starts; the handler can
-    change them through ``stream.watch``. An exception from one handler is logged
-    and ends only that connection, never the server.
+    change them through ``stream.watch``. With ``close=False`` an expiry only
+    cancels the handler, which may then say goodbye (an HTTP 408, say) from a
+    shielded, time-bounded scope before the connection is closed. An exception from
+    one handler is logged and ends only that connection, never the server.
     """
 
     async def watched(raw: trio.abc.Stream) -> None:
         try:
-            with keeper.watch(raw, idle=idle, receive=receive, send=send, max_age=max_age, on_expire=on_expire) as conn:
+            with keeper.watch(
+                raw, idle=idle, receive=receive, send=send, max_age=max_age, close=close, on_expire=on_expire
+            ) as conn:
                 await handler(conn.stream)
         except Exception:
             logger.exception("idlekeeper: connection handler raised")
@@ -60,6 +65,7 @@ async def serve_tcp(
     receive: float | None = None,
     send: float | None = None,
     max_age: float | None = None,
+    close: bool = True,
     on_expire: ExpireHook | None = None,
     handler_nursery: trio.Nursery | None = None,
     task_status: trio.TaskStatus[list[trio.SocketListener]] = trio.TASK_STATUS_IGNORED,
@@ -78,6 +84,7 @@ async def serve_tcp(
         receive=receive,
         send=send,
         max_age=max_age,
+        close=close,
         on_expire=on_expire,
         handler_nursery=handler_nursery,
         task_status=task_status,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import socket as stdlib_socket
 import ssl
+from functools import partial
 
 import pytest
 import trio
@@ -230,3 +231,25 @@ async def test_ssl_stream_is_watched_and_closed(keeper: idlekeeper.Keeper, clock
         assert active_at + 4 <= trio.current_time() < active_at + 4 + keeper.tick
         await w.stream.aclose()  # quiet after the keeper closed the transport
     assert raw_server.socket.fileno() == -1
+
+
+async def test_serve_tcp_close_false_lets_the_handler_say_goodbye(keeper: idlekeeper.Keeper, clock: MockClock) -> None:
+    async def handler(conn: idlekeeper.WatchedStream) -> None:
+        try:
+            await conn.receive_some()
+        finally:
+            if conn.expired:
+                with trio.CancelScope(shield=True), trio.move_on_after(1):
+                    await conn.send_all(b"408 too slow\n")
+
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(
+            partial(idlekeeper.serve_tcp, handler, 0, host="127.0.0.1", keeper=keeper, idle=2, close=False)
+        )
+        client = await trio.open_tcp_stream("127.0.0.1", listeners[0].socket.getsockname()[1])
+        got = b""
+        while chunk := await client.receive_some():
+            got += chunk
+        assert got == b"408 too slow\n"
+        assert 2 <= trio.current_time() < 2 + keeper.tick
+        nursery.cancel_scope.cancel()
