@@ -1,0 +1,342 @@
+"""An HTTP/1.1 server on h11 and trio, with nginx/HAProxy-grade timeouts kept by idlekeeper.
+
+One connection is one plain loop over h11 events. Its deadlines change with the
+phase, declared once per phase on the watched stream:
+
+====================  ==========================================  =====================
+phase                 deadline                                    on expiry
+====================  ==========================================  =====================
+waiting for request   ``keep_alive_timeout`` of idleness (also    close silently
+                      from accept until the first byte)
+request head          absolute: ``header_timeout`` from the       408, then close
+                      head's first byte; trickling does not help
+request body          ``body_timeout`` between two reads          408, then close
+response              ``send_timeout`` without write progress     close
+====================  ==========================================  =====================
+
+``max_connection_age`` and ``max_requests`` end a connection politely: the next
+response carries ``Connection: close``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Iterable
+from dataclasses import dataclass
+from functools import partial
+
+import h11
+import trio
+
+import idlekeeper
+from idlekeeper import Reason
+
+from ..status import linger
+from ..workers import open_listeners
+from .app import App, BodyTooLarge, Request, Response
+
+__all__ = ["HttpConfig", "HttpServer", "serve_http"]
+
+logger = logging.getLogger("servers.http")
+
+
+@dataclass
+class HttpConfig:
+    """Timeouts and limits. The CLI fills it in; the README compares the defaults."""
+
+    host: str = "127.0.0.1"
+    port: int = 8080
+    tick: float = 0.1
+    keep_alive_timeout: float = 15.0
+    header_timeout: float = 10.0
+    body_timeout: float = 30.0
+    send_timeout: float = 30.0
+    max_connection_age: float | None = None
+    max_requests: int | None = None
+    max_header_size: int = 16 * 1024
+    max_body_size: int = 16 * 1024 * 1024
+    max_connections: int = 16_000
+    grace: float = 10.0
+    worker: int = 0
+
+
+class _Phase:
+    IDLE = "idle"
+    HEAD = "head"
+    BODY = "body"
+    APP = "app"
+    SEND = "send"
+
+
+class _Conn:
+    __slots__ = ("h11", "phase", "requests", "started", "stream")
+
+    def __init__(self, stream: idlekeeper.WatchedStream, max_header: int) -> None:
+        self.stream = stream
+        self.h11 = h11.Connection(h11.SERVER, max_incomplete_event_size=max_header)
+        self.phase = _Phase.IDLE
+        self.requests = 0
+        self.started = trio.current_time()
+
+
+class HttpServer:
+    """Serves an :data:`~servers.http.app.App` on watched connections."""
+
+    def __init__(self, app: App, config: HttpConfig, keeper: idlekeeper.Keeper) -> None:
+        self.app = app
+        self.config = config
+        self.keeper = keeper
+        self.connections: set[_Conn] = set()
+        self.closing = False
+        self.requests_total = 0
+        self.refused_total = 0
+        self.port = 0
+        """The port it listens on (read it after ``nursery.start``)."""
+        self.accepting = trio.CancelScope()
+        """Cancelled to stop accepting new connections."""
+
+    async def handle(self, stream: idlekeeper.WatchedStream) -> None:
+        """One connection, from accept to close."""
+        cfg = self.config
+        if len(self.connections) >= cfg.max_connections or self.closing:
+            self.refused_total += 1
+            await _raw_error(stream, 503)
+            return
+        conn = _Conn(stream, cfg.max_header_size)
+        self.connections.add(conn)
+        try:
+            await self._serve(conn)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+        finally:
+            self.connections.discard(conn)
+            if (
+                stream.expired
+                and stream.reason in (Reason.ABSOLUTE, Reason.RECEIVE)
+                and conn.phase
+                in (
+                    _Phase.HEAD,
+                    _Phase.BODY,
+                )
+            ):
+                # The client was too slow to send its request: answer 408, briefly,
+                # from a shielded scope (the watch's own scope has been cancelled).
+                with trio.CancelScope(shield=True), trio.move_on_after(1.0):
+                    await _raw_error(stream, 408)
+
+    async def _next(self, conn: _Conn) -> h11.Event | type[h11.NEED_DATA] | type[h11.PAUSED]:
+        h = conn.h11
+        stream = conn.stream
+        while True:
+            event = h.next_event()
+            if event is not h11.NEED_DATA:
+                return event
+            data = await stream.receive_some(65536)
+            if data and conn.phase is _Phase.IDLE:
+                # The first byte of a request: from now on, the head has a deadline
+                # that more (trickled) bytes do not extend.
+                conn.phase = _Phase.HEAD
+                stream.idle_timeout = None
+                stream.deadline = trio.current_time() + self.config.header_timeout
+            h.receive_data(bytes(data))
+
+    async def _serve(self, conn: _Conn) -> None:
+        cfg = self.config
+        stream = conn.stream
+        h = conn.h11
+        while True:
+            conn.phase = _Phase.IDLE
+            stream.idle_timeout = cfg.keep_alive_timeout
+            try:
+                event = await self._next(conn)
+            except h11.RemoteProtocolError as exc:
+                await _raw_error(stream, exc.error_status_hint)
+                return
+            if isinstance(event, h11.ConnectionClosed) or event is h11.PAUSED:
+                return
+            if not isinstance(event, h11.Request):
+                return
+            stream.deadline = None
+            stream.idle_timeout = None
+            if _head_size(event) > cfg.max_header_size:
+                # h11 only bounds a head still arriving; one that came whole in a
+                # single read is measured here.
+                await _raw_error(stream, 431)
+                return
+            conn.requests += 1
+            self.requests_total += 1
+            length = _content_length(event.headers)
+            if length is not None and length > cfg.max_body_size:
+                await _raw_error(stream, 413)
+                return
+            conn.phase = _Phase.APP
+            request = Request(
+                method=event.method.decode("latin-1"),
+                target=event.target.decode("latin-1"),
+                headers=[(k.decode("latin-1"), v.decode("latin-1")) for k, v in event.headers],
+                http_version=event.http_version.decode("latin-1"),
+                _chunks=partial(self._body, conn),
+            )
+            try:
+                response = await self.app(request)
+            except BodyTooLarge:
+                await _raw_error(stream, 413)
+                return
+            except h11.RemoteProtocolError as exc:
+                await _raw_error(stream, exc.error_status_hint)
+                return
+            except Exception:
+                logger.exception("http app raised on %s %s", request.method, request.target)
+                response = Response(500, [("content-type", "text/plain")], b"internal server error\n")
+            # Whatever body the app left unread is drained (bounded by the limits) so
+            # the connection can carry the next request.
+            try:
+                async for _ in self._body(conn):
+                    pass
+            except BodyTooLarge:
+                await _raw_error(stream, 413)
+                return
+            conn.phase = _Phase.SEND
+            stream.send_timeout = cfg.send_timeout
+            await self._respond(conn, response)
+            stream.send_timeout = None
+            if h.our_state is h11.MUST_CLOSE or h.their_state is h11.MUST_CLOSE:
+                return
+            try:
+                h.start_next_cycle()
+            except h11.LocalProtocolError:
+                return
+
+    async def _body(self, conn: _Conn) -> AsyncIterator[bytes]:
+        # The body timeout runs only while the body is being read: an app that
+        # takes its time between reads is not the client's fault.
+        received = 0
+        stream = conn.stream
+        while conn.h11.their_state is h11.SEND_BODY:
+            conn.phase = _Phase.BODY  # if the body timeout fires now, the answer is 408
+            stream.receive_timeout = self.config.body_timeout
+            event = await self._next(conn)
+            stream.receive_timeout = None
+            conn.phase = _Phase.APP
+            if isinstance(event, h11.Data):
+                received += len(event.data)
+                if received > self.config.max_body_size:
+                    raise BodyTooLarge
+                yield bytes(event.data)
+            elif isinstance(event, h11.EndOfMessage | h11.ConnectionClosed):
+                return
+
+    def _must_close(self, conn: _Conn) -> bool:
+        cfg = self.config
+        if self.closing:
+            return True
+        if cfg.max_requests is not None and conn.requests >= cfg.max_requests:
+            return True
+        return cfg.max_connection_age is not None and trio.current_time() - conn.started >= cfg.max_connection_age
+
+    async def _respond(self, conn: _Conn, response: Response) -> None:
+        h = conn.h11
+        headers = [(k.lower(), v) for k, v in response.headers]
+        body = response.body
+        if isinstance(body, bytes | bytearray):
+            headers.append(("content-length", str(len(body))))
+        if self._must_close(conn):
+            headers.append(("connection", "close"))
+        await conn.stream.send_all(h.send(h11.Response(status_code=response.status, headers=headers)) or b"")
+        if isinstance(body, bytes | bytearray):
+            if body:
+                await conn.stream.send_all(h.send(h11.Data(data=body)) or b"")
+        else:
+            async for chunk in body:
+                if chunk:
+                    await conn.stream.send_all(h.send(h11.Data(data=chunk)) or b"")
+        await conn.stream.send_all(h.send(h11.EndOfMessage()) or b"")
+
+    async def shutdown(self) -> None:
+        """Graceful shutdown: stop accepting, close idle keep-alive connections now,
+        let requests in flight finish (their responses say ``Connection: close``)
+        for up to ``grace`` seconds, then close whatever is left."""
+        self.closing = True
+        self.accepting.cancel()
+        with trio.move_on_after(self.config.grace):
+            while self.connections:
+                for conn in list(self.connections):
+                    if conn.phase is _Phase.IDLE:
+                        conn.stream.cancel_scope.cancel()
+                await trio.sleep(0.01)
+        for conn in list(self.connections):
+            conn.stream.cancel_scope.cancel()
+
+
+def _head_size(request: h11.Request) -> int:
+    line = len(request.method) + len(request.target) + 12
+    return line + sum(len(k) + len(v) + 4 for k, v in request.headers) + 2
+
+
+def _content_length(headers: Iterable[tuple[bytes, bytes]]) -> int | None:
+    for key, value in headers:
+        if key == b"content-length":
+            try:
+                return int(value)
+            except ValueError:
+                return None
+    return None
+
+
+_REASONS = {
+    400: "Bad Request",
+    408: "Request Timeout",
+    413: "Content Too Large",
+    431: "Request Header Fields Too Large",
+    500: "Internal Server Error",
+    503: "Service Unavailable",
+}
+
+
+async def _raw_error(stream: idlekeeper.WatchedStream, status: int) -> None:
+    """An error response written directly (h11 may already be in an error state),
+    then a lingering close so that the client reads it rather than a reset."""
+    body = f"{status} {_REASONS.get(status, 'Error')}\n".encode()
+    head = (
+        f"HTTP/1.1 {status} {_REASONS.get(status, 'Error')}\r\n"
+        f"Content-Type: text/plain\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+    ).encode()
+    try:
+        await stream.send_all(head + body)
+    except (trio.BrokenResourceError, trio.ClosedResourceError):
+        return
+    await linger(stream)
+
+
+async def serve_http(
+    app: App,
+    config: HttpConfig,
+    *,
+    listeners: list[trio.SocketListener] | None = None,
+    task_status: trio.TaskStatus[HttpServer] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve ``app`` until cancelled; ``nursery.start`` returns the :class:`HttpServer`.
+
+    ``await server.shutdown()`` first for a graceful stop; cancelling alone is abrupt.
+    """
+    async with idlekeeper.open_keeper(tick=config.tick) as keeper, trio.open_nursery() as nursery:
+        server = HttpServer(app, config, keeper)
+        if listeners is None:
+            listeners = open_listeners(config.host, config.port)
+        server.port = port_of(listeners)
+
+        async def accept() -> None:
+            with server.accepting:
+                await idlekeeper.serve_listeners(
+                    server.handle, listeners, keeper=keeper, close=False, handler_nursery=nursery
+                )
+            for listener in listeners:
+                await listener.aclose()
+
+        nursery.start_soon(accept)
+        task_status.started(server)
+
+
+def port_of(listeners: list[trio.SocketListener]) -> int:
+    """The port the first listener is bound to."""
+    return int(listeners[0].socket.getsockname()[1])
