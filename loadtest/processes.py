@@ -10,9 +10,7 @@ import threading
 import time
 from collections.abc import Sequence
 
-__all__ = ["free_port", "start_heartbeat"]
-
-_LISTENING = re.compile(r"heartbeat worker \d+: listening")
+__all__ = ["free_port", "start_heartbeat", "start_http", "start_server"]
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -25,12 +23,27 @@ def free_port(host: str = "127.0.0.1") -> int:
 def start_heartbeat(
     port: int, workers: int = 1, extra: Sequence[str] = (), timeout: float = 20.0, cwd: str | None = None
 ) -> subprocess.Popen[str]:
-    """Run ``python -m servers.heartbeat`` on ``port`` and return once every worker listens.
+    """Run ``python -m servers.heartbeat`` on ``port``; see :func:`start_server`."""
+    return start_server("heartbeat", port, workers, extra, timeout, cwd)
+
+
+def start_http(
+    port: int, workers: int = 1, extra: Sequence[str] = (), timeout: float = 20.0, cwd: str | None = None
+) -> subprocess.Popen[str]:
+    """Run ``python -m servers.http`` on ``port``; see :func:`start_server`."""
+    return start_server("http", port, workers, extra, timeout, cwd)
+
+
+def start_server(
+    name: str, port: int, workers: int = 1, extra: Sequence[str] = (), timeout: float = 20.0, cwd: str | None = None
+) -> subprocess.Popen[str]:
+    """Run ``python -m servers.<name>`` on ``port`` and return once every worker listens.
 
     Its stderr keeps being drained by a thread, so the server never blocks on it.
     Stop it with ``send_signal(SIGTERM)`` on the returned process (by PID).
     """
-    cmd = [sys.executable, "-m", "servers.heartbeat", "--port", str(port), "--workers", str(workers), *extra]
+    listening = re.compile(rf"{name} worker \d+: listening")
+    cmd = [sys.executable, "-m", f"servers.{name}", "--port", str(port), "--workers", str(workers), *extra]
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, cwd=cwd)
     assert proc.stderr is not None
     ready = 0
@@ -39,11 +52,11 @@ def start_heartbeat(
         line = proc.stderr.readline()
         if not line:
             break
-        if _LISTENING.search(line):
+        if listening.search(line):
             ready += 1
     if ready < workers:
         proc.kill()
         proc.wait()
-        raise RuntimeError(f"servers.heartbeat did not start ({ready} of {workers} workers listening)")
+        raise RuntimeError(f"servers.{name} did not start ({ready} of {workers} workers listening)")
     threading.Thread(target=proc.stderr.read, daemon=True).start()
     return proc

@@ -14,7 +14,7 @@ BLOCKS = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
 
 
 def test_readme_has_examples() -> None:
-    assert len(BLOCKS) >= 5
+    assert len(BLOCKS) >= 6
 
 
 @pytest.mark.parametrize("code", BLOCKS, ids=[f"example{i}" for i in range(len(BLOCKS))])
@@ -31,6 +31,9 @@ def test_readme_example_runs(code: str, tmp_path: Path) -> None:
     if "on_presence" in code:
         assert "sensor-17 online None" in done.stdout
         assert "sensor-17 offline keepalive-timeout silent for 1.5s" in done.stdout
+    if "serve_http" in code:
+        assert "b'hello, trio\\n'" in done.stdout
+        assert "b'HTTP/1.1 408 Request Timeout'" in done.stdout
     if "call_every" in code:
         assert done.stdout.count("every 100 ms") == 3
         assert done.stdout.count("once") == 1
