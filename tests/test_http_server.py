@@ -7,6 +7,8 @@ from contextlib import asynccontextmanager
 from functools import partial
 
 import trio
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from trio.testing import MockClock
 
 from idlekeeper import Reason
@@ -132,8 +134,15 @@ async def test_slow_reader_closed_at_send_timeout(clock: MockClock) -> None:
 async def test_limits_and_malformed_input(clock: MockClock) -> None:
     cfg = HttpConfig(max_header_size=4096, max_body_size=1000)
     async with running(cfg) as (_, port):
+        healthy = await trio.open_tcp_stream("127.0.0.1", port)
+        healthy_buf = bytearray()
+
+        async def still_fine() -> None:
+            await healthy.send_all(GET)
+            assert (await read_response(healthy, healthy_buf)).startswith(b"HTTP/1.1 200")
 
         async def exchange(raw: bytes) -> bytes:
+            await still_fine()
             stream = await trio.open_tcp_stream("127.0.0.1", port)
             await stream.send_all(raw)
             return await read_all(stream)
@@ -148,6 +157,7 @@ async def test_limits_and_malformed_input(clock: MockClock) -> None:
         assert (await exchange(chunked + b"\r\n0\r\n\r\n")).startswith(b"HTTP/1.1 413")
         assert (await exchange(b"NONSENSE\r\n\r\n")).startswith(b"HTTP/1.1 400")
         assert (await exchange(b"GET / HTTP/1.1\r\n\r\n")).startswith(b"HTTP/1.1 400")  # no Host
+        await still_fine()
 
 
 async def test_connection_cap_answers_503(clock: MockClock) -> None:
@@ -218,3 +228,46 @@ async def test_graceful_shutdown_finishes_the_request_in_flight(clock: MockClock
         except OSError:
             pass  # refused outright: not accepting any more
         nursery.cancel_scope.cancel()
+
+
+async def test_a_reader_that_stops_costs_no_memory(clock: MockClock) -> None:
+    """A gigabyte download to a client that never reads: the server holds one piece."""
+    import gc
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        async with running(HttpConfig(send_timeout=5)) as (server, port):
+            gc.collect()
+            before = tracemalloc.get_traced_memory()[0]
+            client = await trio.open_tcp_stream("127.0.0.1", port)
+            await client.send_all(b"GET /download?size=1000000000 HTTP/1.1\r\nHost: x\r\n\r\n")
+            await trio.sleep(2)
+            gc.collect()
+            grown = tracemalloc.get_traced_memory()[0] - before
+            assert server.connections  # still trying to send
+            await trio.sleep(10)
+            assert not server.connections
+    finally:
+        tracemalloc.stop()
+    assert grown < 2 * 1024 * 1024
+
+
+@settings(max_examples=60, deadline=None)
+@given(junk=st.lists(st.binary(min_size=1, max_size=300), min_size=1, max_size=5))
+def test_fuzz_any_bytes_never_crash_the_server(junk: list[bytes]) -> None:
+    async def main() -> None:
+        async with running(HttpConfig(header_timeout=2, body_timeout=2, keep_alive_timeout=2)) as (_, port):
+            bad = await trio.open_tcp_stream("127.0.0.1", port)
+            try:
+                for piece in junk:
+                    await bad.send_all(piece)
+            except trio.BrokenResourceError:
+                pass
+            reply = await read_all(bad)
+            assert reply == b"" or reply.startswith(b"HTTP/1.1 ")
+            healthy = await trio.open_tcp_stream("127.0.0.1", port)
+            await healthy.send_all(GET)
+            assert (await read_response(healthy, bytearray())).startswith(b"HTTP/1.1 200")
+
+    trio.run(main, clock=MockClock(autojump_threshold=0))
