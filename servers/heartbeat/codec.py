@@ -1,11 +1,14 @@
 """MQTT 3.1.1 packets, sans-IO: bytes in, packets out (and packets to bytes).
 
 :class:`PacketReader` parses what clients send, incrementally: several packets per
-read, a packet split across reads, and nothing buffered beyond one packet of the
-configured maximum size (checked as soon as the length is known, before the body
-arrives). Every violation raises :class:`ProtocolError`, whose ``connack_code`` is
-the refusal the spec prescribes when there is one. The encoders build what the
-server sends, and what a client sends (for tests and the load generator).
+read, a packet split across reads, and never more than one packet of the configured
+maximum size held back (the size is checked as soon as the remaining length is known,
+before the body arrives). Every violation raises :class:`ProtocolError`, whose
+``connack_code`` is the refusal the spec prescribes when there is one. The encoders
+build what the server sends, and what a client sends (for tests and the load generator).
+
+Nothing here does I/O or knows about trio: the connection loop feeds bytes and acts on
+the packets that come back.
 """
 
 from __future__ import annotations
@@ -13,8 +16,10 @@ from __future__ import annotations
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TypeAlias
 
 __all__ = [
+    "MAX_REMAINING_LENGTH",
     "Connect",
     "Disconnect",
     "Packet",
@@ -47,13 +52,16 @@ __all__ = [
 ]
 
 MAX_REMAINING_LENGTH = 268_435_455
+"""The largest remaining length four varint bytes can carry."""
 
 
 class ProtocolError(Exception):
     """A violation by the peer.
 
-    ``reason`` is short and hyphenated (``"packet-too-large"``); ``connack_code`` is
-    the CONNACK return code to send before closing when the spec has one.
+    ``reason`` is short, lowercase and hyphenated (``"packet-too-large"``), fit for a
+    log line or a metric label. ``connack_code`` is the CONNACK return code to send
+    before closing when the spec prescribes one (1: unacceptable protocol level,
+    2: identifier rejected), else None. ``detail`` is free text for humans.
     """
 
     def __init__(self, reason: str, connack_code: int | None = None, detail: str = "") -> None:
@@ -63,9 +71,12 @@ class ProtocolError(Exception):
         self.detail = detail
 
 
+# -- packets a client sends ---------------------------------------------------------
+
+
 @dataclass(frozen=True, slots=True)
 class Connect:
-    """CONNECT."""
+    """CONNECT: the first packet of every connection."""
 
     protocol_name: str
     protocol_level: int
@@ -82,7 +93,7 @@ class Connect:
 
 @dataclass(frozen=True, slots=True)
 class Publish:
-    """PUBLISH."""
+    """PUBLISH: ``packet_id`` is set for QoS 1 and 2, None for QoS 0."""
 
     topic: str
     payload: bytes
@@ -94,35 +105,35 @@ class Publish:
 
 @dataclass(frozen=True, slots=True)
 class Puback:
-    """PUBACK."""
+    """PUBACK: acknowledges a QoS 1 PUBLISH."""
 
     packet_id: int
 
 
 @dataclass(frozen=True, slots=True)
 class Pubrec:
-    """PUBREC."""
+    """PUBREC: first acknowledgement of a QoS 2 PUBLISH."""
 
     packet_id: int
 
 
 @dataclass(frozen=True, slots=True)
 class Pubrel:
-    """PUBREL."""
+    """PUBREL: second step of the QoS 2 exchange."""
 
     packet_id: int
 
 
 @dataclass(frozen=True, slots=True)
 class Pubcomp:
-    """PUBCOMP."""
+    """PUBCOMP: last step of the QoS 2 exchange."""
 
     packet_id: int
 
 
 @dataclass(frozen=True, slots=True)
 class Subscribe:
-    """SUBSCRIBE: ``topics`` are (filter, requested QoS) pairs."""
+    """SUBSCRIBE: ``topics`` are (filter, requested QoS) pairs, at least one."""
 
     packet_id: int
     topics: tuple[tuple[str, int], ...]
@@ -130,7 +141,7 @@ class Subscribe:
 
 @dataclass(frozen=True, slots=True)
 class Unsubscribe:
-    """UNSUBSCRIBE."""
+    """UNSUBSCRIBE: ``topics`` are filters, at least one."""
 
     packet_id: int
     topics: tuple[str, ...]
@@ -138,138 +149,236 @@ class Unsubscribe:
 
 @dataclass(frozen=True, slots=True)
 class Pingreq:
-    """PINGREQ."""
+    """PINGREQ: the keep-alive heartbeat."""
 
 
 @dataclass(frozen=True, slots=True)
 class Disconnect:
-    """DISCONNECT."""
+    """DISCONNECT: a clean goodbye (the will is discarded)."""
 
 
-Packet = Connect | Publish | Puback | Pubrec | Pubrel | Pubcomp | Subscribe | Unsubscribe | Pingreq | Disconnect
+Packet: TypeAlias = Connect | Publish | Puback | Pubrec | Pubrel | Pubcomp | Subscribe | Unsubscribe | Pingreq | Disconnect
+"""Any packet :class:`PacketReader` returns."""
 
+# The empty packets carry nothing, so one instance of each serves every connection.
 _PINGREQ = Pingreq()
 _DISCONNECT = Disconnect()
+_PINGREQ_WIRE = b"\xc0\x00"
 
-# Packet types a client may send, and the fixed-header flags each must carry
-# (PUBLISH's flags are its own and checked separately).
-_CLIENT_TYPES = {1: 0, 3: None, 4: 0, 5: 0, 6: 2, 7: 0, 8: 2, 10: 2, 12: 0, 14: 0}
+_CONNECT, _PUBLISH, _PUBACK, _PUBREC, _PUBREL, _PUBCOMP = 1, 3, 4, 5, 6, 7
+_SUBSCRIBE, _UNSUBSCRIBE, _PINGREQ_TYPE, _DISCONNECT_TYPE = 8, 10, 12, 14
+
+# Fixed-header flags each client packet type must carry (PUBLISH's are its own).
+_REQUIRED_FLAGS = {
+    _CONNECT: 0,
+    _PUBACK: 0,
+    _PUBREC: 0,
+    _PUBREL: 2,
+    _PUBCOMP: 0,
+    _SUBSCRIBE: 2,
+    _UNSUBSCRIBE: 2,
+    _PINGREQ_TYPE: 0,
+    _DISCONNECT_TYPE: 0,
+}
+_TYPE_NAMES = {
+    0: "reserved type 0",
+    1: "CONNECT",
+    2: "CONNACK",
+    3: "PUBLISH",
+    4: "PUBACK",
+    5: "PUBREC",
+    6: "PUBREL",
+    7: "PUBCOMP",
+    8: "SUBSCRIBE",
+    9: "SUBACK",
+    10: "UNSUBSCRIBE",
+    11: "UNSUBACK",
+    12: "PINGREQ",
+    13: "PINGRESP",
+    14: "DISCONNECT",
+    15: "reserved type 15",
+}
+# Remaining lengths fixed by the spec, so a lie is caught before its body is waited for.
+_FIXED_LENGTHS = {_PUBACK: 2, _PUBREC: 2, _PUBREL: 2, _PUBCOMP: 2, _PINGREQ_TYPE: 0, _DISCONNECT_TYPE: 0}
 
 
-class _Body:
-    """A cursor over one packet's variable header and payload."""
+def _first_byte_problem(first: int) -> tuple[str, str] | None:
+    kind, flags = first >> 4, first & 0x0F
+    name = _TYPE_NAMES[kind]
+    if kind == _PUBLISH:
+        qos = (flags >> 1) & 0x03
+        if qos == 3:
+            return "bad-qos", "PUBLISH with QoS 3"
+        if flags & 0x08 and not qos:
+            return "reserved-flags", "DUP set on a QoS 0 PUBLISH"
+        return None
+    required = _REQUIRED_FLAGS.get(kind)
+    if required is None:
+        return "bad-packet-type", f"{name} from a client"
+    if flags != required:
+        return "reserved-flags", f"{name} with flags {flags:#06b}"
+    return None
 
-    __slots__ = ("data", "pos")
 
-    def __init__(self, data: bytes) -> None:
-        self.data = data
-        self.pos = 0
+# Every header byte judged once, up front: the per-packet check is then one index.
+_FIRST_BYTE_PROBLEMS: tuple[tuple[str, str] | None, ...] = tuple(_first_byte_problem(b) for b in range(256))
 
-    def left(self) -> int:
-        return len(self.data) - self.pos
 
-    def u8(self) -> int:
-        if self.pos >= len(self.data):
-            raise ProtocolError("truncated-packet")
-        value = self.data[self.pos]
-        self.pos += 1
-        return value
+# -- field readers: each takes the packet's bytes, a position and the packet's end,
+# and returns the value and the position after it -------------------------------------
 
-    def u16(self) -> int:
-        if self.pos + 2 > len(self.data):
-            raise ProtocolError("truncated-packet")
-        value: int = struct.unpack_from("!H", self.data, self.pos)[0]
-        self.pos += 2
-        return value
 
-    def binary(self) -> bytes:
-        size = self.u16()
-        if self.pos + size > len(self.data):
-            raise ProtocolError("truncated-packet")
-        value = self.data[self.pos : self.pos + size]
-        self.pos += size
-        return value
+def _u16(src: bytes, pos: int, end: int) -> int:
+    if pos + 2 > end:
+        raise ProtocolError("truncated-packet", detail="two-byte field past the end")
+    return (src[pos] << 8) | src[pos + 1]
 
-    def string(self) -> str:
-        raw = self.binary()
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError:
-            raise ProtocolError("invalid-utf8") from None
-        if "\x00" in text:
-            raise ProtocolError("invalid-utf8", detail="U+0000 in a string")
-        return text
 
-    def rest(self) -> bytes:
-        value = self.data[self.pos :]
-        self.pos = len(self.data)
-        return value
+def _binary(src: bytes, pos: int, end: int) -> tuple[bytes, int]:
+    start = pos + 2
+    stop = start + _u16(src, pos, end)
+    if stop > end:
+        raise ProtocolError("truncated-packet", detail="length-prefixed field past the end")
+    return src[start:stop], stop
 
-    def done(self) -> None:
-        if self.pos != len(self.data):
-            raise ProtocolError("trailing-bytes", detail=f"{len(self.data) - self.pos} bytes after the last field")
+
+def _string(src: bytes, pos: int, end: int) -> tuple[str, int]:
+    raw, pos = _binary(src, pos, end)
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ProtocolError("invalid-utf8", detail=f"{raw[:32]!r}") from None
+    # MQTT-1.5.3-2; the decoder has already refused surrogates (MQTT-1.5.3-1).
+    if "\x00" in text:
+        raise ProtocolError("invalid-utf8", detail="U+0000 in a string")
+    return text, pos
+
+
+def _packet_id(src: bytes, pos: int, end: int) -> int:
+    packet_id = _u16(src, pos, end)
+    if not packet_id:
+        raise ProtocolError("bad-packet-id", detail="packet id 0")
+    return packet_id
 
 
 def _check_topic(topic: str) -> None:
+    # Wildcards belong to filters only (MQTT-3.3.2-2); an empty topic names nothing (MQTT-4.7.3-1).
     if not topic or "+" in topic or "#" in topic:
         raise ProtocolError("bad-topic", detail=repr(topic[:64]))
 
 
 def _check_filter(topic_filter: str) -> None:
     if not topic_filter:
-        raise ProtocolError("bad-topic-filter", detail="empty")
+        raise ProtocolError("bad-topic-filter", detail="empty filter")
+    if "+" not in topic_filter and "#" not in topic_filter:
+        return
     levels = topic_filter.split("/")
+    last = len(levels) - 1
     for i, level in enumerate(levels):
-        if "#" in level and (level != "#" or i != len(levels) - 1):
+        if level == "+" or (level == "#" and i == last):
+            continue
+        if "+" in level or "#" in level:
             raise ProtocolError("bad-topic-filter", detail=repr(topic_filter[:64]))
-        if "+" in level and level != "+":
-            raise ProtocolError("bad-topic-filter", detail=repr(topic_filter[:64]))
 
 
-def _packet_id(body: _Body) -> int:
-    packet_id = body.u16()
-    if packet_id == 0:
-        raise ProtocolError("bad-packet-id", detail="packet id 0")
-    return packet_id
+# -- packet parsers: the fixed header has been checked; src[pos:end] is the rest ------
 
 
-def _parse_connect(body: _Body) -> Connect:
-    name = body.string()
-    level = body.u8()
+def _parse_publish(flags: int, src: bytes, pos: int, end: int) -> Publish:
+    topic, pos = _string(src, pos, end)
+    _check_topic(topic)
+    qos = (flags >> 1) & 0x03
+    packet_id = None
+    if qos:
+        packet_id = _packet_id(src, pos, end)
+        pos += 2
+    return Publish(topic, src[pos:end], qos, bool(flags & 0x01), bool(flags & 0x08), packet_id)
+
+
+def _parse_subscribe(src: bytes, pos: int, end: int) -> Subscribe:
+    packet_id = _packet_id(src, pos, end)
+    pos += 2
+    topics: list[tuple[str, int]] = []
+    while pos < end:
+        topic_filter, pos = _string(src, pos, end)
+        _check_filter(topic_filter)
+        if pos >= end:
+            raise ProtocolError("truncated-packet", detail="filter without its QoS byte")
+        qos = src[pos]
+        pos += 1
+        if qos > 2:  # also catches the six reserved upper bits (MQTT-3.8.3-4)
+            raise ProtocolError("bad-qos", detail=f"requested QoS byte {qos:#04x}")
+        topics.append((topic_filter, qos))
+    if not topics:
+        raise ProtocolError("empty-subscribe", detail="SUBSCRIBE without a filter")
+    return Subscribe(packet_id, tuple(topics))
+
+
+def _parse_unsubscribe(src: bytes, pos: int, end: int) -> Unsubscribe:
+    packet_id = _packet_id(src, pos, end)
+    pos += 2
+    filters: list[str] = []
+    while pos < end:
+        topic_filter, pos = _string(src, pos, end)
+        _check_filter(topic_filter)
+        filters.append(topic_filter)
+    if not filters:
+        raise ProtocolError("empty-unsubscribe", detail="UNSUBSCRIBE without a filter")
+    return Unsubscribe(packet_id, tuple(filters))
+
+
+def _parse_connect(src: bytes, pos: int, end: int) -> Connect:
+    name, pos = _string(src, pos, end)
+    if pos >= end:
+        raise ProtocolError("truncated-packet", detail="CONNECT without a protocol level")
+    level = src[pos]
+    pos += 1
+    # Judge the protocol before anything after it: MQTT 5 lays out the rest differently.
     if name == "MQTT":
         if level != 4:
-            raise ProtocolError("bad-protocol-level", connack_code=1, detail=f"MQTT level {level}")
+            raise ProtocolError("bad-protocol-level", connack_code=1, detail=f"MQTT protocol level {level}")
     elif name == "MQIsdp":
-        raise ProtocolError("bad-protocol-level", connack_code=1, detail="MQTT 3.1 (MQIsdp)")
+        raise ProtocolError("bad-protocol-level", connack_code=1, detail=f"MQTT 3.1 (MQIsdp, level {level})")
     else:
         raise ProtocolError("unknown-protocol", detail=repr(name[:32]))
-    flags = body.u8()
+    if pos >= end:
+        raise ProtocolError("truncated-packet", detail="CONNECT without flags")
+    flags = src[pos]
+    pos += 1
     if flags & 0x01:
         raise ProtocolError("connect-reserved-flag")
-    clean = bool(flags & 0x02)
     will_flag = bool(flags & 0x04)
     will_qos = (flags >> 3) & 0x03
     will_retain = bool(flags & 0x20)
     has_password = bool(flags & 0x40)
     has_username = bool(flags & 0x80)
-    if will_qos == 3 or (not will_flag and (will_qos or will_retain)):
-        raise ProtocolError("bad-will-flags")
+    if will_qos == 3:
+        raise ProtocolError("bad-will-flags", detail="will QoS 3")
+    if not will_flag and (will_qos or will_retain):
+        raise ProtocolError("bad-will-flags", detail="will QoS or retain without a will")
     if has_password and not has_username:
         raise ProtocolError("password-without-username")
-    keep_alive = body.u16()
-    client_id = body.string()
-    will_topic = will_message = None
+    keep_alive = _u16(src, pos, end)
+    pos += 2
+    client_id, pos = _string(src, pos, end)
+    will_topic: str | None = None
+    will_message: bytes | None = None
     if will_flag:
-        will_topic = body.string()
+        will_topic, pos = _string(src, pos, end)
         _check_topic(will_topic)
-        will_message = body.binary()
-    username = body.string() if has_username else None
-    password = body.binary() if has_password else None
-    body.done()
+        will_message, pos = _binary(src, pos, end)
+    username: str | None = None
+    password: bytes | None = None
+    if has_username:
+        username, pos = _string(src, pos, end)
+    if has_password:
+        password, pos = _binary(src, pos, end)
+    if pos != end:
+        raise ProtocolError("trailing-bytes", detail=f"{end - pos} bytes after the last CONNECT field")
     return Connect(
         protocol_name=name,
         protocol_level=level,
-        clean_session=clean,
+        clean_session=bool(flags & 0x02),
         keep_alive=keep_alive,
         client_id=client_id,
         will_topic=will_topic,
@@ -281,62 +390,50 @@ def _parse_connect(body: _Body) -> Connect:
     )
 
 
-def _parse(kind: int, flags: int, data: bytes) -> Packet:
-    body = _Body(data)
-    if kind == 3:
-        qos = (flags >> 1) & 0x03
-        if qos == 3:
-            raise ProtocolError("bad-qos", detail="PUBLISH with QoS 3")
-        dup = bool(flags & 0x08)
-        if dup and qos == 0:
-            raise ProtocolError("reserved-flags", detail="DUP on a QoS 0 PUBLISH")
-        topic = body.string()
-        _check_topic(topic)
-        packet_id = _packet_id(body) if qos else None
-        return Publish(topic, body.rest(), qos, bool(flags & 0x01), dup, packet_id)
-    if kind == 12 or kind == 14:
-        if data:
-            raise ProtocolError("bad-length", detail="PINGREQ/DISCONNECT with a body")
-        return _PINGREQ if kind == 12 else _DISCONNECT
-    if kind in (4, 5, 6, 7):
-        if len(data) != 2:
-            raise ProtocolError("bad-length", detail=f"acknowledgement of {len(data)} bytes")
-        packet_id = _packet_id(body)
-        return (Puback, Pubrec, Pubrel, Pubcomp)[kind - 4](packet_id)
-    if kind == 8:
-        packet_id = _packet_id(body)
-        topics: list[tuple[str, int]] = []
-        while body.left():
-            topic_filter = body.string()
-            _check_filter(topic_filter)
-            qos = body.u8()
-            if qos > 2:
-                raise ProtocolError("bad-qos", detail=f"requested QoS byte {qos:#x}")
-            topics.append((topic_filter, qos))
-        if not topics:
-            raise ProtocolError("empty-subscribe")
-        return Subscribe(packet_id, tuple(topics))
-    if kind == 10:
-        packet_id = _packet_id(body)
-        filters: list[str] = []
-        while body.left():
-            topic_filter = body.string()
-            _check_filter(topic_filter)
-            filters.append(topic_filter)
-        if not filters:
-            raise ProtocolError("empty-unsubscribe")
-        return Unsubscribe(packet_id, tuple(filters))
-    return _parse_connect(body)  # kind == 1
+def _parse(kind: int, flags: int, src: bytes, pos: int, end: int) -> Packet:
+    # Ordered by how often each arrives from a fleet of devices.
+    if kind == _PINGREQ_TYPE:
+        return _PINGREQ
+    if kind == _PUBLISH:
+        return _parse_publish(flags, src, pos, end)
+    if kind == _PUBACK:
+        return Puback(_packet_id(src, pos, end))
+    if kind == _CONNECT:
+        return _parse_connect(src, pos, end)
+    if kind == _SUBSCRIBE:
+        return _parse_subscribe(src, pos, end)
+    if kind == _DISCONNECT_TYPE:
+        return _DISCONNECT
+    if kind == _PUBREC:
+        return Pubrec(_packet_id(src, pos, end))
+    if kind == _PUBREL:
+        return Pubrel(_packet_id(src, pos, end))
+    if kind == _PUBCOMP:
+        return Pubcomp(_packet_id(src, pos, end))
+    return _parse_unsubscribe(src, pos, end)  # the header table admits no other type
 
 
 class PacketReader:
-    """Incremental parser of client-to-server packets."""
+    """Incremental parser of client-to-server packets.
 
-    __slots__ = ("_buf", "_max")
+    Feed it whatever the socket delivered; it returns the packets completed so far and
+    keeps the start of an unfinished one, never more than ``max_packet_size`` bytes
+    (a whole packet: fixed header plus remaining length). After a :class:`ProtocolError`
+    the reader is spent: it drops its buffer and every later :meth:`feed` raises again.
+    """
+
+    __slots__ = ("_buf", "_error", "_max", "_need")
 
     def __init__(self, max_packet_size: int = 256 * 1024) -> None:
+        if max_packet_size < 2:
+            raise ValueError("max_packet_size must be at least 2 (the smallest packet)")
         self._buf = bytearray()
         self._max = max_packet_size
+        # Size of the packet whose start is buffered, once its header is known; until
+        # the buffer reaches it a feed only appends, so a big packet trickling in costs
+        # linear time instead of a re-scan per chunk.
+        self._need = 0
+        self._error: ProtocolError | None = None
 
     @property
     def buffered(self) -> int:
@@ -344,98 +441,146 @@ class PacketReader:
         return len(self._buf)
 
     def feed(self, data: bytes | bytearray | memoryview) -> list[Packet]:
-        """Add received bytes; return every packet they complete, in order."""
+        """Add received bytes; return every packet they complete, in order.
+
+        Raises :class:`ProtocolError` on the first violation; packets completed earlier
+        in the same call are then not returned (the connection is going away anyway).
+        """
+        if self._error is not None:
+            error = self._error
+            raise ProtocolError(error.reason, error.connack_code, f"reader already failed ({error.detail})")
         buf = self._buf
-        buf += data
-        out: list[Packet] = []
-        pos = 0
-        end = len(buf)
+        if buf:
+            buf += data
+            if len(buf) < self._need:
+                return []
+            src = bytes(buf)
+            buf.clear()
+        elif data == _PINGREQ_WIRE:
+            return [_PINGREQ]  # a lone heartbeat, by far the commonest read
+        else:
+            src = data if type(data) is bytes else bytes(data)
+        self._need = 0
         try:
-            while pos < end:
-                first = buf[pos]
-                kind, flags = first >> 4, first & 0x0F
-                expected = _CLIENT_TYPES.get(kind, -1)
-                if expected == -1:
-                    raise ProtocolError("bad-packet-type", detail=f"type {kind}")
-                if expected is not None and flags != expected:
-                    raise ProtocolError("reserved-flags", detail=f"type {kind} with flags {flags:#x}")
-                # Remaining length: 7 bits per byte, least significant first, at most 4 bytes.
-                length = 0
-                shift = 0
-                i = pos + 1
-                while True:
-                    if i >= end:
-                        if i - pos - 1 >= 4:
-                            raise ProtocolError("malformed-remaining-length")
-                        return out  # the length itself is still arriving
-                    byte = buf[i]
-                    length |= (byte & 0x7F) << shift
-                    i += 1
-                    if not byte & 0x80:
-                        break
-                    shift += 7
-                    if shift >= 28:
-                        raise ProtocolError("malformed-remaining-length", detail="more than 4 bytes")
+            out, pos = self._scan(src)
+        except ProtocolError as exc:
+            self._error = exc
+            buf.clear()
+            raise
+        if pos < len(src):
+            buf += memoryview(src)[pos:]
+        return out
+
+    def _scan(self, src: bytes) -> tuple[list[Packet], int]:
+        """Parse whole packets from ``src``; return them and where the unfinished rest begins."""
+        out: list[Packet] = []
+        problems = _FIRST_BYTE_PROBLEMS
+        limit = self._max
+        pos = 0
+        end = len(src)
+        while pos < end:
+            first = src[pos]
+            problem = problems[first]
+            if problem is not None:
+                raise ProtocolError(problem[0], detail=problem[1])
+            # Remaining length: 7 bits a byte, least significant first, at most 4 bytes.
+            i = pos + 1
+            if i >= end:
+                break
+            byte = src[i]
+            i += 1
+            length = byte & 0x7F
+            shift = 7
+            while byte & 0x80:
+                if shift == 28:
+                    raise ProtocolError("malformed-remaining-length", detail="continuation bit on the fourth byte")
+                if i - pos >= limit:
+                    # The header alone already fills the allowance; the body makes it larger.
+                    raise ProtocolError("packet-too-large", detail=f"more than {limit} bytes")
+                if i >= end:
+                    break
+                byte = src[i]
+                i += 1
+                length |= (byte & 0x7F) << shift
+                shift += 7
+            else:
+                kind = first >> 4
                 total = i - pos + length
-                if total > self._max:
-                    raise ProtocolError("packet-too-large", detail=f"{total} bytes > {self._max}")
-                if pos + total > end:
-                    return out  # the body is still arriving
-                out.append(_parse(kind, flags, bytes(buf[i : pos + total])))
-                pos += total
-            return out
-        finally:
-            if pos:
-                del buf[:pos]
+                if total > limit:
+                    raise ProtocolError("packet-too-large", detail=f"{total} bytes, more than {limit}")
+                fixed = _FIXED_LENGTHS.get(kind)
+                if fixed is not None and fixed != length:
+                    raise ProtocolError("bad-length", detail=f"{_TYPE_NAMES[kind]} with remaining length {length}")
+                stop = pos + total
+                if stop > end:
+                    self._need = total
+                    break
+                out.append(_parse(kind, first & 0x0F, src, i, stop))
+                pos = stop
+                continue
+            break  # the remaining length itself is still arriving
+        return out, pos
 
 
-# -- encoders ---------------------------------------------------------------------
+# -- encoders -------------------------------------------------------------------------
 
 
 def encode_remaining_length(n: int) -> bytes:
-    """MQTT's variable-length integer (1 to 4 bytes)."""
+    """MQTT's variable-length integer: 7 bits a byte, least significant first, 1 to 4 bytes.
+
+    Raises ValueError outside 0..268,435,455.
+    """
     if not 0 <= n <= MAX_REMAINING_LENGTH:
-        raise ValueError(f"remaining length {n} out of range")
+        raise ValueError(f"remaining length {n} is outside 0..{MAX_REMAINING_LENGTH}")
+    if n < 0x80:
+        return bytes((n,))
     out = bytearray()
-    while True:
-        byte = n & 0x7F
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
         n >>= 7
-        out.append(byte | 0x80 if n else byte)
-        if not n:
-            return bytes(out)
+    out.append(n)
+    return bytes(out)
 
 
-def _packet(first: int, body: bytes) -> bytes:
-    return bytes([first]) + encode_remaining_length(len(body)) + body
+_U16 = struct.Struct("!H")
 
 
-def _str(text: str) -> bytes:
-    raw = text.encode("utf-8")
-    return struct.pack("!H", len(raw)) + raw
+def _frame(first: int, body: bytes) -> bytes:
+    return bytes((first,)) + encode_remaining_length(len(body)) + body
 
 
 def _bin(raw: bytes) -> bytes:
-    return struct.pack("!H", len(raw)) + raw
+    if len(raw) > 0xFFFF:
+        raise ValueError(f"field of {len(raw)} bytes; MQTT allows at most 65535")
+    return _U16.pack(len(raw)) + raw
+
+
+def _str(text: str) -> bytes:
+    return _bin(text.encode("utf-8"))
+
+
+def _ack(first: int, packet_id: int) -> bytes:
+    return bytes((first, 0x02)) + _U16.pack(packet_id)
 
 
 def encode_connack(session_present: bool, return_code: int) -> bytes:
-    """CONNACK: ``20 02 <session-present> <return code>``."""
-    return bytes([0x20, 0x02, 1 if session_present else 0, return_code])
+    """CONNACK: ``20 02 <session present> <return code>``."""
+    return bytes((0x20, 0x02, 1 if session_present else 0, return_code))
 
 
 def encode_publish(
     topic: str, payload: bytes, qos: int = 0, retain: bool = False, packet_id: int | None = None, dup: bool = False
 ) -> bytes:
-    """PUBLISH (a packet id is required for QoS 1 and 2)."""
-    if qos and not packet_id:
-        raise ValueError("QoS 1 and 2 need a non-zero packet id")
+    """PUBLISH; QoS 1 and 2 need a non-zero ``packet_id``, QoS 0 ignores it."""
+    if qos not in (0, 1, 2):
+        raise ValueError(f"QoS {qos}")
     first = 0x30 | (0x08 if dup else 0) | (qos << 1) | (0x01 if retain else 0)
-    head = _str(topic) + (struct.pack("!H", packet_id) if qos and packet_id else b"")
-    return _packet(first, head + payload)
-
-
-def _ack(first: int, packet_id: int) -> bytes:
-    return bytes([first, 0x02]) + struct.pack("!H", packet_id)
+    head = _str(topic)
+    if qos:
+        if not packet_id:
+            raise ValueError("QoS 1 and 2 need a non-zero packet id")
+        head += _U16.pack(packet_id)
+    return _frame(first, head + payload)
 
 
 def encode_puback(packet_id: int) -> bytes:
@@ -459,8 +604,8 @@ def encode_pubcomp(packet_id: int) -> bytes:
 
 
 def encode_suback(packet_id: int, granted: Sequence[int]) -> bytes:
-    """SUBACK: ``90 RL <id> <granted QoS or 0x80>*``."""
-    return _packet(0x90, struct.pack("!H", packet_id) + bytes(granted))
+    """SUBACK: ``90 <RL> <id> <code>...``, one code per filter: the granted QoS or 0x80 (failure)."""
+    return _frame(0x90, _U16.pack(packet_id) + bytes(granted))
 
 
 def encode_unsuback(packet_id: int) -> bytes:
@@ -486,7 +631,7 @@ def encode_connect(
     protocol_level: int = 4,
     protocol_name: str = "MQTT",
 ) -> bytes:
-    """CONNECT, as a client sends it."""
+    """CONNECT, as a client sends it; the will is sent when ``will_topic`` is given."""
     flags = 0x02 if clean_session else 0
     payload = _str(client_id)
     if will_topic is not None:
@@ -498,24 +643,24 @@ def encode_connect(
     if password is not None:
         flags |= 0x40
         payload += _bin(password)
-    head = _str(protocol_name) + bytes([protocol_level, flags]) + struct.pack("!H", keep_alive)
-    return _packet(0x10, head + payload)
+    head = _str(protocol_name) + bytes((protocol_level, flags)) + _U16.pack(keep_alive)
+    return _frame(0x10, head + payload)
 
 
 def encode_subscribe(packet_id: int, topics: Sequence[tuple[str, int]]) -> bytes:
-    """SUBSCRIBE (fixed header ``82``)."""
-    body = struct.pack("!H", packet_id) + b"".join(_str(t) + bytes([q]) for t, q in topics)
-    return _packet(0x82, body)
+    """SUBSCRIBE (fixed header ``82``): (filter, requested QoS) pairs."""
+    body = _U16.pack(packet_id) + b"".join(_str(topic_filter) + bytes((qos,)) for topic_filter, qos in topics)
+    return _frame(0x82, body)
 
 
 def encode_unsubscribe(packet_id: int, topics: Sequence[str]) -> bytes:
     """UNSUBSCRIBE (fixed header ``a2``)."""
-    return _packet(0xA2, struct.pack("!H", packet_id) + b"".join(_str(t) for t in topics))
+    return _frame(0xA2, _U16.pack(packet_id) + b"".join(_str(topic_filter) for topic_filter in topics))
 
 
 def encode_pingreq() -> bytes:
     """PINGREQ: ``c0 00``."""
-    return b"\xc0\x00"
+    return _PINGREQ_WIRE
 
 
 def encode_disconnect() -> bytes:
@@ -524,19 +669,21 @@ def encode_disconnect() -> bytes:
 
 
 def topic_matches(topic_filter: str, topic: str) -> bool:
-    """Whether ``topic`` matches ``topic_filter`` (``+`` one level, ``#`` the rest).
+    """Whether ``topic`` matches ``topic_filter``.
 
-    Topics starting with ``$`` are not matched by a filter starting with a wildcard.
+    ``+`` matches exactly one level, ``#`` its own level and every level below, so
+    ``a/#`` matches ``a`` too. Topics starting with ``$`` are not matched by a filter
+    starting with a wildcard (MQTT-4.7.2-1), so ``#`` does not see ``$SYS/...``.
     """
-    if topic.startswith("$") and topic_filter[:1] in ("+", "#"):
+    if topic_filter == topic:
+        return True
+    if topic[:1] == "$" and topic_filter[:1] in ("+", "#"):
         return False
-    parts = topic.split("/")
-    levels = topic_filter.split("/")
-    for i, level in enumerate(levels):
-        if level == "#":
-            return True  # "a/#" matches "a" too
-        if i >= len(parts):
+    levels = topic.split("/")
+    count = len(levels)
+    for i, part in enumerate(topic_filter.split("/")):
+        if part == "#":
+            return True
+        if i >= count or (part != "+" and part != levels[i]):
             return False
-        if level != "+" and level != parts[i]:
-            return False
-    return len(parts) == len(levels)
+    return len(topic_filter.split("/")) == count

@@ -21,6 +21,7 @@ response carries ``Connection: close``.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 from functools import partial
@@ -131,19 +132,25 @@ class HttpServer:
             event = h.next_event()
             if event is not h11.NEED_DATA:
                 return event
-            data = await stream.receive_some(65536)
+            data = await stream.receive_some(16384)
+            h.receive_data(bytes(data))
             if data and conn.phase is _Phase.IDLE:
-                # The first byte of a request: from now on, the head has a deadline
-                # that more (trickled) bytes do not extend.
                 conn.phase = _Phase.HEAD
+                event = h.next_event()
+                if event is not h11.NEED_DATA:
+                    return event  # the whole head in one read: no head deadline needed
+                # A head has begun and is not complete: from now on it has a deadline
+                # that more (trickled) bytes do not extend.
                 stream.idle_timeout = None
                 stream.deadline = trio.current_time() + self.config.header_timeout
-            h.receive_data(bytes(data))
 
     async def _serve(self, conn: _Conn) -> None:
         cfg = self.config
         stream = conn.stream
         h = conn.h11
+        # The send deadline only runs while a response is being written, so it is
+        # set once; the other deadlines change with the phase.
+        stream.send_timeout = cfg.send_timeout
         while True:
             conn.phase = _Phase.IDLE
             stream.idle_timeout = cfg.keep_alive_timeout
@@ -156,7 +163,8 @@ class HttpServer:
                 return
             if not isinstance(event, h11.Request):
                 return
-            stream.deadline = None
+            if stream.deadline != math.inf:
+                stream.deadline = None
             stream.idle_timeout = None
             if _head_size(event) > cfg.max_header_size:
                 # h11 only bounds a head still arriving; one that came whole in a
@@ -197,9 +205,7 @@ class HttpServer:
                 await _raw_error(stream, 413)
                 return
             conn.phase = _Phase.SEND
-            stream.send_timeout = cfg.send_timeout
             await self._respond(conn, response)
-            stream.send_timeout = None
             if h.our_state is h11.MUST_CLOSE or h.their_state is h11.MUST_CLOSE:
                 return
             try:
@@ -212,12 +218,15 @@ class HttpServer:
         # takes its time between reads is not the client's fault.
         received = 0
         stream = conn.stream
-        while conn.h11.their_state is h11.SEND_BODY:
-            conn.phase = _Phase.BODY  # if the body timeout fires now, the answer is 408
-            stream.receive_timeout = self.config.body_timeout
-            event = await self._next(conn)
-            stream.receive_timeout = None
-            conn.phase = _Phase.APP
+        h = conn.h11
+        while h.their_state is h11.SEND_BODY:
+            event = h.next_event()
+            if event is h11.NEED_DATA:
+                conn.phase = _Phase.BODY  # if the body timeout fires now, the answer is 408
+                stream.receive_timeout = self.config.body_timeout
+                event = await self._next(conn)
+                stream.receive_timeout = None
+                conn.phase = _Phase.APP
             if isinstance(event, h11.Data):
                 received += len(event.data)
                 if received > self.config.max_body_size:
@@ -242,14 +251,16 @@ class HttpServer:
             headers.append(("content-length", str(len(body))))
         if self._must_close(conn):
             headers.append(("connection", "close"))
-        await conn.stream.send_all(h.send(h11.Response(status_code=response.status, headers=headers)) or b"")
+        head = h.send(h11.Response(status_code=response.status, headers=headers)) or b""
         if isinstance(body, bytes | bytearray):
-            if body:
-                await conn.stream.send_all(h.send(h11.Data(data=body)) or b"")
-        else:
-            async for chunk in body:
-                if chunk:
-                    await conn.stream.send_all(h.send(h11.Data(data=chunk)) or b"")
+            # One write for head, body and end: one system call per small response.
+            out = head + (h.send(h11.Data(data=body)) or b"" if body else b"") + (h.send(h11.EndOfMessage()) or b"")
+            await conn.stream.send_all(out)
+            return
+        await conn.stream.send_all(head)
+        async for chunk in body:
+            if chunk:
+                await conn.stream.send_all(h.send(h11.Data(data=chunk)) or b"")
         await conn.stream.send_all(h.send(h11.EndOfMessage()) or b"")
 
     async def shutdown(self) -> None:
