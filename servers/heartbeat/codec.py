@@ -157,7 +157,9 @@ class Disconnect:
     """DISCONNECT: a clean goodbye (the will is discarded)."""
 
 
-Packet: TypeAlias = Connect | Publish | Puback | Pubrec | Pubrel | Pubcomp | Subscribe | Unsubscribe | Pingreq | Disconnect
+Packet: TypeAlias = (
+    Connect | Publish | Puback | Pubrec | Pubrel | Pubcomp | Subscribe | Unsubscribe | Pingreq | Disconnect
+)
 """Any packet :class:`PacketReader` returns."""
 
 # The empty packets carry nothing, so one instance of each serves every connection.
@@ -680,10 +682,11 @@ def topic_matches(topic_filter: str, topic: str) -> bool:
     if topic[:1] == "$" and topic_filter[:1] in ("+", "#"):
         return False
     levels = topic.split("/")
+    parts = topic_filter.split("/")
     count = len(levels)
-    for i, part in enumerate(topic_filter.split("/")):
+    for i, part in enumerate(parts):
         if part == "#":
             return True
         if i >= count or (part != "+" and part != levels[i]):
             return False
-    return len(topic_filter.split("/")) == count
+    return len(parts) == count
