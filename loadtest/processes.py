@@ -13,11 +13,21 @@ from collections.abc import Sequence
 __all__ = ["free_port", "start_heartbeat", "start_http", "start_server"]
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """A free port on ``host`` (the server takes it right after)."""
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
+def free_port(host: str = "127.0.0.1", run: int = 1) -> int:
+    """A free port on ``host`` (the server takes it right after); with ``run`` > 1, the
+    first of that many consecutive free ports (workers serve status on port + i)."""
+    for _ in range(100):
+        with socket.socket() as s:
+            s.bind((host, 0))
+            first = int(s.getsockname()[1])
+        try:
+            for offset in range(1, run):
+                with socket.socket() as probe:
+                    probe.bind((host, first + offset))
+        except OSError:
+            continue
+        return first
+    raise RuntimeError(f"no run of {run} free ports found")
 
 
 def start_heartbeat(

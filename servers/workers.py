@@ -14,6 +14,7 @@ kills whatever is left after the grace period.
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import socket
 import subprocess
@@ -25,7 +26,7 @@ import trio
 
 from .bus import Hub
 
-__all__ = ["open_listeners", "reserve_port", "supervise"]
+__all__ = ["open_listeners", "reserve_port", "run_supervised", "supervise"]
 
 logger = logging.getLogger("servers.workers")
 
@@ -131,3 +132,38 @@ def supervise(
                 proc.wait()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def run_supervised(
+    module: str,
+    argv: Sequence[str],
+    *,
+    host: str,
+    port: int,
+    workers: int,
+    grace: float = 10.0,
+    worker_args: Callable[[int], Sequence[str]] = lambda index: (),
+    hub: Hub | None = None,
+) -> int:
+    """Run ``python -m <module> <argv>`` as ``workers`` processes on one port, supervised.
+
+    Each worker gets ``--port`` (a reserved one if ``port`` is 0), ``--worker-index``
+    and ``worker_args(index)`` appended to the parent's own arguments.
+    """
+    holder = None
+    if port == 0:
+        port, holder = reserve_port(host)
+    base = [sys.executable, "-m", module, *argv]
+
+    def command(index: int) -> list[str]:
+        return [*base, "--port", str(port), "--worker-index", str(index), *worker_args(index)]
+
+    def ready(pids: list[int]) -> None:
+        name = module.rsplit(".", 1)[-1]
+        print(f"{name}: supervisor pid {os.getpid()}, workers {pids}, port {port}", file=sys.stderr, flush=True)
+
+    try:
+        return supervise(command, workers, grace=grace, on_ready=ready, hub=hub)
+    finally:
+        if holder is not None:
+            holder.close()

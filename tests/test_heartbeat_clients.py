@@ -64,7 +64,7 @@ def start_server(tmp_path: Path) -> Iterator[object]:
         extra = ["--tick", "0.05", "--presence-log", str(log), *args]
         status_port = None
         if status:
-            status_port = free_port()
+            status_port = free_port(run=workers)  # worker i serves status on port + i
             extra += ["--status-port", str(status_port)]
         server = Server(start_heartbeat(port, workers, extra, cwd=str(ROOT)), port, log, status_port)
         started.append(server)

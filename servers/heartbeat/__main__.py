@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import signal
 import sys
 from collections.abc import Sequence
@@ -12,7 +11,7 @@ from collections.abc import Sequence
 import trio
 
 from ..bus import BusClient, Hub
-from ..workers import open_listeners, reserve_port, supervise
+from ..workers import open_listeners, run_supervised
 from .auth import PasswordFile
 from .presence import PresenceLog
 from .server import HeartbeatConfig, serve_heartbeat
@@ -140,24 +139,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         worker = args.worker_index or 0
         trio.run(run_worker, args, worker, args.worker_index is not None)
         return 0
-    holder = None
-    if args.port == 0:
-        args.port, holder = reserve_port(args.host)
-    base = [sys.executable, "-m", "servers.heartbeat", *(argv if argv is not None else sys.argv[1:])]
     hub = Hub()
-
-    def command(index: int) -> list[str]:
-        return [*base, "--port", str(args.port), "--worker-index", str(index), "--bus", hub.path]
-
-    def ready(pids: list[int]) -> None:
-        print(f"heartbeat: supervisor pid {os.getpid()}, workers {pids}, port {args.port}", file=sys.stderr, flush=True)
-
     try:
-        return supervise(command, args.workers, on_ready=ready, hub=hub)
+        return run_supervised(
+            "servers.heartbeat",
+            argv if argv is not None else sys.argv[1:],
+            host=args.host,
+            port=args.port,
+            workers=args.workers,
+            worker_args=lambda index: ("--bus", hub.path),
+            hub=hub,
+        )
     finally:
         hub.close()
-        if holder is not None:
-            holder.close()
 
 
 if __name__ == "__main__":

@@ -466,8 +466,7 @@ class PacketReader:
         try:
             out, pos = self._scan(src)
         except ProtocolError as exc:
-            self._error = exc
-            buf.clear()
+            self._error = exc  # the buffer is already empty: its bytes moved into src
             raise
         if pos < len(src):
             buf += memoryview(src)[pos:]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import signal
 import sys
 from collections.abc import Sequence
@@ -11,7 +10,7 @@ from collections.abc import Sequence
 import trio
 
 from ..prometheus import MetricsWriter
-from ..workers import open_listeners, reserve_port, supervise
+from ..workers import open_listeners, run_supervised
 from .builtin import builtin_app
 from .server import HttpConfig, HttpServer, serve_http
 
@@ -98,22 +97,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.workers <= 1 or args.worker_index is not None:
         trio.run(run_worker, args, args.worker_index or 0, args.worker_index is not None)
         return 0
-    holder = None
-    if args.port == 0:
-        args.port, holder = reserve_port(args.host)
-    base = [sys.executable, "-m", "servers.http", *(argv if argv is not None else sys.argv[1:])]
-
-    def command(index: int) -> list[str]:
-        return [*base, "--port", str(args.port), "--worker-index", str(index)]
-
-    def ready(pids: list[int]) -> None:
-        print(f"http: supervisor pid {os.getpid()}, workers {pids}, port {args.port}", file=sys.stderr, flush=True)
-
-    try:
-        return supervise(command, args.workers, on_ready=ready, grace=args.grace + 5)
-    finally:
-        if holder is not None:
-            holder.close()
+    return run_supervised(
+        "servers.http",
+        argv if argv is not None else sys.argv[1:],
+        host=args.host,
+        port=args.port,
+        workers=args.workers,
+        grace=args.grace + 5,
+    )
 
 
 if __name__ == "__main__":
