@@ -211,14 +211,20 @@ class Watch(ConnectionDeadlines):
 
     # -- used by the keeper ------------------------------------------------------------
 
-    def _expire(self, reason: Reason, lag: float) -> None:
-        self.reason = reason
-        self.lag = lag
+    def cancel(self) -> None:
+        """End the watched block from outside, as an expiry does but with no reason:
+        cancel its scope and, if the watch closes on expiry, close its socket
+        (a takeover or a shutdown, say). Synchronous and O(1)."""
         self._scope.cancel()
         if self._close and self._socket is not None:
             close = getattr(self._socket, "close", None)
             if close is not None:
                 close()
+
+    def _expire(self, reason: Reason, lag: float) -> None:
+        self.reason = reason
+        self.lag = lag
+        self.cancel()
 
     def __repr__(self) -> str:
         state = ("new", "watching", "done")[self._state]

@@ -24,7 +24,7 @@ import idlekeeper
 from .prometheus import CONTENT_TYPE
 from .workers import open_listeners
 
-__all__ = ["StatusSource", "serve_status"]
+__all__ = ["StatusSource", "linger", "send_error", "serve_status"]
 
 logger = logging.getLogger("servers.status")
 
@@ -84,7 +84,7 @@ async def _serve_one(source: StatusSource, conn: idlekeeper.WatchedStream) -> No
         try:
             event = h.next_event()
         except h11.RemoteProtocolError as exc:
-            await _error(conn, h, exc.error_status_hint)  # 400 malformed, 431 head too large
+            await send_error(conn, exc.error_status_hint)  # 400 malformed, 431 head too large
             return
         if event is h11.NEED_DATA:
             data = await conn.receive_some(8192)
@@ -116,30 +116,30 @@ async def _serve_one(source: StatusSource, conn: idlekeeper.WatchedStream) -> No
         # Data of a request body we do not read: keep going until EndOfMessage.
 
 
-async def _error(conn: idlekeeper.WatchedStream, h: h11.Connection, status: int) -> None:
-    body = f"{status}\n".encode()
+_REASONS = {
+    400: "Bad Request",
+    408: "Request Timeout",
+    413: "Content Too Large",
+    431: "Request Header Fields Too Large",
+    500: "Internal Server Error",
+    503: "Service Unavailable",
+}
+
+
+async def send_error(stream: idlekeeper.WatchedStream, status: int) -> None:
+    """An error response written directly (h11 may already be in an error state),
+    then a lingering close so that the client reads it rather than a reset."""
+    reason = _REASONS.get(status, "Error")
+    body = f"{status} {reason}\n".encode()
+    head = (
+        f"HTTP/1.1 {status} {reason}\r\n"
+        f"Content-Type: text/plain\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+    ).encode()
     try:
-        await _send(
-            conn,
-            h,
-            [
-                h11.Response(
-                    status_code=status,
-                    headers=[
-                        ("Content-Type", "text/plain"),
-                        ("Content-Length", str(len(body))),
-                        ("Connection", "close"),
-                    ],
-                ),
-                h11.Data(data=body),
-                h11.EndOfMessage(),
-            ],
-        )
-    except h11.LocalProtocolError:
-        await conn.send_all(
-            f"HTTP/1.1 {status} Error\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode() + body
-        )
-    await linger(conn)
+        await stream.send_all(head + body)
+    except (trio.BrokenResourceError, trio.ClosedResourceError):
+        return
+    await linger(stream)
 
 
 async def linger(conn: idlekeeper.WatchedStream, seconds: float = 1.0, limit: int = 256 * 1024) -> None:

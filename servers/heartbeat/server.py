@@ -111,12 +111,7 @@ class Connection:
         """Close this connection from outside its own task (takeover, shutdown)."""
         if self.ended_by is None:
             self.ended_by = reason
-        self.stream.cancel_scope.cancel()
-        sock = self.stream.socket
-        if sock is not None:
-            close = getattr(sock, "close", None)
-            if close is not None:
-                close()
+        self.stream.cancel()
 
 
 def _peer_of(stream: idlekeeper.WatchedStream) -> str:

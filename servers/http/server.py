@@ -32,7 +32,7 @@ import trio
 import idlekeeper
 from idlekeeper import Reason
 
-from ..status import linger
+from ..status import send_error
 from ..workers import open_listeners
 from .app import App, BodyTooLarge, Request, Response
 
@@ -101,7 +101,7 @@ class HttpServer:
         cfg = self.config
         if len(self.connections) >= cfg.max_connections or self.closing:
             self.refused_total += 1
-            await _raw_error(stream, 503)
+            await send_error(stream, 503)
             return
         conn = _Conn(stream, cfg.max_header_size)
         self.connections.add(conn)
@@ -123,7 +123,7 @@ class HttpServer:
                 # The client was too slow to send its request: answer 408, briefly,
                 # from a shielded scope (the watch's own scope has been cancelled).
                 with trio.CancelScope(shield=True), trio.move_on_after(1.0):
-                    await _raw_error(stream, 408)
+                    await send_error(stream, 408)
 
     async def _next(self, conn: _Conn) -> h11.Event | type[h11.NEED_DATA] | type[h11.PAUSED]:
         h = conn.h11
@@ -157,7 +157,7 @@ class HttpServer:
             try:
                 event = await self._next(conn)
             except h11.RemoteProtocolError as exc:
-                await _raw_error(stream, exc.error_status_hint)
+                await send_error(stream, exc.error_status_hint)
                 return
             if isinstance(event, h11.ConnectionClosed) or event is h11.PAUSED:
                 return
@@ -169,13 +169,13 @@ class HttpServer:
             if _head_size(event) > cfg.max_header_size:
                 # h11 only bounds a head still arriving; one that came whole in a
                 # single read is measured here.
-                await _raw_error(stream, 431)
+                await send_error(stream, 431)
                 return
             conn.requests += 1
             self.requests_total += 1
             length = _content_length(event.headers)
             if length is not None and length > cfg.max_body_size:
-                await _raw_error(stream, 413)
+                await send_error(stream, 413)
                 return
             conn.phase = _Phase.APP
             request = Request(
@@ -188,10 +188,10 @@ class HttpServer:
             try:
                 response = await self.app(request)
             except BodyTooLarge:
-                await _raw_error(stream, 413)
+                await send_error(stream, 413)
                 return
             except h11.RemoteProtocolError as exc:
-                await _raw_error(stream, exc.error_status_hint)
+                await send_error(stream, exc.error_status_hint)
                 return
             except Exception:
                 logger.exception("http app raised on %s %s", request.method, request.target)
@@ -202,7 +202,7 @@ class HttpServer:
                 async for _ in self._body(conn):
                     pass
             except BodyTooLarge:
-                await _raw_error(stream, 413)
+                await send_error(stream, 413)
                 return
             conn.phase = _Phase.SEND
             await self._respond(conn, response)
@@ -292,31 +292,6 @@ def _content_length(headers: Iterable[tuple[bytes, bytes]]) -> int | None:
             except ValueError:
                 return None
     return None
-
-
-_REASONS = {
-    400: "Bad Request",
-    408: "Request Timeout",
-    413: "Content Too Large",
-    431: "Request Header Fields Too Large",
-    500: "Internal Server Error",
-    503: "Service Unavailable",
-}
-
-
-async def _raw_error(stream: idlekeeper.WatchedStream, status: int) -> None:
-    """An error response written directly (h11 may already be in an error state),
-    then a lingering close so that the client reads it rather than a reset."""
-    body = f"{status} {_REASONS.get(status, 'Error')}\n".encode()
-    head = (
-        f"HTTP/1.1 {status} {_REASONS.get(status, 'Error')}\r\n"
-        f"Content-Type: text/plain\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n"
-    ).encode()
-    try:
-        await stream.send_all(head + body)
-    except (trio.BrokenResourceError, trio.ClosedResourceError):
-        return
-    await linger(stream)
 
 
 async def serve_http(
