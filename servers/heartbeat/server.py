@@ -85,7 +85,6 @@ class Connection:
         "msg_id",
         "opened",
         "outbox",
-        "outbox_bytes",
         "peer",
         "session",
         "stream",
@@ -102,7 +101,6 @@ class Connection:
         self.ended_by: Offline | None = None
         self.finished = False
         self.outbox: collections.deque[bytes] | None = None
-        self.outbox_bytes = 0
         self.wake: trio.Event | None = None
         self.writer: trio.CancelScope | None = None
         self.msg_id = 0
@@ -137,7 +135,6 @@ class HeartbeatServer:
         self.sinks: list[PresenceSink] = list(config.extra_sinks)
         self.offline_by_reason: collections.Counter[str] = collections.Counter()
         self.counters: collections.Counter[str] = collections.Counter()
-        self.started = time.time()
         self.port = 0
         self.bus: BusClient | None = None
         self.remote_filters: dict[int, set[str]] = {}
@@ -273,11 +270,9 @@ class HeartbeatServer:
         if outbox is None:
             return
         if len(outbox) >= OUTBOX_LIMIT:
-            dropped = outbox.popleft()
-            conn.outbox_bytes -= len(dropped)
+            outbox.popleft()
             self.counters["messages_dropped"] += 1
         outbox.append(data)
-        conn.outbox_bytes += len(data)
         if conn.wake is not None:
             conn.wake.set()
 
@@ -305,7 +300,6 @@ class HeartbeatServer:
                         item = outbox.popleft()
                         batch.append(item)
                         size += len(item)
-                    conn.outbox_bytes -= size
                     await conn.stream.send_all(b"".join(batch))
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 pass
