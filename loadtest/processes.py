@@ -10,7 +10,7 @@ import threading
 import time
 from collections.abc import Sequence
 
-__all__ = ["free_port", "start_heartbeat", "start_http", "start_server"]
+__all__ = ["free_port", "start_heartbeat", "start_http", "start_server", "stop", "wait_listening"]
 
 
 def free_port(host: str = "127.0.0.1", run: int = 1) -> int:
@@ -70,3 +70,35 @@ def start_server(
         raise RuntimeError(f"servers.{name} did not start ({ready} of {workers} workers listening)")
     threading.Thread(target=proc.stderr.read, daemon=True).start()
     return proc
+
+
+def wait_listening(
+    port: int, proc: subprocess.Popen[bytes] | subprocess.Popen[str], host: str = "127.0.0.1", timeout: float = 30.0
+) -> None:
+    """Return once something accepts TCP connections on ``host:port``.
+
+    For peers that print no "listening" line. Raises if ``proc`` exits first or
+    ``timeout`` passes.
+    """
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{proc.args!r} exited with {proc.returncode} before listening on {port}")
+        try:
+            with socket.create_connection((host, port), timeout=1.0):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"nothing listened on {host}:{port} within {timeout} s")
+
+
+def stop(proc: subprocess.Popen[bytes] | subprocess.Popen[str], timeout: float = 15.0) -> int:
+    """SIGTERM ``proc`` by its PID, SIGKILL it if it has not exited after ``timeout``; its exit code."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    return proc.returncode
