@@ -58,7 +58,11 @@ class Keeper:
         hook_threads: int,
     ) -> None:
         self._nursery = nursery
-        self._wheel: TimingWheel[WheelEntry] = TimingWheel(tick, trio.current_time())
+        self._tick = tick
+        # The wheel rounds deadlines up to its slots, so its resolution is half the
+        # promised lateness: rounding takes at most half a tick, and the other half is
+        # left for the reaper's wake-up and the loop pass that stamped the activity.
+        self._wheel: TimingWheel[WheelEntry] = TimingWheel(tick / 2, trio.current_time())
         self._timers = Timers(trio.current_time, wheel=self._wheel, on_error=self._timer_error)
         self._epochs = _loop_epochs.acquire()
         self._stall_check = stall_check
@@ -76,8 +80,9 @@ class Keeper:
 
     @property
     def tick(self) -> float:
-        """The wheel's resolution: no expiry runs more than one tick after its deadline."""
-        return self._wheel.tick
+        """The lateness budget: no expiry runs more than one tick after its deadline
+        (the wheel's slots are half a tick)."""
+        return self._tick
 
     @property
     def epochs(self) -> EpochClock:
@@ -343,8 +348,10 @@ async def open_keeper(
 ) -> AsyncIterator[Keeper]:
     """Start a keeper and its reaper task; stop them when the block exits.
 
-    ``tick`` (seconds) is the wheel's resolution: an expiry runs after its deadline
-    and less than one tick later, while the process is not starved of CPU.
+    ``tick`` (seconds) is the lateness budget: an expiry runs after its deadline
+    and less than one tick later, while the process is not starved of CPU. The
+    wheel's slots are half a tick wide, which leaves half a tick for wake-up
+    latency; the reaper wakes at most twice per tick, and only for due slots.
     ``stall_check`` looks for unread bytes (and a drained send buffer) before an
     inactivity expiry. Async ``on_expire`` hooks are cut off after
     ``hook_timeout``; plain ones run in up to ``hook_threads`` worker threads.

@@ -1,0 +1,35 @@
+"""``python -m loadtest <command>``: device load, HTTP load, and side-by-side comparisons.
+
+python -m loadtest devices --devices 200000 --stall     MQTT devices against servers.heartbeat
+python -m loadtest http --slowloris 500                  HTTP load with slowloris and slow readers
+python -m loadtest compare                               the same workloads against the peers
+python -m loadtest demo                                  the main job (also: make demo)
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Sequence
+
+COMMANDS = {
+    "devices": "loadtest.devices",
+    "http": "loadtest.http_load",
+    "compare": "loadtest.compare",
+    "demo": "loadtest.demo",
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Dispatch to a command's ``main``."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] not in COMMANDS:
+        print(__doc__, file=sys.stderr)
+        return 0 if args[:1] in (["-h"], ["--help"]) else 2
+    module = importlib.import_module(COMMANDS[args[0]])
+    code: int = module.main(args[1:])
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

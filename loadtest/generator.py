@@ -1,0 +1,471 @@
+"""One device-generator process: thousands of MQTT devices on one epoll loop.
+
+    python -m loadtest.generator SPEC.json
+
+There is no task and no thread per device. Each device is a socket plus a
+:class:`Device` record; its heartbeats are callbacks on idlekeeper's own timing
+wheel (:class:`idlekeeper.timers.Timers`, the pure part of the library, driven
+by ``time.monotonic``), and one ``epoll`` waits on every socket at once. A
+heartbeat costs one timer callback and one ``send``; a generator holds up to
+about 19,000 devices (the per-process file limit) for a few percent of a core.
+
+The spec (written by :mod:`loadtest.devices`) says which devices to run, where to
+connect from (a source address of its own, so each generator has the full
+ephemeral port range), how fast to ramp, and when the scenarios happen. Times are
+``CLOCK_MONOTONIC`` values, which every process on the machine shares, so the
+orchestrator, the generators and the stall all speak of the same instants.
+
+Progress goes to stdout as JSON lines; the full results go to the spec's
+``results`` file when the run ends.
+"""
+
+from __future__ import annotations
+
+import errno
+import gc
+import json
+import math
+import random
+import select
+import socket
+import struct
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from idlekeeper.timers import TimerHandle, Timers
+
+__all__ = ["GeneratorSpec", "run"]
+
+_IP_BIND_ADDRESS_NO_PORT = getattr(socket, "IP_BIND_ADDRESS_NO_PORT", 24)
+_CONNACK_OK = b"\x20\x02\x00\x00"
+_PINGREQ = b"\xc0\x00"
+_IN = select.EPOLLIN | select.EPOLLRDHUP
+_OUT = select.EPOLLOUT
+_LINGER_RST = struct.pack("ii", 1, 0)  # close() then sends RST: a device that vanished
+
+# Connection phases.
+_CONNECTING, _HANDSHAKE, _ONLINE, _SUPERSEDED = range(4)
+
+
+@dataclass
+class GeneratorSpec:
+    """What one generator runs (JSON-serialisable; see :mod:`loadtest.devices`)."""
+
+    index: int
+    host: str
+    port: int
+    source: str
+    first: int
+    count: int
+    keepalive: int
+    jitter: float
+    rate: float
+    """Connections started per second, at most."""
+    max_inflight: int
+    start_at: float
+    end_at: float
+    results: str
+    silent: list[tuple[int, float]] = field(default_factory=list)
+    """(local device index, when it goes silent)."""
+    vanish: list[tuple[int, float]] = field(default_factory=list)
+    reconnect: list[tuple[int, float]] = field(default_factory=list)
+    seed: int = 0
+    prefix: str = "dev"
+
+
+class Conn:
+    """One TCP connection of a device (a device that reconnects has two for a while)."""
+
+    __slots__ = ("device", "sock", "phase", "buf")
+
+    def __init__(self, device: Device, sock: socket.socket) -> None:
+        self.device = device
+        self.sock = sock
+        self.phase = _CONNECTING
+        self.buf = b""
+
+
+class Device:
+    """One simulated device and what happened to it."""
+
+    __slots__ = (
+        "index",
+        "client_id",
+        "role",
+        "conn",
+        "timer",
+        "last_sent",
+        "max_gap",
+        "connect_started",
+        "connack_at",
+        "closed_at",
+        "acted_at",
+        "takeover_s",
+    )
+
+    def __init__(self, index: int, client_id: str) -> None:
+        self.index = index
+        self.client_id = client_id
+        self.role = "healthy"
+        self.conn: Conn | None = None
+        self.timer: TimerHandle | None = None
+        self.last_sent = math.nan
+        self.max_gap = 0.0
+        self.connect_started = math.nan
+        self.connack_at = math.nan
+        self.closed_at = math.nan
+        self.acted_at = math.nan  # when its scenario (silence, vanish, reconnect) happened
+        self.takeover_s = math.nan
+
+
+def _encode_connect(client_id: str, keepalive: int) -> bytes:
+    # Built here rather than imported from the server's codec: a generator should speak
+    # the wire format independently of the code it is testing.
+    cid = client_id.encode()
+    body = b"\x00\x04MQTT\x04\x02" + keepalive.to_bytes(2, "big") + len(cid).to_bytes(2, "big") + cid
+    return b"\x10" + bytes([len(body)]) + body
+
+
+class Generator:
+    """The epoll loop, the wheel of heartbeats, and the bookkeeping."""
+
+    def __init__(self, spec: GeneratorSpec) -> None:
+        self.spec = spec
+        self.rng = random.Random(spec.seed * 1_000_003 + spec.index)
+        self.timers = Timers(time.monotonic, tick=0.005)
+        self.epoll = select.epoll()
+        self.conns: dict[int, Conn] = {}
+        self.devices = [Device(spec.first + i, f"{spec.prefix}-{spec.first + i}") for i in range(spec.count)]
+        self.started = 0
+        self.inflight = 0
+        self.online = 0
+        self.pings = 0
+        self.first_ping = math.nan
+        self.last_ping = math.nan
+        self.connect_failed = 0
+        self.refused = 0
+        self.errors: dict[str, int] = {}
+        self.window = 1.5 * spec.keepalive
+        for local, at in spec.silent:
+            self.devices[local].role = "silent"
+            self.timers.call_at(at, self.silence, self.devices[local])
+        for local, at in spec.vanish:
+            self.devices[local].role = "vanish"
+            self.timers.call_at(at, self.vanish, self.devices[local])
+        for local, at in spec.reconnect:
+            self.devices[local].role = "reconnect"
+            self.timers.call_at(at, self.reconnect, self.devices[local])
+
+    # -- connections -------------------------------------------------------------
+
+    def open(self, device: Device) -> None:
+        """Start a non-blocking connect from this generator's source address."""
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            sock.setsockopt(socket.IPPROTO_IP, _IP_BIND_ADDRESS_NO_PORT, 1)
+            sock.bind((self.spec.source, 0))
+            sock.setblocking(False)
+            code = sock.connect_ex((self.spec.host, self.spec.port))
+        except OSError as exc:
+            sock.close()
+            self.fail(device, f"connect: {errno.errorcode.get(exc.errno or 0, exc)}")
+            return
+        if code not in (0, errno.EINPROGRESS):
+            sock.close()
+            self.fail(device, f"connect: {errno.errorcode.get(code, code)}")
+            return
+        conn = Conn(device, sock)
+        device.conn = conn
+        device.connect_started = time.monotonic()
+        self.inflight += 1
+        self.conns[sock.fileno()] = conn
+        self.epoll.register(sock.fileno(), _OUT)
+
+    def fail(self, device: Device, why: str) -> None:
+        self.connect_failed += 1
+        self.errors[why] = self.errors.get(why, 0) + 1
+        device.conn = None
+
+    def drop(self, conn: Conn) -> None:
+        """Forget a connection: unregister and close its socket."""
+        fd = conn.sock.fileno()
+        if fd >= 0:
+            self.conns.pop(fd, None)
+            self.epoll.unregister(fd)
+        conn.sock.close()
+
+    def on_writable(self, conn: Conn, now: float) -> None:
+        err = conn.sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+        device = conn.device
+        if err:
+            self.inflight -= 1
+            self.drop(conn)
+            self.fail(device, f"connect: {errno.errorcode.get(err, err)}")
+            return
+        self.epoll.modify(conn.sock.fileno(), _IN)
+        conn.phase = _HANDSHAKE
+        self.send(device, conn, _encode_connect(device.client_id, self.spec.keepalive), now)
+
+    def on_readable(self, conn: Conn, now: float) -> None:
+        try:
+            data = conn.sock.recv(4096)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if data and conn.phase == _HANDSHAKE:
+            conn.buf += data
+            if len(conn.buf) < 4:
+                return
+            self.inflight -= 1
+            if conn.buf[:4] != _CONNACK_OK:
+                self.refused += 1
+                self.drop(conn)
+                conn.device.conn = None
+                return
+            self.on_connack(conn, now)
+            return
+        if data:
+            return  # PINGRESPs: read and let go, so the server never blocks on us
+        self.on_closed(conn, now)
+
+    def on_connack(self, conn: Conn, now: float) -> None:
+        device = conn.device
+        conn.phase = _ONLINE
+        conn.buf = b""
+        if device.connack_at != device.connack_at:  # a reconnect's CONNACK is not part of the ramp
+            device.connack_at = now
+        self.online += 1
+        self.arm(device)
+
+    def on_closed(self, conn: Conn, now: float) -> None:
+        """The server closed (or reset) ``conn``; ``now`` is when we noticed."""
+        device = conn.device
+        self.drop(conn)
+        if conn.phase == _SUPERSEDED:
+            device.takeover_s = now - device.acted_at
+            return
+        if conn.phase != _ONLINE:
+            self.inflight -= 1
+            self.fail(device, "closed during handshake")
+            return
+        self.online -= 1
+        device.conn = None
+        device.closed_at = now
+        if device.timer is not None:
+            device.timer.cancel()
+            device.timer = None
+
+    # -- heartbeats and scenarios --------------------------------------------------
+
+    def arm(self, device: Device) -> None:
+        """Schedule the next PINGREQ: keep-alive after the last packet, minus jitter (as real clients do)."""
+        delay = self.spec.keepalive * (1.0 - self.spec.jitter * self.rng.random())
+        device.timer = self.timers.call_at(device.last_sent + delay, self.ping, device)
+
+    def ping(self, device: Device) -> None:
+        conn = device.conn
+        if conn is None or conn.phase != _ONLINE:
+            return
+        now = time.monotonic()
+        if self.send(device, conn, _PINGREQ, now):
+            self.pings += 1
+            if self.first_ping != self.first_ping:
+                self.first_ping = now
+            self.last_ping = now
+            self.arm(device)
+
+    def send(self, device: Device, conn: Conn, data: bytes, now: float) -> bool:
+        # The time is read before send(): the bytes cannot reach the server earlier,
+        # so lateness measured from it is never understated.
+        try:
+            conn.sock.send(data)
+        except OSError:
+            self.on_closed(conn, time.monotonic())
+            return False
+        if device.last_sent == device.last_sent:
+            device.max_gap = max(device.max_gap, now - device.last_sent)
+        device.last_sent = now
+        return True
+
+    def silence(self, device: Device) -> None:
+        """Dead device: no packet ever again, and the socket stays open."""
+        if device.timer is not None:
+            device.timer.cancel()
+            device.timer = None
+        device.acted_at = time.monotonic()
+
+    def vanish(self, device: Device) -> None:
+        """Gone without a word: the connection ends with an RST."""
+        conn = device.conn
+        device.acted_at = time.monotonic()
+        if conn is None or conn.phase != _ONLINE:
+            return
+        if device.timer is not None:
+            device.timer.cancel()
+            device.timer = None
+        conn.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_RST)
+        self.online -= 1
+        device.conn = None
+        self.drop(conn)
+
+    def reconnect(self, device: Device) -> None:
+        """A rebooted device: a new connection with the same client id, the old one left as it was."""
+        conn = device.conn
+        if conn is None or conn.phase != _ONLINE:
+            return
+        if device.timer is not None:
+            device.timer.cancel()
+            device.timer = None
+        conn.phase = _SUPERSEDED
+        self.online -= 1
+        device.acted_at = time.monotonic()
+        self.open(device)
+
+    # -- the loop ----------------------------------------------------------------
+
+    def progress(self, now: float) -> None:
+        detected = sum(1 for d in self.devices if d.role == "silent" and d.closed_at == d.closed_at)
+        line = {
+            "g": self.spec.index,
+            "t": now,
+            "started": self.started,
+            "online": self.online,
+            "failed": self.connect_failed + self.refused,
+            "pings": self.pings,
+            "detected": detected,
+        }
+        sys.stdout.write(json.dumps(line) + "\n")
+        sys.stdout.flush()
+
+    def run(self) -> dict[str, Any]:
+        spec = self.spec
+        # Nothing here is garbage with cycles; the collector would only add pauses.
+        gc.collect()
+        gc.freeze()
+        gc.disable()
+        next_progress = 0.0
+        order = self.devices
+        while True:
+            now = time.monotonic()
+            if now >= spec.end_at:
+                break
+            if self.started < len(order) and now >= spec.start_at:
+                allowed = min(len(order), int((now - spec.start_at) * spec.rate) + 1)
+                while self.started < allowed and self.inflight < spec.max_inflight:
+                    self.open(order[self.started])
+                    self.started += 1
+            if now >= next_progress:
+                self.progress(now)
+                next_progress = now + 0.5
+            due = self.timers.next_deadline()
+            timeout = 0.02 if due is None else min(0.02, max(0.0, due - now))
+            for fd, mask in self.epoll.poll(timeout, 4096):
+                conn = self.conns.get(fd)
+                if conn is None:
+                    continue
+                seen = time.monotonic()
+                if conn.phase == _CONNECTING:
+                    if mask & (_OUT | select.EPOLLERR | select.EPOLLHUP):
+                        self.on_writable(conn, seen)
+                else:
+                    self.on_readable(conn, seen)
+            self.timers.run_due(time.monotonic())
+        self.progress(time.monotonic())
+        return self.results()
+
+    def results(self) -> dict[str, Any]:
+        """Per-generator results; :mod:`loadtest.devices` merges them."""
+        window = self.window
+        lateness: list[float] = []
+        undetected = 0
+        false: list[dict[str, Any]] = []
+        generator_late = 0
+        takeovers: list[float] = []
+        takeover_missed = 0
+        connect_ms: list[float] = []
+        connack_times: list[float] = []
+        silent_deadlines: list[float] = []
+        for d in self.devices:
+            if d.connack_at == d.connack_at:
+                connack_times.append(d.connack_at)
+                if len(connect_ms) < 5000:
+                    connect_ms.append((d.connack_at - d.connect_started) * 1000)
+            closed = d.closed_at == d.closed_at
+            if d.role == "silent" and d.acted_at == d.acted_at:
+                silent_deadlines.append(d.last_sent + window)
+                if closed:
+                    lateness.append(d.closed_at - (d.last_sent + window))
+                else:
+                    undetected += 1
+                continue
+            if d.role == "reconnect" and d.acted_at == d.acted_at:
+                if d.takeover_s == d.takeover_s:
+                    takeovers.append(d.takeover_s)
+                else:
+                    takeover_missed += 1
+            if d.role == "vanish" and d.acted_at == d.acted_at:
+                continue
+            if closed:
+                # A device that kept to its keep-alive and was cut anyway is a false expiry;
+                # one whose own heartbeat was late (an overloaded generator) is not the server's fault.
+                silent_for = d.closed_at - d.last_sent
+                if silent_for < window and d.max_gap < window:
+                    false.append(
+                        {"client_id": d.client_id, "silent_for": round(silent_for, 3), "max_gap": round(d.max_gap, 3)}
+                    )
+                else:
+                    generator_late += 1
+        for conn in list(self.conns.values()):
+            self.drop(conn)
+        return {
+            "index": self.spec.index,
+            "devices": len(self.devices),
+            "connected": len(connack_times),
+            "connect_failed": self.connect_failed,
+            "refused": self.refused,
+            "errors": self.errors,
+            "first_connack": min(connack_times, default=math.nan),
+            "last_connack": max(connack_times, default=math.nan),
+            "connack_times": sorted(connack_times),
+            "connect_ms": connect_ms,
+            "pings": self.pings,
+            "first_ping": self.first_ping,
+            "last_ping": self.last_ping,
+            "silent": len(self.spec.silent),
+            "lateness": lateness,
+            "silent_deadlines": silent_deadlines,
+            "undetected": undetected,
+            "vanished": len(self.spec.vanish),
+            "reconnected": len(self.spec.reconnect),
+            "takeover_s": takeovers,
+            "takeover_missed": takeover_missed,
+            "false_expiries": false,
+            "generator_late": generator_late,
+            "max_gap": max((d.max_gap for d in self.devices), default=0.0),
+        }
+
+
+def run(spec: GeneratorSpec) -> dict[str, Any]:
+    """Run one generator to its end time and return its results."""
+    return Generator(spec).run()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: read the spec file, run, write the results file."""
+    args = sys.argv[1:] if argv is None else argv
+    with open(args[0]) as f:
+        raw = json.load(f)
+    for key in ("silent", "vanish", "reconnect"):
+        raw[key] = [tuple(pair) for pair in raw.get(key, [])]
+    spec = GeneratorSpec(**raw)
+    results = run(spec)
+    with open(spec.results, "w") as f:
+        json.dump(results, f)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,197 @@
+"""What the server under test costs, over time: RSS, CPU and open files of all its
+processes (psutil), and what its own ``/metrics`` say (devices online, reaper lag).
+
+A :class:`Sampler` runs in a thread of the load tester, so a stalled or busy server
+never delays the generators, and a ``/metrics`` endpoint that does not answer in
+time is simply a missed sample.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import re
+import threading
+import time
+import urllib.request
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+import psutil
+
+__all__ = ["Metrics", "Sample", "Sampler", "histogram_quantile", "parse_metrics", "percentile", "process_tree"]
+
+_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)$")
+
+
+def percentile(values: Iterable[float], q: float) -> float:
+    """Nearest-rank percentile (``q`` in 0..100); NaN for no values."""
+    ordered = sorted(values)
+    if not ordered:
+        return math.nan
+    return ordered[max(1, math.ceil(q / 100 * len(ordered))) - 1]
+
+
+def process_tree(pid: int) -> list[psutil.Process]:
+    """A process and all its descendants (a supervisor and its workers)."""
+    try:
+        root = psutil.Process(pid)
+        return [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
+
+
+@dataclass
+class Metrics:
+    """The parts of a Prometheus text page the load tester reads, summed over workers."""
+
+    online: float = 0.0
+    lag_buckets: dict[float, float] = field(default_factory=dict)
+    """Cumulative reaper-lag histogram: upper bound (s) -> count."""
+    lag_count: float = 0.0
+    lag_sum: float = 0.0
+    stall_saves: float = 0.0
+    expired: dict[str, float] = field(default_factory=dict)
+
+    def add(self, other: Metrics) -> None:
+        """Fold another worker's page into this one."""
+        self.online += other.online
+        for bound, n in other.lag_buckets.items():
+            self.lag_buckets[bound] = self.lag_buckets.get(bound, 0.0) + n
+        self.lag_count += other.lag_count
+        self.lag_sum += other.lag_sum
+        self.stall_saves += other.stall_saves
+        for reason, n in other.expired.items():
+            self.expired[reason] = self.expired.get(reason, 0.0) + n
+
+
+def parse_metrics(text: str) -> Metrics:
+    """Read devices online, reaper lag, stall saves and expiries from one ``/metrics`` page."""
+    m = Metrics()
+    for line in text.splitlines():
+        match = _SAMPLE.match(line)
+        if not match:
+            continue
+        name, labels, raw = match.groups()
+        value = float(raw)
+        if name == "heartbeat_devices_online":
+            m.online += value
+        elif name == "idlekeeper_reaper_lag_seconds_bucket" and labels:
+            le = re.search(r'le="([^"]+)"', labels)
+            if le:
+                bound = math.inf if le.group(1) == "+Inf" else float(le.group(1))
+                m.lag_buckets[bound] = m.lag_buckets.get(bound, 0.0) + value
+        elif name == "idlekeeper_reaper_lag_seconds_count":
+            m.lag_count += value
+        elif name == "idlekeeper_reaper_lag_seconds_sum":
+            m.lag_sum += value
+        elif name == "idlekeeper_stall_saves_total":
+            m.stall_saves += value
+        elif name == "idlekeeper_expired_total" and labels:
+            reason = re.search(r'reason="([^"]+)"', labels)
+            if reason:
+                m.expired[reason.group(1)] = m.expired.get(reason.group(1), 0.0) + value
+    return m
+
+
+def histogram_quantile(buckets: dict[float, float], q: float) -> float:
+    """The upper bound of the bucket holding quantile ``q`` (0..1) of a cumulative histogram."""
+    if not buckets:
+        return math.nan
+    ordered = sorted(buckets.items())
+    total = ordered[-1][1]
+    if total <= 0:
+        return math.nan
+    for bound, n in ordered:
+        if n >= q * total:
+            return bound
+    return math.inf
+
+
+@dataclass
+class Sample:
+    """One look at the server's processes."""
+
+    t: float
+    rss: int
+    cpu: float
+    fds: int
+    processes: int
+    online: float = math.nan
+    """Devices online by the server's own count (NaN when it has no /metrics)."""
+
+
+class Sampler:
+    """Samples the server every ``interval`` seconds in a background thread."""
+
+    def __init__(
+        self,
+        pids: Callable[[], list[int]],
+        metrics_urls: list[str] | None = None,
+        interval: float = 1.0,
+    ) -> None:
+        self._pids = pids
+        self._urls = metrics_urls or []
+        self._interval = interval
+        self._procs: dict[int, psutil.Process] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="sampler", daemon=True)
+        self.samples: list[Sample] = []
+        self.metrics: Metrics | None = None
+        """The last complete scrape of every worker's /metrics."""
+        self.stalled = False
+        """Set while the server is SIGSTOPped: its /metrics cannot answer, so skip them."""
+
+    def __enter__(self) -> Sampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+    def take(self) -> Sample:
+        """One sample now (also usable without the thread)."""
+        rss = fds = 0
+        cpu = 0.0
+        alive = 0
+        for pid in self._pids():
+            proc = self._procs.get(pid)
+            try:
+                if proc is None:
+                    proc = self._procs[pid] = psutil.Process(pid)
+                # A stopped process still answers: psutil reads /proc.
+                with proc.oneshot():
+                    rss += proc.memory_info().rss
+                    times = proc.cpu_times()
+                    cpu += times.user + times.system
+                    fds += proc.num_fds()
+                alive += 1
+            except psutil.Error:
+                self._procs.pop(pid, None)
+        sample = Sample(time.monotonic(), rss, cpu, fds, alive)
+        if self._urls and not self.stalled:
+            scraped = self.scrape()
+            if scraped is not None:
+                self.metrics = scraped
+                sample.online = scraped.online
+        self.samples.append(sample)
+        return sample
+
+    def scrape(self, timeout: float = 0.5) -> Metrics | None:
+        """Every worker's /metrics folded into one, or None if any did not answer in time."""
+        total = Metrics()
+        for url in self._urls:
+            try:
+                with urllib.request.urlopen(url, timeout=timeout) as resp:
+                    total.add(parse_metrics(resp.read().decode()))
+            except OSError:
+                return None
+        return total
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            started = time.monotonic()
+            with contextlib.suppress(Exception):
+                self.take()
+            self._stop.wait(max(0.0, self._interval - (time.monotonic() - started)))
