@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(PY) -m loadtest.demo
+	$(PY) -m loadtest demo
 
 echo-demo: $(STAMP)
 	$(PY) -m loadtest.echo_demo

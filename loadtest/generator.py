@@ -178,7 +178,8 @@ class Generator:
             return
         conn = Conn(device, sock)
         device.conn = conn
-        device.connect_started = time.monotonic()
+        if device.connack_at != device.connack_at:  # the ramp's connect, not a reconnect
+            device.connect_started = time.monotonic()
         self.inflight += 1
         self.conns[sock.fileno()] = conn
         self.epoll.register(sock.fileno(), _OUT)
@@ -388,6 +389,7 @@ class Generator:
         connect_ms: list[float] = []
         connack_times: list[float] = []
         silent_deadlines: list[float] = []
+        silent_last: dict[str, float] = {}
         for d in self.devices:
             if d.connack_at == d.connack_at:
                 connack_times.append(d.connack_at)
@@ -396,6 +398,7 @@ class Generator:
             closed = d.closed_at == d.closed_at
             if d.role == "silent" and d.acted_at == d.acted_at:
                 silent_deadlines.append(d.last_sent + window)
+                silent_last[d.client_id] = d.last_sent
                 if closed:
                     lateness.append(d.closed_at - (d.last_sent + window))
                 else:
@@ -437,6 +440,7 @@ class Generator:
             "silent": len(self.spec.silent),
             "lateness": lateness,
             "silent_deadlines": silent_deadlines,
+            "silent_last": silent_last,
             "undetected": undetected,
             "vanished": len(self.spec.vanish),
             "reconnected": len(self.spec.reconnect),

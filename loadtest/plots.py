@@ -57,7 +57,9 @@ def device_plots(r: dict[str, Any], out: Path, stem: str | None = None) -> list[
     _phases(ax, r)
     written.append(_save(fig, out / f"{stem}-online.png"))
 
-    late = [v * 1000 for v in r.get("lateness_s", [])]
+    close = r.get("server_view", {}).get("close_lateness_s")
+    late = [v * 1000 for v in (close if close else r.get("lateness_s", []))]
+    view = "server's close" if close else "device's view"
     fig, ax = plt.subplots(figsize=_SIZE, dpi=_DPI)
     if late:
         top = max(late)
@@ -69,7 +71,7 @@ def device_plots(r: dict[str, Any], out: Path, stem: str | None = None) -> list[
                 tick * 1000, color="tab:red", linestyle="--", linewidth=1, label=f"one tick ({tick * 1000:g} ms)"
             )
             ax.legend(fontsize=7)
-    ax.set_xlabel("ms after last packet + 1.5 x keep-alive (device's view)")
+    ax.set_xlabel(f"ms after last packet + 1.5 x keep-alive ({view})")
     ax.set_ylabel("silent devices")
     ax.set_title(f"detection lateness, {len(late):,} silent devices", fontsize=9)
     written.append(_save(fig, out / f"{stem}-lateness.png"))

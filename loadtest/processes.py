@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import queue
 import re
 import socket
 import subprocess
@@ -56,19 +57,36 @@ def start_server(
     cmd = [sys.executable, "-m", f"servers.{name}", "--port", str(port), "--workers", str(workers), *extra]
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, cwd=cwd)
     assert proc.stderr is not None
+    # One thread reads stderr for the server's whole life (so it never blocks on a full
+    # pipe) and hands lines over; waiting on the queue keeps the timeout real even if
+    # a worker never says it listens.
+    lines: queue.Queue[str] = queue.Queue()
+
+    def drain() -> None:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            lines.put(line)
+        lines.put("")
+
+    threading.Thread(target=drain, daemon=True).start()
     ready = 0
+    seen: list[str] = []
     deadline = time.monotonic() + timeout
     while ready < workers and time.monotonic() < deadline:
-        line = proc.stderr.readline()
+        try:
+            line = lines.get(timeout=max(0.0, deadline - time.monotonic()))
+        except queue.Empty:
+            break
         if not line:
             break
+        seen.append(line.rstrip())
         if listening.search(line):
             ready += 1
     if ready < workers:
         proc.kill()
         proc.wait()
-        raise RuntimeError(f"servers.{name} did not start ({ready} of {workers} workers listening)")
-    threading.Thread(target=proc.stderr.read, daemon=True).start()
+        tail = "\n".join(seen[-10:])
+        raise RuntimeError(f"servers.{name} did not start ({ready} of {workers} workers listening):\n{tail}")
     return proc
 
 

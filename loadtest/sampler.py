@@ -129,10 +129,15 @@ class Sampler:
         pids: Callable[[], list[int]],
         metrics_urls: list[str] | None = None,
         interval: float = 1.0,
+        metrics_every: float = 5.0,
     ) -> None:
         self._pids = pids
         self._urls = metrics_urls or []
         self._interval = interval
+        # /metrics costs the server something (psutil counts its open files, a directory
+        # listing of every socket), so it is read less often than /proc from outside.
+        self._metrics_every = metrics_every
+        self._next_scrape = 0.0
         self._procs: dict[int, psutil.Process] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="sampler", daemon=True)
@@ -170,7 +175,8 @@ class Sampler:
             except psutil.Error:
                 self._procs.pop(pid, None)
         sample = Sample(time.monotonic(), rss, cpu, fds, alive)
-        if self._urls and not self.stalled:
+        if self._urls and not self.stalled and sample.t >= self._next_scrape:
+            self._next_scrape = sample.t + self._metrics_every
             scraped = self.scrape()
             if scraped is not None:
                 self.metrics = scraped

@@ -131,7 +131,9 @@ class HeartbeatServer:
         self.online: dict[str, Connection] = {}
         self.connections: set[Connection] = set()
         self.subscriptions: Subscriptions[Connection] = Subscriptions(max_qos=1)
-        self.devices: dict[str, dict[str, Any]] = {}
+        # The last presence event per device, with its keep-alive: a slotted event and an
+        # int rather than a dict of strings, because this map holds every device.
+        self.devices: dict[str, tuple[PresenceEvent, int]] = {}
         self.sinks: list[PresenceSink] = list(config.extra_sinks)
         self.offline_by_reason: collections.Counter[str] = collections.Counter()
         self.counters: collections.Counter[str] = collections.Counter()
@@ -423,12 +425,10 @@ class HeartbeatServer:
 
     def _remember(self, client_id: str, conn: Connection, event: PresenceEvent) -> None:
         """Keep the device's last presence record for /devices, within a bound."""
-        record = self.devices.pop(client_id, {})
+        self.devices.pop(client_id, None)
         if event.status == "offline" and conn.session.assigned:
             return  # an anonymous client (assigned id) cannot be looked up again
-        record.update(event.to_dict())
-        record["keep_alive"] = conn.session.keep_alive
-        self.devices[client_id] = record  # re-inserted: the dict stays oldest-first
+        self.devices[client_id] = (event, conn.session.keep_alive)  # re-inserted: the dict stays oldest-first
         excess = len(self.devices) - self.config.max_device_records
         if excess > 0:
             # Forget the longest-offline devices; online ones stay whatever their age.
@@ -474,7 +474,8 @@ class HeartbeatServer:
         record = self.devices.get(key)
         if record is None:
             return None
-        out = dict(record)
+        out = record[0].to_dict()
+        out["keep_alive"] = record[1]
         conn = self.online.get(key)
         if conn is not None:
             now = trio.current_time()

@@ -1,0 +1,184 @@
+"""The device load tester: how it deals out work and judges results (pure), and a
+CI-sized run against the real server: 2,000 devices, some silent, some vanishing,
+some reconnecting, and a SIGSTOP stall of the server. Zero false expiries, every
+silent device found, never early, within one tick at p99.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from loadtest.devices import DeviceLoad, Timeline, passed, plan, specs
+from loadtest.generator import Device, Generator, GeneratorSpec
+from loadtest.sampler import histogram_quantile, parse_metrics
+from servers.prometheus import MetricsWriter
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_specs_deal_every_device_once_and_the_roles_disjoint(tmp_path: Path) -> None:
+    load = DeviceLoad(devices=40_001, silent=0.1, vanish=0.02, reconnect=0.03, per_generator=15_000)
+    timeline = plan(load, 3)
+    out = specs(load, timeline, 1883, tmp_path)
+    assert len(out) == 3
+    assert sum(s.count for s in out) == 40_001
+    assert all(s.count <= 15_000 for s in out)
+    assert len({s.source for s in out}) == 3 and all(s.source.startswith("127.") for s in out)
+    assert [s.first for s in out] == [0, 13_334, 26_668]
+    for role, share in (("silent", 0.1), ("vanish", 0.02), ("reconnect", 0.03)):
+        assert sum(len(getattr(s, role)) for s in out) == round(40_001 * share)
+    for s in out:
+        locals_ = [i for role in ("silent", "vanish", "reconnect") for i, _ in getattr(s, role)]
+        assert len(locals_) == len(set(locals_)), "a device got two roles"
+        assert all(0 <= i < s.count for i in locals_)
+        times = [t for role in ("silent", "vanish", "reconnect") for _, t in getattr(s, role)]
+        assert all(timeline.acts <= t <= timeline.acts + load.keepalive / 2 for t in times)
+    assert sum(s.rate for s in out) == load.rate
+
+
+def test_plan_orders_the_phases() -> None:
+    tl = plan(DeviceLoad(devices=1000, keepalive=4, stall=True), 1)
+    assert tl.start < tl.acts < tl.detect_by <= (tl.stall or 0) < (tl.stall_end or 0) < tl.end
+    assert tl.stall_end is not None and tl.stall is not None and tl.stall_end - tl.stall == 8  # 2 x K
+    assert tl.phase(tl.stall + 1) == "server stalled (SIGSTOP)"
+    plain = plan(DeviceLoad(devices=1000, keepalive=4), 1)
+    assert plain.stall is None and plain.end > plain.detect_by
+
+
+def _generator(tmp_path: Path) -> Generator:
+    spec = GeneratorSpec(
+        index=0,
+        host="127.0.0.1",
+        port=1,
+        source="127.0.0.2",
+        first=0,
+        count=4,
+        keepalive=10,
+        jitter=0.2,
+        rate=1.0,
+        max_inflight=1,
+        start_at=math.inf,
+        end_at=0.0,
+        results=str(tmp_path / "r.json"),
+        silent=[(1, 100.0)],
+    )
+    return Generator(spec)
+
+
+def _closed(d: Device, last_sent: float, closed_at: float, max_gap: float = 9.0) -> None:
+    d.connack_at = d.connect_started = 0.0
+    d.last_sent, d.closed_at, d.max_gap = last_sent, closed_at, max_gap
+
+
+def test_results_judge_false_expiries_lateness_and_generator_lag(tmp_path: Path) -> None:
+    g = _generator(tmp_path)
+    healthy_cut, silent, lagging, fine = g.devices
+    _closed(healthy_cut, 100.0, 110.0)  # cut 10 s after a ping, window 15 s: the server's fault
+    _closed(silent, 100.0, 115.05)
+    silent.acted_at = 105.0
+    _closed(lagging, 100.0, 116.0, max_gap=16.0)  # our own ping was 16 s late: not the server's fault
+    fine.connack_at = fine.connect_started = 0.0
+    r = g.results()
+    assert [f["client_id"] for f in r["false_expiries"]] == ["dev-0"]
+    assert r["generator_late"] == 1
+    assert r["lateness"] == [115.05 - 115.0]
+    assert r["undetected"] == 0 and r["connected"] == 4
+
+
+def test_metrics_pages_fold_over_workers() -> None:
+    page = MetricsWriter()
+    page.gauge("heartbeat_devices_online", "", 7, {"worker": "0"})
+    page.histogram("idlekeeper_reaper_lag_seconds", "", [(0.01, 3), (0.05, 9), (0.1, 10), (math.inf, 10)], 10, 0.2)
+    page.counter("idlekeeper_stall_saves_total", "", 4)
+    one = parse_metrics(page.render())
+    two = parse_metrics(page.render())
+    one.add(two)
+    assert one.online == 14 and one.stall_saves == 8 and one.lag_count == 20
+    assert histogram_quantile(one.lag_buckets, 0.5) == 0.05
+    assert histogram_quantile(one.lag_buckets, 0.99) == 0.1
+
+
+def test_ci_smoke_run_with_a_stall(tmp_path: Path) -> None:
+    """2,000 devices, keep-alive 2 s, 2% silent, 0.5% vanish, 0.5% reconnect, a 4 s SIGSTOP."""
+    out = tmp_path / "devices.json"
+    plots = tmp_path / "plots"
+    started = time.monotonic()
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "loadtest",
+            "devices",
+            *("--devices", "2000", "--keepalive", "2", "--silent", "0.02", "--vanish", "0.005"),
+            *("--reconnect", "0.005", "--stall", "--tick", "0.1", "--quiet"),
+            *("--json", str(out), "--plots", str(plots)),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        cwd=ROOT,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    r = json.loads(out.read_text())
+    assert passed(r)
+    assert r["connected"] == 2000 and r["connect_failed"] == 0 and r["refused"] == 0
+    assert r["false_expiries"] == 0, r["false_expiry_examples"]
+    assert r["detected"] == r["silent"] == 40
+    sv = r["server_view"]
+    close = sv["close_lateness_ms"]
+    assert close["n"] == 40
+    assert close["min"] >= 0  # never early: the server's close, past the device's last send + 1.5 K
+    assert close["p99"] <= 100  # one tick
+    late = r["lateness_ms"]
+    assert late["min"] >= 0  # never early either as the devices saw it
+    assert late["max"] <= 1000
+    assert sv["vanished_seen"] == {"connection-lost": 10}
+    assert r["takeover_ms"]["n"] == 10 and r["takeover_missed"] == 0
+    assert r["stall"]["to"] - r["stall"]["from"] >= 3.9
+    assert r["server_metrics"]["stall_saves"] > 0  # healthy devices' pings waited in the kernel
+    assert r["steady"]["rss_per_device_bytes"] > 0
+    assert sorted(p.name for p in plots.iterdir()) == [
+        "devices-idlekeeper-2000-lateness.png",
+        "devices-idlekeeper-2000-online.png",
+        "devices-idlekeeper-2000-rss.png",
+    ]
+    assert time.monotonic() - started < 120
+
+
+def test_demo_entry_point(tmp_path: Path) -> None:
+    """``make demo``'s command, small: the report and its own pass/fail."""
+    out = tmp_path / "demo.json"
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "loadtest",
+            "demo",
+            *("--devices", "400", "--keepalive", "1", "--json", str(out), "--plots", str(tmp_path)),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "silent devices found   40 of 40" in done.stdout
+    assert "false expiries         0 healthy devices dropped" in done.stdout
+    r = json.loads(out.read_text())
+    assert r["connected"] == 400 and r["lateness_ms"]["min"] >= 0
+
+
+def test_timeline_phase_names() -> None:
+    tl = Timeline(start=10, acts=20, detect_by=30, stall=None, stall_end=None, end=31)
+    assert [tl.phase(t) for t in (5, 15, 25, 30.5, 40)] == [
+        "starting",
+        "connecting / settling",
+        "silencing, detecting",
+        "watching for false expiries",
+        "finishing",
+    ]
