@@ -80,8 +80,7 @@ def start_server(
         if not line:
             break
         seen.append(line.rstrip())
-        if listening.search(line):
-            ready += 1
+        ready += len(listening.findall(line))  # lines from several workers may have run together
     if ready < workers:
         proc.kill()
         proc.wait()

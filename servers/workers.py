@@ -26,7 +26,7 @@ import trio
 
 from .bus import Hub
 
-__all__ = ["open_listeners", "reserve_port", "run_supervised", "supervise"]
+__all__ = ["announce", "open_listeners", "reserve_port", "run_supervised", "supervise"]
 
 logger = logging.getLogger("servers.workers")
 
@@ -167,3 +167,13 @@ def run_supervised(
     finally:
         if holder is not None:
             holder.close()
+
+
+def announce(line: str) -> None:
+    """Write one line to stderr in a single ``write()``.
+
+    Workers share their supervisor's stderr; ``print`` may write the text and its
+    newline separately, and lines from several processes then run together. One
+    write of under 4 KiB to a pipe is atomic.
+    """
+    os.write(2, (line + "\n").encode())

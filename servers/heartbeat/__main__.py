@@ -11,7 +11,7 @@ from collections.abc import Sequence
 import trio
 
 from ..bus import BusClient, Hub
-from ..workers import open_listeners, run_supervised
+from ..workers import announce, open_listeners, run_supervised
 from .auth import PasswordFile
 from .presence import PresenceLog
 from .server import HeartbeatConfig, serve_heartbeat
@@ -115,11 +115,9 @@ async def run_worker(args: argparse.Namespace, worker: int, reuse_port: bool) ->
                 bus = BusClient(args.bus, server.on_bus)
                 await nursery.start(bus.run)
                 server.attach_bus(bus)
-            print(
+            announce(
                 f"heartbeat worker {worker}: listening on {args.host}:{server.port}"
-                + (f", status on {args.status_host}:{status_port}" if status_port is not None else ""),
-                file=sys.stderr,
-                flush=True,
+                + (f", status on {args.status_host}:{status_port}" if status_port is not None else "")
             )
             async for _ in signals:
                 break

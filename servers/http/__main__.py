@@ -10,7 +10,7 @@ from collections.abc import Sequence
 import trio
 
 from ..prometheus import MetricsWriter
-from ..workers import open_listeners, run_supervised
+from ..workers import announce, open_listeners, run_supervised
 from .builtin import builtin_app
 from .server import HttpConfig, HttpServer, serve_http
 
@@ -84,7 +84,7 @@ async def run_worker(args: argparse.Namespace, worker: int, reuse_port: bool) ->
                 )
             )
             holder.append(server)
-            print(f"http worker {worker}: listening on {args.host}:{server.port}", file=sys.stderr, flush=True)
+            announce(f"http worker {worker}: listening on {args.host}:{server.port}")
             async for _ in signals:
                 break
             await server.shutdown()
