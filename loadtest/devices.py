@@ -548,10 +548,11 @@ def report(r: dict[str, Any]) -> str:
             f"(p50 {t.get('p50', math.nan):.0f} / max {t.get('max', math.nan):.0f} ms), missed {r['takeover_missed']}"
         )
     if r["stall"]:
-        saves = r.get("server_metrics", {}).get("stall_saves", math.nan)
+        saves = r.get("server_metrics", {}).get("stall_saves")
         lines.append(
             f"stall                  SIGSTOP {r['stall']['to'] - r['stall']['from']:.1f} s; "
-            f"stall saves {saves:,.0f}; healthy dropped: {r['false_expiries']}"
+            + ("" if saves is None else f"stall saves {saves:,.0f}; ")
+            + f"healthy dropped: {r['false_expiries']}"
         )
     s = r["steady"]
     if s:

@@ -46,15 +46,22 @@ def start_http(
 
 
 def start_server(
-    name: str, port: int, workers: int = 1, extra: Sequence[str] = (), timeout: float = 20.0, cwd: str | None = None
+    name: str,
+    port: int,
+    workers: int = 1,
+    extra: Sequence[str] = (),
+    timeout: float = 20.0,
+    cwd: str | None = None,
+    module: str | None = None,
 ) -> subprocess.Popen[str]:
-    """Run ``python -m servers.<name>`` on ``port`` and return once every worker listens.
+    """Run ``python -m servers.<name>`` (or ``module``) on ``port``; return once every worker listens.
 
     Its stderr keeps being drained by a thread, so the server never blocks on it.
     Stop it with ``send_signal(SIGTERM)`` on the returned process (by PID).
     """
     listening = re.compile(rf"{name} worker \d+: listening")
-    cmd = [sys.executable, "-m", f"servers.{name}", "--port", str(port), "--workers", str(workers), *extra]
+    module = module or f"servers.{name}"
+    cmd = [sys.executable, "-m", module, "--port", str(port), "--workers", str(workers), *extra]
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, cwd=cwd)
     assert proc.stderr is not None
     # One thread reads stderr for the server's whole life (so it never blocks on a full
@@ -85,7 +92,7 @@ def start_server(
         proc.kill()
         proc.wait()
         tail = "\n".join(seen[-10:])
-        raise RuntimeError(f"servers.{name} did not start ({ready} of {workers} workers listening):\n{tail}")
+        raise RuntimeError(f"{module} did not start ({ready} of {workers} workers listening):\n{tail}")
     return proc
 
 

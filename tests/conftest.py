@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import socket
+import time
 from collections.abc import AsyncIterator
 
 import pytest
@@ -33,3 +35,14 @@ async def tcp_pair() -> tuple[trio.SocketStream, trio.SocketStream]:
     server = await listener.accept()
     await listener.aclose()
     return server, client
+
+
+def wait_closed(sock: socket.socket, timeout: float) -> float:
+    """Block until the server closes ``sock`` (reading and discarding); return when (monotonic)."""
+    sock.settimeout(timeout)
+    try:
+        while sock.recv(4096):
+            pass
+    except ConnectionResetError:
+        pass
+    return time.monotonic()

@@ -13,7 +13,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 import urllib.request
@@ -27,6 +26,8 @@ from paho.mqtt.enums import CallbackAPIVersion
 
 from loadtest.processes import free_port, start_heartbeat
 from servers.heartbeat import codec
+
+from .conftest import wait_closed
 
 ROOT = Path(__file__).resolve().parent.parent
 IN_CI = os.environ.get("CI") == "true"
@@ -87,17 +88,6 @@ def raw_connect(port: int, client_id: str, keep_alive: int, **kw: object) -> soc
     sock.settimeout(5)
     assert sock.recv(4) == codec.encode_connack(False, 0)
     return sock
-
-
-def wait_closed(sock: socket.socket, timeout: float) -> float:
-    """Block until the server closes ``sock``; return when (monotonic)."""
-    sock.settimeout(timeout)
-    try:
-        while sock.recv(4096):
-            pass
-    except ConnectionResetError:
-        pass
-    return time.monotonic()
 
 
 def paho_client(client_id: str) -> mqtt.Client:

@@ -1,0 +1,225 @@
+"""``python -m loadtest compare``: the same workloads against idlekeeper's servers and their peers.
+
+    python -m loadtest compare [--devices 10000] [--keepalive 10] [--only devices|http]
+
+**Devices**, one server process each, in turn: ``servers.heartbeat`` (idlekeeper),
+the trio-native baseline in :mod:`loadtest.baseline` (one ``move_on_after`` per
+read), amqtt (its own virtualenv) and Mosquitto (when installed). Every target gets
+the same fleet: keep-alive K, a share going silent, and a SIGSTOP stall of 2 x K.
+
+**HTTP**: ``servers.http`` against hypercorn (trio worker) and uvicorn serving a
+trivial ASGI app, each under keep-alive load alone and then with slowloris
+attackers and slow readers (:mod:`loadtest.http_load`).
+
+The result is one table (Markdown, also written to ``--out``): each figure with its
+unit and its ratio to idlekeeper's. The machine is shared and noisy, so only ratios
+from one run are compared.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from .devices import DeviceLoad, ExternalServer, HeartbeatTarget, report, run_devices
+from .live import Live
+from .processes import free_port
+
+__all__ = ["main"]
+
+MQTT_TARGETS = ("idlekeeper", "baseline", "amqtt", "mosquitto")
+HTTP_TARGETS = ("idlekeeper", "hypercorn", "uvicorn")
+
+
+def _num(value: Any) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def device_row(r: dict[str, Any]) -> dict[str, float]:
+    """The figures of one device run that go into the table."""
+    late = r.get("lateness_ms", {})
+    steady = r.get("steady", {})
+    return {
+        "detected_pct": 100 * r["detected"] / r["silent"] if r.get("silent") else math.nan,
+        "lateness_p50_ms": _num(late.get("p50")),
+        "lateness_p99_ms": _num(late.get("p99")),
+        "lateness_max_ms": _num(late.get("max")),
+        "false_expiries": float(r["false_expiries"]),
+        "rss_per_conn_bytes": _num(steady.get("rss_per_device_bytes")),
+        "cpu_pct_per_1k_hbps": _num(steady.get("cpu_pct_per_1k_heartbeats_per_s")),
+        "connect_rate_per_s": _num(r.get("connect_rate_per_s")),
+    }
+
+
+DEVICE_COLUMNS = (
+    ("detected_pct", "silent detected", "%", True),
+    ("lateness_p50_ms", "lateness p50", "ms", False),
+    ("lateness_p99_ms", "lateness p99", "ms", False),
+    ("lateness_max_ms", "lateness max", "ms", False),
+    ("false_expiries", "false expiries", "", False),
+    ("rss_per_conn_bytes", "RSS per connection", "B", False),
+    ("cpu_pct_per_1k_hbps", "CPU per 1k heartbeats/s", "% core", False),
+)
+
+HTTP_COLUMNS = (
+    ("rps", "req/s", "", True),
+    ("rps_attack", "req/s under attack", "", True),
+    ("p99_ms_attack", "p99 latency under attack", "ms", False),
+    ("slowloris_hold_p50_s", "slowloris hold p50", "s", False),
+    ("slowloris_hold_max_s", "slowloris hold max", "s", False),
+    ("slowloris_still_held", "slowloris never cut", "", False),
+)
+
+
+def _cell(value: float, ours: float, unit: str) -> str:
+    if value != value:
+        return "—"
+    text = f"{value:,.0f}" if abs(value) >= 100 or value == int(value) else f"{value:,.2f}"
+    text += f" {unit}" if unit else ""
+    if ours == ours and ours != 0 and value != ours:
+        text += f" ({value / ours:.2g}×)"
+    return text
+
+
+def table(
+    rows: dict[str, dict[str, float]], columns: Sequence[tuple[str, str, str, bool]], missing: dict[str, str]
+) -> str:
+    """A Markdown table: one row per target, each figure with its ratio to idlekeeper's."""
+    head = "| target | " + " | ".join(title for _, title, _, _ in columns) + " |"
+    lines = [head, "|---" * (len(columns) + 1) + "|"]
+    ours = rows.get("idlekeeper", {})
+    for name, row in rows.items():
+        cells = [_cell(row.get(key, math.nan), ours.get(key, math.nan), unit) for key, _, unit, _ in columns]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    for name, why in missing.items():
+        lines.append(f"| {name} | not run: {why} |" + " |" * (len(columns) - 1))
+    return "\n".join(lines)
+
+
+def compare_devices(load: DeviceLoad, targets: Sequence[str], tick: float, quiet: bool) -> dict[str, Any]:
+    """Run ``load`` against each MQTT target in turn."""
+    from .mqtt_targets import PeerUnavailable, start_mqtt_target
+
+    results: dict[str, Any] = {}
+    missing: dict[str, str] = {}
+    for name in targets:
+        print(f"\n== devices: {name} ==", flush=True)
+        stop: Callable[[], None]
+        try:
+            if name == "idlekeeper":
+                ours = HeartbeatTarget.start(load.devices, tick=tick, workers=1)
+                server: Any = ours
+                stop = ours.stop
+            else:
+                peer = start_mqtt_target(name, free_port(), tick=tick)
+                server = ExternalServer(peer.port, [peer.proc.pid], name=name)
+                stop = peer.stop
+        except (PeerUnavailable, RuntimeError, OSError) as exc:
+            missing[name] = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            print(f"   skipped: {missing[name]}", flush=True)
+            continue
+        try:
+            with Live(enabled=not quiet) as live:
+                r = run_devices(load, server, show=live.update)
+        finally:
+            stop()
+        r["tick_s"] = tick
+        print(report(r), flush=True)
+        r.pop("lateness_s", None)
+        r.pop("timeline", None)
+        results[name] = r
+    rows = {name: device_row(r) for name, r in results.items()}
+    return {"runs": results, "rows": rows, "missing": missing, "table": table(rows, DEVICE_COLUMNS, missing)}
+
+
+def compare_http(args: argparse.Namespace, targets: Sequence[str]) -> dict[str, Any]:
+    """Run the HTTP workload against each target in turn."""
+    from .http_load import run_http
+
+    results: dict[str, Any] = {}
+    missing: dict[str, str] = {}
+    for name in targets:
+        print(f"\n== http: {name} ==", flush=True)
+        try:
+            r = run_http(
+                name,
+                connections=args.http_connections,
+                duration=args.http_duration,
+                slowloris=args.slowloris,
+                slow_readers=args.slow_readers,
+                header_timeout=args.header_timeout,
+            )
+        except (RuntimeError, OSError) as exc:
+            missing[name] = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            print(f"   skipped: {missing[name]}", flush=True)
+            continue
+        results[name] = r.to_json()
+        print(json.dumps(results[name], indent=1, default=float), flush=True)
+    rows = {name: http_row(r) for name, r in results.items()}
+    return {"runs": results, "rows": rows, "missing": missing, "table": table(rows, HTTP_COLUMNS, missing)}
+
+
+def http_row(r: dict[str, Any]) -> dict[str, float]:
+    """The figures of one HTTP run that go into the table."""
+    return {key: _num(r.get(key)) for key, _, _, _ in HTTP_COLUMNS}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m loadtest compare``."""
+    p = argparse.ArgumentParser(prog="python -m loadtest compare", description=__doc__.split("\n\n")[0])
+    a = p.add_argument
+    a("--only", choices=("devices", "http"), default=None, help="run one half only")
+    a("--mqtt-targets", default=",".join(MQTT_TARGETS), help="comma-separated (default: all four)")
+    a("--http-targets", default=",".join(HTTP_TARGETS), help="comma-separated (default: all three)")
+    a("--devices", type=int, default=10_000, help="devices per target: one process each (default: 10,000)")
+    a("--keepalive", type=int, default=10, help="device keep-alive K in seconds (default: 10)")
+    a("--silent", type=float, default=0.05, help="share of devices that go silent (default: 0.05)")
+    a("--no-stall", action="store_true", help="skip the 2 x K SIGSTOP of each server")
+    a("--tick", type=float, default=0.1, help="idlekeeper's tick in seconds (default: 0.1)")
+    a("--http-connections", type=int, default=50, help="keep-alive load connections (default: 50)")
+    a("--http-duration", type=float, default=10.0, help="seconds of each load phase (default: 10)")
+    a("--slowloris", type=int, default=500, help="slowloris attackers (default: 500)")
+    a("--slow-readers", type=int, default=50, help="slow readers (default: 50)")
+    a("--header-timeout", type=float, default=5.0, help="servers' header/keep-alive timeout (default: 5)")
+    a("--out", default="results/compare.json", help="JSON results; the table goes next to it as .md")
+    a("--quiet", action="store_true", help="no live progress")
+    args = p.parse_args(argv)
+    out: dict[str, Any] = {}
+    if args.only in (None, "devices"):
+        load = DeviceLoad(devices=args.devices, keepalive=args.keepalive, silent=args.silent, stall=not args.no_stall)
+        out["devices"] = compare_devices(load, args.mqtt_targets.split(","), args.tick, args.quiet)
+    if args.only in (None, "http"):
+        out["http"] = compare_http(args, args.http_targets.split(","))
+    path = Path(args.out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(out, indent=1, default=float))
+    tables = []
+    if "devices" in out:
+        tables.append(
+            f"Devices: {args.devices:,} per target, keep-alive {args.keepalive} s, {args.silent:.0%} silent"
+            + ("" if args.no_stall else ", SIGSTOP for 2 x K")
+            + "\n\n"
+            + out["devices"]["table"]
+        )
+    if "http" in out:
+        tables.append(
+            f"HTTP: {args.http_connections} keep-alive connections for {args.http_duration:g} s, then the same with "
+            f"{args.slowloris} slowloris and {args.slow_readers} slow readers\n\n" + out["http"]["table"]
+        )
+    text = "\n\n".join(tables)
+    path.with_suffix(".md").write_text(text + "\n")
+    print("\n" + text)
+    print(f"\nwritten                {path}, {path.with_suffix('.md')}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

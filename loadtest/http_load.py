@@ -1,0 +1,408 @@
+"""``python -m loadtest http``: keep-alive load on an HTTP server, then the same load
+under a slowloris and slow-reader attack, and how long the attackers hold on.
+
+    python -m loadtest http [--target idlekeeper|hypercorn|uvicorn] [--slowloris 500]
+                            [--slow-readers 50] [--connections 50] [--duration 10]
+
+1. **Load alone**: ``wrk`` (when installed; otherwise a small keep-alive client of
+   our own) for ``--duration`` seconds: requests per second and latency.
+2. **Load under attack**: the same, while ``--slowloris`` attackers each send a
+   request head one header line per second and never finish it, and
+   ``--slow-readers`` each pipeline many requests and never read a byte (their
+   receive window is tiny, so the server's writes stall).
+3. **Hold time**: for each attacker, from its connect until the *server* let go of
+   the connection, read from the server's own socket table (psutil), so a close
+   queued behind unsendable data still counts as let go. Attackers the server never
+   released are reported as held for the whole observation window.
+
+Attackers come from their own loopback addresses (127.0.0.3 for slowloris,
+127.0.0.4 for slow readers), so they are told apart from the load on the server.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import re
+import selectors
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from .http_targets import HTTP_TARGETS, start_http_target
+from .processes import free_port, stop
+from .sampler import percentile, process_tree
+
+__all__ = ["HttpResult", "LoadFigures", "main", "run_http"]
+
+SLOWLORIS_SOURCE = "127.0.0.3"
+SLOW_READER_SOURCE = "127.0.0.4"
+_REQUEST = b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+
+
+@dataclass
+class LoadFigures:
+    """Legitimate load: throughput and latency."""
+
+    tool: str
+    requests: int
+    rps: float
+    p50_ms: float
+    p99_ms: float
+    errors: int
+
+
+@dataclass
+class HttpResult:
+    """One target's figures."""
+
+    target: str
+    connections: int
+    duration: float
+    slowloris: int
+    slow_readers: int
+    header_timeout: float
+    alone: LoadFigures | None = None
+    attacked: LoadFigures | None = None
+    slowloris_hold_s: list[float] = field(default_factory=list)
+    slow_reader_hold_s: list[float] = field(default_factory=list)
+    slowloris_still_held: int = 0
+    slow_readers_still_held: int = 0
+    attackers_connected: int = 0
+    window_s: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        """Flat figures for the comparison table, plus everything measured."""
+        out = asdict(self)
+
+        def hold(values: list[float], q: float) -> float:
+            return percentile(values, q) if values else math.nan
+
+        out.update(
+            rps=self.alone.rps if self.alone else math.nan,
+            p99_ms=self.alone.p99_ms if self.alone else math.nan,
+            rps_attack=self.attacked.rps if self.attacked else math.nan,
+            p99_ms_attack=self.attacked.p99_ms if self.attacked else math.nan,
+            slowloris_hold_p50_s=hold(self.slowloris_hold_s, 50),
+            slowloris_hold_max_s=max(self.slowloris_hold_s, default=math.nan),
+            slow_reader_hold_p50_s=hold(self.slow_reader_hold_s, 50),
+            slow_reader_hold_max_s=max(self.slow_reader_hold_s, default=math.nan),
+        )
+        return out
+
+
+# -- legitimate load ----------------------------------------------------------------
+
+
+def _ms(text: str) -> float:
+    match = re.match(r"([\d.]+)(us|ms|s)", text)
+    if not match:
+        return math.nan
+    value, unit = float(match.group(1)), match.group(2)
+    return value / 1000 if unit == "us" else value * 1000 if unit == "s" else value
+
+
+def run_wrk(port: int, connections: int, duration: float) -> LoadFigures:
+    """``wrk -t1 --latency``: one thread is plenty for a single-process Python server."""
+    out = subprocess.run(
+        ["wrk", "-t1", f"-c{connections}", f"-d{max(1, round(duration))}s", "--latency", f"http://127.0.0.1:{port}/"],
+        capture_output=True,
+        text=True,
+        timeout=duration + 60,
+    ).stdout
+    rps = re.search(r"Requests/sec:\s+([\d.]+)", out)
+    total = re.search(r"(\d+) requests in", out)
+    p50 = re.search(r"^\s+50%\s+(\S+)", out, re.M)
+    p99 = re.search(r"^\s+99%\s+(\S+)", out, re.M)
+    errors = sum(int(n) for n in re.findall(r"(?:connect|read|write|timeout) (\d+)", out))
+    errors += int(m.group(1)) if (m := re.search(r"Non-2xx or 3xx responses: (\d+)", out)) else 0
+    return LoadFigures(
+        "wrk",
+        int(total.group(1)) if total else 0,
+        float(rps.group(1)) if rps else math.nan,
+        _ms(p50.group(1)) if p50 else math.nan,
+        _ms(p99.group(1)) if p99 else math.nan,
+        errors,
+    )
+
+
+def run_own_client(port: int, connections: int, duration: float) -> LoadFigures:
+    """Keep-alive GETs on ``connections`` sockets, one request in flight on each."""
+    sel = selectors.DefaultSelector()
+    latencies: list[float] = []
+    errors = 0
+    sent_at: dict[socket.socket, float] = {}
+    buffers: dict[socket.socket, bytes] = {}
+    for _ in range(connections):
+        sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+        sock.setblocking(False)
+        sel.register(sock, selectors.EVENT_READ)
+        sock.send(_REQUEST)
+        sent_at[sock] = time.perf_counter()
+        buffers[sock] = b""
+    end = time.monotonic() + duration
+    while time.monotonic() < end:
+        for key, _ in sel.select(timeout=0.5):
+            sock = key.fileobj  # type: ignore[assignment]
+            assert isinstance(sock, socket.socket)
+            try:
+                data = sock.recv(65536)
+            except OSError:
+                data = b""
+            if not data:
+                errors += 1
+                sel.unregister(sock)
+                sock.close()
+                continue
+            buf = buffers[sock] + data
+            head, sep, body = buf.partition(b"\r\n\r\n")
+            length = re.search(rb"(?i)content-length:\s*(\d+)", head)
+            if not sep or not length or len(body) < int(length.group(1)):
+                buffers[sock] = buf
+                continue
+            buffers[sock] = body[int(length.group(1)) :]
+            latencies.append(time.perf_counter() - sent_at[sock])
+            sock.send(_REQUEST)
+            sent_at[sock] = time.perf_counter()
+    for key in list(sel.get_map().values()):
+        key.fileobj.close()  # type: ignore[union-attr]
+    ms = [v * 1000 for v in latencies]
+    return LoadFigures("own client", len(ms), len(ms) / duration, percentile(ms, 50), percentile(ms, 99), errors)
+
+
+def run_load(port: int, connections: int, duration: float, tool: str = "auto") -> LoadFigures:
+    """wrk when installed (or asked for), else the own client."""
+    if tool == "wrk" or (tool == "auto" and shutil.which("wrk")):
+        return run_wrk(port, connections, duration)
+    return run_own_client(port, connections, duration)
+
+
+# -- attackers ------------------------------------------------------------------------
+
+
+class Attack:
+    """Slowloris attackers and slow readers, driven by one thread until stopped."""
+
+    def __init__(self, port: int, slowloris: int, slow_readers: int, pipelined: int = 2000) -> None:
+        self.port = port
+        self.connected_at: dict[tuple[str, int], float] = {}
+        self.kinds: dict[tuple[str, int], str] = {}
+        self._loris: list[socket.socket] = []
+        self._readers: list[socket.socket] = []
+        self._stop = threading.Event()
+        self._plan = (slowloris, slow_readers, pipelined)
+        self._thread = threading.Thread(target=self._run, name="attack", daemon=True)
+
+    def _open(self, source: str, rcvbuf: int | None = None) -> socket.socket | None:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        if rcvbuf is not None:
+            # Before connect(), so the window the server sees is tiny from the start.
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+        try:
+            sock.bind((source, 0))
+            sock.settimeout(5)
+            sock.connect(("127.0.0.1", self.port))
+        except OSError:
+            sock.close()
+            return None
+        addr = sock.getsockname()
+        self.connected_at[(addr[0], addr[1])] = time.monotonic()
+        self.kinds[(addr[0], addr[1])] = "slowloris" if source == SLOWLORIS_SOURCE else "slow reader"
+        sock.setblocking(False)
+        return sock
+
+    def start(self) -> None:
+        """Connect every attacker (in this thread), then trickle from a background thread."""
+        slowloris, slow_readers, pipelined = self._plan
+        for _ in range(slowloris):
+            sock = self._open(SLOWLORIS_SOURCE)
+            if sock is not None:
+                self._loris.append(sock)
+                with contextlib.suppress(OSError):
+                    sock.send(b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+        burst = _REQUEST * pipelined
+        for _ in range(slow_readers):
+            sock = self._open(SLOW_READER_SOURCE, rcvbuf=4096)
+            if sock is not None:
+                self._readers.append(sock)
+                with contextlib.suppress(OSError):
+                    sock.send(burst)  # as much as fits; the rest is never sent
+        self._thread.start()
+
+    def _run(self) -> None:
+        n = 0
+        while not self._stop.wait(1.0) and n < 10_000:
+            n += 1
+            for sock in self._loris:
+                with contextlib.suppress(OSError):
+                    sock.send(b"X-Trickle-%d: %d\r\n" % (n, n))  # one more header line, never the blank one
+
+    def stop(self) -> None:
+        """Stop trickling and close every attacker socket."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
+        for sock in self._loris + self._readers:
+            sock.close()
+
+
+def held_by_server(pids: list[int], port: int) -> set[tuple[str, int]]:
+    """The remote addresses of the connections the server's processes still have open on ``port``."""
+    held: set[tuple[str, int]] = set()
+    for pid in pids:
+        try:
+            conns = psutil.Process(pid).net_connections(kind="tcp")
+        except psutil.Error:
+            continue
+        for c in conns:
+            if c.laddr and c.laddr[1] == port and c.raddr:
+                held.add((c.raddr[0], c.raddr[1]))
+    return held
+
+
+def watch_attack(attack: Attack, pids: list[int], port: int, until: float) -> dict[tuple[str, int], float]:
+    """Poll the server's socket table until every attacker is released or ``until``; their hold times."""
+    released: dict[tuple[str, int], float] = {}
+    pending = set(attack.connected_at)
+    seen: set[tuple[str, int]] = set()
+    while pending and time.monotonic() < until:
+        held = held_by_server(pids, port)
+        now = time.monotonic()
+        for addr in list(pending):
+            if addr in held:
+                seen.add(addr)
+            elif addr in seen:
+                # Only once the server has had it: a connection still in the accept
+                # queue is not in the server's socket table yet.
+                released[addr] = now - attack.connected_at[addr]
+                pending.discard(addr)
+        time.sleep(0.2)
+    return released
+
+
+def run_http(
+    target: str,
+    *,
+    connections: int = 50,
+    duration: float = 10.0,
+    slowloris: int = 500,
+    slow_readers: int = 50,
+    header_timeout: float = 5.0,
+    port: int | None = None,
+    pids: list[int] | None = None,
+    tool: str = "auto",
+    window: float | None = None,
+) -> HttpResult:
+    """Measure ``target`` (started here unless ``port`` is given); stop what was started, by PID."""
+    proc = None
+    if port is None:
+        port = free_port()
+        proc = start_http_target(target, port, header_timeout=header_timeout, keep_alive=header_timeout)
+        pids = [p.pid for p in process_tree(proc.pid)]
+    result = HttpResult(target, connections, duration, slowloris, slow_readers, header_timeout)
+    try:
+        result.alone = run_load(port, connections, duration, tool)
+        attack = Attack(port, slowloris, slow_readers)
+        attack.start()
+        result.attackers_connected = len(attack.connected_at)
+        started = time.monotonic()
+        result.window_s = window if window is not None else max(duration, 3 * header_timeout) + 5
+        released: dict[tuple[str, int], float] = {}
+
+        def watch() -> None:
+            released.update(watch_attack(attack, pids or [], port, started + result.window_s))
+
+        # Watched from the start, in a thread, so releases during the load phase are timed.
+        watcher = threading.Thread(target=watch, name="attack-watch", daemon=True)
+        watcher.start()
+        try:
+            result.attacked = run_load(port, connections, duration, tool)
+            watcher.join(timeout=result.window_s + 30)
+        finally:
+            attack.stop()
+        for addr, kind in attack.kinds.items():
+            hold = released.get(addr, result.window_s)
+            if kind == "slowloris":
+                result.slowloris_hold_s.append(hold)
+                result.slowloris_still_held += addr not in released
+            else:
+                result.slow_reader_hold_s.append(hold)
+                result.slow_readers_still_held += addr not in released
+    finally:
+        if proc is not None:
+            stop(proc)
+    return result
+
+
+def describe(r: dict[str, Any]) -> str:
+    """A short human-readable report."""
+    lines = [f"target                 {r['target']}"]
+    for key, label in (("alone", "load alone"), ("attacked", "under attack")):
+        f = r[key]
+        if f:
+            lines.append(
+                f"{label:<22} {f['rps']:,.0f} req/s, p50 {f['p50_ms']:.1f} ms, p99 {f['p99_ms']:.1f} ms "
+                f"({f['tool']}, {f['requests']:,} requests, {f['errors']} errors)"
+            )
+    lines.append(
+        f"slowloris held         p50 {r['slowloris_hold_p50_s']:.2f} s, max {r['slowloris_hold_max_s']:.2f} s; "
+        f"{r['slowloris_still_held']} of {r['slowloris']} never released in {r['window_s']:.0f} s "
+        f"(header timeout {r['header_timeout']:g} s)"
+    )
+    lines.append(
+        f"slow readers held      p50 {r['slow_reader_hold_p50_s']:.2f} s, max {r['slow_reader_hold_max_s']:.2f} s; "
+        f"{r['slow_readers_still_held']} of {r['slow_readers']} never released"
+    )
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m loadtest http``."""
+    p = argparse.ArgumentParser(
+        prog="python -m loadtest http", description=__doc__.split("\n\n")[0] if __doc__ else None
+    )
+    a = p.add_argument
+    a("--target", choices=HTTP_TARGETS, default="idlekeeper", help="server to start and measure (default: idlekeeper)")
+    a("--port", type=int, default=None, help="measure an already running server on this port instead")
+    a("--pid", type=int, action="append", default=[], help="with --port: the server's PID (for hold times)")
+    a("--connections", type=int, default=50, help="keep-alive load connections (default: 50)")
+    a("--duration", type=float, default=10.0, help="seconds of each load phase (default: 10)")
+    a("--slowloris", type=int, default=500, help="slowloris attackers (default: 500)")
+    a("--slow-readers", type=int, default=50, help="slow readers (default: 50)")
+    a("--header-timeout", type=float, default=5.0, help="the server's header (and keep-alive) timeout (default: 5)")
+    a("--tool", choices=("auto", "wrk", "own"), default="auto", help="load client (default: wrk if installed)")
+    a("--json", default="results/http.json", help="JSON results (default: results/http.json)")
+    args = p.parse_args(argv)
+    pids = [q.pid for pid in args.pid for q in process_tree(pid)] if args.port else None
+    r = run_http(
+        args.target,
+        connections=args.connections,
+        duration=args.duration,
+        slowloris=args.slowloris,
+        slow_readers=args.slow_readers,
+        header_timeout=args.header_timeout,
+        port=args.port,
+        pids=pids,
+        tool=args.tool,
+    ).to_json()
+    path = Path(args.json)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(r, indent=1, default=float))
+    print(describe(r))
+    print(f"written                {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,151 @@
+"""The MQTT servers ``python -m loadtest compare`` measures: started, found, stopped by PID.
+
+- ``idlekeeper``: ``servers.heartbeat``, one worker (a per-process comparison);
+- ``baseline``: :mod:`loadtest.baseline`, the same protocol code on trio's own
+  timeouts (one ``move_on_after`` per read);
+- ``amqtt``: from PyPI, in a virtualenv of its own (``.venv-amqtt``, created on first
+  use) because it pins its own dependencies;
+- ``mosquitto``: the Debian package's broker, when installed.
+
+Each peer is configured as BRIEF §4 says it runs here: Mosquitto with
+``listener PORT 127.0.0.1`` and ``allow_anonymous true``; amqtt with a listener
+``bind`` and its anonymous authentication plugin.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .processes import start_heartbeat, start_server, stop, wait_listening
+from .sampler import process_tree
+
+__all__ = [
+    "AMQTT_VERSION",
+    "MqttTarget",
+    "PeerUnavailable",
+    "available_mqtt_targets",
+    "ensure_amqtt_venv",
+    "start_mqtt_target",
+]
+
+AMQTT_VERSION = "0.12.1"
+ROOT = Path(__file__).resolve().parent.parent
+AMQTT_VENV = ROOT / ".venv-amqtt"
+
+
+class PeerUnavailable(RuntimeError):
+    """A peer cannot run here; the message says why."""
+
+
+@dataclass
+class MqttTarget:
+    """A running MQTT server under test."""
+
+    name: str
+    proc: subprocess.Popen[str]
+    port: int
+    workdir: Path | None = None
+    metrics_urls: list[str] = field(default_factory=list)
+
+    def pids(self) -> list[int]:
+        """Every process of the server."""
+        return [p.pid for p in process_tree(self.proc.pid)]
+
+    def stop(self) -> None:
+        """Stop it by its PID and remove its scratch directory."""
+        stop(self.proc)
+        if self.workdir is not None:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+def mosquitto_binary() -> str | None:
+    """The mosquitto broker's path, if installed."""
+    found = shutil.which("mosquitto")
+    if found:
+        return found
+    return "/usr/sbin/mosquitto" if Path("/usr/sbin/mosquitto").exists() else None
+
+
+def ensure_amqtt_venv() -> Path:
+    """``.venv-amqtt`` with amqtt installed (created once); its ``amqtt`` executable."""
+    exe = AMQTT_VENV / "bin" / "amqtt"
+    if exe.exists():
+        return exe
+    try:
+        subprocess.run([sys.executable, "-m", "venv", str(AMQTT_VENV)], check=True, capture_output=True)
+        subprocess.run(
+            [str(AMQTT_VENV / "bin" / "python"), "-m", "pip", "install", "--quiet", f"amqtt=={AMQTT_VERSION}"],
+            check=True,
+            capture_output=True,
+            timeout=600,
+        )
+    except (subprocess.CalledProcessError, subprocess.TimeoutExpired, OSError) as exc:
+        shutil.rmtree(AMQTT_VENV, ignore_errors=True)
+        raise PeerUnavailable(f"could not install amqtt=={AMQTT_VERSION}: {exc}") from exc
+    if not exe.exists():
+        raise PeerUnavailable("amqtt installed, but its 'amqtt' command is missing")
+    return exe
+
+
+def available_mqtt_targets() -> dict[str, str | None]:
+    """Each target: None if it can run here, else the reason it cannot."""
+    return {
+        "idlekeeper": None,
+        "baseline": None,
+        "amqtt": None,  # installed on first use
+        "mosquitto": None if mosquitto_binary() else "mosquitto is not installed (apt-get install mosquitto)",
+    }
+
+
+def start_mqtt_target(name: str, port: int, *, tick: float = 0.1) -> MqttTarget:
+    """Start ``name`` on ``127.0.0.1:port`` and return once it accepts connections."""
+    if name == "idlekeeper":
+        return MqttTarget(name, start_heartbeat(port, 1, ["--tick", str(tick)]), port)
+    if name == "baseline":
+        return MqttTarget(name, start_server_module("loadtest.baseline", port), port)
+    workdir = Path(tempfile.mkdtemp(prefix=f"ik-{name}-"))
+    if name == "mosquitto":
+        binary = mosquitto_binary()
+        if binary is None:
+            raise PeerUnavailable("mosquitto is not installed (apt-get install mosquitto)")
+        config = workdir / "mosquitto.conf"
+        config.write_text(
+            f"listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\n"
+            "log_dest stderr\nlog_type error\nlog_type warning\nmax_keepalive 65535\n"
+        )
+        proc = subprocess.Popen([binary, "-c", str(config)], stderr=subprocess.DEVNULL, text=True)
+    elif name == "amqtt":
+        exe = ensure_amqtt_venv()
+        config = workdir / "config.yaml"
+        # Only the anonymous-auth plugin: the default set also logs every packet and
+        # publishes $SYS topics, which would measure logging rather than keep-alive.
+        config.write_text(
+            "listeners:\n"
+            "  default:\n"
+            "    type: tcp\n"
+            f"    bind: 127.0.0.1:{port}\n"
+            "    max_connections: 0\n"
+            "plugins:\n"
+            "  amqtt.plugins.authentication.AnonymousAuthPlugin:\n"
+            "    allow_anonymous: true\n"
+        )
+        proc = subprocess.Popen([str(exe), "-c", str(config)], stderr=subprocess.DEVNULL, text=True, cwd=workdir)
+    else:
+        raise PeerUnavailable(f"unknown MQTT target {name!r}")
+    try:
+        wait_listening(port, proc)
+    except RuntimeError:
+        stop(proc)
+        shutil.rmtree(workdir, ignore_errors=True)
+        raise
+    return MqttTarget(name, proc, port, workdir)
+
+
+def start_server_module(module: str, port: int) -> subprocess.Popen[str]:
+    """``python -m <module> --port PORT``, waiting for its "<name> worker 0: listening" line."""
+    return start_server(module.rsplit(".", 1)[-1], port, 1, (), module=module)

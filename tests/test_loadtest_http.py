@@ -1,0 +1,134 @@
+"""The HTTP load tester against servers.http: slowloris attackers are cut at the
+header deadline (never before it), slow readers at the send timeout, and legitimate
+keep-alive load is served throughout. On the wall clock, a few seconds each."""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import socket
+import time
+from collections.abc import Iterator, MutableMapping
+from typing import Any
+
+import pytest
+
+from loadtest.asgi_app import BODY, app
+from loadtest.http_load import LoadFigures, run_http, run_own_client
+from loadtest.http_targets import start_http_target
+from loadtest.processes import free_port, stop
+
+HEADER_TIMEOUT = 1.0
+TICK = 0.05
+
+
+@pytest.fixture
+def started() -> Iterator[tuple[int, int]]:
+    port = free_port()
+    proc = start_http_target("idlekeeper", port, header_timeout=HEADER_TIMEOUT, keep_alive=5.0, tick=TICK)
+    yield port, proc.pid
+    stop(proc)
+
+
+@pytest.fixture
+def server(started: tuple[int, int]) -> int:
+    return started[0]
+
+
+def test_slowloris_is_cut_at_the_header_deadline(server: int) -> None:
+    """Each attacker trickles a header line every 0.2 s; the 408 and the close come
+    at the deadline from its first byte, however many lines it sent."""
+    socks = []
+    for _ in range(20):
+        sock = socket.create_connection(("127.0.0.1", server))
+        sock.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n")
+        sock.setblocking(False)
+        socks.append((sock, time.monotonic()))
+    cut: dict[int, float] = {}
+    replies: dict[int, bytes] = {}
+    n = 0
+    end = time.monotonic() + HEADER_TIMEOUT + 3
+    while len(cut) < len(socks) and time.monotonic() < end:
+        n += 1
+        for i, (sock, _) in enumerate(socks):
+            if i in cut:
+                continue
+            try:
+                data = sock.recv(4096)
+            except BlockingIOError:
+                with contextlib.suppress(OSError):
+                    sock.send(b"X-Trickle-%d: y\r\n" % n)
+                continue
+            except OSError:
+                data = b""
+            replies[i] = replies.get(i, b"") + data
+            if b"\r\n\r\n" in replies[i] or not data:
+                cut[i] = time.monotonic()
+        time.sleep(0.02 if n % 10 else 0.2)
+    for sock, _ in socks:
+        sock.close()
+    assert len(cut) == 20, "an attacker was never cut"
+    for i, (_, started) in enumerate(socks):
+        held = cut[i] - started
+        assert held >= HEADER_TIMEOUT, f"cut early, after {held:.3f} s"
+        assert held <= HEADER_TIMEOUT + TICK + 0.4, f"cut late, after {held:.3f} s"
+        assert replies[i].startswith(b"HTTP/1.1 408 ")
+
+
+def test_http_load_run_under_attack(started: tuple[int, int]) -> None:
+    """The tool's own run: load alone, then under slowloris and slow readers, then hold times."""
+    r = run_http(
+        "idlekeeper",
+        connections=10,
+        duration=2.0,
+        slowloris=30,
+        slow_readers=3,
+        header_timeout=HEADER_TIMEOUT,
+        port=started[0],
+        pids=[started[1]],
+        tool="own",
+        window=6.0,
+    )
+    assert r.alone is not None and r.attacked is not None
+    assert r.alone.requests > 100 and r.alone.errors == 0
+    assert r.attacked.requests > 100 and r.attacked.errors == 0  # served during the attack
+    assert r.attackers_connected == 33
+    assert r.slowloris_still_held == 0 and r.slow_readers_still_held == 0
+    # Held from connect to the server's release: the header deadline, a tick, the 1 s
+    # lingering close after the 408, and the tool's 0.2 s polling.
+    assert all(HEADER_TIMEOUT <= h <= HEADER_TIMEOUT + TICK + 1.0 + 0.8 for h in r.slowloris_hold_s)
+    assert all(h <= HEADER_TIMEOUT + 3.0 for h in r.slow_reader_hold_s)  # the send timeout is the header timeout
+
+
+@pytest.mark.skipif(shutil.which("wrk") is None, reason="wrk is not installed (apt-get install wrk)")
+def test_wrk_figures_are_parsed(server: int) -> None:
+    from loadtest.http_load import run_wrk
+
+    f = run_wrk(server, 10, 1.0)
+    assert f.tool == "wrk" and f.requests > 100 and f.rps > 100 and f.errors == 0
+    assert 0 < f.p50_ms <= f.p99_ms
+
+
+def test_own_client_counts_responses(server: int) -> None:
+    f: LoadFigures = run_own_client(server, 4, 1.0)
+    assert f.requests > 50 and f.errors == 0 and f.p50_ms > 0
+
+
+def test_asgi_app_answers_like_ours() -> None:
+    import trio
+
+    sent: list[MutableMapping[str, Any]] = []
+
+    async def main() -> None:
+        messages = iter([{"type": "http.request", "body": b"", "more_body": False}])
+
+        async def receive() -> dict[str, object]:
+            return next(messages)
+
+        async def send(message: MutableMapping[str, Any]) -> None:
+            sent.append(message)
+
+        await app({"type": "http"}, receive, send)
+
+    trio.run(main)
+    assert sent[0]["status"] == 200 and sent[1]["body"] == BODY
