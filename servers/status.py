@@ -126,9 +126,10 @@ _REASONS = {
 }
 
 
-async def send_error(stream: idlekeeper.WatchedStream, status: int) -> None:
+async def send_error(stream: idlekeeper.WatchedStream, status: int, linger_for: float = 1.0) -> None:
     """An error response written directly (h11 may already be in an error state),
-    then a lingering close so that the client reads it rather than a reset."""
+    then a lingering close of ``linger_for`` seconds so that the client reads it
+    rather than a reset."""
     reason = _REASONS.get(status, "Error")
     body = f"{status} {reason}\n".encode()
     head = (
@@ -139,7 +140,7 @@ async def send_error(stream: idlekeeper.WatchedStream, status: int) -> None:
         await stream.send_all(head + body)
     except (trio.BrokenResourceError, trio.ClosedResourceError):
         return
-    await linger(stream)
+    await linger(stream, linger_for)
 
 
 async def linger(conn: idlekeeper.WatchedStream, seconds: float = 1.0, limit: int = 256 * 1024) -> None:

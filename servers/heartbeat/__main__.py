@@ -11,6 +11,7 @@ from collections.abc import Sequence
 import trio
 
 from ..bus import BusClient, Hub
+from ..gcpolicy import freeze_long_lived
 from ..workers import announce, open_listeners, run_supervised
 from .auth import PasswordFile
 from .presence import PresenceLog
@@ -67,6 +68,12 @@ def parser() -> argparse.ArgumentParser:
     a("--status-host", default="127.0.0.1", help="status endpoint address (default: loopback only)")
     a("--auth-file", default=None, help="password file of salted hashes (python -m servers.heartbeat.auth add ...)")
     a("--presence-log", default=None, help="write presence events as JSON lines to this file, or - for stdout")
+    a(
+        "--gc-freeze",
+        type=float,
+        default=2.0,
+        help="seconds between freezing long-lived objects out of the garbage collector's scans; 0: never (default: 2)",
+    )
     a("--log-level", default="WARNING", help="logging level for protocol errors and the like (default: WARNING)")
     a("--worker-index", type=int, default=None, help=argparse.SUPPRESS)
     a("--bus", default=None, help=argparse.SUPPRESS)
@@ -111,6 +118,8 @@ async def run_worker(args: argparse.Namespace, worker: int, reuse_port: bool) ->
                     task_status=task_status,
                 )
             )
+            if args.gc_freeze > 0:
+                nursery.start_soon(freeze_long_lived, args.gc_freeze)
             if args.bus:
                 bus = BusClient(args.bus, server.on_bus)
                 await nursery.start(bus.run)

@@ -40,6 +40,10 @@ __all__ = ["HttpConfig", "HttpServer", "serve_http"]
 
 logger = logging.getLogger("servers.http")
 
+TIMEOUT_LINGER = 0.25
+"""Seconds a connection cut for a header or body timeout lingers after its 408:
+enough for the bytes in flight to drain, not enough to be worth attacking."""
+
 
 @dataclass
 class HttpConfig:
@@ -122,8 +126,9 @@ class HttpServer:
             ):
                 # The client was too slow to send its request: answer 408, briefly,
                 # from a shielded scope (the watch's own scope has been cancelled).
+                # A short linger: a slowloris must not keep its socket a second longer.
                 with trio.CancelScope(shield=True), trio.move_on_after(1.0):
-                    await send_error(stream, 408)
+                    await send_error(stream, 408, linger_for=TIMEOUT_LINGER)
 
     async def _next(self, conn: _Conn) -> h11.Event | type[h11.NEED_DATA] | type[h11.PAUSED]:
         h = conn.h11
