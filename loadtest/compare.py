@@ -142,7 +142,7 @@ def compare_devices(load: DeviceLoad, targets: Sequence[str], tick: float, quiet
 
 def compare_http(args: argparse.Namespace, targets: Sequence[str]) -> dict[str, Any]:
     """Run the HTTP workload against each target in turn."""
-    from .http_load import run_http
+    from .http_load import describe, run_http
 
     results: dict[str, Any] = {}
     missing: dict[str, str] = {}
@@ -162,7 +162,7 @@ def compare_http(args: argparse.Namespace, targets: Sequence[str]) -> dict[str, 
             print(f"   skipped: {missing[name]}", flush=True)
             continue
         results[name] = r.to_json()
-        print(json.dumps(results[name], indent=1, default=float), flush=True)
+        print(describe(results[name]), flush=True)
     rows = {name: http_row(r) for name, r in results.items()}
     return {"runs": results, "rows": rows, "missing": missing, "table": table(rows, HTTP_COLUMNS, missing)}
 
