@@ -76,6 +76,8 @@ HTTP_COLUMNS = (
     ("slowloris_hold_p50_s", "slowloris hold p50", "s", False),
     ("slowloris_hold_max_s", "slowloris hold max", "s", False),
     ("slowloris_still_held", "slowloris never cut", "", False),
+    ("slow_reader_hold_p50_s", "slow reader hold p50", "s", False),
+    ("slow_readers_still_held", "slow readers never cut", "", False),
 )
 
 
@@ -85,7 +87,8 @@ def _cell(value: float, ours: float, unit: str) -> str:
     text = f"{value:,.0f}" if abs(value) >= 100 or value == int(value) else f"{value:,.2f}"
     text += f" {unit}" if unit else ""
     if ours == ours and ours != 0 and value != ours:
-        text += f" ({value / ours:.2g}×)"
+        ratio = value / ours
+        text += f" ({ratio:.0f}×)" if ratio >= 10 else f" ({ratio:.1f}×)" if ratio >= 1 else f" ({ratio:.2f}×)"
     return text
 
 
@@ -191,8 +194,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     a("--header-timeout", type=float, default=5.0, help="servers' header/keep-alive timeout (default: 5)")
     a("--out", default="results/compare.json", help="JSON results; the table goes next to it as .md")
     a("--quiet", action="store_true", help="no live progress")
+    a("--render", default=None, metavar="JSON", help="only print the tables of an earlier run's JSON")
     args = p.parse_args(argv)
     out: dict[str, Any] = {}
+    if args.render:
+        out = json.loads(Path(args.render).read_text())
+        for half, row, columns in (("devices", device_row, DEVICE_COLUMNS), ("http", http_row, HTTP_COLUMNS)):
+            if half in out:
+                rows = {name: row(r) for name, r in out[half]["runs"].items()}
+                print(table(rows, columns, out[half]["missing"]) + "\n")
+        return 0
     if args.only in (None, "devices"):
         load = DeviceLoad(devices=args.devices, keepalive=args.keepalive, silent=args.silent, stall=not args.no_stall)
         out["devices"] = compare_devices(load, args.mqtt_targets.split(","), args.tick, args.quiet)

@@ -154,7 +154,9 @@ def plan(load: DeviceLoad, generators: int) -> Timeline:
     """Lay the phases out from now."""
     k = load.keepalive
     start = time.monotonic() + 2.0 + 0.15 * generators  # generators start and import first
-    acts = start + load.devices / load.rate + k + 2.0
+    # A fifth more than the ramp should take: a busy server accepts more slowly, and
+    # the scenarios must find every device online.
+    acts = start + 1.2 * load.devices / load.rate + k + 2.0
     detect_by = acts + k / 2 + 1.5 * k + 1.0
     if not load.stall:
         return Timeline(start, acts, detect_by, None, None, detect_by + 1.0)

@@ -138,6 +138,7 @@ class Sampler:
         # listing of every socket), so it is read less often than /proc from outside.
         self._metrics_every = metrics_every
         self._next_scrape = 0.0
+        self._pages: dict[str, Metrics] = {}
         self._procs: dict[int, psutil.Process] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="sampler", daemon=True)
@@ -185,14 +186,22 @@ class Sampler:
         return sample
 
     def scrape(self, timeout: float = 0.5) -> Metrics | None:
-        """Every worker's /metrics folded into one, or None if any did not answer in time."""
-        total = Metrics()
+        """Every worker's /metrics folded into one, or None until each has answered once.
+
+        A busy worker that misses this round counts with its page from the last
+        round it answered, a few seconds old at most.
+        """
         for url in self._urls:
             try:
                 with urllib.request.urlopen(url, timeout=timeout) as resp:
-                    total.add(parse_metrics(resp.read().decode()))
+                    self._pages[url] = parse_metrics(resp.read().decode())
             except OSError:
-                return None
+                continue
+        if len(self._pages) < len(self._urls):
+            return None
+        total = Metrics()
+        for page in self._pages.values():
+            total.add(page)
         return total
 
     def _run(self) -> None:
