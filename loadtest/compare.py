@@ -78,6 +78,7 @@ HTTP_COLUMNS = (
     ("slowloris_still_held", "slowloris never cut", "", False),
     ("slow_reader_hold_p50_s", "slow reader hold p50", "s", False),
     ("slow_readers_still_held", "slow readers never cut", "", False),
+    ("idle_rss_per_conn", "RSS per idle connection", "B", False),
 )
 
 

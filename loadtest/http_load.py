@@ -14,9 +14,12 @@ under a slowloris and slow-reader attack, and how long the attackers hold on.
    the connection, read from the server's own socket table (psutil), so a close
    queued behind unsendable data still counts as let go. Attackers the server never
    released are reported as held for the whole observation window.
+4. **Idle memory**: ``--idle`` keep-alive connections make one request each and sit
+   idle; the server's RSS added per connection.
 
 Attackers come from their own loopback addresses (127.0.0.3 for slowloris,
-127.0.0.4 for slow readers), so they are told apart from the load on the server.
+127.0.0.4 for slow readers, 127.0.0.5 for the idle connections), so they are told
+apart from the load on the server.
 """
 
 from __future__ import annotations
@@ -42,12 +45,13 @@ import psutil
 
 from .http_targets import HTTP_TARGETS, start_http_target
 from .processes import free_port, stop
-from .sampler import percentile, process_tree
+from .sampler import Sampler, percentile, process_tree
 
 __all__ = ["HttpResult", "LoadFigures", "main", "run_http"]
 
 SLOWLORIS_SOURCE = "127.0.0.3"
 SLOW_READER_SOURCE = "127.0.0.4"
+IDLE_SOURCE = "127.0.0.5"
 _REQUEST = b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
 
 
@@ -81,6 +85,9 @@ class HttpResult:
     slow_readers_still_held: int = 0
     attackers_connected: int = 0
     window_s: float = 0.0
+    idle_connections: int = 0
+    idle_rss_per_conn: float = math.nan
+    """Server RSS added per idle keep-alive connection (bytes), after one request each."""
 
     def to_json(self) -> dict[str, Any]:
         """Flat figures for the comparison table, plus everything measured."""
@@ -257,6 +264,32 @@ class Attack:
             sock.close()
 
 
+def idle_memory(port: int, pids: list[int], n: int, source: str = IDLE_SOURCE) -> tuple[int, float]:
+    """Open ``n`` keep-alive connections that each make one request, then sit idle;
+    return how many did, and the server's RSS added per connection."""
+    sampler = Sampler(lambda: pids)
+    before = sampler.take().rss
+    socks: list[socket.socket] = []
+    try:
+        for _ in range(n):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            socks.append(sock)
+            sock.settimeout(5)
+            try:
+                sock.bind((source, 0))
+                sock.connect(("127.0.0.1", port))
+                sock.sendall(_REQUEST)
+                sock.recv(65536)  # the small response; the connection stays open
+            except OSError:
+                socks.pop().close()
+        time.sleep(0.5)  # every handler back to waiting for its next request
+        after = sampler.take().rss
+    finally:
+        for sock in socks:
+            sock.close()
+    return len(socks), (after - before) / len(socks) if socks else math.nan
+
+
 def held_by_server(pids: list[int], port: int) -> set[tuple[str, int]]:
     """The remote addresses of the connections the server's processes still have open on ``port``."""
     held: set[tuple[str, int]] = set()
@@ -303,6 +336,7 @@ def run_http(
     pids: list[int] | None = None,
     tool: str = "auto",
     window: float | None = None,
+    idle: int = 2000,
 ) -> HttpResult:
     """Measure ``target`` (started here unless ``port`` is given); stop what was started, by PID."""
     proc = None
@@ -339,6 +373,8 @@ def run_http(
             else:
                 result.slow_reader_hold_s.append(hold)
                 result.slow_readers_still_held += addr not in released
+        if idle and pids:
+            result.idle_connections, result.idle_rss_per_conn = idle_memory(port, pids, idle)
     finally:
         if proc is not None:
             stop(proc)
@@ -364,6 +400,11 @@ def describe(r: dict[str, Any]) -> str:
         f"slow readers held      p50 {r['slow_reader_hold_p50_s']:.2f} s, max {r['slow_reader_hold_max_s']:.2f} s; "
         f"{r['slow_readers_still_held']} of {r['slow_readers']} never released"
     )
+    if r["idle_connections"]:
+        lines.append(
+            f"idle connections       {r['idle_rss_per_conn'] / 1024:.2f} KiB of server RSS each "
+            f"({r['idle_connections']:,} keep-alive connections after one request)"
+        )
     return "\n".join(lines)
 
 
@@ -381,6 +422,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     a("--slowloris", type=int, default=500, help="slowloris attackers (default: 500)")
     a("--slow-readers", type=int, default=50, help="slow readers (default: 50)")
     a("--header-timeout", type=float, default=5.0, help="the server's header (and keep-alive) timeout (default: 5)")
+    a(
+        "--idle",
+        type=int,
+        default=2000,
+        help="idle keep-alive connections for the memory figure; 0: skip (default 2000)",
+    )
     a("--tool", choices=("auto", "wrk", "own"), default="auto", help="load client (default: wrk if installed)")
     a("--json", default="results/http.json", help="JSON results (default: results/http.json)")
     args = p.parse_args(argv)
@@ -395,6 +442,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         port=args.port,
         pids=pids,
         tool=args.tool,
+        idle=args.idle,
     ).to_json()
     path = Path(args.json)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -89,12 +89,14 @@ def test_http_load_run_under_attack(started: tuple[int, int]) -> None:
         pids=[started[1]],
         tool="own",
         window=6.0,
+        idle=300,
     )
     assert r.alone is not None and r.attacked is not None
     assert r.alone.requests > 100 and r.alone.errors == 0
     assert r.attacked.requests > 100 and r.attacked.errors == 0  # served during the attack
     assert r.attackers_connected == 33
     assert r.slowloris_still_held == 0 and r.slow_readers_still_held == 0
+    assert r.idle_connections == 300 and 0 < r.idle_rss_per_conn < 64 * 1024
     # Held from connect to the server's release: the header deadline, at most a tick,
     # the short linger after the 408, and the tool's 0.2 s polling.
     assert all(HEADER_TIMEOUT <= h <= HEADER_TIMEOUT + TICK + TIMEOUT_LINGER + 0.5 for h in r.slowloris_hold_s)
