@@ -142,8 +142,8 @@ class Generator:
         self.inflight = 0
         self.online = 0
         self.pings = 0
-        self.first_ping = math.nan
-        self.last_ping = math.nan
+        self.detected = 0
+        """Silenced devices the server has closed so far."""
         self.connect_failed = 0
         self.refused = 0
         self.errors: dict[str, int] = {}
@@ -255,6 +255,8 @@ class Generator:
         self.online -= 1
         device.conn = None
         device.closed_at = now
+        if device.role == "silent" and device.acted_at == device.acted_at:
+            self.detected += 1
         if device.timer is not None:
             device.timer.cancel()
             device.timer = None
@@ -273,9 +275,6 @@ class Generator:
         now = time.monotonic()
         if self.send(device, conn, _PINGREQ, now):
             self.pings += 1
-            if self.first_ping != self.first_ping:
-                self.first_ping = now
-            self.last_ping = now
             self.arm(device)
 
     def send(self, device: Device, conn: Conn, data: bytes, now: float) -> bool:
@@ -328,7 +327,6 @@ class Generator:
     # -- the loop ----------------------------------------------------------------
 
     def progress(self, now: float) -> None:
-        detected = sum(1 for d in self.devices if d.role == "silent" and d.closed_at == d.closed_at)
         line = {
             "g": self.spec.index,
             "t": now,
@@ -336,7 +334,7 @@ class Generator:
             "online": self.online,
             "failed": self.connect_failed + self.refused,
             "pings": self.pings,
-            "detected": detected,
+            "detected": self.detected,
         }
         sys.stdout.write(json.dumps(line) + "\n")
         sys.stdout.flush()
@@ -388,7 +386,6 @@ class Generator:
         takeover_missed = 0
         connect_ms: list[float] = []
         connack_times: list[float] = []
-        silent_deadlines: list[float] = []
         silent_last: dict[str, float] = {}
         for d in self.devices:
             if d.connack_at == d.connack_at:
@@ -397,7 +394,6 @@ class Generator:
                     connect_ms.append((d.connack_at - d.connect_started) * 1000)
             closed = d.closed_at == d.closed_at
             if d.role == "silent" and d.acted_at == d.acted_at:
-                silent_deadlines.append(d.last_sent + window)
                 silent_last[d.client_id] = d.last_sent
                 if closed:
                     lateness.append(d.closed_at - (d.last_sent + window))
@@ -435,11 +431,8 @@ class Generator:
             "connack_times": sorted(connack_times),
             "connect_ms": connect_ms,
             "pings": self.pings,
-            "first_ping": self.first_ping,
-            "last_ping": self.last_ping,
             "silent": len(self.spec.silent),
             "lateness": lateness,
-            "silent_deadlines": silent_deadlines,
             "silent_last": silent_last,
             "undetected": undetected,
             "vanished": len(self.spec.vanish),
