@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from .devices import DeviceLoad, ExternalServer, HeartbeatTarget, report, run_devices
+from .devices import DeviceLoad, HeartbeatTarget, report, run_devices
 from .live import Live
 from .processes import free_port
 
@@ -123,8 +123,8 @@ def compare_devices(load: DeviceLoad, targets: Sequence[str], tick: float, quiet
                 server: Any = ours
                 stop = ours.stop
             else:
-                peer = start_mqtt_target(name, free_port(), tick=tick)
-                server = ExternalServer(peer.port, [peer.proc.pid], name=name)
+                peer = start_mqtt_target(name, free_port())
+                server = peer
                 stop = peer.stop
         except (PeerUnavailable, RuntimeError, OSError) as exc:
             missing[name] = str(exc).splitlines()[0] if str(exc) else type(exc).__name__

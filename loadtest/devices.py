@@ -34,6 +34,7 @@ import json
 import math
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -120,8 +121,10 @@ class HeartbeatTarget:
         return [p.pid for p in process_tree(self.proc.pid)]
 
     def stop(self) -> None:
-        """SIGTERM by PID; workers close every connection on the way out."""
+        """SIGTERM by PID (workers close every connection on the way out); remove the presence log."""
         stop(self.proc, timeout=60)
+        if self.presence_log is not None:
+            shutil.rmtree(self.presence_log.parent, ignore_errors=True)
 
 
 @dataclass
@@ -150,6 +153,11 @@ class Timeline:
         return "finishing"
 
 
+def generator_count(load: DeviceLoad) -> int:
+    """Generator processes for the load: each holds at most ``per_generator`` devices."""
+    return max(1, math.ceil(load.devices / load.per_generator))
+
+
 def plan(load: DeviceLoad, generators: int) -> Timeline:
     """Lay the phases out from now."""
     k = load.keepalive
@@ -167,7 +175,7 @@ def plan(load: DeviceLoad, generators: int) -> Timeline:
 def specs(load: DeviceLoad, timeline: Timeline, port: int, workdir: Path) -> list[GeneratorSpec]:
     """Split the devices over generators and deal out the scenarios."""
     n = load.devices
-    generators = max(1, math.ceil(n / load.per_generator))
+    generators = generator_count(load)
     share = math.ceil(n / generators)
     rng = random.Random(load.seed)
     order = list(range(n))
@@ -268,8 +276,7 @@ def run_devices(
 ) -> dict[str, Any]:
     """Run ``load`` against a running ``server`` and return the merged results."""
     workdir = Path(tempfile.mkdtemp(prefix="ik-load-"))
-    generators = max(1, math.ceil(load.devices / load.per_generator))
-    timeline = plan(load, generators)
+    timeline = plan(load, generator_count(load))
     gen_specs = specs(load, timeline, server.port, workdir)
     progress: list[tuple[float, dict[str, float]]] = []
     stalled: list[int] = []
@@ -324,6 +331,7 @@ def run_devices(
             results.append(json.loads(Path(spec.results).read_text()))
         except (OSError, ValueError):
             results.append({"index": spec.index, "missing": True})
+    shutil.rmtree(workdir, ignore_errors=True)
     merged = merge(load, timeline, results, progress, [base, *sampler.samples], stall_at)
     merged["target"] = server.name
     if final_metrics is not None:

@@ -1,6 +1,5 @@
 """The MQTT servers ``python -m loadtest compare`` measures: started, found, stopped by PID.
 
-- ``idlekeeper``: ``servers.heartbeat``, one worker (a per-process comparison);
 - ``baseline``: :mod:`loadtest.baseline`, the same protocol code on trio's own
   timeouts (one ``move_on_after`` per read);
 - ``amqtt``: from PyPI, in a virtualenv of its own (``.venv-amqtt``, created on first
@@ -21,14 +20,13 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .processes import start_heartbeat, start_server, stop, wait_listening
+from .processes import start_server, stop, wait_listening
 from .sampler import process_tree
 
 __all__ = [
     "AMQTT_VERSION",
     "MqttTarget",
     "PeerUnavailable",
-    "available_mqtt_targets",
     "ensure_amqtt_venv",
     "start_mqtt_target",
 ]
@@ -50,7 +48,9 @@ class MqttTarget:
     proc: subprocess.Popen[str]
     port: int
     workdir: Path | None = None
+    # What loadtest.devices.ServerUnderTest also asks for; the peers have neither.
     metrics_urls: list[str] = field(default_factory=list)
+    presence_log: Path | None = None
 
     def pids(self) -> list[int]:
         """Every process of the server."""
@@ -92,22 +92,14 @@ def ensure_amqtt_venv() -> Path:
     return exe
 
 
-def available_mqtt_targets() -> dict[str, str | None]:
-    """Each target: None if it can run here, else the reason it cannot."""
-    return {
-        "idlekeeper": None,
-        "baseline": None,
-        "amqtt": None,  # installed on first use
-        "mosquitto": None if mosquitto_binary() else "mosquitto is not installed (apt-get install mosquitto)",
-    }
+def start_mqtt_target(name: str, port: int) -> MqttTarget:
+    """Start peer ``name`` on ``127.0.0.1:port`` and return once it accepts connections.
 
-
-def start_mqtt_target(name: str, port: int, *, tick: float = 0.1) -> MqttTarget:
-    """Start ``name`` on ``127.0.0.1:port`` and return once it accepts connections."""
-    if name == "idlekeeper":
-        return MqttTarget(name, start_heartbeat(port, 1, ["--tick", str(tick)]), port)
+    idlekeeper's own server is :class:`loadtest.devices.HeartbeatTarget`, which also
+    gives it status ports and a presence log.
+    """
     if name == "baseline":
-        return MqttTarget(name, start_server_module("loadtest.baseline", port), port)
+        return MqttTarget(name, start_server("baseline", port, 1, (), module="loadtest.baseline"), port)
     workdir = Path(tempfile.mkdtemp(prefix=f"ik-{name}-"))
     if name == "mosquitto":
         binary = mosquitto_binary()
@@ -145,7 +137,3 @@ def start_mqtt_target(name: str, port: int, *, tick: float = 0.1) -> MqttTarget:
         raise
     return MqttTarget(name, proc, port, workdir)
 
-
-def start_server_module(module: str, port: int) -> subprocess.Popen[str]:
-    """``python -m <module> --port PORT``, waiting for its "<name> worker 0: listening" line."""
-    return start_server(module.rsplit(".", 1)[-1], port, 1, (), module=module)
