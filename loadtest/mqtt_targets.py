@@ -136,4 +136,3 @@ def start_mqtt_target(name: str, port: int) -> MqttTarget:
         shutil.rmtree(workdir, ignore_errors=True)
         raise
     return MqttTarget(name, proc, port, workdir)
-
