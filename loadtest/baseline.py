@@ -8,6 +8,10 @@ a task per connection from ``trio.serve_tcp``, and one ``trio.move_on_after`` ar
 every read: 1.5 x keep-alive once connected, ``--connect-timeout`` before. A new
 connection with a client id already online takes over (the old one is closed).
 It keeps presence only (no routing), which is all the device workload needs.
+
+It also freezes long-lived objects out of the garbage collector's scans every
+``--gc-freeze`` seconds, as ``servers.heartbeat`` does by default, so that the
+comparison measures the timeout machinery and not a collector policy only one side has.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from functools import partial
 
 import trio
 
+from servers.gcpolicy import freeze_long_lived
 from servers.heartbeat.codec import PacketReader, ProtocolError
 from servers.heartbeat.session import Accept, Send, Session, State
 from servers.workers import announce
@@ -84,6 +89,8 @@ async def serve(args: argparse.Namespace) -> None:
         async with trio.open_nursery() as nursery:
             listeners = await nursery.start(partial(trio.serve_tcp, server.handle, args.port, host=args.host))
             port = listeners[0].socket.getsockname()[1]
+            if args.gc_freeze > 0:
+                nursery.start_soon(freeze_long_lived, args.gc_freeze)
             announce(f"baseline worker 0: listening on {args.host}:{port}")
             async for _ in signals:
                 break
@@ -96,6 +103,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
     p.add_argument("--port", type=int, default=1883, help="TCP port (default: 1883)")
     p.add_argument("--connect-timeout", type=float, default=10.0, help="seconds to send CONNECT (default: 10)")
+    p.add_argument(
+        "--gc-freeze",
+        type=float,
+        default=2.0,
+        help="seconds between freezing long-lived objects out of the collector's scans, as servers.heartbeat does;"
+        " 0: never (default: 2)",
+    )
     p.add_argument("--workers", type=int, default=1, help=argparse.SUPPRESS)  # one process; for start_server
     trio.run(serve, p.parse_args(argv))
     return 0
