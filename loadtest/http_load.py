@@ -291,16 +291,23 @@ def idle_memory(port: int, pids: list[int], n: int, source: str = IDLE_SOURCE) -
 
 
 def held_by_server(pids: list[int], port: int) -> set[tuple[str, int]]:
-    """The remote addresses of the connections the server's processes still have open on ``port``."""
+    """The remote addresses of the connections the server's processes still have open on ``port``.
+
+    Without ``pids`` (``--port`` with no ``--pid``), any process's sockets on ``port``
+    count. Sockets no process owns (closed by the server, FIN queued behind unsent
+    data) have no PID and count as released either way.
+    """
     held: set[tuple[str, int]] = set()
+    conns: list[Any] = []
+    if not pids:
+        with contextlib.suppress(psutil.Error):
+            conns = [c for c in psutil.net_connections(kind="tcp") if c.pid is not None]
     for pid in pids:
-        try:
-            conns = psutil.Process(pid).net_connections(kind="tcp")
-        except psutil.Error:
-            continue
-        for c in conns:
-            if c.laddr and c.laddr[1] == port and c.raddr:
-                held.add((c.raddr[0], c.raddr[1]))
+        with contextlib.suppress(psutil.Error):
+            conns += psutil.Process(pid).net_connections(kind="tcp")
+    for c in conns:
+        if c.laddr and c.laddr[1] == port and c.raddr:
+            held.add((c.raddr[0], c.raddr[1]))
     return held
 
 
@@ -416,7 +423,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     a = p.add_argument
     a("--target", choices=HTTP_TARGETS, default="idlekeeper", help="server to start and measure (default: idlekeeper)")
     a("--port", type=int, default=None, help="measure an already running server on this port instead")
-    a("--pid", type=int, action="append", default=[], help="with --port: the server's PID (for hold times)")
+    a(
+        "--pid",
+        type=int,
+        action="append",
+        default=[],
+        help="with --port: the server's PID (default: whichever process owns the port's sockets)",
+    )
     a("--connections", type=int, default=50, help="keep-alive load connections (default: 50)")
     a("--duration", type=float, default=10.0, help="seconds of each load phase (default: 10)")
     a("--slowloris", type=int, default=500, help="slowloris attackers (default: 500)")
