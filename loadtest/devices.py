@@ -426,7 +426,7 @@ def merge(
         "connect_rate_per_s": connected / connect_span
         if connect_span == connect_span and connect_span > 0
         else math.nan,
-        "connect_ms": _stats_ms([ms / 1000 for ms in joined("connect_ms")]),
+        "connect_ms": _stats_ms(joined("connect_s")),
         "heartbeats": total("pings"),
         "silent": total("silent"),
         "detected": len(lateness),
@@ -467,7 +467,7 @@ def server_view(
     log's times are wall-clock, so the two are put on one clock here (both run at
     the same rate, and a run is minutes long).
     """
-    vanished = {f"dev-{s.first + i}" for s in gen_specs for i, _ in s.vanish}
+    vanished = {f"{s.prefix}-{s.first + i}" for s in gen_specs for i, _ in s.vanish}
     window = 1.5 * load.keepalive
     wall_minus_mono = time.time() - time.monotonic()
     late: list[float] = []

@@ -384,14 +384,14 @@ class Generator:
         generator_late = 0
         takeovers: list[float] = []
         takeover_missed = 0
-        connect_ms: list[float] = []
+        connect_s: list[float] = []
         connack_times: list[float] = []
         silent_last: dict[str, float] = {}
         for d in self.devices:
             if d.connack_at == d.connack_at:
                 connack_times.append(d.connack_at)
-                if len(connect_ms) < 5000:
-                    connect_ms.append((d.connack_at - d.connect_started) * 1000)
+                if len(connect_s) < 5000:
+                    connect_s.append(d.connack_at - d.connect_started)
             closed = d.closed_at == d.closed_at
             if d.role == "silent" and d.acted_at == d.acted_at:
                 silent_last[d.client_id] = d.last_sent
@@ -429,7 +429,7 @@ class Generator:
             "first_connack": min(connack_times, default=math.nan),
             "last_connack": max(connack_times, default=math.nan),
             "connack_times": sorted(connack_times),
-            "connect_ms": connect_ms,
+            "connect_s": connect_s,
             "pings": self.pings,
             "silent": len(self.spec.silent),
             "lateness": lateness,
