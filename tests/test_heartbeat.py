@@ -319,3 +319,27 @@ async def test_device_records_are_bounded(clock: MockClock) -> None:
         assert not any(k.startswith("auto-") for k in server.devices)
         await keeper.send(codec.encode_pingreq())
         assert await keeper.read(2) == codec.encode_pingresp()
+
+
+@pytest.mark.parametrize("prefix", ["presence/", "status/"])
+async def test_devices_cannot_forge_presence_under_the_configured_prefix(prefix: str, clock: MockClock) -> None:
+    async with running(HeartbeatConfig(presence_prefix=prefix)) as (server, _):
+        watcher = await Client.connect(server.port, "dashboard")
+        await watcher.send(codec.encode_subscribe(1, [(prefix + "#", 0)]))
+        assert await watcher.read_packet() == codec.encode_suback(1, [0])
+        victim = await Client.connect(server.port, "victim")
+        assert publish_topic(await watcher.read_packet())[0] == prefix + "victim"
+        forger = await Client.connect(server.port, "forger")
+        assert publish_topic(await watcher.read_packet())[0] == prefix + "forger"
+        forger_conn = server.online["forger"]
+        forged = json.dumps({"status": "offline", "client_id": "victim", "reason": "disconnect"}).encode()
+        await forger.send(codec.encode_publish(prefix + "victim", forged, qos=1, packet_id=1))
+        assert await forger.read(4) == codec.encode_puback(1)  # acknowledged, then dropped
+        await forger.send(codec.encode_disconnect())
+        assert await forger.closed()
+        # What the watcher hears next is the server's own event, not the forgery.
+        topic, payload = publish_topic(await watcher.read_packet())
+        assert (topic, json.loads(payload)["status"]) == (prefix + "forger", "offline")
+        assert forger_conn.session.denied_publishes == 1
+        assert "victim" in server.online
+        await victim.send(codec.encode_disconnect())
