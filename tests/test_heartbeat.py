@@ -343,3 +343,17 @@ async def test_devices_cannot_forge_presence_under_the_configured_prefix(prefix:
         assert forger_conn.session.denied_publishes == 1
         assert "victim" in server.online
         await victim.send(codec.encode_disconnect())
+
+
+async def test_max_qos_comes_from_the_config(clock: MockClock) -> None:
+    async with running(HeartbeatConfig(max_qos=0)) as (server, _):
+        watcher = await Client.connect(server.port, "dashboard")
+        await watcher.send(codec.encode_subscribe(1, [("sensors/#", 1)]))
+        assert await watcher.read_packet() == codec.encode_suback(1, [0])
+        device = await Client.connect(server.port, "dev-1")
+        await device.send(codec.encode_publish("sensors/dev-1", b"21.5", qos=1, packet_id=3))
+        assert await device.read(4) == codec.encode_puback(3)
+        assert await watcher.read_packet() == codec.encode_publish("sensors/dev-1", b"21.5")  # at QoS 0
+        await device.send(codec.encode_disconnect())
+    with pytest.raises(ValueError, match="max_qos"):
+        HeartbeatConfig(max_qos=2)  # subscribers are never sent the QoS 2 exchange

@@ -73,3 +73,17 @@ def test_subscriptions_route_exact_and_wildcards() -> None:
     assert subs.unsubscribe("b", "presence/dev-1")
     assert not subs.unsubscribe("b", "presence/dev-1")
     assert len(subs) == 1 and not subs.has("b")
+
+
+def test_limits_are_the_ones_given() -> None:
+    s = Session(max_qos=0, presence_prefix="status/")
+    s.receive(connect(client_id="d"))
+    s.accepted()
+    assert s.receive(codec.Publish("status/other", b"offline")) == []
+    assert s.denied_publishes == 1
+    assert s.receive(codec.Publish("presence/other", b"x", qos=1, packet_id=2)) == [
+        Route("presence/other", b"x", 0, False),
+        Send(codec.encode_puback(2)),
+    ]
+    assert s.receive(codec.Subscribe(3, (("a", 1),))) == [Subscribe("a", 0), Send(codec.encode_suback(3, [0]))]
+    assert Subscriptions[str](max_qos=0).subscribe("k", "a", 1) == 0

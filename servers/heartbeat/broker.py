@@ -22,9 +22,9 @@ def _is_wildcard(topic_filter: str) -> bool:
 
 
 class Subscriptions(Generic[K]):
-    """Topic filters per subscriber key, with the granted QoS of each."""
+    """Topic filters per subscriber key, with the granted QoS of each, at most ``max_qos``."""
 
-    def __init__(self, max_qos: int = 1) -> None:
+    def __init__(self, max_qos: int) -> None:
         self._max_qos = max_qos
         self._exact: dict[str, dict[K, int]] = {}
         self._wild: dict[str, dict[K, int]] = {}

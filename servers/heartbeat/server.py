@@ -41,7 +41,17 @@ from .auth import AuthResult, PasswordFile
 from .broker import Subscriptions
 from .codec import PacketReader, ProtocolError
 from .presence import Offline, PresenceEvent, PresenceSink
-from .session import Accept, Route, Send, Session, State, Subscribe, Unsubscribe
+from .session import (
+    DEFAULT_MAX_QOS,
+    DEFAULT_PRESENCE_PREFIX,
+    Accept,
+    Route,
+    Send,
+    Session,
+    State,
+    Subscribe,
+    Unsubscribe,
+)
 
 __all__ = ["Connection", "HeartbeatConfig", "HeartbeatServer"]
 
@@ -65,7 +75,10 @@ class HeartbeatConfig:
     send_timeout: float = 30.0
     max_packet_size: int = 256 * 1024
     max_connections: int = 18_000
-    presence_prefix: str = "presence/"
+    presence_prefix: str = DEFAULT_PRESENCE_PREFIX
+    """Topic prefix of presence events; devices' own publishes under it are dropped."""
+    max_qos: int = DEFAULT_MAX_QOS
+    """Highest QoS granted to subscribers and routed for publishers: 0 or 1."""
     max_device_records: int = 1_000_000
     """Presence records kept for /devices; the longest-offline are forgotten first."""
     worker: int = 0
@@ -73,6 +86,11 @@ class HeartbeatConfig:
     peer_status: list[tuple[str, int]] = field(default_factory=list)
     """Other workers' status endpoints, asked for devices this worker does not hold."""
     extra_sinks: list[PresenceSink] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        # Delivery to subscribers has no QoS 2 exchange (PUBREC/PUBREL/PUBCOMP outbound).
+        if self.max_qos not in (0, 1):
+            raise ValueError(f"max_qos must be 0 or 1, not {self.max_qos}")
 
 
 class Connection:
@@ -92,12 +110,12 @@ class Connection:
         "writer",
     )
 
-    def __init__(self, stream: idlekeeper.WatchedStream, peer: str) -> None:
+    def __init__(self, stream: idlekeeper.WatchedStream, peer: str, session: Session) -> None:
         self.stream = stream
         self.peer = peer
         self.opened = trio.current_time()
         self.accepted_at = 0.0
-        self.session = Session()
+        self.session = session
         self.ended_by: Offline | None = None
         self.finished = False
         self.outbox: collections.deque[bytes] | None = None
@@ -130,7 +148,7 @@ class HeartbeatServer:
         self._nursery = nursery
         self.online: dict[str, Connection] = {}
         self.connections: set[Connection] = set()
-        self.subscriptions: Subscriptions[Connection] = Subscriptions(max_qos=1)
+        self.subscriptions: Subscriptions[Connection] = Subscriptions(max_qos=config.max_qos)
         # The last presence event per device, with its keep-alive: a slotted event and an
         # int rather than a dict of strings, because this map holds every device.
         self.devices: dict[str, tuple[PresenceEvent, int]] = {}
@@ -147,7 +165,7 @@ class HeartbeatServer:
     async def handle(self, stream: idlekeeper.WatchedStream) -> None:
         """Serve one client connection until it ends, whatever ends it."""
         cfg = self.config
-        conn = Connection(stream, _peer_of(stream))
+        conn = Connection(stream, _peer_of(stream), Session(max_qos=cfg.max_qos, presence_prefix=cfg.presence_prefix))
         self.connections.add(conn)
         self.counters["connections"] += 1
         stream.deadline = trio.current_time() + cfg.connect_timeout

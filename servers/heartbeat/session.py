@@ -17,6 +17,8 @@ from . import codec
 from .codec import ProtocolError
 
 __all__ = [
+    "DEFAULT_MAX_QOS",
+    "DEFAULT_PRESENCE_PREFIX",
     "Accept",
     "Effect",
     "Goodbye",
@@ -102,6 +104,11 @@ class Goodbye:
 
 Effect = Send | Accept | Route | Subscribe | Unsubscribe | Goodbye
 
+DEFAULT_MAX_QOS = 1
+"""The highest QoS a session grants and routes at unless told otherwise."""
+DEFAULT_PRESENCE_PREFIX = "presence/"
+"""Where presence events are published unless told otherwise; devices may not publish there."""
+
 _ids = itertools.count(1)
 _ID_PREFIX = f"auto-{os.getpid():x}-"
 
@@ -112,9 +119,15 @@ def assign_client_id() -> str:
 
 
 class Session:
-    """MQTT 3.1.1 packet-order rules and replies for one connection."""
+    """MQTT 3.1.1 packet-order rules and replies for one connection.
 
-    def __init__(self, *, max_qos: int = 1, reserved_prefix: str = "presence/") -> None:
+    ``max_qos`` caps the QoS granted in SUBACK and the QoS a PUBLISH is routed at.
+    ``presence_prefix`` is the server's own topic space: a device's PUBLISH there is
+    acknowledged as usual but dropped and counted in ``denied_publishes``. The server
+    passes both from its configuration, so they match what it publishes and grants.
+    """
+
+    def __init__(self, *, max_qos: int = DEFAULT_MAX_QOS, presence_prefix: str = DEFAULT_PRESENCE_PREFIX) -> None:
         self.state = State.AWAITING_CONNECT
         self.client_id: str | None = None
         self.assigned = False
@@ -122,7 +135,7 @@ class Session:
         self.will: Will | None = None
         self.denied_publishes = 0
         self._max_qos = max_qos
-        self._reserved = reserved_prefix
+        self._presence_prefix = presence_prefix
 
     def receive(self, packet: codec.Packet) -> list[Effect]:
         """Effects of one packet from the client. Raises ProtocolError on a violation."""
@@ -197,7 +210,7 @@ class Session:
 
     def _publish(self, packet: codec.Publish) -> list[Effect]:
         effects: list[Effect] = []
-        if packet.topic.startswith(self._reserved):
+        if packet.topic.startswith(self._presence_prefix):
             # Presence is the server's to publish; a device may not forge it.
             self.denied_publishes += 1
         else:
