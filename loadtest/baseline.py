@@ -26,7 +26,8 @@ from functools import partial
 import trio
 
 from servers.gcpolicy import freeze_long_lived
-from servers.heartbeat.codec import PacketReader, ProtocolError
+from servers.heartbeat.packets import ProtocolError
+from servers.heartbeat.reader import PacketReader
 from servers.heartbeat.session import Accept, Send, Session, State
 from servers.workers import announce
 

@@ -12,9 +12,10 @@ import trio
 import trio.testing
 from trio.testing import MockClock
 
-from servers.heartbeat import codec
+from servers.heartbeat import encoders, packets
 from servers.heartbeat.auth import PasswordFile
 from servers.heartbeat.presence import Offline, PresenceEvent
+from servers.heartbeat.reader import PacketReader
 from servers.heartbeat.server import HeartbeatConfig, HeartbeatServer, serve_heartbeat
 
 TICK = 0.1
@@ -32,9 +33,9 @@ class Client:
         cls, port: int, client_id: str = "", keep_alive: int = 60, expect: int | None = 0, **kw: object
     ) -> Client:
         client = cls(await trio.open_tcp_stream("127.0.0.1", port))
-        await client.stream.send_all(codec.encode_connect(client_id, keep_alive=keep_alive, **kw))  # type: ignore[arg-type]
+        await client.stream.send_all(encoders.encode_connect(client_id, keep_alive=keep_alive, **kw))  # type: ignore[arg-type]
         if expect is not None:
-            assert await client.read(4) == codec.encode_connack(False, expect)
+            assert await client.read(4) == encoders.encode_connack(False, expect)
         return client
 
     async def read(self, n: int) -> bytes:
@@ -75,10 +76,10 @@ class Client:
 
 
 def publish_topic(packet: bytes) -> tuple[str, bytes]:
-    reader = codec.PacketReader()
+    reader = PacketReader()
     # Parse a server-to-client PUBLISH by reusing the client-side parser (same layout).
     (pub,) = reader.feed(packet)
-    assert isinstance(pub, codec.Publish)
+    assert isinstance(pub, packets.Publish)
     return pub.topic, pub.payload
 
 
@@ -98,21 +99,21 @@ async def running(config: HeartbeatConfig | None = None) -> AsyncIterator[tuple[
 async def test_connect_ping_publish_and_presence(clock: MockClock) -> None:
     async with running() as (server, events):
         watcher = await Client.connect(server.port, "dashboard")
-        await watcher.send(codec.encode_subscribe(1, [("presence/#", 0), ("sensors/+/temp", 1)]))
-        assert await watcher.read_packet() == codec.encode_suback(1, [0, 1])
+        await watcher.send(encoders.encode_subscribe(1, [("presence/#", 0), ("sensors/+/temp", 1)]))
+        assert await watcher.read_packet() == encoders.encode_suback(1, [0, 1])
         device = await Client.connect(server.port, "dev-1", keep_alive=10)
         topic, payload = publish_topic(await watcher.read_packet())
         assert topic == "presence/dev-1"
         assert json.loads(payload)["status"] == "online"
-        await device.send(codec.encode_pingreq())
-        assert await device.read(2) == codec.encode_pingresp()
-        await device.send(codec.encode_publish("sensors/dev-1/temp", b"21.5"))
-        await device.send(codec.encode_publish("sensors/dev-1/temp", b"21.6", qos=1, packet_id=7))
-        assert await device.read(4) == codec.encode_puback(7)
+        await device.send(encoders.encode_pingreq())
+        assert await device.read(2) == encoders.encode_pingresp()
+        await device.send(encoders.encode_publish("sensors/dev-1/temp", b"21.5"))
+        await device.send(encoders.encode_publish("sensors/dev-1/temp", b"21.6", qos=1, packet_id=7))
+        assert await device.read(4) == encoders.encode_puback(7)
         assert publish_topic(await watcher.read_packet()) == ("sensors/dev-1/temp", b"21.5")
         packet = await watcher.read_packet()
         assert packet[0] == 0x32  # delivered at QoS 1
-        await device.send(codec.encode_disconnect())
+        await device.send(encoders.encode_disconnect())
         assert await device.closed()
         topic, payload = publish_topic(await watcher.read_packet())
         offline = json.loads(payload)
@@ -129,14 +130,14 @@ async def test_connect_ping_publish_and_presence(clock: MockClock) -> None:
 async def test_silent_device_expires_at_one_and_a_half_keepalive_with_will(clock: MockClock) -> None:
     async with running() as (server, _events):
         watcher = await Client.connect(server.port, "watcher", keep_alive=0)
-        await watcher.send(codec.encode_subscribe(1, [("presence/#", 0), ("wills/#", 0)]))
+        await watcher.send(encoders.encode_subscribe(1, [("presence/#", 0), ("wills/#", 0)]))
         await watcher.read_packet()
         device = await Client.connect(
             server.port, "dead-1", keep_alive=4, will_topic="wills/dead-1", will_message=b"gone"
         )
         await watcher.read_packet()  # its online event
         await trio.sleep(3)
-        await device.send(codec.encode_pingreq())  # last sign of life
+        await device.send(encoders.encode_pingreq())  # last sign of life
         await device.read(2)
         last = trio.current_time()
         assert await device.closed()  # socket left open by the device, closed by the server
@@ -178,7 +179,7 @@ async def test_connect_timeout_and_empty_client_id(clock: MockClock) -> None:
         assert assigned.startswith("auto-")
         assert await mute.closed()
         assert 5 <= trio.current_time() - start < 5 + TICK
-        await anonymous.send(codec.encode_disconnect())
+        await anonymous.send(encoders.encode_disconnect())
     assert any(e.reason is Offline.CONNECT_TIMEOUT and e.client_id is None for e in events)
 
 
@@ -188,23 +189,23 @@ async def test_takeover_closes_the_old_connection(clock: MockClock) -> None:
         second = await Client.connect(server.port, "dup")
         assert await first.closed()
         assert server.online["dup"] is not None
-        await second.send(codec.encode_pingreq())
-        assert await second.read(2) == codec.encode_pingresp()
+        await second.send(encoders.encode_pingreq())
+        assert await second.read(2) == encoders.encode_pingresp()
     offline = [e for e in events if e.status == "offline" and e.client_id == "dup"]
     assert offline[0].reason is Offline.TAKEOVER
 
 
 BAD_INPUTS = {
-    "truncated packet then silence": codec.encode_connect("t", keep_alive=5)[:-3],
+    "truncated packet then silence": encoders.encode_connect("t", keep_alive=5)[:-3],
     "oversized packet": b"\x30\xff\xff\xff\x7f",
     "5-byte varint": b"\x30\xff\xff\xff\xff\x01",
     "reserved flag bits": b"\x12\x00",
-    "protocol level 3": codec.encode_connect("old", protocol_level=3, protocol_name="MQIsdp"),
-    "protocol level 5": codec.encode_connect("new", protocol_level=5),
-    "publish before connect": codec.encode_publish("a/b", b"x"),
+    "protocol level 3": encoders.encode_connect("old", protocol_level=3, protocol_name="MQIsdp"),
+    "protocol level 5": encoders.encode_connect("new", protocol_level=5),
+    "publish before connect": encoders.encode_publish("a/b", b"x"),
     "random bytes": bytes(range(7, 250, 3)),
     "http request": b"GET / HTTP/1.1\r\nHost: x\r\n\r\n",
-    "second connect": codec.encode_connect("twice") + codec.encode_connect("twice"),
+    "second connect": encoders.encode_connect("twice") + encoders.encode_connect("twice"),
 }
 
 
@@ -216,10 +217,10 @@ async def test_bad_input_closes_only_that_connection(name: str, clock: MockClock
         await bad.send(BAD_INPUTS[name])
         assert await bad.closed()
         if "level" in name:
-            assert bad.buf == codec.encode_connack(False, 1)  # the spec's refusal code
+            assert bad.buf == encoders.encode_connack(False, 1)  # the spec's refusal code
         for _ in range(3):
-            await healthy.send(codec.encode_pingreq())
-            assert await healthy.read(2) == codec.encode_pingresp()
+            await healthy.send(encoders.encode_pingreq())
+            assert await healthy.read(2) == encoders.encode_pingresp()
             await trio.sleep(10)
         assert list(server.online) == ["healthy"]
     reasons = {e.reason for e in events if e.client_id != "healthy" and e.status == "offline"}
@@ -231,24 +232,24 @@ async def test_packets_split_and_coalesced(clock: MockClock) -> None:
     async with running() as (server, _):
         stream = await trio.open_tcp_stream("127.0.0.1", server.port)
         data = (
-            codec.encode_connect("splitter", keep_alive=30)
-            + codec.encode_pingreq()
-            + codec.encode_publish("x/y", b"1", qos=1, packet_id=3)
-            + codec.encode_disconnect()
+            encoders.encode_connect("splitter", keep_alive=30)
+            + encoders.encode_pingreq()
+            + encoders.encode_publish("x/y", b"1", qos=1, packet_id=3)
+            + encoders.encode_disconnect()
         )
         for i in range(len(data)):
             await stream.send_all(data[i : i + 1])
         got = b""
         while chunk := await stream.receive_some():
             got += chunk
-        assert got == codec.encode_connack(False, 0) + codec.encode_pingresp() + codec.encode_puback(3)
+        assert got == encoders.encode_connack(False, 0) + encoders.encode_pingresp() + encoders.encode_puback(3)
 
 
 async def test_trickled_packet_cannot_keep_a_dead_device_alive(clock: MockClock) -> None:
     async with running() as (server, events):
         device = await Client.connect(server.port, "trickler", keep_alive=2)
         start = trio.current_time()
-        packet = codec.encode_publish("t", b"x" * 100)
+        packet = encoders.encode_publish("t", b"x" * 100)
         with trio.move_on_after(60):
             try:
                 for byte in packet:  # a byte a second: never a complete packet
@@ -272,8 +273,8 @@ async def test_auth_and_connection_cap(clock: MockClock) -> None:
         await Client.connect(server.port, "wrong", keep_alive=0, username="alice", password=b"nope", expect=4)
         ok = await Client.connect(server.port, "ok", keep_alive=0, username="alice", password=b"s3cret", expect=0)
         await Client.connect(server.port, "full", keep_alive=0, username="alice", password=b"s3cret", expect=3)
-        await ok.send(codec.encode_pingreq())
-        assert await ok.read(2) == codec.encode_pingresp()
+        await ok.send(encoders.encode_pingreq())
+        assert await ok.read(2) == encoders.encode_pingresp()
         assert server.counters["auth_failures"] == 2
         assert server.counters["refused_capacity"] == 1
     assert sum(1 for e in events if e.reason is Offline.REFUSED) == 3
@@ -307,53 +308,53 @@ async def test_device_records_are_bounded(clock: MockClock) -> None:
         keeper = await Client.connect(server.port, "stays-online")
         for i in range(6):
             c = await Client.connect(server.port, f"gone-{i}")
-            await c.send(codec.encode_disconnect())
+            await c.send(encoders.encode_disconnect())
             assert await c.closed()
         anonymous = await Client.connect(server.port, "")
-        await anonymous.send(codec.encode_disconnect())
+        await anonymous.send(encoders.encode_disconnect())
         assert await anonymous.closed()
         await trio.testing.wait_all_tasks_blocked()
         assert len(server.devices) <= 3
         assert "stays-online" in server.devices  # online devices are never forgotten
         assert "gone-5" in server.devices and "gone-0" not in server.devices
         assert not any(k.startswith("auto-") for k in server.devices)
-        await keeper.send(codec.encode_pingreq())
-        assert await keeper.read(2) == codec.encode_pingresp()
+        await keeper.send(encoders.encode_pingreq())
+        assert await keeper.read(2) == encoders.encode_pingresp()
 
 
 @pytest.mark.parametrize("prefix", ["presence/", "status/"])
 async def test_devices_cannot_forge_presence_under_the_configured_prefix(prefix: str, clock: MockClock) -> None:
     async with running(HeartbeatConfig(presence_prefix=prefix)) as (server, _):
         watcher = await Client.connect(server.port, "dashboard")
-        await watcher.send(codec.encode_subscribe(1, [(prefix + "#", 0)]))
-        assert await watcher.read_packet() == codec.encode_suback(1, [0])
+        await watcher.send(encoders.encode_subscribe(1, [(prefix + "#", 0)]))
+        assert await watcher.read_packet() == encoders.encode_suback(1, [0])
         victim = await Client.connect(server.port, "victim")
         assert publish_topic(await watcher.read_packet())[0] == prefix + "victim"
         forger = await Client.connect(server.port, "forger")
         assert publish_topic(await watcher.read_packet())[0] == prefix + "forger"
         forger_conn = server.online["forger"]
         forged = json.dumps({"status": "offline", "client_id": "victim", "reason": "disconnect"}).encode()
-        await forger.send(codec.encode_publish(prefix + "victim", forged, qos=1, packet_id=1))
-        assert await forger.read(4) == codec.encode_puback(1)  # acknowledged, then dropped
-        await forger.send(codec.encode_disconnect())
+        await forger.send(encoders.encode_publish(prefix + "victim", forged, qos=1, packet_id=1))
+        assert await forger.read(4) == encoders.encode_puback(1)  # acknowledged, then dropped
+        await forger.send(encoders.encode_disconnect())
         assert await forger.closed()
         # What the watcher hears next is the server's own event, not the forgery.
         topic, payload = publish_topic(await watcher.read_packet())
         assert (topic, json.loads(payload)["status"]) == (prefix + "forger", "offline")
         assert forger_conn.session.denied_publishes == 1
         assert "victim" in server.online
-        await victim.send(codec.encode_disconnect())
+        await victim.send(encoders.encode_disconnect())
 
 
 async def test_max_qos_comes_from_the_config(clock: MockClock) -> None:
     async with running(HeartbeatConfig(max_qos=0)) as (server, _):
         watcher = await Client.connect(server.port, "dashboard")
-        await watcher.send(codec.encode_subscribe(1, [("sensors/#", 1)]))
-        assert await watcher.read_packet() == codec.encode_suback(1, [0])
+        await watcher.send(encoders.encode_subscribe(1, [("sensors/#", 1)]))
+        assert await watcher.read_packet() == encoders.encode_suback(1, [0])
         device = await Client.connect(server.port, "dev-1")
-        await device.send(codec.encode_publish("sensors/dev-1", b"21.5", qos=1, packet_id=3))
-        assert await device.read(4) == codec.encode_puback(3)
-        assert await watcher.read_packet() == codec.encode_publish("sensors/dev-1", b"21.5")  # at QoS 0
-        await device.send(codec.encode_disconnect())
+        await device.send(encoders.encode_publish("sensors/dev-1", b"21.5", qos=1, packet_id=3))
+        assert await device.read(4) == encoders.encode_puback(3)
+        assert await watcher.read_packet() == encoders.encode_publish("sensors/dev-1", b"21.5")  # at QoS 0
+        await device.send(encoders.encode_disconnect())
     with pytest.raises(ValueError, match="max_qos"):
         HeartbeatConfig(max_qos=2)  # subscribers are never sent the QoS 2 exchange

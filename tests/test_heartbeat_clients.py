@@ -25,7 +25,8 @@ import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
 from loadtest.processes import free_port, start_heartbeat
-from servers.heartbeat import codec
+from servers.heartbeat import encoders, packets
+from servers.heartbeat.reader import PacketReader
 
 from .conftest import wait_closed
 
@@ -84,9 +85,9 @@ def start_server(tmp_path: Path) -> Iterator[object]:
 
 def raw_connect(port: int, client_id: str, keep_alive: int, **kw: object) -> socket.socket:
     sock = socket.create_connection(("127.0.0.1", port))
-    sock.sendall(codec.encode_connect(client_id, keep_alive=keep_alive, **kw))  # type: ignore[arg-type]
+    sock.sendall(encoders.encode_connect(client_id, keep_alive=keep_alive, **kw))  # type: ignore[arg-type]
     sock.settimeout(5)
-    assert sock.recv(4) == codec.encode_connack(False, 0)
+    assert sock.recv(4) == encoders.encode_connack(False, 0)
     return sock
 
 
@@ -135,8 +136,8 @@ def test_silent_device_closed_between_1_5_keepalive_and_one_tick_later(start_ser
     socks = []
     for i in range(5):
         sock = raw_connect(server.port, f"silent-{i}", keep_alive=1)
-        sock.sendall(codec.encode_pingreq())
-        assert sock.recv(2) == codec.encode_pingresp()
+        sock.sendall(encoders.encode_pingreq())
+        assert sock.recv(2) == encoders.encode_pingresp()
         socks.append((sock, time.monotonic()))
     for sock, last in socks:
         closed = wait_closed(sock, 5)
@@ -195,7 +196,7 @@ def test_sigstop_stall_keeps_pinging_clients(start_server: object) -> None:
 
     def pinger() -> None:
         while not stop.is_set():
-            alive.sendall(codec.encode_pingreq())
+            alive.sendall(encoders.encode_pingreq())
             time.sleep(0.5)
 
     thread = threading.Thread(target=pinger, daemon=True)
@@ -226,13 +227,13 @@ def test_sigstop_stall_keeps_pinging_clients(start_server: object) -> None:
 def subscriber(port: int, name: str, topic_filter: str) -> tuple[socket.socket, list[tuple[str, dict[str, object]]]]:
     """A raw MQTT subscriber whose received PUBLISHes are collected by a thread."""
     sock = raw_connect(port, name, keep_alive=0)
-    sock.sendall(codec.encode_subscribe(1, [(topic_filter, 0)]))
+    sock.sendall(encoders.encode_subscribe(1, [(topic_filter, 0)]))
     got: list[tuple[str, dict[str, object]]] = []
     assert sock.recv(5)[0] == 0x90  # SUBACK
 
     def collect() -> None:
         # PUBLISH has the same layout both ways, so the server's parser reads them.
-        reader = codec.PacketReader(max_packet_size=1 << 20)
+        reader = PacketReader(max_packet_size=1 << 20)
         sock.settimeout(None)
         while True:
             try:
@@ -242,7 +243,7 @@ def subscriber(port: int, name: str, topic_filter: str) -> tuple[socket.socket, 
             if not data:
                 return
             for packet in reader.feed(data):
-                if isinstance(packet, codec.Publish):
+                if isinstance(packet, packets.Publish):
                     got.append((packet.topic, json.loads(packet.payload)))
 
     threading.Thread(target=collect, daemon=True).start()
@@ -280,8 +281,8 @@ def test_workers_share_the_port_presence_and_takeovers(start_server: object) -> 
         current = raw_connect(server.port, "roamer", keep_alive=30)
         wait_closed(previous, 5)
         previous = current
-    previous.sendall(codec.encode_pingreq())
-    assert previous.recv(2) == codec.encode_pingresp()
+    previous.sendall(encoders.encode_pingreq())
+    assert previous.recv(2) == encoders.encode_pingresp()
 
     assert server.status_port is not None
     with urllib.request.urlopen(f"http://127.0.0.1:{server.status_port}/healthz", timeout=5) as resp:

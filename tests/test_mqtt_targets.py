@@ -13,7 +13,7 @@ import pytest
 
 from loadtest.mqtt_targets import AMQTT_VENV, MqttTarget, ensure_amqtt_venv, mosquitto_binary, start_mqtt_target
 from loadtest.processes import free_port
-from servers.heartbeat import codec
+from servers.heartbeat import encoders
 
 from .conftest import wait_closed
 
@@ -22,8 +22,8 @@ IN_CI = os.environ.get("CI") == "true"
 
 def connect(port: int, client_id: str, keep_alive: int) -> socket.socket:
     sock = socket.create_connection(("127.0.0.1", port), timeout=5)
-    sock.sendall(codec.encode_connect(client_id, keep_alive=keep_alive))
-    assert sock.recv(4) == codec.encode_connack(False, 0)
+    sock.sendall(encoders.encode_connect(client_id, keep_alive=keep_alive))
+    assert sock.recv(4) == encoders.encode_connack(False, 0)
     return sock
 
 
@@ -44,8 +44,8 @@ def target(request: pytest.FixtureRequest) -> Iterator[MqttTarget]:
 @pytest.mark.parametrize("target", ["baseline"], indirect=True)
 def test_baseline_pings_times_out_and_takes_over(target: MqttTarget) -> None:
     sock = connect(target.port, "dev-1", keep_alive=1)
-    sock.sendall(codec.encode_pingreq())
-    assert sock.recv(2) == codec.encode_pingresp()
+    sock.sendall(encoders.encode_pingreq())
+    assert sock.recv(2) == encoders.encode_pingresp()
     silent = closed_after(sock, 5)
     # The server's 1.5 K starts at its read after sending PINGRESP, a little before our
     # clock starts here; 50 ms covers this process being descheduled in between.
@@ -53,8 +53,8 @@ def test_baseline_pings_times_out_and_takes_over(target: MqttTarget) -> None:
     old = connect(target.port, "dev-2", keep_alive=30)
     new = connect(target.port, "dev-2", keep_alive=30)
     assert closed_after(old, 2) < 1.0  # the takeover closed it at once
-    new.sendall(codec.encode_pingreq())
-    assert new.recv(2) == codec.encode_pingresp()
+    new.sendall(encoders.encode_pingreq())
+    assert new.recv(2) == encoders.encode_pingresp()
     new.close()
 
 
@@ -73,8 +73,8 @@ def test_peer_starts_speaks_mqtt_and_stops(name: str) -> None:
     started = start_mqtt_target(_peer(name), free_port())
     try:
         sock = connect(started.port, f"probe-{name}", keep_alive=30)
-        sock.sendall(codec.encode_pingreq())
-        assert sock.recv(2) == codec.encode_pingresp()
+        sock.sendall(encoders.encode_pingreq())
+        assert sock.recv(2) == encoders.encode_pingresp()
         assert started.pids() and started.proc.pid in started.pids()
         sock.close()
     finally:

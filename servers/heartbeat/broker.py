@@ -1,8 +1,9 @@
-"""Subscriptions and routing: which subscribers get a message published on a topic.
+"""Topic matching, subscriptions and routing: which subscribers get a message published on a topic.
 
-Pure. Exact filters (no wildcards) sit in a dict, so a device subscribed to its own
-command topic costs O(1) per publish however many devices there are; wildcard
-filters (``presence/#``) are few and are matched one by one.
+Pure. :func:`topic_matches` is the one implementation of MQTT's filter rules (4.7).
+Exact filters (no wildcards) sit in a dict, so a device subscribed to its own command
+topic costs O(1) per publish however many devices there are; wildcard filters
+(``presence/#``) are few and are matched one by one.
 """
 
 from __future__ import annotations
@@ -10,11 +11,31 @@ from __future__ import annotations
 from collections.abc import Hashable
 from typing import Generic, TypeVar
 
-from .codec import topic_matches
-
-__all__ = ["Subscriptions"]
+__all__ = ["Subscriptions", "topic_matches"]
 
 K = TypeVar("K", bound=Hashable)
+
+
+def topic_matches(topic_filter: str, topic: str) -> bool:
+    """Whether ``topic`` matches ``topic_filter``.
+
+    ``+`` matches exactly one level, ``#`` its own level and every level below, so
+    ``a/#`` matches ``a`` too. Topics starting with ``$`` are not matched by a filter
+    starting with a wildcard (MQTT-4.7.2-1), so ``#`` does not see ``$SYS/...``.
+    """
+    if topic_filter == topic:
+        return True
+    if topic[:1] == "$" and topic_filter[:1] in ("+", "#"):
+        return False
+    levels = topic.split("/")
+    parts = topic_filter.split("/")
+    count = len(levels)
+    for i, part in enumerate(parts):
+        if part == "#":
+            return True
+        if i >= count or (part != "+" and part != levels[i]):
+            return False
+    return len(parts) == count
 
 
 def _is_wildcard(topic_filter: str) -> bool:

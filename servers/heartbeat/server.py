@@ -1,6 +1,6 @@
 """The heartbeat server: MQTT 3.1.1 keep-alive and presence on idlekeeper.
 
-Each connection is one short trio loop: receive, feed the codec, hand packets to
+Each connection is one short trio loop: receive, feed the reader, hand packets to
 the session, carry out its effects. Deadlines are declared once per phase on the
 watched stream, and the keeper's one reaper enforces all of them:
 
@@ -36,11 +36,12 @@ from idlekeeper.epochs import latest
 from ..bus import BusClient
 from ..prometheus import MetricsWriter
 from ..status import fetch_json
-from . import codec
 from .auth import AuthResult, PasswordFile
-from .broker import Subscriptions
-from .codec import PacketReader, ProtocolError
+from .broker import Subscriptions, topic_matches
+from .encoders import encode_publish
+from .packets import ProtocolError
 from .presence import Offline, PresenceEvent, PresenceSink
+from .reader import PacketReader
 from .session import (
     DEFAULT_MAX_QOS,
     DEFAULT_PRESENCE_PREFIX,
@@ -336,7 +337,7 @@ class HeartbeatServer:
 
     def _remote_wants(self, topic: str) -> bool:
         for filters in self.remote_filters.values():
-            if topic in filters or any(codec.topic_matches(f, topic) for f in filters):
+            if topic in filters or any(topic_matches(f, topic) for f in filters):
                 return True
         return False
 
@@ -348,11 +349,11 @@ class HeartbeatServer:
         for conn, granted in targets.items():
             if min(qos, granted) == 0:
                 if not plain:
-                    plain = codec.encode_publish(topic, payload)
+                    plain = encode_publish(topic, payload)
                 self._enqueue(conn, plain)
             else:
                 conn.msg_id = conn.msg_id % 65535 + 1
-                self._enqueue(conn, codec.encode_publish(topic, payload, qos=1, packet_id=conn.msg_id))
+                self._enqueue(conn, encode_publish(topic, payload, qos=1, packet_id=conn.msg_id))
         self.counters["messages_out"] += len(targets)
         return len(targets)
 

@@ -13,8 +13,8 @@ import itertools
 import os
 from dataclasses import dataclass
 
-from . import codec
-from .codec import ProtocolError
+from . import encoders, packets
+from .packets import ProtocolError
 
 __all__ = [
     "DEFAULT_MAX_QOS",
@@ -137,51 +137,51 @@ class Session:
         self._max_qos = max_qos
         self._presence_prefix = presence_prefix
 
-    def receive(self, packet: codec.Packet) -> list[Effect]:
+    def receive(self, packet: packets.Packet) -> list[Effect]:
         """Effects of one packet from the client. Raises ProtocolError on a violation."""
         if self.state is State.AWAITING_CONNECT:
-            if not isinstance(packet, codec.Connect):
+            if not isinstance(packet, packets.Connect):
                 raise ProtocolError("expected-connect", detail=f"{type(packet).__name__} before CONNECT")
             return [self._connect(packet)]
         if self.state is not State.CONNECTED:
             raise ProtocolError("not-connected", detail=f"{type(packet).__name__} in state {self.state.value}")
-        if isinstance(packet, codec.Pingreq):
-            return [Send(codec.encode_pingresp())]
-        if isinstance(packet, codec.Publish):
+        if isinstance(packet, packets.Pingreq):
+            return [Send(encoders.encode_pingresp())]
+        if isinstance(packet, packets.Publish):
             return self._publish(packet)
-        if isinstance(packet, codec.Subscribe):
+        if isinstance(packet, packets.Subscribe):
             granted = [min(qos, self._max_qos) for _, qos in packet.topics]
             effects: list[Effect] = [
                 Subscribe(topic_filter, qos) for (topic_filter, _), qos in zip(packet.topics, granted, strict=True)
             ]
-            effects.append(Send(codec.encode_suback(packet.packet_id, granted)))
+            effects.append(Send(encoders.encode_suback(packet.packet_id, granted)))
             return effects
-        if isinstance(packet, codec.Unsubscribe):
+        if isinstance(packet, packets.Unsubscribe):
             out: list[Effect] = [Unsubscribe(topic_filter) for topic_filter in packet.topics]
-            out.append(Send(codec.encode_unsuback(packet.packet_id)))
+            out.append(Send(encoders.encode_unsuback(packet.packet_id)))
             return out
-        if isinstance(packet, codec.Disconnect):
+        if isinstance(packet, packets.Disconnect):
             self.state = State.CLOSED
             self.will = None
             return [Goodbye()]
-        if isinstance(packet, codec.Pubrel):
-            return [Send(codec.encode_pubcomp(packet.packet_id))]
-        if isinstance(packet, codec.Connect):
+        if isinstance(packet, packets.Pubrel):
+            return [Send(encoders.encode_pubcomp(packet.packet_id))]
+        if isinstance(packet, packets.Connect):
             raise ProtocolError("second-connect", detail="CONNECT on a connected session")
         return []  # PUBACK / PUBREC / PUBCOMP for what we sent: nothing to do
 
     def accepted(self) -> bytes:
         """The server took the CONNECT: the CONNACK to send."""
         self.state = State.CONNECTED
-        return codec.encode_connack(False, 0)
+        return encoders.encode_connack(False, 0)
 
     def refused(self, return_code: int) -> bytes:
         """The server refused the CONNECT: the CONNACK to send before closing."""
         self.state = State.CLOSED
         self.will = None
-        return codec.encode_connack(False, return_code)
+        return encoders.encode_connack(False, return_code)
 
-    def _connect(self, packet: codec.Connect) -> Accept:
+    def _connect(self, packet: packets.Connect) -> Accept:
         self.state = State.CONNECTING
         client_id = packet.client_id
         assigned = False
@@ -208,7 +208,7 @@ class Session:
             will=self.will,
         )
 
-    def _publish(self, packet: codec.Publish) -> list[Effect]:
+    def _publish(self, packet: packets.Publish) -> list[Effect]:
         effects: list[Effect] = []
         if packet.topic.startswith(self._presence_prefix):
             # Presence is the server's to publish; a device may not forge it.
@@ -216,7 +216,7 @@ class Session:
         else:
             effects.append(Route(packet.topic, packet.payload, min(packet.qos, self._max_qos), packet.retain))
         if packet.qos == 1 and packet.packet_id is not None:
-            effects.append(Send(codec.encode_puback(packet.packet_id)))
+            effects.append(Send(encoders.encode_puback(packet.packet_id)))
         elif packet.qos == 2 and packet.packet_id is not None:
-            effects.append(Send(codec.encode_pubrec(packet.packet_id)))
+            effects.append(Send(encoders.encode_pubrec(packet.packet_id)))
         return effects

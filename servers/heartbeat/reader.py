@@ -1,11 +1,10 @@
-"""MQTT 3.1.1 packets, sans-IO: bytes in, packets out (and packets to bytes).
+"""MQTT 3.1.1 reader, sans-IO: bytes from a client in, :mod:`.packets` out.
 
 :class:`PacketReader` parses what clients send, incrementally: several packets per
 read, a packet split across reads, and never more than one packet of the configured
 maximum size held back (the size is checked as soon as the remaining length is known,
-before the body arrives). Every violation raises :class:`ProtocolError`, whose
-``connack_code`` is the refusal the spec prescribes when there is one. The encoders
-build what the server sends, and what a client sends (for tests and the load generator).
+before the body arrives). Every violation raises :class:`~.packets.ProtocolError`, whose
+``connack_code`` is the refusal the spec prescribes when there is one.
 
 Nothing here does I/O or knows about trio: the connection loop feeds bytes and acts on
 the packets that come back.
@@ -13,159 +12,27 @@ the packets that come back.
 
 from __future__ import annotations
 
-import struct
-from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import TypeAlias
-
-__all__ = [
-    "MAX_REMAINING_LENGTH",
-    "Connect",
-    "Disconnect",
-    "Packet",
-    "PacketReader",
-    "Pingreq",
-    "ProtocolError",
-    "Puback",
-    "Pubcomp",
-    "Publish",
-    "Pubrec",
-    "Pubrel",
-    "Subscribe",
-    "Unsubscribe",
-    "encode_connack",
-    "encode_connect",
-    "encode_disconnect",
-    "encode_pingreq",
-    "encode_pingresp",
-    "encode_puback",
-    "encode_pubcomp",
-    "encode_publish",
-    "encode_pubrec",
-    "encode_pubrel",
-    "encode_remaining_length",
-    "encode_suback",
-    "encode_subscribe",
-    "encode_unsuback",
-    "encode_unsubscribe",
-    "topic_matches",
-]
-
-MAX_REMAINING_LENGTH = 268_435_455
-"""The largest remaining length four varint bytes can carry."""
-
-
-class ProtocolError(Exception):
-    """A violation by the peer.
-
-    ``reason`` is short, lowercase and hyphenated (``"packet-too-large"``), fit for a
-    log line or a metric label. ``connack_code`` is the CONNACK return code to send
-    before closing when the spec prescribes one (1: unacceptable protocol level,
-    2: identifier rejected), else None. ``detail`` is free text for humans.
-    """
-
-    def __init__(self, reason: str, connack_code: int | None = None, detail: str = "") -> None:
-        super().__init__(f"{reason}: {detail}" if detail else reason)
-        self.reason = reason
-        self.connack_code = connack_code
-        self.detail = detail
-
-
-# -- packets a client sends ---------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Connect:
-    """CONNECT: the first packet of every connection."""
-
-    protocol_name: str
-    protocol_level: int
-    clean_session: bool
-    keep_alive: int
-    client_id: str
-    will_topic: str | None = None
-    will_message: bytes | None = None
-    will_qos: int = 0
-    will_retain: bool = False
-    username: str | None = None
-    password: bytes | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Publish:
-    """PUBLISH: ``packet_id`` is set for QoS 1 and 2, None for QoS 0."""
-
-    topic: str
-    payload: bytes
-    qos: int = 0
-    retain: bool = False
-    dup: bool = False
-    packet_id: int | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Puback:
-    """PUBACK: acknowledges a QoS 1 PUBLISH."""
-
-    packet_id: int
-
-
-@dataclass(frozen=True, slots=True)
-class Pubrec:
-    """PUBREC: first acknowledgement of a QoS 2 PUBLISH."""
-
-    packet_id: int
-
-
-@dataclass(frozen=True, slots=True)
-class Pubrel:
-    """PUBREL: second step of the QoS 2 exchange."""
-
-    packet_id: int
-
-
-@dataclass(frozen=True, slots=True)
-class Pubcomp:
-    """PUBCOMP: last step of the QoS 2 exchange."""
-
-    packet_id: int
-
-
-@dataclass(frozen=True, slots=True)
-class Subscribe:
-    """SUBSCRIBE: ``topics`` are (filter, requested QoS) pairs, at least one."""
-
-    packet_id: int
-    topics: tuple[tuple[str, int], ...]
-
-
-@dataclass(frozen=True, slots=True)
-class Unsubscribe:
-    """UNSUBSCRIBE: ``topics`` are filters, at least one."""
-
-    packet_id: int
-    topics: tuple[str, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class Pingreq:
-    """PINGREQ: the keep-alive heartbeat."""
-
-
-@dataclass(frozen=True, slots=True)
-class Disconnect:
-    """DISCONNECT: a clean goodbye (the will is discarded)."""
-
-
-Packet: TypeAlias = (
-    Connect | Publish | Puback | Pubrec | Pubrel | Pubcomp | Subscribe | Unsubscribe | Pingreq | Disconnect
+from .packets import (
+    PINGREQ_WIRE,
+    Connect,
+    Disconnect,
+    Packet,
+    Pingreq,
+    ProtocolError,
+    Puback,
+    Pubcomp,
+    Publish,
+    Pubrec,
+    Pubrel,
+    Subscribe,
+    Unsubscribe,
 )
-"""Any packet :class:`PacketReader` returns."""
+
+__all__ = ["PacketReader"]
 
 # The empty packets carry nothing, so one instance of each serves every connection.
 _PINGREQ = Pingreq()
 _DISCONNECT = Disconnect()
-_PINGREQ_WIRE = b"\xc0\x00"
 
 _CONNECT, _PUBLISH, _PUBACK, _PUBREC, _PUBREL, _PUBCOMP = 1, 3, 4, 5, 6, 7
 _SUBSCRIBE, _UNSUBSCRIBE, _PINGREQ_TYPE, _DISCONNECT_TYPE = 8, 10, 12, 14
@@ -458,7 +325,7 @@ class PacketReader:
                 return []
             src = bytes(buf)
             buf.clear()
-        elif data == _PINGREQ_WIRE:
+        elif data == PINGREQ_WIRE:
             return [_PINGREQ]  # a lone heartbeat, by far the commonest read
         else:
             src = data if type(data) is bytes else bytes(data)
@@ -521,171 +388,3 @@ class PacketReader:
                 continue
             break  # the remaining length itself is still arriving
         return out, pos
-
-
-# -- encoders -------------------------------------------------------------------------
-
-
-def encode_remaining_length(n: int) -> bytes:
-    """MQTT's variable-length integer: 7 bits a byte, least significant first, 1 to 4 bytes.
-
-    Raises ValueError outside 0..268,435,455.
-    """
-    if not 0 <= n <= MAX_REMAINING_LENGTH:
-        raise ValueError(f"remaining length {n} is outside 0..{MAX_REMAINING_LENGTH}")
-    if n < 0x80:
-        return bytes((n,))
-    out = bytearray()
-    while n >= 0x80:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
-
-
-_U16 = struct.Struct("!H")
-
-
-def _frame(first: int, body: bytes) -> bytes:
-    return bytes((first,)) + encode_remaining_length(len(body)) + body
-
-
-def _bin(raw: bytes) -> bytes:
-    if len(raw) > 0xFFFF:
-        raise ValueError(f"field of {len(raw)} bytes; MQTT allows at most 65535")
-    return _U16.pack(len(raw)) + raw
-
-
-def _str(text: str) -> bytes:
-    return _bin(text.encode("utf-8"))
-
-
-def _ack(first: int, packet_id: int) -> bytes:
-    return bytes((first, 0x02)) + _U16.pack(packet_id)
-
-
-def encode_connack(session_present: bool, return_code: int) -> bytes:
-    """CONNACK: ``20 02 <session present> <return code>``."""
-    return bytes((0x20, 0x02, 1 if session_present else 0, return_code))
-
-
-def encode_publish(
-    topic: str, payload: bytes, qos: int = 0, retain: bool = False, packet_id: int | None = None, dup: bool = False
-) -> bytes:
-    """PUBLISH; QoS 1 and 2 need a non-zero ``packet_id``, QoS 0 ignores it."""
-    if qos not in (0, 1, 2):
-        raise ValueError(f"QoS {qos}")
-    first = 0x30 | (0x08 if dup else 0) | (qos << 1) | (0x01 if retain else 0)
-    head = _str(topic)
-    if qos:
-        if not packet_id:
-            raise ValueError("QoS 1 and 2 need a non-zero packet id")
-        head += _U16.pack(packet_id)
-    return _frame(first, head + payload)
-
-
-def encode_puback(packet_id: int) -> bytes:
-    """PUBACK: ``40 02 <id>``."""
-    return _ack(0x40, packet_id)
-
-
-def encode_pubrec(packet_id: int) -> bytes:
-    """PUBREC: ``50 02 <id>``."""
-    return _ack(0x50, packet_id)
-
-
-def encode_pubrel(packet_id: int) -> bytes:
-    """PUBREL: ``62 02 <id>``."""
-    return _ack(0x62, packet_id)
-
-
-def encode_pubcomp(packet_id: int) -> bytes:
-    """PUBCOMP: ``70 02 <id>``."""
-    return _ack(0x70, packet_id)
-
-
-def encode_suback(packet_id: int, granted: Sequence[int]) -> bytes:
-    """SUBACK: ``90 <RL> <id> <code>...``, one code per filter: the granted QoS or 0x80 (failure)."""
-    return _frame(0x90, _U16.pack(packet_id) + bytes(granted))
-
-
-def encode_unsuback(packet_id: int) -> bytes:
-    """UNSUBACK: ``b0 02 <id>``."""
-    return _ack(0xB0, packet_id)
-
-
-def encode_pingresp() -> bytes:
-    """PINGRESP: ``d0 00``."""
-    return b"\xd0\x00"
-
-
-def encode_connect(
-    client_id: str,
-    keep_alive: int = 60,
-    clean_session: bool = True,
-    will_topic: str | None = None,
-    will_message: bytes | None = None,
-    will_qos: int = 0,
-    will_retain: bool = False,
-    username: str | None = None,
-    password: bytes | None = None,
-    protocol_level: int = 4,
-    protocol_name: str = "MQTT",
-) -> bytes:
-    """CONNECT, as a client sends it; the will is sent when ``will_topic`` is given."""
-    flags = 0x02 if clean_session else 0
-    payload = _str(client_id)
-    if will_topic is not None:
-        flags |= 0x04 | (will_qos << 3) | (0x20 if will_retain else 0)
-        payload += _str(will_topic) + _bin(will_message or b"")
-    if username is not None:
-        flags |= 0x80
-        payload += _str(username)
-    if password is not None:
-        flags |= 0x40
-        payload += _bin(password)
-    head = _str(protocol_name) + bytes((protocol_level, flags)) + _U16.pack(keep_alive)
-    return _frame(0x10, head + payload)
-
-
-def encode_subscribe(packet_id: int, topics: Sequence[tuple[str, int]]) -> bytes:
-    """SUBSCRIBE (fixed header ``82``): (filter, requested QoS) pairs."""
-    body = _U16.pack(packet_id) + b"".join(_str(topic_filter) + bytes((qos,)) for topic_filter, qos in topics)
-    return _frame(0x82, body)
-
-
-def encode_unsubscribe(packet_id: int, topics: Sequence[str]) -> bytes:
-    """UNSUBSCRIBE (fixed header ``a2``)."""
-    return _frame(0xA2, _U16.pack(packet_id) + b"".join(_str(topic_filter) for topic_filter in topics))
-
-
-def encode_pingreq() -> bytes:
-    """PINGREQ: ``c0 00``."""
-    return _PINGREQ_WIRE
-
-
-def encode_disconnect() -> bytes:
-    """DISCONNECT: ``e0 00``."""
-    return b"\xe0\x00"
-
-
-def topic_matches(topic_filter: str, topic: str) -> bool:
-    """Whether ``topic`` matches ``topic_filter``.
-
-    ``+`` matches exactly one level, ``#`` its own level and every level below, so
-    ``a/#`` matches ``a`` too. Topics starting with ``$`` are not matched by a filter
-    starting with a wildcard (MQTT-4.7.2-1), so ``#`` does not see ``$SYS/...``.
-    """
-    if topic_filter == topic:
-        return True
-    if topic[:1] == "$" and topic_filter[:1] in ("+", "#"):
-        return False
-    levels = topic.split("/")
-    parts = topic_filter.split("/")
-    count = len(levels)
-    for i, part in enumerate(parts):
-        if part == "#":
-            return True
-        if i >= count or (part != "+" and part != levels[i]):
-            return False
-    return len(parts) == count

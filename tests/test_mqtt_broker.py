@@ -1,0 +1,72 @@
+"""The broker: MQTT topic matching, and subscriptions routed exactly or by wildcard."""
+
+from __future__ import annotations
+
+import pytest
+
+from servers.heartbeat.broker import Subscriptions, topic_matches
+
+
+@pytest.mark.parametrize(
+    ("topic_filter", "topic", "match"),
+    [
+        # The spec's examples (4.7.1).
+        ("sport/tennis/player1/#", "sport/tennis/player1", True),
+        ("sport/tennis/player1/#", "sport/tennis/player1/ranking", True),
+        ("sport/tennis/player1/#", "sport/tennis/player1/score/wimbledon", True),
+        ("sport/tennis/player1/#", "sport/tennis/player2", False),
+        ("sport/#", "sport", True),
+        ("sport/tennis/+", "sport/tennis/player1", True),
+        ("sport/tennis/+", "sport/tennis/player2", True),
+        ("sport/tennis/+", "sport/tennis/player1/ranking", False),
+        ("sport/+", "sport", False),
+        ("sport/+", "sport/", True),
+        ("+/tennis/#", "sport/tennis/player1", True),
+        ("+/+", "/finance", True),
+        ("/+", "/finance", True),
+        ("+", "/finance", False),
+        ("+", "finance", True),
+        ("#", "finance", True),
+        ("#", "a/b/c", True),
+        ("#", "/", True),
+        # $-topics are not for wildcard-first filters (4.7.2).
+        ("#", "$SYS/broker/clients", False),
+        ("+/monitor/Clients", "$SYS/monitor/Clients", False),
+        ("$SYS/#", "$SYS/broker/clients", True),
+        ("$SYS/monitor/+", "$SYS/monitor/Clients", True),
+        ("$SYS/+/Clients", "$SYS/monitor/Clients", True),
+        # Plain filters, and case and level-count sensitivity.
+        ("presence/#", "presence/dev-1", True),
+        ("a/b", "a/b", True),
+        ("a/b", "a/c", False),
+        ("a/b", "A/b", False),
+        ("a/b", "a/b/c", False),
+        ("a/b/c", "a/b", False),
+        ("a/+/c", "a/b/c", True),
+        ("a/+/c", "a//c", True),
+        ("a/+/c", "a/b/d", False),
+    ],
+)
+def test_topic_matches(topic_filter: str, topic: str, match: bool) -> None:
+    assert topic_matches(topic_filter, topic) is match
+
+
+def test_subscriptions_route_exact_and_wildcards() -> None:
+    subs: Subscriptions[str] = Subscriptions(max_qos=1)
+    assert subs.subscribe("a", "presence/#", 2) == 1
+    subs.subscribe("b", "presence/dev-1", 0)
+    subs.subscribe("c", "other/+", 0)
+    assert subs.route("presence/dev-1") == {"a": 1, "b": 0}
+    assert subs.route("other/x") == {"c": 0}
+    assert subs.route("other/x/y") == {}
+    subs.drop("a")
+    assert subs.route("presence/dev-1") == {"b": 0}
+    assert subs.unsubscribe("b", "presence/dev-1")
+    assert not subs.unsubscribe("b", "presence/dev-1")
+    assert len(subs) == 1 and not subs.has("b")
+
+
+def test_granted_qos_is_capped_at_max_qos() -> None:
+    subs: Subscriptions[str] = Subscriptions(max_qos=0)
+    assert subs.subscribe("k", "a/+", 1) == 0
+    assert subs.route("a/b") == {"k": 0}

@@ -1,0 +1,97 @@
+"""The MQTT encoders: exact bytes of every packet, and what they refuse to encode."""
+
+from __future__ import annotations
+
+import pytest
+
+from servers.heartbeat.encoders import (
+    encode_connack,
+    encode_disconnect,
+    encode_pingreq,
+    encode_pingresp,
+    encode_puback,
+    encode_pubcomp,
+    encode_publish,
+    encode_pubrec,
+    encode_pubrel,
+    encode_remaining_length,
+    encode_suback,
+    encode_subscribe,
+    encode_unsuback,
+    encode_unsubscribe,
+)
+from servers.heartbeat.packets import ProtocolError
+from servers.heartbeat.reader import PacketReader
+
+# -- exact bytes ------------------------------------------------------------------------
+
+
+def test_fixed_layouts() -> None:
+    assert encode_connack(False, 0) == bytes.fromhex("20020000")
+    assert encode_connack(True, 0) == bytes.fromhex("20020100")
+    assert encode_connack(False, 5) == bytes.fromhex("20020005")
+    assert encode_pingresp() == bytes.fromhex("d000")
+    assert encode_puback(7) == bytes.fromhex("40020007")
+    assert encode_pubrec(0x1234) == bytes.fromhex("50021234")
+    assert encode_pubrel(1) == bytes.fromhex("62020001")
+    assert encode_pubcomp(65535) == bytes.fromhex("7002ffff")
+    assert encode_suback(1, [0, 1, 2, 0x80]) == bytes.fromhex("9006000100010280")
+    assert encode_unsuback(258) == bytes.fromhex("b0020102")
+    assert encode_pingreq() == bytes.fromhex("c000")
+    assert encode_disconnect() == bytes.fromhex("e000")
+
+
+def test_variable_layouts() -> None:
+    assert encode_publish("a/b", b"hi") == bytes.fromhex("30070003612f626869")
+    assert encode_publish("a", b"", qos=1, packet_id=10, retain=True, dup=True) == bytes.fromhex("3b05000161000a")
+    assert encode_publish("a", b"", qos=2, packet_id=1) == bytes.fromhex("34050001610001")
+    assert encode_subscribe(1, [("a/+", 1)]) == bytes.fromhex("820800010003612f2b01")
+    assert encode_unsubscribe(2, ["#"]) == bytes.fromhex("a2050002000123")
+    # A long payload takes a two-byte remaining length: 2 + 1 + 200 = 203 = 0xcb 0x01.
+    assert encode_publish("t", b"x" * 200)[:5] == bytes.fromhex("30cb010001")
+
+
+def test_encoders_refuse_what_cannot_be_sent() -> None:
+    with pytest.raises(ValueError):
+        encode_publish("t", b"", qos=1)  # QoS 1 without a packet id
+    with pytest.raises(ValueError):
+        encode_publish("t", b"", qos=3, packet_id=1)
+    with pytest.raises(ValueError):
+        encode_publish("t" * 65536, b"")
+
+
+# -- remaining length -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("n", "wire"),
+    [
+        (0, "00"),
+        (1, "01"),
+        (127, "7f"),
+        (128, "8001"),
+        (321, "c102"),
+        (16383, "ff7f"),
+        (16384, "808001"),
+        (2097151, "ffff7f"),
+        (2097152, "80808001"),
+        (268435455, "ffffff7f"),
+    ],
+)
+def test_remaining_length(n: int, wire: str) -> None:
+    header = encode_remaining_length(n)
+    assert header == bytes.fromhex(wire)
+    if n:
+        # The reader decodes it to the same number: it admits exactly that much and no less.
+        total = 1 + len(header) + n
+        reader = PacketReader(max_packet_size=total)
+        assert reader.feed(b"\x30" + header) == []
+        assert reader.buffered == 1 + len(header)
+        with pytest.raises(ProtocolError, match="packet-too-large"):
+            PacketReader(max_packet_size=total - 1).feed(b"\x30" + header)
+
+
+@pytest.mark.parametrize("n", [-1, 268435456, 2**40])
+def test_remaining_length_range(n: int) -> None:
+    with pytest.raises(ValueError):
+        encode_remaining_length(n)
