@@ -7,7 +7,7 @@ import pytest
 from servers.heartbeat import encoders, packets
 from servers.heartbeat.packets import ProtocolError
 from servers.heartbeat.reader import PacketReader
-from servers.heartbeat.session import Accept, Goodbye, Route, Send, Session, State, Subscribe, Unsubscribe
+from servers.heartbeat.session import Accept, AddSubscription, Goodbye, RemoveSubscription, Route, Send, Session, State
 
 
 def connect(**kw: object) -> packets.Connect:
@@ -29,11 +29,11 @@ def test_handshake_then_packets() -> None:
         Send(encoders.encode_puback(9)),
     ]
     assert s.receive(packets.Subscribe(4, (("p/#", 2), ("q", 0)))) == [
-        Subscribe("p/#", 1),
-        Subscribe("q", 0),
+        AddSubscription("p/#", 1),
+        AddSubscription("q", 0),
         Send(encoders.encode_suback(4, [1, 0])),
     ]
-    assert s.receive(packets.Unsubscribe(5, ("q",))) == [Unsubscribe("q"), Send(encoders.encode_unsuback(5))]
+    assert s.receive(packets.Unsubscribe(5, ("q",))) == [RemoveSubscription("q"), Send(encoders.encode_unsuback(5))]
     assert s.will is not None
     assert s.receive(packets.Disconnect()) == [Goodbye()]
     assert s.will is None  # a clean goodbye discards the Will
@@ -70,4 +70,7 @@ def test_limits_are_the_ones_given() -> None:
         Route("presence/other", b"x", 0, False),
         Send(encoders.encode_puback(2)),
     ]
-    assert s.receive(packets.Subscribe(3, (("a", 1),))) == [Subscribe("a", 0), Send(encoders.encode_suback(3, [0]))]
+    assert s.receive(packets.Subscribe(3, (("a", 1),))) == [
+        AddSubscription("a", 0),
+        Send(encoders.encode_suback(3, [0])),
+    ]

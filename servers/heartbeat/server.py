@@ -46,12 +46,12 @@ from .session import (
     DEFAULT_MAX_QOS,
     DEFAULT_PRESENCE_PREFIX,
     Accept,
+    AddSubscription,
+    RemoveSubscription,
     Route,
     Send,
     Session,
     State,
-    Subscribe,
-    Unsubscribe,
 )
 
 __all__ = ["Connection", "HeartbeatConfig", "HeartbeatServer"]
@@ -229,11 +229,11 @@ class HeartbeatServer:
             self.route(effect.topic, effect.payload, effect.qos)
         elif isinstance(effect, Accept):
             await self._accept(conn, effect)
-        elif isinstance(effect, Subscribe):
+        elif isinstance(effect, AddSubscription):
             self.subscriptions.subscribe(conn, effect.topic_filter, effect.qos)
             self._start_writer(conn)
             self._announce()
-        elif isinstance(effect, Unsubscribe):
+        elif isinstance(effect, RemoveSubscription):
             self.subscriptions.unsubscribe(conn, effect.topic_filter)
             self._announce()
         # Goodbye needs nothing here: the session is CLOSED and the loop ends.

@@ -20,14 +20,14 @@ __all__ = [
     "DEFAULT_MAX_QOS",
     "DEFAULT_PRESENCE_PREFIX",
     "Accept",
+    "AddSubscription",
     "Effect",
     "Goodbye",
+    "RemoveSubscription",
     "Route",
     "Send",
     "Session",
     "State",
-    "Subscribe",
-    "Unsubscribe",
     "Will",
 ]
 
@@ -83,7 +83,7 @@ class Route:
 
 
 @dataclass(frozen=True, slots=True)
-class Subscribe:
+class AddSubscription:
     """Add a subscription (already granted in the SUBACK that follows)."""
 
     topic_filter: str
@@ -91,7 +91,7 @@ class Subscribe:
 
 
 @dataclass(frozen=True, slots=True)
-class Unsubscribe:
+class RemoveSubscription:
     """Remove a subscription."""
 
     topic_filter: str
@@ -102,7 +102,7 @@ class Goodbye:
     """The client sent DISCONNECT: close cleanly and discard its Will."""
 
 
-Effect = Send | Accept | Route | Subscribe | Unsubscribe | Goodbye
+Effect = Send | Accept | Route | AddSubscription | RemoveSubscription | Goodbye
 
 DEFAULT_MAX_QOS = 1
 """The highest QoS a session grants and routes at unless told otherwise."""
@@ -152,12 +152,13 @@ class Session:
         if isinstance(packet, packets.Subscribe):
             granted = [min(qos, self._max_qos) for _, qos in packet.topics]
             effects: list[Effect] = [
-                Subscribe(topic_filter, qos) for (topic_filter, _), qos in zip(packet.topics, granted, strict=True)
+                AddSubscription(topic_filter, qos)
+                for (topic_filter, _), qos in zip(packet.topics, granted, strict=True)
             ]
             effects.append(Send(encoders.encode_suback(packet.packet_id, granted)))
             return effects
         if isinstance(packet, packets.Unsubscribe):
-            out: list[Effect] = [Unsubscribe(topic_filter) for topic_filter in packet.topics]
+            out: list[Effect] = [RemoveSubscription(topic_filter) for topic_filter in packet.topics]
             out.append(Send(encoders.encode_unsuback(packet.packet_id)))
             return out
         if isinstance(packet, packets.Disconnect):
