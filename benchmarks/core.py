@@ -253,10 +253,9 @@ async def activity_costs(conns: int, passes: int, repeats: int) -> dict[str, Any
 
 
 def _bare_watch(keeper: idlekeeper.Keeper, idle: float) -> Watch:
-    """A watch filed as if entered, without a task: the reaper's work is identical."""
+    """A watch kept without a task or cancel scope: the reaper's work is identical."""
     w = keeper.watch(idle=idle)
-    w._state = 1
-    keeper._enter(w)
+    w.start()
     return w
 
 

@@ -14,7 +14,7 @@ from .keeper import Keeper, open_keeper
 from .serve import Handler, serve_listeners, serve_tcp
 from .stats import KeeperStats, LagHistogram
 from .timers import TimerHandle, Timers
-from .watch import ExpireHook, Watch, WatchedStream
+from .watch import ExpireHook, Watch, WatchedStream, WatchState
 from .wheel import TimingWheel, WheelEntry
 
 __all__ = [
@@ -31,6 +31,7 @@ __all__ = [
     "Timers",
     "TimingWheel",
     "Watch",
+    "WatchState",
     "WatchedStream",
     "WheelEntry",
     "open_keeper",

@@ -26,7 +26,7 @@ from .epochs import EpochClock
 from .stall import SocketLike, send_would_progress, unread_bytes
 from .stats import KeeperStats
 from .timers import TimerHandle, Timers
-from .watch import ExpireHook, Watch, WatchedStream, find_socket
+from .watch import ExpireHook, Watch, WatchedStream, WatchState, find_socket
 from .wheel import TimingWheel, WheelEntry
 
 __all__ = ["Keeper", "open_keeper"]
@@ -34,6 +34,7 @@ __all__ = ["Keeper", "open_keeper"]
 logger = logging.getLogger("idlekeeper")
 
 DEFAULT_TICK = 0.1
+_WATCHING = WatchState.WATCHING
 
 
 def _is_async(fn: Callable[..., object]) -> bool:
@@ -63,7 +64,9 @@ class Keeper:
         # promised lateness: rounding takes at most half a tick, and the other half is
         # left for the reaper's wake-up and the loop pass that stamped the activity.
         self._wheel: TimingWheel[WheelEntry] = TimingWheel(tick / 2, trio.current_time())
-        self._timers = Timers(trio.current_time, wheel=self._wheel, on_error=self._timer_error)
+        self._timers = Timers(
+            trio.current_time, wheel=self._wheel, on_error=self._timer_error, on_schedule=self._poke
+        )
         self._epochs = _loop_epochs.acquire()
         self._stall_check = stall_check
         self._hook_timeout = hook_timeout
@@ -143,9 +146,7 @@ class Keeper:
         A plain callback runs inline in the reaper and must be quick; an async one
         is started as a task.
         """
-        handle = self._timers.call_at(when, self._adapt(callback), *args)
-        self._poke(handle._wheel_tick * self._wheel.tick)
-        return handle
+        return self._timers.call_at(when, self._adapt(callback), *args)
 
     def call_later(self, delay: float, callback: Callable[..., object], *args: Any) -> TimerHandle:
         """Like :meth:`call_at`, ``delay`` seconds from now."""
@@ -155,9 +156,7 @@ class Keeper:
         self, interval: float, callback: Callable[..., object], *args: Any, first: float | None = None
     ) -> TimerHandle:
         """Run ``callback(*args)`` every ``interval`` seconds until the handle is cancelled."""
-        handle = self._timers.call_every(interval, self._adapt(callback), *args, first=first)
-        self._poke(handle._wheel_tick * self._wheel.tick)
-        return handle
+        return self._timers.call_every(interval, self._adapt(callback), *args, first=first)
 
     @property
     def hooks_pending(self) -> int:
@@ -192,14 +191,15 @@ class Keeper:
         self._wheel.cancel(watch)
 
     def _changed(self, watch: Watch) -> None:
-        if watch._state != 1 or watch.reason is not None or self._closed:
+        if watch._state is not _WATCHING or watch.reason is not None or self._closed:
             return
         when = watch.check_time(trio.current_time())
         wheel = self._wheel
         if when == math.inf:
             wheel.cancel(watch)
             return
-        if watch.filed and watch._wheel_tick * wheel.tick <= when:
+        due = wheel.due(watch)
+        if due is not None and due <= when:
             return  # filed early enough already; the reaper will re-file it lazily
         self._poke(wheel.schedule(watch, when))
 
@@ -236,7 +236,7 @@ class Keeper:
             stats.busy_seconds += perf_counter() - started
 
     def _due(self, watch: Watch, now: float) -> None:
-        if watch._state != 1 or watch.reason is not None:
+        if watch._state is not _WATCHING or watch.reason is not None:
             return
         when, reason = watch.resolve(now)
         if reason is None or when > now:

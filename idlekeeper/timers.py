@@ -67,7 +67,9 @@ class Timers:
 
     ``clock`` returns the current time; ``wheel`` may be shared with other kinds of
     entries (the keeper files its connections in the same wheel), in which case
-    the owner hands due :class:`TimerHandle` s to :meth:`fire`.
+    the owner hands due :class:`TimerHandle` s to :meth:`fire`. ``on_schedule(due)``
+    is told, each time a handle is filed, when the wheel will hand it back: an owner
+    that sleeps between wake-ups uses it to wake sooner.
     """
 
     def __init__(
@@ -77,10 +79,12 @@ class Timers:
         *,
         wheel: TimingWheel[Any] | None = None,
         on_error: Callable[[TimerHandle, BaseException], None] = _log_error,
+        on_schedule: Callable[[float], None] | None = None,
     ) -> None:
         self._clock = clock
         self._wheel: TimingWheel[Any] = wheel if wheel is not None else TimingWheel(tick, clock())
         self._on_error = on_error
+        self._on_schedule = on_schedule
         self.fired = 0
         """How many callbacks have run."""
 
@@ -90,7 +94,7 @@ class Timers:
     def call_at(self, when: float, callback: Callable[..., object], *args: Any) -> TimerHandle:
         """Call ``callback(*args)`` once, no earlier than ``when``."""
         handle = TimerHandle(self, when, None, callback, args)
-        self._wheel.schedule(handle, when)
+        self._file(handle)
         return handle
 
     def call_later(self, delay: float, callback: Callable[..., object], *args: Any) -> TimerHandle:
@@ -114,8 +118,13 @@ class Timers:
             raise ValueError(f"interval must be positive and finite, not {interval!r}")
         when = self._clock() + interval if first is None else first
         handle = TimerHandle(self, when, interval, callback, args)
-        self._wheel.schedule(handle, when)
+        self._file(handle)
         return handle
+
+    def _file(self, handle: TimerHandle) -> None:
+        due = self._wheel.schedule(handle, handle.when)
+        if self._on_schedule is not None:
+            self._on_schedule(due)
 
     def next_deadline(self) -> float | None:
         """When :meth:`run_due` will next have work, or None."""
@@ -141,7 +150,7 @@ class Timers:
         else:
             missed = math.floor((now - handle.when) / interval)
             handle.when += interval * (missed + 1)
-            self._wheel.schedule(handle, handle.when)
+            self._file(handle)
         self.fired += 1
         try:
             handle.callback(*handle.args)

@@ -10,6 +10,7 @@ so that the store does not first chase a pointer to another object.
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Awaitable, Callable
 from types import TracebackType
 from typing import Protocol
@@ -17,10 +18,10 @@ from typing import Protocol
 import trio
 
 from .deadlines import ConnectionDeadlines, Reason
-from .epochs import EpochClock
+from .epochs import NEVER, Epoch, EpochClock, latest
 from .stall import SocketLike
 
-__all__ = ["ExpireHook", "Watch", "WatchedStream"]
+__all__ = ["ExpireHook", "Watch", "WatchState", "WatchedStream"]
 
 ExpireHook = Callable[["Watch"], Awaitable[None] | None]
 """``on_expire(watch)``: a plain function (run in a worker thread) or an async one."""
@@ -29,6 +30,24 @@ ExpireHook = Callable[["Watch"], Awaitable[None] | None]
 # stamps progress: "between two successful writes", as nginx's send_timeout, rather
 # than "for the whole response".
 SEND_CHUNK = 64 * 1024
+
+
+class WatchState(enum.Enum):
+    """Where a watch is in its life. It moves forward only, once."""
+
+    NEW = "new"
+    """Created; its deadlines are not kept yet."""
+    WATCHING = "watching"
+    """Inside its ``with`` block (or between :meth:`Watch.start` and :meth:`Watch.stop`)."""
+    DONE = "done"
+    """Left; the keeper has forgotten it."""
+
+
+# Module globals: the keeper tests the state on every deadline change, and a global
+# is one dictionary look-up where ``WatchState.WATCHING`` is two.
+_NEW = WatchState.NEW
+_WATCHING = WatchState.WATCHING
+_DONE = WatchState.DONE
 
 
 class _Owner(Protocol):
@@ -80,6 +99,7 @@ class Watch(ConnectionDeadlines):
         "reason",
         "lag",
         "_state",
+        "_entered",
     )
 
     def __init__(
@@ -104,16 +124,18 @@ class Watch(ConnectionDeadlines):
         """Why the connection expired, or None."""
         self.lag = 0.0
         """How long after its deadline the expiry ran (seconds)."""
-        self._state = 0  # 0 new, 1 inside the block, 2 done
+        self._state = _NEW
+        # The loop pass in which watching began: silence is counted from it until the
+        # first receive. An epoch shared with the pass's other connections, not a float.
+        self._entered: Epoch = NEVER
 
     # -- the block ---------------------------------------------------------------
 
     def __enter__(self) -> Watch:
-        if self._state:
+        if self._state is not _NEW:
             raise RuntimeError("a Watch can be entered only once")
         self._scope.__enter__()
-        self._state = 1
-        self._owner._enter(self)
+        self.start()
         return self
 
     def __exit__(
@@ -122,14 +144,40 @@ class Watch(ConnectionDeadlines):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> bool:
-        self._state = 2
-        self._owner._exit(self)
+        self.stop()
         return self._scope.__exit__(exc_type, exc, tb)
+
+    def start(self) -> None:
+        """Begin keeping this watch's deadlines without a ``with`` block.
+
+        For connections served without a task of their own (one loop driving many
+        sockets): an expiry then closes the socket (with ``close=True``) and runs
+        ``on_expire``, and :attr:`cancel_scope` is simply never entered. Pair it
+        with :meth:`stop`. The ``with`` block calls both for you.
+        """
+        if self._state is not _NEW:
+            raise RuntimeError("a Watch can be started only once")
+        self._state = _WATCHING
+        self._entered = self._epochs.current
+        self._owner._enter(self)
+
+    def stop(self) -> None:
+        """Stop keeping this watch's deadlines; the keeper forgets it. Idempotent."""
+        if self._state is _WATCHING:
+            self._state = _DONE
+            self._owner._exit(self)
+        else:
+            self._state = _DONE
+
+    @property
+    def state(self) -> WatchState:
+        """Where this watch is in its life."""
+        return self._state
 
     @property
     def active(self) -> bool:
-        """Inside the ``with`` block and not expired."""
-        return self._state == 1 and self.reason is None
+        """Being watched (inside the ``with`` block) and not expired."""
+        return self._state is _WATCHING and self.reason is None
 
     @property
     def expired(self) -> bool:
@@ -209,6 +257,20 @@ class Watch(ConnectionDeadlines):
         """Record activity in both directions."""
         self.rx = self.tx = self._epochs.current
 
+    def silent_for(self, now: float | None = None) -> float:
+        """Seconds since the peer was last heard from (since watching began, if never).
+
+        Activity is stamped per loop pass, so this can err short by the length of the
+        pass the last receive happened in, never long: a silence reported is one that
+        really lasted. ``now`` defaults to ``trio.current_time()``; 0 before watching.
+        """
+        if now is None:
+            now = trio.current_time()
+        since = self.rx if self.rx is not NEVER else self._entered
+        if since is NEVER:
+            return 0.0
+        return max(0.0, now - latest(since, now))
+
     # -- used by the keeper ------------------------------------------------------------
 
     def cancel(self) -> None:
@@ -227,7 +289,7 @@ class Watch(ConnectionDeadlines):
         self.cancel()
 
     def __repr__(self) -> str:
-        state = ("new", "watching", "done")[self._state]
+        state = self._state.value
         if self.reason is not None:
             state = f"expired ({self.reason})"
         return f"<Watch {state} idle={self._idle} receive={self._receive} send={self._send} deadline={self._deadline}>"

@@ -129,6 +129,12 @@ class TimingWheel(Generic[E]):
     def __len__(self) -> int:
         return self._count
 
+    def due(self, entry: E) -> float | None:
+        """When ``advance`` will first return ``entry``, or None if it is not filed."""
+        if entry._wheel_slot == _UNFILED:
+            return None
+        return max(entry._wheel_tick, self._now_tick) * self._tick
+
     def schedule(self, entry: E, deadline: float) -> float:
         """File ``entry`` to come due at ``deadline``, moving it if already filed.
 

@@ -31,10 +31,10 @@ async def test_activity_is_lazy_and_defers_expiry(keeper: idlekeeper.Keeper, clo
     with keeper.watch(idle=5) as w:
         for _ in range(4):
             await trio.sleep(2)
-            filed_tick = w._wheel_tick
+            filed_due = keeper._wheel.due(w)
             w.mark_received()
             # Recording activity did not touch the wheel.
-            assert w._wheel_tick == filed_tick
+            assert keeper._wheel.due(w) == filed_due
         last = trio.current_time()
         await trio.sleep(100)
     assert w.reason is Reason.IDLE
@@ -132,6 +132,61 @@ async def test_watch_rules(keeper: idlekeeper.Keeper, clock: MockClock) -> None:
         keeper.watch(receive=-1)
     with pytest.raises(AttributeError):
         keeper.watch().stream  # noqa: B018 - property access is the test
+
+
+async def test_watch_states_move_forward_once(keeper: idlekeeper.Keeper, clock: MockClock) -> None:
+    w = keeper.watch(idle=1)
+    seen = [(w.state, w.active, keeper.stats.watched)]
+    with w:
+        seen.append((w.state, w.active, keeper.stats.watched))
+    seen.append((w.state, w.active, keeper.stats.watched))
+    states = idlekeeper.WatchState
+    assert seen == [(states.NEW, False, 0), (states.WATCHING, True, 1), (states.DONE, False, 0)]
+    with pytest.raises(RuntimeError):
+        w.start()
+    assert "done" in repr(w)
+
+
+async def test_started_watch_expires_without_a_task_or_scope(keeper: idlekeeper.Keeper, clock: MockClock) -> None:
+    """start()/stop() keep a connection's deadlines with no with-block: what a loop
+    that serves many sockets itself needs. Expiry runs the hook, exactly once."""
+    expired: list[Reason | None] = []
+    watches = [keeper.watch(idle=5, on_expire=lambda w: expired.append(w.reason)) for _ in range(3)]
+    for w in watches:
+        w.start()
+    assert keeper.stats.watched == 3 and len(keeper._wheel) == 3
+    await trio.sleep(3)
+    watches[1].mark_received()  # activity at 3 moves its deadline to 8
+    watches[2].stop()  # a connection that ended: forgotten at once, never expires
+    assert len(keeper._wheel) == 2
+    await trio.sleep(2 + keeper.tick)
+    assert watches[0].reason is Reason.IDLE and watches[1].reason is None and watches[2].reason is None
+    await trio.sleep(3)
+    assert watches[1].reason is Reason.IDLE
+    await keeper.wait_hooks()
+    assert expired == [Reason.IDLE, Reason.IDLE]
+    for w in watches:
+        w.stop()
+        w.stop()  # idempotent
+    assert keeper.stats.watched == 0 and len(keeper._wheel) == 0
+
+
+async def test_silent_for_counts_from_the_last_receive(keeper: idlekeeper.Keeper, clock: MockClock) -> None:
+    w = keeper.watch(receive=100)
+    assert w.silent_for() == 0.0  # not watched yet
+    start = trio.current_time()
+    with w:
+        await trio.sleep(4)
+        # Never heard from: silent since watching began.
+        assert w.silent_for() == pytest.approx(trio.current_time() - start)
+        w.mark_received()
+        await trio.sleep(3)
+        assert w.silent_for() == pytest.approx(3)
+        w.mark_sent()  # sending is not hearing from the peer
+        await trio.sleep(1)
+        assert w.silent_for() == pytest.approx(4)
+        # Never negative, whatever "now" a caller passes.
+        assert w.silent_for(now=0.0) == 0.0
 
 
 async def test_closed_keeper_refuses_watches(clock: MockClock) -> None:

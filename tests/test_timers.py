@@ -78,3 +78,20 @@ def test_a_million_pending_callbacks_cost_no_scan() -> None:
     assert timers.next_deadline() == pytest.approx(100 + 3600, abs=0.01)
     with pytest.raises(ValueError):
         timers.call_every(0, lambda: None)
+
+
+def test_on_schedule_hears_when_each_filing_comes_due() -> None:
+    """The owner's wake-up hint is the wheel's own due time (rounded up, never early)."""
+    clock = FakeClock()
+    told: list[float] = []
+    timers = Timers(clock, tick=0.01, on_schedule=told.append)
+    once = timers.call_at(100.005, lambda: None)
+    assert told == [pytest.approx(100.01)]
+    assert told[0] >= once.when
+    timers.call_every(0.5, lambda: None)
+    assert told[-1] == pytest.approx(100.5)
+    clock.now = 100.5
+    timers.run_due()
+    # The repeating timer was filed again: its next due time was reported too.
+    assert told[-1] == pytest.approx(101.0)
+    assert timers.next_deadline() == pytest.approx(101.0)

@@ -125,6 +125,16 @@ class WheelMachine(RuleBasedStateMachine):
             assert len(self.wheel) == len(self.model)
             for name, item in self.items.items():
                 assert item.filed == (name in self.model)
+                due = self.wheel.due(item)
+                if name not in self.model:
+                    assert due is None
+                else:
+                    # Where advance will hand it back: never before its deadline
+                    # unless already due, and within one tick of it.
+                    assert due is not None
+                    deadline = self.model[name]
+                    assert due >= deadline or due <= self.wheel.now
+                    assert due <= max(deadline, self.wheel.now) + self.tick
 
     @invariant()
     def next_deadline_is_never_late(self) -> None:
