@@ -180,7 +180,9 @@ async def test_connect_timeout_and_empty_client_id(clock: MockClock) -> None:
         assert await mute.closed()
         assert 5 <= trio.current_time() - start < 5 + TICK
         await anonymous.send(encoders.encode_disconnect())
-    assert any(e.reason is Offline.CONNECT_TIMEOUT and e.client_id is None for e in events)
+    (timed_out,) = [e for e in events if e.reason is Offline.CONNECT_TIMEOUT]
+    assert timed_out.client_id is None
+    assert 5 <= timed_out.silent_for < 5 + TICK  # counted from accept: it never sent a byte
 
 
 async def test_takeover_closes_the_old_connection(clock: MockClock) -> None:

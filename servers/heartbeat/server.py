@@ -31,7 +31,6 @@ import trio
 
 import idlekeeper
 from idlekeeper import Reason
-from idlekeeper.epochs import latest
 
 from ..bus import BusClient
 from ..prometheus import MetricsWriter
@@ -102,7 +101,6 @@ class Connection:
         "ended_by",
         "finished",
         "msg_id",
-        "opened",
         "outbox",
         "peer",
         "session",
@@ -114,7 +112,6 @@ class Connection:
     def __init__(self, stream: idlekeeper.WatchedStream, peer: str, session: Session) -> None:
         self.stream = stream
         self.peer = peer
-        self.opened = trio.current_time()
         self.accepted_at = 0.0
         self.session = session
         self.ended_by: Offline | None = None
@@ -123,6 +120,10 @@ class Connection:
         self.wake: trio.Event | None = None
         self.writer: trio.CancelScope | None = None
         self.msg_id = 0
+
+    def silent_for(self, now: float | None = None) -> float:
+        """Seconds since the client last sent anything (since accept, if nothing yet)."""
+        return self.stream.silent_for(now)
 
     def end(self, reason: Offline) -> None:
         """Close this connection from outside its own task (takeover, shutdown)."""
@@ -386,15 +387,12 @@ class HeartbeatServer:
     def _event(
         self, conn: Connection, status: str, reason: Offline | None, detail: str = "", publish: bool = True
     ) -> None:
-        now = trio.current_time()
-        stream = conn.stream
-        silent_for = max(0.0, now - max(latest(stream.rx, now), conn.opened))
         event = PresenceEvent(
             status=status,
             client_id=conn.session.client_id,
             peer=conn.peer,
             reason=reason,
-            silent_for=silent_for,
+            silent_for=conn.silent_for(),
             time=time.time(),
             worker=self.config.worker,
             detail=detail,
@@ -497,9 +495,8 @@ class HeartbeatServer:
         out["keep_alive"] = record[1]
         conn = self.online.get(key)
         if conn is not None:
-            now = trio.current_time()
             out["status"] = "online"
-            out["silent_for"] = round(max(0.0, now - max(latest(conn.stream.rx, now), conn.opened)), 3)
+            out["silent_for"] = round(conn.silent_for(), 3)
         return out
 
     def metrics(self) -> str:
