@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import signal
 import sys
 from collections.abc import Sequence
 from functools import partial
@@ -29,7 +28,9 @@ from servers.gcpolicy import freeze_long_lived
 from servers.heartbeat.packets import ProtocolError
 from servers.heartbeat.reader import PacketReader
 from servers.heartbeat.session import Accept, Send, Session, State
-from servers.workers import announce
+from servers.listeners import port_of
+from servers.readiness import Ready
+from servers.runner import serve_until_signal
 
 __all__ = ["BaselineServer", "main"]
 
@@ -86,16 +87,14 @@ class BaselineServer:
 async def serve(args: argparse.Namespace) -> None:
     """Serve until SIGINT or SIGTERM."""
     server = BaselineServer(args.connect_timeout)
-    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-        async with trio.open_nursery() as nursery:
-            listeners = await nursery.start(partial(trio.serve_tcp, server.handle, args.port, host=args.host))
-            port = listeners[0].socket.getsockname()[1]
-            if args.gc_freeze > 0:
-                nursery.start_soon(freeze_long_lived, args.gc_freeze)
-            announce(f"baseline worker 0: listening on {args.host}:{port}")
-            async for _ in signals:
-                break
-            nursery.cancel_scope.cancel()
+
+    async def start(nursery: trio.Nursery) -> int:
+        listeners = await nursery.start(partial(trio.serve_tcp, server.handle, args.port, host=args.host))
+        if args.gc_freeze > 0:
+            nursery.start_soon(freeze_long_lived, args.gc_freeze)
+        return port_of(listeners)
+
+    await serve_until_signal(start, lambda port: Ready("baseline", 0, args.host, port))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import queue
-import re
 import socket
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Sequence
+
+from servers.readiness import find_ready
 
 __all__ = ["free_port", "start_heartbeat", "start_http", "start_server", "stop", "wait_listening"]
 
@@ -59,7 +60,6 @@ def start_server(
     Its stderr keeps being drained by a thread, so the server never blocks on it.
     Stop it with ``send_signal(SIGTERM)`` on the returned process (by PID).
     """
-    listening = re.compile(rf"{name} worker \d+: listening")
     module = module or f"servers.{name}"
     cmd = [sys.executable, "-m", module, "--port", str(port), "--workers", str(workers), *extra]
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, cwd=cwd)
@@ -87,7 +87,7 @@ def start_server(
         if not line:
             break
         seen.append(line.rstrip())
-        ready += len(listening.findall(line))  # lines from several workers may have run together
+        ready += len(find_ready(line, name))  # lines from several workers may have run together
     if ready < workers:
         proc.kill()
         proc.wait()

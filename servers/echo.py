@@ -29,6 +29,8 @@ import trio
 
 import idlekeeper
 
+from .listeners import port_of
+
 MAX_LINE = 64 * 1024
 
 
@@ -107,7 +109,7 @@ async def serve(args: argparse.Namespace, task_status: trio.TaskStatus[int] = tr
             emit({"event": "closed", "peer": list(peer), "reason": "eof"})
 
         listeners = await trio.open_tcp_listeners(args.port, host=args.host)
-        port = listeners[0].socket.getsockname()[1]
+        port = port_of(listeners)
         emit({"event": "listening", "host": args.host, "port": port})
         async with trio.open_nursery() as nursery:
             await nursery.start(

@@ -21,8 +21,8 @@ import trio
 
 import idlekeeper
 
+from .listeners import open_listeners, port_of
 from .prometheus import CONTENT_TYPE
-from .workers import open_listeners
 
 __all__ = ["StatusSource", "linger", "send_error", "serve_status"]
 
@@ -170,7 +170,7 @@ async def serve_status(
 ) -> None:
     """Serve the status endpoint until cancelled; ``nursery.start`` returns the port."""
     listeners = open_listeners(host, port)
-    bound = listeners[0].socket.getsockname()[1]
+    bound = port_of(listeners)
 
     async def handler(conn: idlekeeper.WatchedStream) -> None:
         await _serve_one(source, conn)

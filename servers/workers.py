@@ -1,9 +1,8 @@
-"""Worker processes on one port (SO_REUSEPORT) and the supervisor that keeps them up.
+"""The supervisor: worker processes on one port (SO_REUSEPORT), kept up.
 
-Shared by every server in ``servers/``. One process holds at most ~19,000 sockets
-here (the open-file limit is 20,000 and cannot be raised), so hundreds of thousands
-of connections take several processes; they are also how a server uses every core.
-The kernel spreads new connections over the workers' listening sockets.
+Shared by every server in ``servers/``. Several processes are how a server holds
+more connections than one process's open-file limit allows, and how it uses every
+core (see :mod:`servers.listeners`).
 
 The supervisor is plain blocking Python (no trio): it starts the workers, restarts
 any that dies (with a back-off, so a worker that crashes at start-up cannot spin),
@@ -16,51 +15,17 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
 
-import trio
-
 from .bus import Hub
+from .listeners import reserve_port
 
-__all__ = ["announce", "open_listeners", "reserve_port", "run_supervised", "supervise"]
+__all__ = ["run_supervised", "supervise"]
 
 logger = logging.getLogger("servers.workers")
-
-
-def _bound_socket(host: str, port: int, reuse_port: bool) -> socket.socket:
-    family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
-    sock = socket.socket(family, kind, proto)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        if reuse_port:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-        if family == socket.AF_INET6:
-            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
-        sock.bind(addr)
-    except BaseException:
-        sock.close()
-        raise
-    return sock
-
-
-def open_listeners(host: str, port: int, *, reuse_port: bool = False, backlog: int = 4096) -> list[trio.SocketListener]:
-    """A listening TCP socket on ``host:port`` as a trio listener (SO_REUSEPORT if asked)."""
-    sock = _bound_socket(host, port, reuse_port)
-    sock.listen(backlog)
-    return [trio.SocketListener(trio.socket.from_stdlib_socket(sock))]
-
-
-def reserve_port(host: str) -> tuple[int, socket.socket]:
-    """A free port for a group of SO_REUSEPORT workers, held by a bound, non-listening socket.
-
-    Keep the socket until the workers listen, then close it: it receives nothing.
-    """
-    sock = _bound_socket(host, 0, reuse_port=True)
-    return sock.getsockname()[1], sock
 
 
 def supervise(
@@ -167,13 +132,3 @@ def run_supervised(
     finally:
         if holder is not None:
             holder.close()
-
-
-def announce(line: str) -> None:
-    """Write one line to stderr in a single ``write()``.
-
-    Workers share their supervisor's stderr; ``print`` may write the text and its
-    newline separately, and lines from several processes then run together. One
-    write of under 4 KiB to a pipe is atomic.
-    """
-    os.write(2, (line + "\n").encode())

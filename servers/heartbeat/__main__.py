@@ -4,18 +4,20 @@ from __future__ import annotations
 
 import argparse
 import logging
-import signal
 import sys
 from collections.abc import Sequence
 
 import trio
 
-from ..bus import BusClient, Hub
+from .. import runner
+from ..bus import BusClient
+from ..config import add_worker_arguments
 from ..gcpolicy import freeze_long_lived
-from ..workers import announce, open_listeners, run_supervised
+from ..listeners import open_listeners
+from ..readiness import Ready
 from .auth import PasswordFile
 from .presence import PresenceLog
-from .server import HeartbeatConfig, serve_heartbeat
+from .server import HeartbeatConfig, HeartbeatServer, serve_heartbeat
 
 DESCRIPTION = """\
 MQTT 3.1.1 keep-alive presence server. Devices connect with any MQTT client;
@@ -28,11 +30,8 @@ reaper task per worker process."""
 def parser() -> argparse.ArgumentParser:
     """The command line, documented in --help and the README."""
     p = argparse.ArgumentParser(prog="python -m servers.heartbeat", description=DESCRIPTION)
+    add_worker_arguments(p, port=1883)
     a = p.add_argument
-    a("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1; 0.0.0.0 for all)")
-    a("--port", type=int, default=1883, help="MQTT TCP port; 0 picks a free one (default: 1883)")
-    a("--workers", type=int, default=1, help="worker processes sharing the port with SO_REUSEPORT (default: 1)")
-    a("--tick", type=float, default=0.1, help="keeper tick in seconds: expiries run at most this late (default: 0.1)")
     a(
         "--connect-timeout",
         type=float,
@@ -75,24 +74,21 @@ def parser() -> argparse.ArgumentParser:
         help="seconds between freezing long-lived objects out of the garbage collector's scans; 0: never (default: 2)",
     )
     a("--log-level", default="WARNING", help="logging level for protocol errors and the like (default: WARNING)")
-    a("--worker-index", type=int, default=None, help=argparse.SUPPRESS)
     a("--bus", default=None, help=argparse.SUPPRESS)
     return p
 
 
 def config_from(args: argparse.Namespace, worker: int) -> HeartbeatConfig:
     """A worker's configuration from the parsed command line."""
-    cfg = HeartbeatConfig(
-        host=args.host,
-        port=args.port,
-        tick=args.tick,
+    cfg = HeartbeatConfig.from_args(
+        args,
+        worker,
         connect_timeout=args.connect_timeout,
         max_idle=args.max_idle or None,
         max_keepalive=args.max_keepalive,
         send_timeout=args.send_timeout,
         max_packet_size=args.max_packet_size,
         max_connections=args.max_connections,
-        worker=worker,
         auth=PasswordFile.load(args.auth_file) if args.auth_file else None,
     )
     if args.presence_log:
@@ -107,31 +103,31 @@ async def run_worker(args: argparse.Namespace, worker: int, reuse_port: bool) ->
         config.peer_status = [(args.status_host, args.status_port + j) for j in range(args.workers) if j != worker]
     listeners = open_listeners(args.host, args.port, reuse_port=reuse_port)
     status_port = None if args.status_port is None else args.status_port + worker
-    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-        async with trio.open_nursery() as nursery:
-            server = await nursery.start(
-                lambda task_status: serve_heartbeat(
-                    config,
-                    listeners=listeners,
-                    status_port=status_port,
-                    status_host=args.status_host,
-                    task_status=task_status,
-                )
+
+    async def start(nursery: trio.Nursery) -> HeartbeatServer:
+        server: HeartbeatServer = await nursery.start(
+            lambda task_status: serve_heartbeat(
+                config,
+                listeners=listeners,
+                status_port=status_port,
+                status_host=args.status_host,
+                task_status=task_status,
             )
-            if args.gc_freeze > 0:
-                nursery.start_soon(freeze_long_lived, args.gc_freeze)
-            if args.bus:
-                bus = BusClient(args.bus, server.on_bus)
-                await nursery.start(bus.run)
-                server.attach_bus(bus)
-            announce(
-                f"heartbeat worker {worker}: listening on {args.host}:{server.port}"
-                + (f", status on {args.status_host}:{status_port}" if status_port is not None else "")
-            )
-            async for _ in signals:
-                break
-            # Cancelling the server ends every connection with reason "shutdown".
-            nursery.cancel_scope.cancel()
+        )
+        if args.gc_freeze > 0:
+            nursery.start_soon(freeze_long_lived, args.gc_freeze)
+        if args.bus:
+            bus = BusClient(args.bus, server.on_bus)
+            await nursery.start(bus.run)
+            server.attach_bus(bus)
+        return server
+
+    def ready(server: HeartbeatServer) -> Ready:
+        status_host = args.status_host if status_port is not None else None
+        return Ready("heartbeat", worker, args.host, server.port, status_host, status_port)
+
+    # Cancelling the server ends every connection with reason "shutdown".
+    await runner.serve_until_signal(start, ready)
     for sink in config.extra_sinks:
         close = getattr(sink, "close", None)
         if close is not None:
@@ -142,23 +138,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point: a single worker, or a supervisor of ``--workers`` workers."""
     args = parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    if args.workers <= 1 or args.worker_index is not None:
-        worker = args.worker_index or 0
-        trio.run(run_worker, args, worker, args.worker_index is not None)
-        return 0
-    hub = Hub()
-    try:
-        return run_supervised(
-            "servers.heartbeat",
-            argv if argv is not None else sys.argv[1:],
-            host=args.host,
-            port=args.port,
-            workers=args.workers,
-            worker_args=lambda index: ("--bus", hub.path),
-            hub=hub,
-        )
-    finally:
-        hub.close()
+    return runner.main("servers.heartbeat", args, argv, run_worker, bus=True)
 
 
 if __name__ == "__main__":

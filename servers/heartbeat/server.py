@@ -33,6 +33,8 @@ import idlekeeper
 from idlekeeper import Reason
 
 from ..bus import BusClient
+from ..config import WorkerConfig
+from ..listeners import open_listeners, port_of
 from ..prometheus import MetricsWriter
 from ..status import fetch_json
 from .auth import AuthResult, PasswordFile
@@ -63,12 +65,10 @@ _WRITE_BATCH = 64 * 1024
 
 
 @dataclass
-class HeartbeatConfig:
+class HeartbeatConfig(WorkerConfig):
     """Everything a heartbeat worker needs to know. The CLI fills it in."""
 
-    host: str = "127.0.0.1"
     port: int = 1883
-    tick: float = 0.1
     connect_timeout: float = 10.0
     max_idle: float | None = 3600.0
     max_keepalive: int = 3600
@@ -81,7 +81,6 @@ class HeartbeatConfig:
     """Highest QoS granted to subscribers and routed for publishers: 0 or 1."""
     max_device_records: int = 1_000_000
     """Presence records kept for /devices; the longest-offline are forgotten first."""
-    worker: int = 0
     auth: PasswordFile | None = None
     peer_status: list[tuple[str, int]] = field(default_factory=list)
     """Other workers' status endpoints, asked for devices this worker does not hold."""
@@ -552,13 +551,12 @@ async def serve_heartbeat(
     connection ends with reason ``shutdown`` and gets its TCP close.
     """
     from ..status import serve_status  # the status endpoint only when asked for
-    from ..workers import open_listeners
 
     async with idlekeeper.open_keeper(tick=config.tick) as keeper, trio.open_nursery() as nursery:
         server = HeartbeatServer(config, keeper, nursery)
         if listeners is None:
             listeners = open_listeners(config.host, config.port)
-        server.port = listeners[0].socket.getsockname()[1]
+        server.port = port_of(listeners)
         await nursery.start(
             partial(idlekeeper.serve_listeners, server.handle, listeners, keeper=keeper, handler_nursery=nursery)
         )

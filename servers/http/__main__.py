@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
 from collections.abc import Sequence
 
 import trio
 
+from .. import runner
+from ..config import add_worker_arguments
+from ..listeners import open_listeners
 from ..prometheus import MetricsWriter
-from ..workers import announce, open_listeners, run_supervised
+from ..readiness import Ready
 from .builtin import builtin_app
 from .server import HttpConfig, HttpServer, serve_http
 
@@ -23,11 +25,8 @@ Serves the built-in app: /, /healthz, /metrics, /echo (POST a body), /download?s
 def parser() -> argparse.ArgumentParser:
     """The command line, documented in --help and the README."""
     p = argparse.ArgumentParser(prog="python -m servers.http", description=DESCRIPTION)
+    add_worker_arguments(p, port=8080)
     a = p.add_argument
-    a("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
-    a("--port", type=int, default=8080, help="TCP port; 0 picks a free one (default: 8080)")
-    a("--workers", type=int, default=1, help="worker processes sharing the port with SO_REUSEPORT (default: 1)")
-    a("--tick", type=float, default=0.1, help="keeper tick in seconds (default: 0.1)")
     a("--keep-alive-timeout", type=float, default=15.0, help="idle seconds between requests, and before the first")
     a("--header-timeout", type=float, default=10.0, help="seconds from a request's first byte to its complete head")
     a("--body-timeout", type=float, default=30.0, help="seconds allowed between two reads of a request body")
@@ -38,16 +37,14 @@ def parser() -> argparse.ArgumentParser:
     a("--max-body-size", type=int, default=16 * 1024 * 1024, help="bytes of request body (413 beyond; 16 MiB)")
     a("--max-connections", type=int, default=16_000, help="connections per worker; beyond it 503 (default 16000)")
     a("--grace", type=float, default=10.0, help="seconds requests in flight get at shutdown (default: 10)")
-    a("--worker-index", type=int, default=None, help=argparse.SUPPRESS)
     return p
 
 
 def config_from(args: argparse.Namespace, worker: int) -> HttpConfig:
     """A worker's configuration."""
-    return HttpConfig(
-        host=args.host,
-        port=args.port,
-        tick=args.tick,
+    return HttpConfig.from_args(
+        args,
+        worker,
         keep_alive_timeout=args.keep_alive_timeout,
         header_timeout=args.header_timeout,
         body_timeout=args.body_timeout,
@@ -58,7 +55,6 @@ def config_from(args: argparse.Namespace, worker: int) -> HttpConfig:
         max_body_size=args.max_body_size,
         max_connections=args.max_connections,
         grace=args.grace,
-        worker=worker,
     )
 
 
@@ -76,35 +72,22 @@ async def run_worker(args: argparse.Namespace, worker: int, reuse_port: bool) ->
         writer.counter("http_refused_total", "Connections refused with 503.", server.refused_total, labels)
         writer.keeper_stats(server.keeper.stats, labels)
 
-    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-        async with trio.open_nursery() as nursery:
-            server = await nursery.start(
-                lambda task_status: serve_http(
-                    builtin_app(metrics), config, listeners=listeners, task_status=task_status
-                )
-            )
-            holder.append(server)
-            announce(f"http worker {worker}: listening on {args.host}:{server.port}")
-            async for _ in signals:
-                break
-            await server.shutdown()
-            nursery.cancel_scope.cancel()
+    async def start(nursery: trio.Nursery) -> HttpServer:
+        server: HttpServer = await nursery.start(
+            lambda task_status: serve_http(builtin_app(metrics), config, listeners=listeners, task_status=task_status)
+        )
+        holder.append(server)
+        return server
+
+    await runner.serve_until_signal(
+        start, lambda server: Ready("http", worker, args.host, server.port), stop=HttpServer.shutdown
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point: a single worker, or a supervisor of ``--workers`` workers."""
     args = parser().parse_args(argv)
-    if args.workers <= 1 or args.worker_index is not None:
-        trio.run(run_worker, args, args.worker_index or 0, args.worker_index is not None)
-        return 0
-    return run_supervised(
-        "servers.http",
-        argv if argv is not None else sys.argv[1:],
-        host=args.host,
-        port=args.port,
-        workers=args.workers,
-        grace=args.grace + 5,
-    )
+    return runner.main("servers.http", args, argv, run_worker, grace=args.grace + 5)
 
 
 if __name__ == "__main__":

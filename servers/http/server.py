@@ -32,8 +32,9 @@ import trio
 import idlekeeper
 from idlekeeper import Reason
 
+from ..config import WorkerConfig
+from ..listeners import open_listeners, port_of
 from ..status import send_error
-from ..workers import open_listeners
 from .app import App, BodyTooLarge, Request, Response
 
 __all__ = ["HttpConfig", "HttpServer", "serve_http"]
@@ -46,12 +47,10 @@ enough for the bytes in flight to drain, not enough to be worth attacking."""
 
 
 @dataclass
-class HttpConfig:
+class HttpConfig(WorkerConfig):
     """Timeouts and limits. The CLI fills it in; the README compares the defaults."""
 
-    host: str = "127.0.0.1"
     port: int = 8080
-    tick: float = 0.1
     keep_alive_timeout: float = 15.0
     header_timeout: float = 10.0
     body_timeout: float = 30.0
@@ -62,7 +61,6 @@ class HttpConfig:
     max_body_size: int = 16 * 1024 * 1024
     max_connections: int = 16_000
     grace: float = 10.0
-    worker: int = 0
 
 
 class _Phase:
@@ -326,8 +324,3 @@ async def serve_http(
 
         nursery.start_soon(accept)
         task_status.started(server)
-
-
-def port_of(listeners: list[trio.SocketListener]) -> int:
-    """The port the first listener is bound to."""
-    return int(listeners[0].socket.getsockname()[1])

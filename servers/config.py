@@ -1,0 +1,49 @@
+"""The settings every server worker has, whatever protocol it speaks."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+__all__ = ["WorkerConfig", "add_worker_arguments"]
+
+
+C = TypeVar("C", bound="WorkerConfig")
+
+
+@dataclass
+class WorkerConfig:
+    """Where a worker listens, how fine its keeper's tick is, and which worker it is.
+
+    Each server's own configuration extends it (``HeartbeatConfig``, ``HttpConfig``).
+    """
+
+    host: str = "127.0.0.1"
+    port: int = 0
+    tick: float = 0.1
+    """The keeper's tick: no expiry runs more than this late."""
+    worker: int = 0
+    """This worker's index among those sharing the port (0 for a lone server)."""
+
+    @classmethod
+    def from_args(cls: type[C], args: argparse.Namespace, worker: int, **own: Any) -> C:
+        """A worker's configuration: the shared settings from a command line parsed
+        with :func:`add_worker_arguments`, and the server's ``own`` settings."""
+        return cls(host=args.host, port=args.port, tick=args.tick, worker=worker, **own)
+
+
+def add_worker_arguments(parser: argparse.ArgumentParser, *, port: int, tick_help: str = "") -> None:
+    """Add ``--host``, ``--port``, ``--workers``, ``--tick`` and the supervisor's
+    hidden ``--worker-index`` to a server's command line."""
+    a = parser.add_argument
+    a("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1; 0.0.0.0 for all)")
+    a("--port", type=int, default=port, help=f"TCP port; 0 picks a free one (default: {port})")
+    a("--workers", type=int, default=1, help="worker processes sharing the port with SO_REUSEPORT (default: 1)")
+    a(
+        "--tick",
+        type=float,
+        default=0.1,
+        help=f"keeper tick in seconds: expiries run at most this late{tick_help} (default: 0.1)",
+    )
+    a("--worker-index", type=int, default=None, help=argparse.SUPPRESS)

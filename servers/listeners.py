@@ -1,0 +1,53 @@
+"""Listening sockets for the servers: one port, shared by worker processes if asked.
+
+One process holds at most ~19,000 sockets here (the open-file limit is 20,000 and
+cannot be raised), so a server of hundreds of thousands of connections runs several
+workers on one port with SO_REUSEPORT, and the kernel spreads new connections over
+their listening sockets.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Sequence
+
+import trio
+
+__all__ = ["open_listeners", "port_of", "reserve_port"]
+
+
+def _bound_socket(host: str, port: int, reuse_port: bool) -> socket.socket:
+    family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if reuse_port:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        if family == socket.AF_INET6:
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        sock.bind(addr)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def open_listeners(host: str, port: int, *, reuse_port: bool = False, backlog: int = 4096) -> list[trio.SocketListener]:
+    """A listening TCP socket on ``host:port`` as a trio listener (SO_REUSEPORT if asked)."""
+    sock = _bound_socket(host, port, reuse_port)
+    sock.listen(backlog)
+    return [trio.SocketListener(trio.socket.from_stdlib_socket(sock))]
+
+
+def port_of(listeners: Sequence[trio.SocketListener]) -> int:
+    """The port the first listener is bound to (the one to announce when port 0 was asked)."""
+    return int(listeners[0].socket.getsockname()[1])
+
+
+def reserve_port(host: str) -> tuple[int, socket.socket]:
+    """A free port for a group of SO_REUSEPORT workers, held by a bound, non-listening socket.
+
+    Keep the socket until the workers listen, then close it: it receives nothing.
+    """
+    sock = _bound_socket(host, 0, reuse_port=True)
+    return int(sock.getsockname()[1]), sock

@@ -1,0 +1,90 @@
+"""What every server's ``__main__`` does: one worker, or a supervisor of several; and a
+worker's life from start to signal.
+
+A server supplies its command line and an async ``run_worker(args, worker, reuse_port)``;
+:func:`main` decides whether this process is a lone server, a supervised worker, or
+the supervisor, and :func:`serve_until_signal` runs a worker until SIGINT or SIGTERM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TypeVar
+
+import trio
+
+from .bus import Hub
+from .readiness import Ready, announce_ready
+from .workers import run_supervised
+
+__all__ = ["main", "serve_until_signal"]
+
+S = TypeVar("S")
+
+WorkerMain = Callable[[argparse.Namespace, int, bool], Awaitable[None]]
+"""``run_worker(args, worker_index, reuse_port)``: one worker process's whole life."""
+
+
+def main(
+    module: str,
+    args: argparse.Namespace,
+    argv: Sequence[str] | None,
+    run_worker: WorkerMain,
+    *,
+    grace: float = 10.0,
+    bus: bool = False,
+) -> int:
+    """Run ``args.workers`` workers of ``python -m <module>`` on one port, or be one.
+
+    With one worker (or when started as a worker by the supervisor, which passes
+    ``--worker-index``) this process serves. Otherwise it becomes the supervisor,
+    which restarts workers that die and stops them all on a signal, waiting
+    ``grace`` seconds for their shutdown. With ``bus``, the workers are linked by
+    the supervisor's hub and each gets ``--bus <path>``.
+    """
+    if args.workers <= 1 or args.worker_index is not None:
+        trio.run(run_worker, args, args.worker_index or 0, args.worker_index is not None)
+        return 0
+    hub = Hub() if bus else None
+    try:
+        return run_supervised(
+            module,
+            argv if argv is not None else sys.argv[1:],
+            host=args.host,
+            port=args.port,
+            workers=args.workers,
+            grace=grace,
+            worker_args=(lambda index: ("--bus", hub.path)) if hub is not None else (lambda index: ()),
+            hub=hub,
+        )
+    finally:
+        if hub is not None:
+            hub.close()
+
+
+async def serve_until_signal(
+    start: Callable[[trio.Nursery], Awaitable[S]],
+    ready: Callable[[S], Ready],
+    *,
+    stop: Callable[[S], Awaitable[None]] | None = None,
+) -> S:
+    """Start a worker's server, announce it, serve until SIGINT or SIGTERM, then stop.
+
+    ``start(nursery)`` starts everything the worker runs and returns the server;
+    ``ready(server)`` says what to announce (see :mod:`servers.readiness`). On the
+    signal, ``stop(server)`` (if given) runs first, for a graceful shutdown; then
+    everything still running is cancelled. Returns the server, for a last look.
+    """
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async with trio.open_nursery() as nursery:
+            server = await start(nursery)
+            announce_ready(ready(server))
+            async for _ in signals:
+                break
+            if stop is not None:
+                await stop(server)
+            nursery.cancel_scope.cancel()
+    return server
