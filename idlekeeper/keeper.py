@@ -64,9 +64,7 @@ class Keeper:
         # promised lateness: rounding takes at most half a tick, and the other half is
         # left for the reaper's wake-up and the loop pass that stamped the activity.
         self._wheel: TimingWheel[WheelEntry] = TimingWheel(tick / 2, trio.current_time())
-        self._timers = Timers(
-            trio.current_time, wheel=self._wheel, on_error=self._timer_error, on_schedule=self._poke
-        )
+        self._timers = Timers(trio.current_time, wheel=self._wheel, on_error=self._timer_error, on_schedule=self._poke)
         self._epochs = _loop_epochs.acquire()
         self._stall_check = stall_check
         self._hook_timeout = hook_timeout

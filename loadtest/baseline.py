@@ -3,7 +3,7 @@
     python -m loadtest.baseline --port 1883 [--host 127.0.0.1] [--connect-timeout 10]
 
 What a careful trio user writes without idlekeeper: the same sans-IO protocol code
-as ``servers.heartbeat`` (its codec and :class:`~servers.heartbeat.session.Session`),
+as ``servers.heartbeat`` (its packet reader and :class:`~servers.heartbeat.session.Session`),
 a task per connection from ``trio.serve_tcp``, and one ``trio.move_on_after`` around
 every read: 1.5 x keep-alive once connected, ``--connect-timeout`` before. A new
 connection with a client id already online takes over (the old one is closed).

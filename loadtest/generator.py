@@ -121,7 +121,7 @@ class Device:
 
 
 def _encode_connect(client_id: str, keepalive: int) -> bytes:
-    # Built here rather than imported from the server's codec: a generator should speak
+    # Built here rather than imported from the server's encoders: a generator should speak
     # the wire format independently of the code it is testing.
     cid = client_id.encode()
     body = b"\x00\x04MQTT\x04\x02" + keepalive.to_bytes(2, "big") + len(cid).to_bytes(2, "big") + cid
