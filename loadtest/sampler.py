@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import re
 import threading
 import time
 import urllib.request
@@ -18,10 +17,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import psutil
+from prometheus_client.parser import text_string_to_metric_families
 
 __all__ = ["Metrics", "Sample", "Sampler", "histogram_quantile", "parse_metrics", "percentile", "process_tree"]
-
-_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)$")
 
 
 def percentile(values: Iterable[float], q: float) -> float:
@@ -68,29 +66,22 @@ class Metrics:
 def parse_metrics(text: str) -> Metrics:
     """Read devices online, reaper lag, stall saves and expiries from one ``/metrics`` page."""
     m = Metrics()
-    for line in text.splitlines():
-        match = _SAMPLE.match(line)
-        if not match:
-            continue
-        name, labels, raw = match.groups()
-        value = float(raw)
-        if name == "heartbeat_devices_online":
-            m.online += value
-        elif name == "idlekeeper_reaper_lag_seconds_bucket" and labels:
-            le = re.search(r'le="([^"]+)"', labels)
-            if le:
-                bound = math.inf if le.group(1) == "+Inf" else float(le.group(1))
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            name, labels, value = sample.name, sample.labels, float(sample.value)
+            if name == "heartbeat_devices_online":
+                m.online += value
+            elif name == "idlekeeper_reaper_lag_seconds_bucket" and "le" in labels:
+                bound = float(labels["le"])  # "+Inf" reads as inf
                 m.lag_buckets[bound] = m.lag_buckets.get(bound, 0.0) + value
-        elif name == "idlekeeper_reaper_lag_seconds_count":
-            m.lag_count += value
-        elif name == "idlekeeper_reaper_lag_seconds_sum":
-            m.lag_sum += value
-        elif name == "idlekeeper_stall_saves_total":
-            m.stall_saves += value
-        elif name == "idlekeeper_expired_total" and labels:
-            reason = re.search(r'reason="([^"]+)"', labels)
-            if reason:
-                m.expired[reason.group(1)] = m.expired.get(reason.group(1), 0.0) + value
+            elif name == "idlekeeper_reaper_lag_seconds_count":
+                m.lag_count += value
+            elif name == "idlekeeper_reaper_lag_seconds_sum":
+                m.lag_sum += value
+            elif name == "idlekeeper_stall_saves_total":
+                m.stall_saves += value
+            elif name == "idlekeeper_expired_total" and "reason" in labels:
+                m.expired[labels["reason"]] = m.expired.get(labels["reason"], 0.0) + value
     return m
 
 

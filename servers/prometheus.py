@@ -1,131 +1,135 @@
-"""Prometheus text exposition (format 0.0.4), without a dependency.
+"""Prometheus metrics for the servers, through prometheus-client.
 
-Families keep the order of their first sample; each gets ``# HELP`` and ``# TYPE``
-once, and its samples stay together even when calls for different families
-interleave.
+Every figure is read live when ``/metrics`` is scraped (custom collectors), rather
+than mirrored into client-library counters as it changes: the hot paths keep their
+plain integer counters, and a scrape costs a pass over a few dozen numbers.
+
+Each worker builds its own :class:`~prometheus_client.CollectorRegistry` with
+:func:`worker_registry` (never the library's global one, so that several servers
+in one process, as in the tests, do not collide) and renders it with :func:`render`.
 """
 
 from __future__ import annotations
 
-import math
-import os
-import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 
-import psutil
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
+from prometheus_client.process_collector import ProcessCollector
+from prometheus_client.registry import Collector
 
 import idlekeeper
 
-__all__ = ["CONTENT_TYPE", "MetricsWriter"]
+__all__ = [
+    "CONTENT_TYPE",
+    "Families",
+    "KeeperCollector",
+    "LiveCollector",
+    "Metric",
+    "render",
+    "worker_registry",
+]
 
-CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*\Z")
-_LABEL = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*\Z")
-
-
-def _value(v: float) -> str:
-    if math.isnan(v):
-        return "NaN"
-    if math.isinf(v):
-        return "+Inf" if v > 0 else "-Inf"
-    if float(v).is_integer() and abs(v) < 1e15:
-        return str(int(v))
-    return repr(float(v))
+CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4
+"""The ``Content-Type`` of a ``/metrics`` answer: :func:`render` writes text format 0.0.4,
+which every Prometheus version reads."""
 
 
-def _escape(text: str) -> str:
-    return text.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+class Families:
+    """Builds metric families whose samples all carry the same constant labels.
 
+    Names are given as exposed: a counter named ``x_total`` is exposed as
+    ``x_total`` (prometheus-client adds the suffix itself, so it is taken off here).
+    """
 
-def _labels(labels: Mapping[str, str] | None, extra: Mapping[str, str] | None = None) -> str:
-    merged = {**(labels or {}), **(extra or {})}
-    if not merged:
-        return ""
-    for key in merged:
-        if not _LABEL.match(key):
-            raise ValueError(f"invalid label name {key!r}")
-    return "{" + ",".join(f'{k}="{_escape(str(v))}"' for k, v in merged.items()) + "}"
+    def __init__(self, labels: Mapping[str, str]) -> None:
+        self._names = list(labels)
+        self._values = [labels[k] for k in self._names]
+        self.families: list[Metric] = []
 
+    def gauge(self, name: str, help: str, value: float) -> None:
+        """One gauge with the constant labels."""
+        family = GaugeMetricFamily(name, help, labels=self._names)
+        family.add_metric(self._values, value)
+        self.families.append(family)
 
-class MetricsWriter:
-    """Builds one exposition; :meth:`render` returns the text."""
+    def counter(self, name: str, help: str, value: float) -> None:
+        """One counter with the constant labels."""
+        family = CounterMetricFamily(name.removesuffix("_total"), help, labels=self._names)
+        family.add_metric(self._values, value)
+        self.families.append(family)
 
-    def __init__(self) -> None:
-        self._families: dict[str, tuple[str, str, list[str]]] = {}
+    def counter_by(self, name: str, help: str, label: str, values: Mapping[str, float]) -> None:
+        """One counter family with a sample per value of ``label``."""
+        family = CounterMetricFamily(name.removesuffix("_total"), help, labels=[*self._names, label])
+        for key, value in values.items():
+            family.add_metric([*self._values, key], value)
+        self.families.append(family)
 
-    def _family(self, name: str, kind: str, help_text: str) -> list[str]:
-        if not _NAME.match(name):
-            raise ValueError(f"invalid metric name {name!r}")
-        family = self._families.get(name)
-        if family is None:
-            family = self._families[name] = (kind, help_text, [])
-        elif family[0] != kind:
-            raise ValueError(f"{name} is a {family[0]}, not a {kind}")
-        return family[2]
-
-    def counter(self, name: str, help: str, value: float, labels: Mapping[str, str] | None = None) -> None:
-        """One counter sample."""
-        self._family(name, "counter", help).append(f"{name}{_labels(labels)} {_value(value)}")
-
-    def gauge(self, name: str, help: str, value: float, labels: Mapping[str, str] | None = None) -> None:
-        """One gauge sample."""
-        self._family(name, "gauge", help).append(f"{name}{_labels(labels)} {_value(value)}")
-
-    def histogram(
-        self,
-        name: str,
-        help: str,
-        buckets: Iterable[tuple[float, int]],
-        count: int,
-        sum: float,
-        labels: Mapping[str, str] | None = None,
-    ) -> None:
+    def histogram(self, name: str, help: str, buckets: Iterable[tuple[float, int]], total: float) -> None:
         """A histogram from cumulative ``(upper bound, count)`` buckets ending at ``inf``."""
-        samples = self._family(name, "histogram", help)
-        for bound, n in buckets:
-            samples.append(f"{name}_bucket{_labels(labels, {'le': _value(bound)})} {n}")
-        samples.append(f"{name}_count{_labels(labels)} {count}")
-        samples.append(f"{name}_sum{_labels(labels)} {_value(sum)}")
+        family = HistogramMetricFamily(name, help, labels=self._names)
+        family.add_metric(self._values, [(_bound(b), n) for b, n in buckets], sum_value=total)
+        self.families.append(family)
 
-    def keeper_stats(
-        self, stats: idlekeeper.KeeperStats, labels: Mapping[str, str] | None = None, prefix: str = "idlekeeper"
-    ) -> None:
-        """A keeper's statistics."""
-        self.gauge(f"{prefix}_watched", "Connections inside a keeper.watch block.", stats.watched, labels)
-        self.gauge(f"{prefix}_filed", "Entries in the timing wheel.", stats.filed, labels)
-        for reason, n in stats.expired.items():
-            self.counter(f"{prefix}_expired_total", "Expiries by reason.", n, {**(labels or {}), "reason": str(reason)})
-        self.counter(f"{prefix}_refiles_total", "Lazy re-files of entries that had activity.", stats.refiles, labels)
-        self.counter(f"{prefix}_wakeups_total", "Reaper wake-ups.", stats.wakeups, labels)
-        self.counter(
-            f"{prefix}_stall_saves_total", "Expiries skipped: the peer's bytes were unread.", stats.stall_saves, labels
-        )
-        self.counter(f"{prefix}_hook_errors_total", "on_expire hooks that failed.", stats.hook_errors, labels)
-        self.counter(
-            f"{prefix}_reaper_busy_seconds_total", "Time the reaper spent working.", stats.busy_seconds, labels
-        )
-        self.histogram(
-            f"{prefix}_reaper_lag_seconds",
-            "How far past its deadline each expiry ran.",
-            stats.lag.cumulative(),
-            stats.lag.count,
-            stats.lag.sum,
-            labels,
-        )
 
-    def process(self, labels: Mapping[str, str] | None = None) -> None:
-        """RSS, open files and CPU of the current process."""
-        proc = psutil.Process(os.getpid())
-        cpu = proc.cpu_times()
-        self.gauge("process_resident_memory_bytes", "Resident memory.", proc.memory_info().rss, labels)
-        self.gauge("process_open_fds", "Open file descriptors.", proc.num_fds(), labels)
-        self.counter("process_cpu_seconds_total", "User and system CPU time.", cpu.user + cpu.system, labels)
+def _bound(value: float) -> str:
+    return "+Inf" if value == float("inf") else repr(float(value))
 
-    def render(self) -> str:
-        """The exposition text."""
-        lines: list[str] = []
-        for name, (kind, help_text, samples) in self._families.items():
-            lines.append(f"# HELP {name} {_escape(help_text)}")
-            lines.append(f"# TYPE {name} {kind}")
-            lines.extend(samples)
-        return "\n".join(lines) + "\n"
+
+class LiveCollector(Collector):
+    """A collector that asks a callable for its families at every scrape."""
+
+    def __init__(self, collect: Callable[[], Iterable[Metric]]) -> None:
+        self._collect = collect
+
+    def collect(self) -> Iterator[Metric]:
+        """The families, as they are now."""
+        yield from self._collect()
+
+
+class KeeperCollector(Collector):
+    """A keeper's statistics (:class:`idlekeeper.KeeperStats`), read at each scrape."""
+
+    def __init__(self, stats: idlekeeper.KeeperStats, labels: Mapping[str, str], prefix: str = "idlekeeper") -> None:
+        self._stats = stats
+        self._labels = dict(labels)
+        self._prefix = prefix
+
+    def collect(self) -> Iterator[Metric]:
+        """The keeper's families, as they are now."""
+        stats, p = self._stats, self._prefix
+        f = Families(self._labels)
+        f.gauge(f"{p}_watched", "Connections inside a keeper.watch block.", stats.watched)
+        f.gauge(f"{p}_filed", "Entries in the timing wheel.", stats.filed)
+        expired = {str(reason): n for reason, n in stats.expired.items()}
+        f.counter_by(f"{p}_expired_total", "Expiries by reason.", "reason", expired)
+        f.counter(f"{p}_refiles_total", "Lazy re-files of entries that had activity.", stats.refiles)
+        f.counter(f"{p}_wakeups_total", "Reaper wake-ups.", stats.wakeups)
+        f.counter(f"{p}_stall_saves_total", "Expiries skipped: the peer's bytes were unread.", stats.stall_saves)
+        f.counter(f"{p}_hook_errors_total", "on_expire hooks that failed.", stats.hook_errors)
+        f.counter(f"{p}_reaper_busy_seconds_total", "Time the reaper spent working.", stats.busy_seconds)
+        lag = stats.lag
+        f.histogram(f"{p}_reaper_lag_seconds", "How far past its deadline each expiry ran.", lag.cumulative(), lag.sum)
+        yield from f.families
+
+
+def worker_registry(
+    stats: idlekeeper.KeeperStats,
+    labels: Mapping[str, str],
+    *live: Callable[[], Iterable[Metric]],
+) -> CollectorRegistry:
+    """One worker's registry: its server's ``live`` figures, its keeper's, and the
+    process's own (RSS, CPU, open files, from prometheus-client's process collector)."""
+    registry = CollectorRegistry(auto_describe=False)
+    for collect in live:
+        registry.register(LiveCollector(collect))
+    registry.register(KeeperCollector(stats, labels))
+    ProcessCollector(registry=registry)
+    return registry
+
+
+def render(registry: CollectorRegistry) -> bytes:
+    """The exposition text of ``registry``, for a ``/metrics`` answer."""
+    return generate_latest(registry)

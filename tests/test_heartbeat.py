@@ -10,6 +10,7 @@ from functools import partial
 import pytest
 import trio
 import trio.testing
+from prometheus_client.parser import text_string_to_metric_families
 from trio.testing import MockClock
 
 from servers.heartbeat import encoders, packets
@@ -298,10 +299,17 @@ async def test_shutdown_emits_offline_for_everyone(clock: MockClock) -> None:
 async def test_metrics_text(clock: MockClock) -> None:
     async with running() as (server, _):
         await Client.connect(server.port, "m1")
-        text = server.metrics()
-        assert 'heartbeat_devices_online{worker="0"} 1' in text
-        assert "idlekeeper_reaper_lag_seconds_bucket" in text
-        assert "process_resident_memory_bytes" in text
+        samples = {
+            (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+            for family in text_string_to_metric_families(server.metrics().decode())
+            for sample in family.samples
+        }
+        worker = (("worker", "0"),)
+        assert samples[("heartbeat_devices_online", worker)] == 1
+        assert samples[("heartbeat_connections_total", worker)] == 1
+        assert samples[("heartbeat_offline_total", (("reason", "keepalive-timeout"), *worker))] == 0
+        assert ("idlekeeper_reaper_lag_seconds_bucket", (("le", "+Inf"), *worker)) in samples
+        assert samples[("process_resident_memory_bytes", ())] > 0
 
 
 async def test_device_records_are_bounded(clock: MockClock) -> None:

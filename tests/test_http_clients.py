@@ -40,6 +40,11 @@ def test_httpx_requests(http_server: int) -> None:
         assert client.post("/echo", content=b"x" * 100_000).content == b"x" * 100_000
         assert len(client.get("/download?size=3000000").content) == 3_000_000
         assert client.get("/nope").status_code == 404
+        # HEAD: the GET's headers, no body, and the connection stays usable.
+        head = client.head("/")
+        assert head.status_code == 200 and head.headers["content-length"] == "22" and head.content == b""
+        assert client.head("/download?size=3000000").content == b""
+        assert client.get("/").text == "hello from idlekeeper\n"
         metrics = client.get("/metrics")
         assert metrics.headers["content-type"].startswith("text/plain; version=0.0.4")
         assert "http_requests_total" in metrics.text and "idlekeeper_reaper_lag_seconds_bucket" in metrics.text

@@ -13,10 +13,12 @@ import sys
 import time
 from pathlib import Path
 
+from prometheus_client import CollectorRegistry
+
 from loadtest.devices import DeviceLoad, Timeline, passed, plan, specs
 from loadtest.generator import Device, Generator, GeneratorSpec
 from loadtest.sampler import histogram_quantile, parse_metrics
-from servers.prometheus import MetricsWriter
+from servers.prometheus import Families, LiveCollector, render
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -90,17 +92,35 @@ def test_results_judge_false_expiries_lateness_and_generator_lag(tmp_path: Path)
     assert r["undetected"] == 0 and r["connected"] == 4
 
 
+def _page(worker: str, reason: str = "idle") -> str:
+    """A worker's /metrics page as the servers write it (prometheus-client's exposition)."""
+    f = Families({"worker": worker})
+    f.gauge("heartbeat_devices_online", "Online.", 7)
+    f.histogram("idlekeeper_reaper_lag_seconds", "Lag.", [(0.01, 3), (0.05, 9), (0.1, 10), (math.inf, 10)], 0.2)
+    f.counter("idlekeeper_stall_saves_total", "Saves.", 4)
+    f.counter_by("idlekeeper_expired_total", "Expired.", "reason", {reason: 5})
+    registry = CollectorRegistry()
+    registry.register(LiveCollector(lambda: f.families))
+    return render(registry).decode()
+
+
 def test_metrics_pages_fold_over_workers() -> None:
-    page = MetricsWriter()
-    page.gauge("heartbeat_devices_online", "", 7, {"worker": "0"})
-    page.histogram("idlekeeper_reaper_lag_seconds", "", [(0.01, 3), (0.05, 9), (0.1, 10), (math.inf, 10)], 10, 0.2)
-    page.counter("idlekeeper_stall_saves_total", "", 4)
-    one = parse_metrics(page.render())
-    two = parse_metrics(page.render())
+    one = parse_metrics(_page("0"))
+    two = parse_metrics(_page("1"))
     one.add(two)
     assert one.online == 14 and one.stall_saves == 8 and one.lag_count == 20
+    assert one.expired == {"idle": 10}
     assert histogram_quantile(one.lag_buckets, 0.5) == 0.05
     assert histogram_quantile(one.lag_buckets, 0.99) == 0.1
+
+
+def test_metrics_label_values_may_hold_any_character() -> None:
+    """A '}', a quote or a newline inside a label value is not the end of the labels
+    (the old regex reader stopped at the first '}' and lost the sample)."""
+    for worker in ("w}1", 'w"2', "w\n3", "w{}\\4"):
+        m = parse_metrics(_page(worker, reason="id}le"))
+        assert m.online == 7 and m.stall_saves == 4 and m.lag_count == 10
+        assert m.expired == {"id}le": 5}
 
 
 def test_ci_smoke_run_with_a_stall(tmp_path: Path) -> None:

@@ -35,7 +35,7 @@ from idlekeeper import Reason
 from ..bus import BusClient
 from ..config import WorkerConfig
 from ..listeners import open_listeners, port_of
-from ..prometheus import MetricsWriter
+from ..prometheus import Families, Metric, render, worker_registry
 from ..status import fetch_json
 from .auth import AuthResult, PasswordFile
 from .broker import Subscriptions, topic_matches
@@ -160,6 +160,7 @@ class HeartbeatServer:
         self.bus: BusClient | None = None
         self.remote_filters: dict[int, set[str]] = {}
         self._announced: set[str] = set()
+        self._registry = worker_registry(keeper.stats, {"worker": str(config.worker)}, self.figures)
 
     # -- the connection loop ------------------------------------------------------
 
@@ -498,29 +499,24 @@ class HeartbeatServer:
             out["silent_for"] = round(conn.silent_for(), 3)
         return out
 
-    def metrics(self) -> str:
-        """Prometheus text for this worker."""
-        w = MetricsWriter()
-        labels = {"worker": str(self.config.worker)}
-        w.gauge("heartbeat_devices_online", "Devices with a live, accepted MQTT connection.", len(self.online), labels)
-        w.gauge(
-            "heartbeat_connections",
-            "Open client connections, handshaking ones included.",
-            len(self.connections),
-            labels,
+    def metrics(self) -> bytes:
+        """Prometheus exposition text for this worker: its figures, its keeper's, its process's."""
+        return render(self._registry)
+
+    def figures(self) -> list[Metric]:
+        """This worker's live presence figures, as Prometheus families."""
+        f = Families({"worker": str(self.config.worker)})
+        f.gauge("heartbeat_devices_online", "Devices with a live, accepted MQTT connection.", len(self.online))
+        f.gauge("heartbeat_connections", "Open client connections, handshaking ones included.", len(self.connections))
+        f.counter_by(
+            "heartbeat_offline_total",
+            "Connections ended, by reason.",
+            "reason",
+            {reason.value: self.offline_by_reason.get(reason.value, 0) for reason in Offline},
         )
-        for reason in Offline:
-            w.counter(
-                "heartbeat_offline_total",
-                "Connections ended, by reason.",
-                self.offline_by_reason.get(reason.value, 0),
-                {**labels, "reason": reason.value},
-            )
         for name, help_text in _COUNTERS:
-            w.counter(f"heartbeat_{name}_total", help_text, self.counters.get(name, 0), labels)
-        w.keeper_stats(self.keeper.stats, labels)
-        w.process(labels)
-        return w.render()
+            f.counter(f"heartbeat_{name}_total", help_text, self.counters.get(name, 0))
+        return f.families
 
 
 _COUNTERS: Iterable[tuple[str, str]] = (

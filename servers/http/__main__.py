@@ -11,7 +11,7 @@ import trio
 from .. import runner
 from ..config import add_worker_arguments
 from ..listeners import open_listeners
-from ..prometheus import MetricsWriter
+from ..prometheus import render, worker_registry
 from ..readiness import Ready
 from .builtin import builtin_app
 from .server import HttpConfig, HttpServer, serve_http
@@ -62,21 +62,15 @@ async def run_worker(args: argparse.Namespace, worker: int, reuse_port: bool) ->
     """One worker: serve until SIGINT or SIGTERM, then shut down gracefully."""
     config = config_from(args, worker)
     listeners = open_listeners(args.host, args.port, reuse_port=reuse_port)
-    holder: list[HttpServer] = []
-
-    def metrics(writer: MetricsWriter) -> None:
-        server = holder[0]
-        labels = {"worker": str(worker)}
-        writer.gauge("http_connections", "Open connections.", len(server.connections), labels)
-        writer.counter("http_requests_total", "Requests served.", server.requests_total, labels)
-        writer.counter("http_refused_total", "Connections refused with 503.", server.refused_total, labels)
-        writer.keeper_stats(server.keeper.stats, labels)
 
     async def start(nursery: trio.Nursery) -> HttpServer:
+        # The app's /metrics renders the registry, which is made once the server (and
+        # its keeper) exist: the closure reads it at request time.
+        app = builtin_app(lambda: render(registry))
         server: HttpServer = await nursery.start(
-            lambda task_status: serve_http(builtin_app(metrics), config, listeners=listeners, task_status=task_status)
+            lambda task_status: serve_http(app, config, listeners=listeners, task_status=task_status)
         )
-        holder.append(server)
+        registry = worker_registry(server.keeper.stats, {"worker": str(worker)}, server.figures)
         return server
 
     await runner.serve_until_signal(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
 
-from ..prometheus import CONTENT_TYPE, MetricsWriter
+from ..prometheus import CONTENT_TYPE
 from .app import App, Request, Response
 
 __all__ = ["builtin_app"]
@@ -13,8 +13,9 @@ _CHUNK = b"x" * 65536
 MAX_DOWNLOAD = 1 << 30
 
 
-def builtin_app(server_metrics: Callable[[MetricsWriter], None] | None = None) -> App:
-    """The demo app. ``server_metrics`` adds the server's own figures to /metrics."""
+def builtin_app(metrics: Callable[[], bytes] | None = None) -> App:
+    """The demo app. ``metrics()`` is the exposition text that /metrics answers with
+    (see :func:`servers.prometheus.render`); without it /metrics is 404."""
 
     async def app(request: Request) -> Response:
         path = request.path
@@ -24,12 +25,8 @@ def builtin_app(server_metrics: Callable[[MetricsWriter], None] | None = None) -
             return Response(200, [("content-type", "text/plain")], b"hello from idlekeeper\n")
         if path == "/healthz":
             return Response(200, [("content-type", "text/plain")], b"ok\n")
-        if path == "/metrics":
-            writer = MetricsWriter()
-            if server_metrics is not None:
-                server_metrics(writer)
-            writer.process()
-            return Response(200, [("content-type", CONTENT_TYPE)], writer.render().encode())
+        if path == "/metrics" and metrics is not None:
+            return Response(200, [("content-type", CONTENT_TYPE)], metrics())
         if path == "/echo":
             body = await request.body()  # bounded by the server's body-size limit
             return Response(200, [("content-type", "application/octet-stream")], body)

@@ -34,8 +34,9 @@ from idlekeeper import Reason
 
 from ..config import WorkerConfig
 from ..listeners import open_listeners, port_of
-from ..status import send_error
+from ..prometheus import Families, Metric
 from .app import App, BodyTooLarge, Request, Response
+from .errors import send_error
 
 __all__ = ["HttpConfig", "HttpServer", "serve_http"]
 
@@ -208,7 +209,7 @@ class HttpServer:
                 await send_error(stream, 413)
                 return
             conn.phase = _Phase.SEND
-            await self._respond(conn, response)
+            await self._respond(conn, response, head_only=request.method == "HEAD")
             if h.our_state is h11.MUST_CLOSE or h.their_state is h11.MUST_CLOSE:
                 return
             try:
@@ -246,7 +247,7 @@ class HttpServer:
             return True
         return cfg.max_connection_age is not None and trio.current_time() - conn.started >= cfg.max_connection_age
 
-    async def _respond(self, conn: _Conn, response: Response) -> None:
+    async def _respond(self, conn: _Conn, response: Response, *, head_only: bool = False) -> None:
         h = conn.h11
         headers = [(k.lower(), v) for k, v in response.headers]
         body = response.body
@@ -255,6 +256,11 @@ class HttpServer:
         if self._must_close(conn):
             headers.append(("connection", "close"))
         head = h.send(h11.Response(status_code=response.status, headers=headers)) or b""
+        if head_only:
+            # A response to HEAD has the headers of the GET and no body (RFC 9110 §9.3.2);
+            # h11 refuses body bytes for it, so a streamed body is never started.
+            await conn.stream.send_all(head + (h.send(h11.EndOfMessage()) or b""))
+            return
         if isinstance(body, bytes | bytearray):
             # One write for head, body and end: one system call per small response.
             out = head + (h.send(h11.Data(data=body)) or b"" if body else b"") + (h.send(h11.EndOfMessage()) or b"")
@@ -265,6 +271,14 @@ class HttpServer:
             if chunk:
                 await conn.stream.send_all(h.send(h11.Data(data=chunk)) or b"")
         await conn.stream.send_all(h.send(h11.EndOfMessage()) or b"")
+
+    def figures(self) -> list[Metric]:
+        """This server's live figures, as Prometheus families (see :mod:`servers.prometheus`)."""
+        f = Families({"worker": str(self.config.worker)})
+        f.gauge("http_connections", "Open connections.", len(self.connections))
+        f.counter("http_requests_total", "Requests served.", self.requests_total)
+        f.counter("http_refused_total", "Connections refused with 503.", self.refused_total)
+        return f.families
 
     async def shutdown(self) -> None:
         """Graceful shutdown: stop accepting, close idle keep-alive connections now,
@@ -302,24 +316,43 @@ async def serve_http(
     config: HttpConfig,
     *,
     listeners: list[trio.SocketListener] | None = None,
+    keeper: idlekeeper.Keeper | None = None,
     task_status: trio.TaskStatus[HttpServer] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve ``app`` until cancelled; ``nursery.start`` returns the :class:`HttpServer`.
 
-    ``await server.shutdown()`` first for a graceful stop; cancelling alone is abrupt.
+    Its connections are watched by ``keeper`` if one is given (a server that runs
+    beside others in one worker shares that worker's keeper and reaper), otherwise
+    by a keeper of its own with ``config.tick``. ``await server.shutdown()`` first
+    for a graceful stop; cancelling alone is abrupt.
     """
-    async with idlekeeper.open_keeper(tick=config.tick) as keeper, trio.open_nursery() as nursery:
+    if keeper is None:
+        async with idlekeeper.open_keeper(tick=config.tick) as own:
+            await _serve(app, config, listeners, own, task_status)
+    else:
+        await _serve(app, config, listeners, keeper, task_status)
+
+
+async def _serve(
+    app: App,
+    config: HttpConfig,
+    listeners: list[trio.SocketListener] | None,
+    keeper: idlekeeper.Keeper,
+    task_status: trio.TaskStatus[HttpServer],
+) -> None:
+    async with trio.open_nursery() as nursery:
         server = HttpServer(app, config, keeper)
         if listeners is None:
             listeners = open_listeners(config.host, config.port)
         server.port = port_of(listeners)
+        bound = listeners
 
         async def accept() -> None:
             with server.accepting:
                 await idlekeeper.serve_listeners(
-                    server.handle, listeners, keeper=keeper, close=False, handler_nursery=nursery
+                    server.handle, bound, keeper=keeper, close=False, handler_nursery=nursery
                 )
-            for listener in listeners:
+            for listener in bound:
                 await listener.aclose()
 
         nursery.start_soon(accept)

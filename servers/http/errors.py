@@ -1,0 +1,53 @@
+"""Error answers written past h11, and the lingering close that lets the client read them."""
+
+from __future__ import annotations
+
+import trio
+
+import idlekeeper
+
+__all__ = ["linger", "send_error"]
+
+_REASONS = {
+    400: "Bad Request",
+    405: "Method Not Allowed",
+    408: "Request Timeout",
+    413: "Content Too Large",
+    431: "Request Header Fields Too Large",
+    500: "Internal Server Error",
+    503: "Service Unavailable",
+}
+
+
+async def send_error(stream: idlekeeper.WatchedStream, status: int, linger_for: float = 1.0) -> None:
+    """An error response written directly (h11 may already be in an error state),
+    then a lingering close of ``linger_for`` seconds so that the client reads it
+    rather than a reset."""
+    reason = _REASONS.get(status, "Error")
+    body = f"{status} {reason}\n".encode()
+    head = (
+        f"HTTP/1.1 {status} {reason}\r\n"
+        f"Content-Type: text/plain\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+    ).encode()
+    try:
+        await stream.send_all(head + body)
+    except (trio.BrokenResourceError, trio.ClosedResourceError):
+        return
+    await linger(stream, linger_for)
+
+
+async def linger(conn: idlekeeper.WatchedStream, seconds: float = 1.0, limit: int = 256 * 1024) -> None:
+    """Half-close, then read and discard for a moment before closing (nginx's lingering
+    close): closing with the client's bytes unread would reset the connection, and the
+    reset can destroy the error response before the client reads it."""
+    with trio.move_on_after(seconds):
+        try:
+            await conn.send_eof()
+            drained = 0
+            while drained < limit:
+                data = await conn.receive_some(65536)
+                if not data:
+                    break
+                drained += len(data)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
