@@ -26,14 +26,18 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from .devices import DeviceLoad, HeartbeatTarget, report, run_devices
+from .device_results import report
+from .devices import run_devices
+from .http_load import HttpLoad
+from .http_targets import HTTP_TARGETS
 from .live import Live
+from .mqtt_targets import HeartbeatTarget
 from .processes import free_port
+from .workload import DeviceLoad
 
 __all__ = ["main"]
 
 MQTT_TARGETS = ("idlekeeper", "baseline", "amqtt", "mosquitto")
-HTTP_TARGETS = ("idlekeeper", "hypercorn", "uvicorn")
 
 
 def _num(value: Any) -> float:
@@ -144,7 +148,7 @@ def compare_devices(load: DeviceLoad, targets: Sequence[str], tick: float, quiet
     return {"runs": results, "rows": rows, "missing": missing, "table": table(rows, DEVICE_COLUMNS, missing)}
 
 
-def compare_http(args: argparse.Namespace, targets: Sequence[str]) -> dict[str, Any]:
+def compare_http(load: HttpLoad, targets: Sequence[str]) -> dict[str, Any]:
     """Run the HTTP workload against each target in turn."""
     from .http_load import describe, run_http
 
@@ -153,14 +157,7 @@ def compare_http(args: argparse.Namespace, targets: Sequence[str]) -> dict[str, 
     for name in targets:
         print(f"\n== http: {name} ==", flush=True)
         try:
-            r = run_http(
-                name,
-                connections=args.http_connections,
-                duration=args.http_duration,
-                slowloris=args.slowloris,
-                slow_readers=args.slow_readers,
-                header_timeout=args.header_timeout,
-            )
+            r = run_http(name, load)
         except (RuntimeError, OSError) as exc:
             missing[name] = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             print(f"   skipped: {missing[name]}", flush=True)
@@ -188,11 +185,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     a("--silent", type=float, default=0.05, help="share of devices that go silent (default: 0.05)")
     a("--no-stall", action="store_true", help="skip the 2 x K SIGSTOP of each server")
     a("--tick", type=float, default=0.1, help="idlekeeper's tick in seconds (default: 0.1)")
-    a("--http-connections", type=int, default=50, help="keep-alive load connections (default: 50)")
-    a("--http-duration", type=float, default=10.0, help="seconds of each load phase (default: 10)")
-    a("--slowloris", type=int, default=500, help="slowloris attackers (default: 500)")
-    a("--slow-readers", type=int, default=50, help="slow readers (default: 50)")
-    a("--header-timeout", type=float, default=5.0, help="servers' header/keep-alive timeout (default: 5)")
+    HttpLoad.add_arguments(p, prefix="http-")
     a("--out", default="results/compare.json", help="JSON results; the table goes next to it as .md")
     a("--quiet", action="store_true", help="no live progress")
     a("--render", default=None, metavar="JSON", help="only print the tables of an earlier run's JSON")
@@ -209,7 +202,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         load = DeviceLoad(devices=args.devices, keepalive=args.keepalive, silent=args.silent, stall=not args.no_stall)
         out["devices"] = compare_devices(load, args.mqtt_targets.split(","), args.tick, args.quiet)
     if args.only in (None, "http"):
-        out["http"] = compare_http(args, args.http_targets.split(","))
+        out["http"] = compare_http(HttpLoad.from_args(args, prefix="http-"), args.http_targets.split(","))
     path = Path(args.out)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(out, indent=1, default=float))

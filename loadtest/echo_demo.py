@@ -34,6 +34,8 @@ from typing import Any
 import psutil
 import trio
 
+from .stats import percentile
+
 HOST = "127.0.0.1"
 
 
@@ -50,13 +52,6 @@ class Client:
     closed: trio.Event = field(default_factory=trio.Event)
     server_reason: str | None = None
     held_s: float = math.nan
-
-
-def percentile(values: list[float], q: float) -> float:
-    """Nearest-rank percentile (q in 0..100) of a non-empty list."""
-    ordered = sorted(values)
-    rank = max(1, math.ceil(q / 100 * len(ordered)))
-    return ordered[rank - 1]
 
 
 async def wait_closed(stream: trio.SocketStream, client: Client) -> None:

@@ -45,14 +45,70 @@ import psutil
 
 from .http_targets import HTTP_TARGETS, start_http_target
 from .processes import free_port, stop
-from .sampler import Sampler, percentile, process_tree
+from .sampler import Sampler, process_tree
+from .stats import percentile
 
-__all__ = ["HttpResult", "LoadFigures", "main", "run_http"]
+__all__ = ["HttpLoad", "HttpResult", "LoadFigures", "main", "run_http"]
 
 SLOWLORIS_SOURCE = "127.0.0.3"
 SLOW_READER_SOURCE = "127.0.0.4"
 IDLE_SOURCE = "127.0.0.5"
 _REQUEST = b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+
+
+@dataclass(frozen=True)
+class HttpLoad:
+    """The HTTP workload: keep-alive load alone, then beside attackers. ``loadtest http``
+    and ``loadtest compare`` both take their defaults and flags from here."""
+
+    connections: int = 50
+    """Keep-alive connections of legitimate load."""
+    duration: float = 10.0
+    """Seconds of each load phase."""
+    slowloris: int = 500
+    """Attackers that trickle a header line a second and never end the head."""
+    slow_readers: int = 50
+    """Attackers that pipeline requests and never read the replies."""
+    header_timeout: float = 5.0
+    """The servers' header (and keep-alive) timeout, in seconds."""
+
+    @staticmethod
+    def add_arguments(parser: argparse.ArgumentParser, prefix: str = "") -> None:
+        """Add the workload's flags; ``prefix`` goes before ``connections`` and ``duration``."""
+        d = HttpLoad()
+        a = parser.add_argument
+        a(
+            f"--{prefix}connections",
+            type=int,
+            default=d.connections,
+            help=f"keep-alive load connections (default: {d.connections})",
+        )
+        a(
+            f"--{prefix}duration",
+            type=float,
+            default=d.duration,
+            help=f"seconds of each load phase (default: {d.duration:g})",
+        )
+        a("--slowloris", type=int, default=d.slowloris, help=f"slowloris attackers (default: {d.slowloris})")
+        a("--slow-readers", type=int, default=d.slow_readers, help=f"slow readers (default: {d.slow_readers})")
+        a(
+            "--header-timeout",
+            type=float,
+            default=d.header_timeout,
+            help=f"the servers' header (and keep-alive) timeout (default: {d.header_timeout:g})",
+        )
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace, prefix: str = "") -> HttpLoad:
+        """The workload from flags added by :meth:`add_arguments` with the same ``prefix``."""
+        p = prefix.replace("-", "_")
+        return cls(
+            connections=getattr(args, f"{p}connections"),
+            duration=getattr(args, f"{p}duration"),
+            slowloris=args.slowloris,
+            slow_readers=args.slow_readers,
+            header_timeout=args.header_timeout,
+        )
 
 
 @dataclass
@@ -93,17 +149,14 @@ class HttpResult:
         """Flat figures for the comparison table, plus everything measured."""
         out = asdict(self)
 
-        def hold(values: list[float], q: float) -> float:
-            return percentile(values, q) if values else math.nan
-
         out.update(
             rps=self.alone.rps if self.alone else math.nan,
             p99_ms=self.alone.p99_ms if self.alone else math.nan,
             rps_attack=self.attacked.rps if self.attacked else math.nan,
             p99_ms_attack=self.attacked.p99_ms if self.attacked else math.nan,
-            slowloris_hold_p50_s=hold(self.slowloris_hold_s, 50),
+            slowloris_hold_p50_s=percentile(self.slowloris_hold_s, 50),
             slowloris_hold_max_s=max(self.slowloris_hold_s, default=math.nan),
-            slow_reader_hold_p50_s=hold(self.slow_reader_hold_s, 50),
+            slow_reader_hold_p50_s=percentile(self.slow_reader_hold_s, 50),
             slow_reader_hold_max_s=max(self.slow_reader_hold_s, default=math.nan),
         )
         return out
@@ -333,12 +386,8 @@ def watch_attack(attack: Attack, pids: list[int], port: int, until: float) -> di
 
 def run_http(
     target: str,
+    load: HttpLoad | None = None,
     *,
-    connections: int = 50,
-    duration: float = 10.0,
-    slowloris: int = 500,
-    slow_readers: int = 50,
-    header_timeout: float = 5.0,
     port: int | None = None,
     pids: list[int] | None = None,
     tool: str = "auto",
@@ -346,6 +395,9 @@ def run_http(
     idle: int = 2000,
 ) -> HttpResult:
     """Measure ``target`` (started here unless ``port`` is given); stop what was started, by PID."""
+    load = load or HttpLoad()
+    connections, duration, header_timeout = load.connections, load.duration, load.header_timeout
+    slowloris, slow_readers = load.slowloris, load.slow_readers
     proc = None
     if port is None:
         port = free_port()
@@ -430,11 +482,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=[],
         help="with --port: the server's PID (default: whichever process owns the port's sockets)",
     )
-    a("--connections", type=int, default=50, help="keep-alive load connections (default: 50)")
-    a("--duration", type=float, default=10.0, help="seconds of each load phase (default: 10)")
-    a("--slowloris", type=int, default=500, help="slowloris attackers (default: 500)")
-    a("--slow-readers", type=int, default=50, help="slow readers (default: 50)")
-    a("--header-timeout", type=float, default=5.0, help="the server's header (and keep-alive) timeout (default: 5)")
+    HttpLoad.add_arguments(p)
     a(
         "--idle",
         type=int,
@@ -447,11 +495,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     pids = [q.pid for pid in args.pid for q in process_tree(pid)] if args.port else None
     r = run_http(
         args.target,
-        connections=args.connections,
-        duration=args.duration,
-        slowloris=args.slowloris,
-        slow_readers=args.slow_readers,
-        header_timeout=args.header_timeout,
+        HttpLoad.from_args(args),
         port=args.port,
         pids=pids,
         tool=args.tool,

@@ -1,5 +1,8 @@
-"""The MQTT servers ``python -m loadtest compare`` measures: started, found, stopped by PID.
+"""The MQTT servers the device load runs against: started, found, stopped by PID.
 
+- ``idlekeeper``: ``servers.heartbeat`` (:class:`HeartbeatTarget`), with its status
+  ports and presence log, for ``python -m loadtest devices`` and ``compare``;
+- an :class:`ExternalServer` someone else started (``devices --port``);
 - ``baseline``: :mod:`loadtest.baseline`, the same protocol code on trio's own
   timeouts (one ``move_on_after`` per read);
 - ``amqtt``: from PyPI, in a virtualenv of its own (``.venv-amqtt``, created on first
@@ -13,20 +16,26 @@ Each peer is configured as BRIEF §4 says it runs here: Mosquitto with
 
 from __future__ import annotations
 
+import math
 import shutil
 import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
-from .processes import start_server, stop, wait_listening
+from .processes import free_port, start_heartbeat, start_server, stop, wait_listening
 from .sampler import process_tree
+from .workload import FILE_BUDGET
 
 __all__ = [
     "AMQTT_VERSION",
+    "ExternalServer",
+    "HeartbeatTarget",
     "MqttTarget",
     "PeerUnavailable",
+    "ServerUnderTest",
     "ensure_amqtt_venv",
     "start_mqtt_target",
 ]
@@ -48,7 +57,7 @@ class MqttTarget:
     proc: subprocess.Popen[str]
     port: int
     workdir: Path | None = None
-    # What loadtest.devices.ServerUnderTest also asks for; the peers have neither.
+    # What ServerUnderTest also asks for; the peers have neither.
     metrics_urls: list[str] = field(default_factory=list)
     presence_log: Path | None = None
 
@@ -95,7 +104,7 @@ def ensure_amqtt_venv() -> Path:
 def start_mqtt_target(name: str, port: int) -> MqttTarget:
     """Start peer ``name`` on ``127.0.0.1:port`` and return once it accepts connections.
 
-    idlekeeper's own server is :class:`loadtest.devices.HeartbeatTarget`, which also
+    idlekeeper's own server is :class:`HeartbeatTarget`, which also
     gives it status ports and a presence log.
     """
     if name == "baseline":
@@ -136,3 +145,65 @@ def start_mqtt_target(name: str, port: int) -> MqttTarget:
         shutil.rmtree(workdir, ignore_errors=True)
         raise
     return MqttTarget(name, proc, port, workdir)
+
+
+class ServerUnderTest(Protocol):
+    """A running MQTT server: its port, its processes, and what else it exposes."""
+
+    name: str
+    port: int
+    metrics_urls: list[str]
+    presence_log: Path | None
+
+    def pids(self) -> list[int]:
+        """Every process of the server (RSS, CPU and SIGSTOP apply to all)."""
+        ...
+
+
+@dataclass
+class HeartbeatTarget:
+    """``servers.heartbeat`` started for a device run, with status ports and a presence log."""
+
+    proc: subprocess.Popen[str]
+    port: int
+    workers: int
+    metrics_urls: list[str]
+    presence_log: Path | None
+    name: str = "idlekeeper"
+
+    @classmethod
+    def start(cls, devices: int, tick: float = 0.1, workers: int | None = None) -> HeartbeatTarget:
+        """Enough workers for ``devices`` (or ``workers``), each with /metrics and a shared presence log."""
+        if workers is None:
+            workers = max(2, math.ceil(devices / (FILE_BUDGET - 1_000)))
+        port = free_port()
+        status = free_port(run=workers)
+        log = Path(tempfile.mkdtemp(prefix="ik-devices-")) / "presence.jsonl"
+        extra = ["--tick", str(tick), "--status-port", str(status), "--presence-log", str(log)]
+        proc = start_heartbeat(port, workers, extra, timeout=60 + workers * 5)
+        urls = [f"http://127.0.0.1:{status + i}/metrics" for i in range(workers)]
+        return cls(proc, port, workers, urls, log)
+
+    def pids(self) -> list[int]:
+        """The supervisor and its workers."""
+        return [p.pid for p in process_tree(self.proc.pid)]
+
+    def stop(self) -> None:
+        """SIGTERM by PID (workers close every connection on the way out); remove the presence log."""
+        stop(self.proc, timeout=60)
+        if self.presence_log is not None:
+            shutil.rmtree(self.presence_log.parent, ignore_errors=True)
+
+
+@dataclass
+class ExternalServer:
+    """A server started by someone else: a port, and the PIDs to sample."""
+
+    port: int
+    pid_list: list[int] = field(default_factory=list)
+    name: str = "external"
+    metrics_urls: list[str] = field(default_factory=list)
+    presence_log: Path | None = None
+
+    def pids(self) -> list[int]:
+        return [p.pid for pid in self.pid_list for p in process_tree(pid)]

@@ -13,21 +13,13 @@ import math
 import threading
 import time
 import urllib.request
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import psutil
 from prometheus_client.parser import text_string_to_metric_families
 
-__all__ = ["Metrics", "Sample", "Sampler", "histogram_quantile", "parse_metrics", "percentile", "process_tree"]
-
-
-def percentile(values: Iterable[float], q: float) -> float:
-    """Nearest-rank percentile (``q`` in 0..100); NaN for no values."""
-    ordered = sorted(values)
-    if not ordered:
-        return math.nan
-    return ordered[max(1, math.ceil(q / 100 * len(ordered))) - 1]
+__all__ = ["Metrics", "Sample", "Sampler", "histogram_quantile", "parse_metrics", "process_tree"]
 
 
 def process_tree(pid: int) -> list[psutil.Process]:

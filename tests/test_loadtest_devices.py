@@ -15,9 +15,10 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
-from loadtest.devices import DeviceLoad, Timeline, passed, plan, specs
+from loadtest.device_results import passed
 from loadtest.generator import Device, Generator, GeneratorSpec
 from loadtest.sampler import histogram_quantile, parse_metrics
+from loadtest.workload import DeviceLoad, Timeline, plan, specs
 from servers.prometheus import Families, LiveCollector, render
 
 ROOT = Path(__file__).resolve().parent.parent

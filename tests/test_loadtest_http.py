@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from loadtest.asgi_app import BODY, app
-from loadtest.http_load import LoadFigures, run_http, run_own_client
+from loadtest.http_load import HttpLoad, LoadFigures, run_http, run_own_client
 from loadtest.http_targets import start_http_target
 from loadtest.processes import free_port, stop
 from servers.http.server import TIMEOUT_LINGER
@@ -80,11 +80,7 @@ def test_http_load_run_under_attack(started: tuple[int, int]) -> None:
     """The tool's own run: load alone, then under slowloris and slow readers, then hold times."""
     r = run_http(
         "idlekeeper",
-        connections=10,
-        duration=2.0,
-        slowloris=30,
-        slow_readers=3,
-        header_timeout=HEADER_TIMEOUT,
+        HttpLoad(connections=10, duration=2.0, slowloris=30, slow_readers=3, header_timeout=HEADER_TIMEOUT),
         port=started[0],
         pids=[started[1]],
         tool="own",

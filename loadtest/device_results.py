@@ -1,0 +1,248 @@
+"""A device run's results: the generators' results and the server samples merged, what
+the server's own presence log says, the verdict (pass or fail), and the report."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from .generator import GeneratorSpec
+from .sampler import Sample
+from .stats import summary_ms
+from .workload import DeviceLoad, Timeline
+
+__all__ = ["merge", "passed", "report", "server_view", "write_outputs"]
+
+
+def _window(samples: list[Sample], start: float, end: float) -> tuple[Sample, Sample] | None:
+    inside = [s for s in samples if start <= s.t <= end]
+    return (inside[0], inside[-1]) if len(inside) >= 2 else None
+
+
+def merge(
+    load: DeviceLoad,
+    timeline: Timeline,
+    results: list[dict[str, Any]],
+    progress: list[tuple[float, dict[str, float]]],
+    samples: list[Sample],
+    stall_at: dict[str, float],
+) -> dict[str, Any]:
+    """Fold the generators' results and the samples into one report."""
+    ok = [r for r in results if not r.get("missing")]
+
+    def total(key: str) -> int:
+        return int(sum(r[key] for r in ok))
+
+    def joined(key: str) -> list[Any]:
+        return [v for r in ok for v in r[key]]
+
+    connack = sorted(joined("connack_times"))
+    connected = len(connack)
+    connect_span = connack[-1] - connack[0] if connected > 1 else math.nan
+    errors: dict[str, int] = {}
+    for r in ok:
+        for why, n in r["errors"].items():
+            errors[why] = errors.get(why, 0) + n
+    base = samples[0]
+    # Steady state: every device online, before anything happens to them.
+    steady = _window(samples, timeline.acts - load.keepalive, timeline.acts)
+    hb_window = [(t, p["pings"]) for t, p in progress if timeline.acts - load.keepalive <= t <= timeline.acts]
+    heartbeat_rate = (
+        (hb_window[-1][1] - hb_window[0][1]) / (hb_window[-1][0] - hb_window[0][0]) if len(hb_window) >= 2 else math.nan
+    )
+    steady_out: dict[str, float] = {}
+    if steady is not None:
+        first, last = steady
+        cores = (last.cpu - first.cpu) / (last.t - first.t)
+        steady_out = {
+            "rss_mb": last.rss / 1e6,
+            "rss_per_device_bytes": (last.rss - base.rss) / connected if connected else math.nan,
+            "open_files": last.fds,
+            "cpu_cores": cores,
+            "heartbeats_per_s": heartbeat_rate,
+            "cpu_pct_per_1k_heartbeats_per_s": 100 * cores / (heartbeat_rate / 1000) if heartbeat_rate else math.nan,
+        }
+    lateness = joined("lateness")
+    t0 = timeline.start
+    return {
+        "options": asdict(load),
+        "generators": len(results),
+        "generators_missing": len(results) - len(ok),
+        "devices": load.devices,
+        "connected": connected,
+        "connect_failed": total("connect_failed"),
+        "refused": total("refused"),
+        "connect_errors": errors,
+        "connect_rate_per_s": connected / connect_span
+        if connect_span == connect_span and connect_span > 0
+        else math.nan,
+        "connect_ms": summary_ms(joined("connect_s")),
+        "heartbeats": total("pings"),
+        "silent": total("silent"),
+        "detected": len(lateness),
+        "undetected": total("undetected"),
+        "lateness_ms": summary_ms(lateness),
+        "negative_lateness": sum(1 for v in lateness if v < 0),
+        "false_expiries": sum(len(r["false_expiries"]) for r in ok),
+        "false_expiry_examples": joined("false_expiries")[:20],
+        "generator_late": total("generator_late"),
+        "generator_max_gap_s": max((r["max_gap"] for r in ok), default=math.nan),
+        "vanished": total("vanished"),
+        "reconnected": total("reconnected"),
+        "takeover_ms": summary_ms(joined("takeover_s")),
+        "takeover_missed": total("takeover_missed"),
+        "stall": {"from": stall_at["from"] - t0, "to": stall_at.get("to", math.nan) - t0} if stall_at else None,
+        "steady": steady_out,
+        "server_base_rss_mb": base.rss / 1e6,
+        "server_peak_rss_mb": max(s.rss for s in samples) / 1e6,
+        "server_peak_open_files": max(s.fds for s in samples),
+        "timeline": {
+            "acts": timeline.acts - t0,
+            "detect_by": timeline.detect_by - t0,
+            "end": timeline.end - t0,
+            "samples": [[round(s.t - t0, 2), s.rss, round(s.cpu, 3), s.fds, s.online] for s in samples],
+            "progress": [[round(t - t0, 2), p["online"], p["started"], p["detected"]] for t, p in progress[::4]],
+        },
+        "lateness_s": lateness,
+    }
+
+
+def server_view(
+    log: Path, silent_last: dict[str, float], gen_specs: list[GeneratorSpec], load: DeviceLoad
+) -> dict[str, Any]:
+    """What the server's presence log says: when it closed each silent device, its own
+    lateness figures, and the vanished devices it noticed.
+
+    ``silent_last`` maps a silent device to its last packet (``CLOCK_MONOTONIC``); the
+    log's times are wall-clock, so the two are put on one clock here (both run at
+    the same rate, and a run is minutes long).
+    """
+    vanished = {f"{s.prefix}-{s.first + i}" for s in gen_specs for i, _ in s.vanish}
+    window = 1.5 * load.keepalive
+    wall_minus_mono = time.time() - time.monotonic()
+    late: list[float] = []
+    close_late: list[float] = []
+    reasons: dict[str, int] = {}
+    vanish_seen: dict[str, int] = {}
+    try:
+        lines = log.read_text().splitlines()
+    except OSError:
+        return {}
+    for line in lines:
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue
+        if event.get("status") != "offline":
+            continue
+        reason = str(event.get("reason"))
+        reasons[reason] = reasons.get(reason, 0) + 1
+        cid = event.get("client_id")
+        if cid in silent_last and reason == "keepalive-timeout":
+            late.append(float(event["silent_for"]) - window)
+            # The event is written just after the close, so this bounds the close from above.
+            close_late.append(float(event["time"]) - (silent_last[cid] + wall_minus_mono + window))
+        elif cid in vanished:
+            vanish_seen[reason] = vanish_seen.get(reason, 0) + 1
+    return {
+        "lateness_ms": summary_ms(late),
+        "close_lateness_ms": summary_ms(close_late),
+        "close_lateness_s": close_late,
+        "offline_by_reason": reasons,
+        "vanished_seen": vanish_seen,
+    }
+
+
+def passed(r: dict[str, Any]) -> bool:
+    """The run's pass criteria: all connected, none dropped, every silent one found, none early."""
+    return bool(
+        r["connected"] == r["devices"]
+        and r["false_expiries"] == 0
+        and r["undetected"] == 0
+        and r["negative_lateness"] == 0
+        and r.get("server_view", {}).get("close_lateness_ms", {}).get("min", 0) >= 0
+        and r["takeover_missed"] == 0
+        and r["generators_missing"] == 0
+    )
+
+
+def report(r: dict[str, Any]) -> str:
+    """A short human-readable report."""
+    late = r["lateness_ms"]
+    close = r.get("server_view", {}).get("close_lateness_ms", {})
+    lines = [
+        f"target                 {r['target']}",
+        f"devices connected      {r['connected']:,} of {r['devices']:,} "
+        f"({r['connect_rate_per_s']:,.0f}/s; failed {r['connect_failed']}, refused {r['refused']})",
+        f"silent devices found   {r['detected']:,} of {r['silent']:,}",
+    ]
+    if close.get("n"):
+        lines.append(
+            f"detection lateness     p50 {close['p50']:.0f} / p99 {close['p99']:.0f} / max {close['max']:.0f} ms "
+            f"(min {close['min']:.0f}): the server's close, past the last packet sent + 1.5 x keep-alive"
+        )
+    if late.get("n"):
+        lines.append(
+            f"  as devices saw it    p50 {late['p50']:.0f} / p99 {late['p99']:.0f} / max {late['max']:.0f} ms "
+            f"(min {late['min']:.0f}; adds the generators' own delay in noticing)"
+        )
+    sv = r.get("server_view", {}).get("lateness_ms", {})
+    if sv.get("n"):
+        lines.append(
+            f"  by server's stamps   p50 {sv['p50']:.0f} / p99 {sv['p99']:.0f} / max {sv['max']:.0f} ms "
+            f"(min {sv['min']:.0f}; from the loop pass that read the last packet)"
+        )
+    lines.append(f"false expiries         {r['false_expiries']} healthy devices dropped")
+    if r["generator_late"]:
+        lines.append(
+            f"generator overloaded   {r['generator_late']} devices pinged late by the generator itself "
+            f"(longest gap {r['generator_max_gap_s']:.1f} s)"
+        )
+    if r["vanished"]:
+        seen = r.get("server_view", {}).get("vanished_seen")
+        lines.append(f"vanished (RST)         {r['vanished']:,}" + (f"; server saw {seen}" if seen else ""))
+    if r["reconnected"]:
+        t = r["takeover_ms"]
+        lines.append(
+            f"takeovers              {t.get('n', 0):,} of {r['reconnected']:,} old connections closed "
+            f"(p50 {t.get('p50', math.nan):.0f} / max {t.get('max', math.nan):.0f} ms), missed {r['takeover_missed']}"
+        )
+    if r["stall"]:
+        saves = r.get("server_metrics", {}).get("stall_saves")
+        lines.append(
+            f"stall                  SIGSTOP {r['stall']['to'] - r['stall']['from']:.1f} s; "
+            + ("" if saves is None else f"stall saves {saves:,.0f}; ")
+            + f"healthy dropped: {r['false_expiries']}"
+        )
+    s = r["steady"]
+    if s:
+        lines.append(
+            f"server at steady state {s['rss_mb']:,.0f} MB RSS, {s['rss_per_device_bytes'] / 1024:.2f} KiB per device, "
+            f"{s['open_files']:,} open files, {s['cpu_cores'] * 100:.0f}% CPU for {s['heartbeats_per_s']:,.0f} "
+            f"heartbeats/s ({s['cpu_pct_per_1k_heartbeats_per_s']:.1f}% per 1k/s)"
+        )
+    m = r.get("server_metrics")
+    if m:
+        lines.append(
+            f"reaper lag (/metrics)  p50 <= {m['reaper_lag_p50_ms']:.0f} ms, p99 <= {m['reaper_lag_p99_ms']:.0f} ms "
+            f"over {m['expiries']:,.0f} expiries"
+        )
+    lines.append(f"result                 {'PASS' if passed(r) else 'FAIL'}")
+    return "\n".join(lines)
+
+
+def write_outputs(r: dict[str, Any], json_path: str, plots: str | None) -> list[str]:
+    """Write the JSON (and the PNG plots, if ``plots``); return the files written."""
+    path = Path(json_path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(r, indent=1, default=float))
+    written = [str(path)]
+    if plots:
+        from .plots import device_plots
+
+        written += device_plots(r, Path(plots))
+    return written
