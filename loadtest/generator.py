@@ -257,9 +257,7 @@ class Generator:
         device.closed_at = now
         if device.role == "silent" and device.acted_at == device.acted_at:
             self.detected += 1
-        if device.timer is not None:
-            device.timer.cancel()
-            device.timer = None
+        self.disarm(device)
 
     # -- heartbeats and scenarios --------------------------------------------------
 
@@ -267,6 +265,12 @@ class Generator:
         """Schedule the next PINGREQ: keep-alive after the last packet, minus jitter (as real clients do)."""
         delay = self.spec.keepalive * (1.0 - self.spec.jitter * self.rng.random())
         device.timer = self.timers.call_at(device.last_sent + delay, self.ping, device)
+
+    def disarm(self, device: Device) -> None:
+        """Cancel the device's next PINGREQ, if one is scheduled."""
+        if device.timer is not None:
+            device.timer.cancel()
+            device.timer = None
 
     def ping(self, device: Device) -> None:
         conn = device.conn
@@ -292,9 +296,7 @@ class Generator:
 
     def silence(self, device: Device) -> None:
         """Dead device: no packet ever again, and the socket stays open."""
-        if device.timer is not None:
-            device.timer.cancel()
-            device.timer = None
+        self.disarm(device)
         device.acted_at = time.monotonic()
 
     def vanish(self, device: Device) -> None:
@@ -303,9 +305,7 @@ class Generator:
         device.acted_at = time.monotonic()
         if conn is None or conn.phase != _ONLINE:
             return
-        if device.timer is not None:
-            device.timer.cancel()
-            device.timer = None
+        self.disarm(device)
         conn.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_RST)
         self.online -= 1
         device.conn = None
@@ -316,9 +316,7 @@ class Generator:
         conn = device.conn
         if conn is None or conn.phase != _ONLINE:
             return
-        if device.timer is not None:
-            device.timer.cancel()
-            device.timer = None
+        self.disarm(device)
         conn.phase = _SUPERSEDED
         self.online -= 1
         device.acted_at = time.monotonic()

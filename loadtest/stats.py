@@ -13,7 +13,9 @@ def percentile(values: Iterable[float], q: float) -> float:
     ordered = sorted(values)
     if not ordered:
         return math.nan
-    return ordered[max(1, math.ceil(q / 100 * len(ordered))) - 1]
+    # q * n / 100 rather than q / 100 * n: for a whole q the product is exact, so a rank
+    # that falls exactly on a value (q=7, n=100) is not pushed one rank up by rounding.
+    return ordered[max(1, math.ceil(q * len(ordered) / 100)) - 1]
 
 
 def summary_ms(values: Sequence[float]) -> dict[str, float]:

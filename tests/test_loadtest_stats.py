@@ -21,6 +21,13 @@ def test_nearest_rank_on_known_values() -> None:
     assert math.isnan(percentile([], 50))
 
 
+def test_a_rank_that_falls_exactly_on_a_value_is_not_rounded_up() -> None:
+    # 7 / 100 * 100 is 7.000000000000001 in floating point: ceil would give rank 8.
+    values = [float(i) for i in range(1, 101)]
+    assert percentile(values, 7) == 7.0
+    assert all(percentile(values, q) == float(q) for q in range(1, 101))
+
+
 @given(st.lists(st.floats(allow_nan=False, allow_infinity=False), min_size=1), st.floats(min_value=0, max_value=100))
 def test_a_percentile_is_a_sample_with_enough_at_or_below_it(values: list[float], q: float) -> None:
     p = percentile(values, q)
@@ -29,7 +36,7 @@ def test_a_percentile_is_a_sample_with_enough_at_or_below_it(values: list[float]
     below = sum(1 for v in values if v < p)
     # Nearest rank: the smallest sample with at least q% of the samples at or below it.
     assert at_or_below >= q / 100 * len(values) - 1e-9
-    assert below < max(1, math.ceil(q / 100 * len(values)))
+    assert below < max(1, math.ceil(q * len(values) / 100))
 
 
 def test_summary_in_milliseconds() -> None:
