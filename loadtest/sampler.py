@@ -178,8 +178,8 @@ class Sampler:
             try:
                 with urllib.request.urlopen(url, timeout=timeout) as resp:
                     self._pages[url] = parse_metrics(resp.read().decode())
-            except OSError:
-                continue
+            except (OSError, ValueError):
+                continue  # no answer, or not Prometheus text: a missed round for this worker
         if len(self._pages) < len(self._urls):
             return None
         total = Metrics()

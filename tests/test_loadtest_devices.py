@@ -6,18 +6,21 @@ silent device found, never early, within one tick at p99.
 
 from __future__ import annotations
 
+import http.server
 import json
 import math
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
+import pytest
 from prometheus_client import CollectorRegistry
 
 from loadtest.device_results import passed
 from loadtest.generator import Device, Generator, GeneratorSpec
-from loadtest.sampler import histogram_quantile, parse_metrics
+from loadtest.sampler import Sampler, histogram_quantile, parse_metrics
 from loadtest.workload import DeviceLoad, Timeline, plan, specs
 from servers.prometheus import Families, LiveCollector, render
 
@@ -203,3 +206,34 @@ def test_timeline_phase_names() -> None:
         "watching for false expiries",
         "finishing",
     ]
+
+
+def test_a_page_that_is_not_prometheus_text_is_a_missed_round() -> None:
+    """A worker whose /metrics answers garbage counts as not having answered; the
+    other workers' pages are still read, and nothing raises."""
+    pages = {"/good": _page("0").encode(), "/bad": b"this is {not prometheus text\n"}
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = pages[self.path]
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+    with pytest.raises(ValueError):
+        parse_metrics(pages["/bad"].decode())
+    server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        base = f"http://127.0.0.1:{server.server_address[1]}"
+        assert Sampler(list, [f"{base}/good"]).scrape(timeout=5) is not None
+        both = Sampler(list, [f"{base}/good", f"{base}/bad"])
+        assert both.scrape(timeout=5) is None  # the bad worker has not answered yet
+        assert f"{base}/good" in both._pages and f"{base}/bad" not in both._pages
+    finally:
+        server.shutdown()
+        server.server_close()
