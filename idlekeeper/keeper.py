@@ -26,7 +26,7 @@ from .epochs import EpochClock
 from .stall import SocketLike, send_would_progress, unread_bytes
 from .stats import KeeperStats
 from .timers import TimerHandle, Timers
-from .watch import ExpireHook, Watch, WatchedStream, WatchState, find_socket
+from .watch import STALL_CHECK, ExpireHook, Watch, WatchedStream, WatchState, find_socket
 from .wheel import TimingWheel, WheelEntry
 
 __all__ = ["Keeper", "open_keeper"]
@@ -241,7 +241,7 @@ class Keeper:
             self._refile(watch, now, when)
             return
         sock = watch._socket
-        if sock is not None and watch._stall_check and self._peer_kept_up(watch, sock, reason):
+        if sock is not None and watch._flags & STALL_CHECK and self._peer_kept_up(watch, sock, reason):
             self.stats.stall_saves += 1
             self._refile(watch, now)
             return

@@ -43,6 +43,10 @@ class WatchState(enum.Enum):
     """Left; the keeper has forgotten it."""
 
 
+# Bits of Watch._flags, fixed when the watch is made.
+CLOSE_ON_EXPIRY = 1
+STALL_CHECK = 2
+
 # Module globals: the keeper tests the state on every deadline change, and a global
 # is one dictionary look-up where ``WatchState.WATCHING`` is two.
 _NEW = WatchState.NEW
@@ -93,8 +97,7 @@ class Watch(ConnectionDeadlines):
         "_epochs",
         "_scope",
         "_socket",
-        "_close",
-        "_stall_check",
+        "_flags",
         "on_expire",
         "reason",
         "lag",
@@ -116,8 +119,10 @@ class Watch(ConnectionDeadlines):
         self._epochs = owner.epochs
         self._scope = trio.CancelScope()
         self._socket = socket
-        self._close = close
-        self._stall_check = stall_check
+        # Two booleans in one slot: a slot more would carry every watch over one of
+        # the allocator's 16-byte size classes, and a million watches walked by the
+        # reaper cost ~10% more CPU for it (BENCHMARKS.md, issue 8's before/after).
+        self._flags = (CLOSE_ON_EXPIRY if close else 0) | (STALL_CHECK if stall_check else 0)
         self.on_expire = on_expire
         """Called once if the connection expires; see :data:`ExpireHook`."""
         self.reason: Reason | None = None
@@ -278,7 +283,7 @@ class Watch(ConnectionDeadlines):
         cancel its scope and, if the watch closes on expiry, close its socket
         (a takeover or a shutdown, say). Synchronous and O(1)."""
         self._scope.cancel()
-        if self._close and self._socket is not None:
+        if self._flags & CLOSE_ON_EXPIRY and self._socket is not None:
             close = getattr(self._socket, "close", None)
             if close is not None:
                 close()
