@@ -8,12 +8,17 @@ their listening sockets.
 
 from __future__ import annotations
 
+import errno
 import socket
 from collections.abc import Sequence
 
 import trio
 
-__all__ = ["open_listeners", "port_of", "reserve_port"]
+__all__ = ["PortInUse", "check_port_free", "open_listeners", "port_of", "reserve_port"]
+
+
+class PortInUse(OSError):
+    """Another process is already listening on the port a server was asked to take."""
 
 
 def _bound_socket(host: str, port: int, reuse_port: bool) -> socket.socket:
@@ -51,3 +56,28 @@ def reserve_port(host: str) -> tuple[int, socket.socket]:
     """
     sock = _bound_socket(host, 0, reuse_port=True)
     return int(sock.getsockname()[1]), sock
+
+
+def check_port_free(host: str, port: int) -> None:
+    """Raise :class:`PortInUse` if something is listening on ``host:port``.
+
+    Workers bind with SO_REUSEPORT so that they can share a port, and the kernel lets
+    any other process that sets it join in: a second server started on a port still
+    held (by the orphaned workers of a killed supervisor, say) would silently split
+    the connections with it. A socket bound *without* SO_REUSEPORT (SO_REUSEADDR
+    still forgives connections in TIME_WAIT) fails while any socket listens there,
+    so a server checks once, before it or its workers bind. Port 0 is always free.
+    """
+    if port == 0:
+        return
+    try:
+        probe = _bound_socket(host, port, reuse_port=False)
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            raise PortInUse(
+                errno.EADDRINUSE,
+                f"port {port} on {host} is already in use: another server is listening there "
+                "(stop it by its PID, or choose another --port)",
+            ) from exc
+        raise
+    probe.close()

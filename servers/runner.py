@@ -17,6 +17,7 @@ from typing import TypeVar
 import trio
 
 from .bus import Hub
+from .listeners import PortInUse, check_port_free
 from .readiness import Ready, announce_ready
 from .workers import run_supervised
 
@@ -43,8 +44,17 @@ def main(
     ``--worker-index``) this process serves. Otherwise it becomes the supervisor,
     which restarts workers that die and stops them all on a signal, waiting
     ``grace`` seconds for their shutdown. With ``bus``, the workers are linked by
-    the supervisor's hub and each gets ``--bus <path>``.
+    the supervisor's hub and each gets ``--bus <path>``. Returns 2, with a message on
+    stderr, if another process already listens on the port.
     """
+    if args.worker_index is None:
+        # A lone server or a supervisor: the port must be ours alone. (Workers skip
+        # this: their siblings already hold the port, by design.)
+        try:
+            check_port_free(args.host, args.port)
+        except PortInUse as exc:
+            print(f"{module}: {exc.strerror}", file=sys.stderr)
+            return 2
     if args.workers <= 1 or args.worker_index is not None:
         trio.run(run_worker, args, args.worker_index or 0, args.worker_index is not None)
         return 0
