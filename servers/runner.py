@@ -19,7 +19,7 @@ import trio
 from .bus import Hub
 from .listeners import PortInUse, check_port_free
 from .readiness import Ready, announce_ready
-from .workers import run_supervised
+from .workers import die_with_supervisor, run_supervised
 
 __all__ = ["main", "serve_until_signal"]
 
@@ -55,6 +55,8 @@ def main(
         except PortInUse as exc:
             print(f"{module}: {exc.strerror}", file=sys.stderr)
             return 2
+    else:
+        die_with_supervisor()  # a supervised worker: never outlive the supervisor
     if args.workers <= 1 or args.worker_index is not None:
         trio.run(run_worker, args, args.worker_index or 0, args.worker_index is not None)
         return 0

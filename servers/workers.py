@@ -23,7 +23,12 @@ from collections.abc import Callable, Sequence
 from .bus import Hub
 from .listeners import reserve_port
 
-__all__ = ["run_supervised", "supervise"]
+__all__ = ["SUPERVISOR_PID_ENV", "die_with_supervisor", "run_supervised", "supervise"]
+
+SUPERVISOR_PID_ENV = "IDLEKEEPER_SUPERVISOR_PID"
+"""Set in each worker's environment: the PID of the supervisor that started it."""
+
+_PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 
 logger = logging.getLogger("servers.workers")
 
@@ -56,7 +61,8 @@ def supervise(
     restart_at: dict[int, float] = {}
 
     def start(index: int) -> None:
-        procs[index] = subprocess.Popen(list(command(index)))
+        env = {**os.environ, SUPERVISOR_PID_ENV: str(os.getpid())}
+        procs[index] = subprocess.Popen(list(command(index)), env=env)
         started[index] = time.monotonic()
 
     try:
@@ -132,3 +138,27 @@ def run_supervised(
     finally:
         if holder is not None:
             holder.close()
+
+
+def die_with_supervisor(sig: int = signal.SIGTERM) -> None:
+    """In a worker: have the kernel send ``sig`` when the supervisor dies.
+
+    A supervisor killed with SIGKILL cannot stop its workers; left alone they would
+    go on holding the port as orphans, with nobody to restart them or relay between
+    them. With the parent-death signal (``PR_SET_PDEATHSIG``, Linux) the worker gets
+    SIGTERM and shuts down as if asked: its devices end with ``shutdown`` events and
+    the port is freed. If the supervisor is already gone by the time this runs (it
+    died while the worker started), the signal is sent to ourselves at once.
+    Elsewhere than Linux, or outside a supervisor, it does nothing.
+    """
+    supervisor = os.environ.get(SUPERVISOR_PID_ENV)
+    if supervisor is None or not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
+        logger.warning("workers: prctl(PR_SET_PDEATHSIG) failed: %s", os.strerror(ctypes.get_errno()))
+        return
+    if os.getppid() != int(supervisor):
+        os.kill(os.getpid(), sig)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -294,6 +295,45 @@ async def test_shutdown_emits_offline_for_everyone(clock: MockClock) -> None:
     for client in clients:
         assert await client.closed()
     assert sorted(e.client_id or "" for e in events if e.reason is Offline.SHUTDOWN) == [f"d{i}" for i in range(5)]
+
+
+async def test_graceful_shutdown_tells_subscribers_before_closing_them(clock: MockClock) -> None:
+    """SIGTERM's path: devices end first, every subscriber hears each one go offline,
+    then the subscribers are closed (cancelling alone would close them at once)."""
+    events: list[PresenceEvent] = []
+    cfg = HeartbeatConfig(port=0, tick=TICK)
+    cfg.extra_sinks.append(events.append)
+    n = 200
+    async with trio.open_nursery() as nursery:
+        server = await nursery.start(partial(serve_heartbeat, cfg))
+        watchers = [await Client.connect(server.port, f"dashboard-{i}") for i in range(2)]
+        for watcher in watchers:
+            await watcher.send(encoders.encode_subscribe(1, [("presence/+", 0)]))
+            assert await watcher.read_packet() == encoders.encode_suback(1, [0])
+        devices = [await Client.connect(server.port, f"d{i}") for i in range(n)]
+        for watcher in watchers:  # every device's online event has arrived
+            while publish_topic(await watcher.read_packet())[0] != f"presence/d{n - 1}":
+                pass
+        await server.shutdown()
+        heard: list[set[str]] = []
+        for watcher in watchers:
+            offline: set[str] = set()
+            with contextlib.suppress(EOFError):
+                while True:
+                    topic, payload = publish_topic(await watcher.read_packet())
+                    event = json.loads(payload)
+                    if event["status"] == "offline" and event["reason"] == "shutdown":
+                        offline.add(topic.removeprefix("presence/"))
+            heard.append(offline)
+        nursery.cancel_scope.cancel()
+    expected = {f"d{i}" for i in range(n)}
+    assert all(offline >= expected for offline in heard)  # each device, to each dashboard
+    for device in devices:
+        assert await device.closed()
+    ended = [e.client_id or "" for e in events if e.status == "offline" and e.reason is Offline.SHUTDOWN]
+    assert sorted(ended) == sorted([*expected, "dashboard-0", "dashboard-1"])  # exactly once each
+    with pytest.raises(OSError):  # no new connections once the shutdown began
+        await trio.open_tcp_stream("127.0.0.1", server.port)
 
 
 async def test_metrics_text(clock: MockClock) -> None:

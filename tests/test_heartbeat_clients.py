@@ -21,12 +21,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import paho.mqtt.client as mqtt
+import psutil
 import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
 from loadtest.processes import free_port, start_heartbeat
 from servers.heartbeat import encoders, packets
 from servers.heartbeat.reader import PacketReader
+from servers.listeners import check_port_free
 
 from .conftest import wait_closed
 
@@ -323,3 +325,51 @@ def test_workers_share_the_port_presence_and_takeovers(start_server: object) -> 
     # Devices on the killed worker lost their connection with it (no event could be written);
     # every device on a live worker got a clean "shutdown".
     assert shutdown & survivors
+
+
+def test_workers_end_their_devices_and_exit_when_the_supervisor_is_killed(start_server: object) -> None:
+    """kill -9 of the supervisor: each worker gets the kernel's parent-death signal, ends
+    its devices with a ``shutdown`` event (their sockets closed, not left hanging) and
+    exits; the port is free again for a new server."""
+    server = start_server(workers=2)  # type: ignore[operator]
+    workers = psutil.Process(server.proc.pid).children()
+    assert len(workers) == 2
+    devices = [raw_connect(server.port, f"orphan-{i}", keep_alive=60) for i in range(6)]
+    server.wait_for(lambda e: e.get("status") == "online" and e.get("client_id") == "orphan-5")
+    server.proc.kill()  # SIGKILL, by PID: the supervisor cannot stop anything itself
+    server.proc.wait()
+    _gone, alive = psutil.wait_procs(workers, timeout=5)
+    for orphan in alive:
+        orphan.kill()  # by PID, so that a failure here leaves nothing running
+    assert not alive, f"workers outlived their supervisor: {alive}"
+    for sock in devices:
+        assert sock.recv(1) == b""  # closed by the server, as a shutdown closes them
+        sock.close()
+    ended = {e["client_id"] for e in server.events() if e.get("status") == "offline" and e["reason"] == "shutdown"}
+    assert ended == {f"orphan-{i}" for i in range(6)}
+    check_port_free("127.0.0.1", server.port)
+
+
+def test_sigterm_tells_subscribers_every_device_went_offline_before_closing_them(start_server: object) -> None:
+    """The CLI's SIGTERM path, with real sockets: a subscriber hears all 300 devices end
+    (reason shutdown) before its own connection is closed, and the server exits 0."""
+    server = start_server()  # type: ignore[operator]
+    sock, got = subscriber(server.port, "dashboard", "presence/+")
+    devices = [raw_connect(server.port, f"sig-{i}", keep_alive=60) for i in range(300)]
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and ("presence/sig-299", "online") not in {(t, e["status"]) for t, e in got}:
+        time.sleep(0.02)
+    server.proc.send_signal(signal.SIGTERM)  # by PID
+    assert server.proc.wait(timeout=15) == 0
+    expected = {f"sig-{i}" for i in range(300)}
+
+    def offline() -> set[str]:
+        return {t.removeprefix("presence/") for t, e in list(got) if e["reason"] == "shutdown"}
+
+    deadline = time.monotonic() + 5  # the server has exited: the collector is reading its last bytes
+    while time.monotonic() < deadline and not offline() >= expected:
+        time.sleep(0.02)
+    assert offline() >= expected
+    for device in devices:
+        device.close()
+    sock.close()

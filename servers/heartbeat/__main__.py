@@ -126,8 +126,8 @@ async def run_worker(args: argparse.Namespace, worker: int, reuse_port: bool) ->
         status_host = args.status_host if status_port is not None else None
         return Ready("heartbeat", worker, args.host, server.port, status_host, status_port)
 
-    # Cancelling the server ends every connection with reason "shutdown".
-    await runner.serve_until_signal(start, ready)
+    # Devices end first and subscribers hear it; then the subscribers are closed.
+    await runner.serve_until_signal(start, ready, stop=HeartbeatServer.shutdown)
     for sink in config.extra_sinks:
         close = getattr(sink, "close", None)
         if close is not None:

@@ -131,6 +131,11 @@ class Connection:
         self.stream.cancel()
 
 
+def _flushed(conn: Connection) -> bool:
+    """A subscriber whose writer has sent everything queued and waits for more."""
+    return not conn.outbox and conn.wake is not None and not conn.wake.is_set()
+
+
 def _peer_of(stream: idlekeeper.WatchedStream) -> str:
     sock = stream.socket
     try:
@@ -160,6 +165,8 @@ class HeartbeatServer:
         self.bus: BusClient | None = None
         self.remote_filters: dict[int, set[str]] = {}
         self._announced: set[str] = set()
+        self.accepting = trio.CancelScope()
+        """Cancelled to stop accepting connections (the first step of a shutdown)."""
         self._registry = worker_registry(keeper.stats, {"worker": str(config.worker)}, self.figures)
 
     # -- the connection loop ------------------------------------------------------
@@ -454,11 +461,26 @@ class HeartbeatServer:
 
     # -- control -----------------------------------------------------------------------------
 
-    def shutdown(self) -> None:
-        """Close every connection with reason ``shutdown`` (each gets its TCP close)."""
-        devices = [c for c in self.connections if c.outbox is None]
-        subscribers = [c for c in self.connections if c.outbox is not None]
-        for conn in devices + subscribers:
+    async def shutdown(self, grace: float = 5.0) -> None:
+        """End every connection with reason ``shutdown``, in the order subscribers need.
+
+        New connections are refused first. Devices are ended next, and their offline
+        events (and Wills) are routed; then, for up to ``grace`` seconds, the
+        subscribers' queues are flushed, so that a dashboard hears every device go
+        offline before its own connection closes; last, the subscribers are closed.
+        Every connection gets its TCP close. Cancelling the server instead ends
+        everything at once (the presence log still gets every event).
+        """
+        self.accepting.cancel()
+        with trio.move_on_after(grace):
+            for conn in [c for c in self.connections if c.outbox is None]:
+                conn.end(Offline.SHUTDOWN)
+            # A device's offline event is routed when its task has finished; then each
+            # subscriber's writer must have sent its queue and be waiting for more. Polled:
+            # events for these two moments would cost every connection's bookkeeping.
+            while any(c.outbox is None or not _flushed(c) for c in self.connections):  # noqa: ASYNC110
+                await trio.sleep(0.01)
+        for conn in list(self.connections):
             conn.end(Offline.SHUTDOWN)
 
     # -- status endpoint (servers.status.StatusSource) -------------------------------------
@@ -543,8 +565,9 @@ async def serve_heartbeat(
     """Run one heartbeat worker until cancelled; ``nursery.start`` returns the server.
 
     ``listeners`` default to a TCP listener on ``config.host:config.port`` (port 0
-    picks a free one: read ``server.port``). Cancelling it is a shutdown: every
-    connection ends with reason ``shutdown`` and gets its TCP close.
+    picks a free one: read ``server.port``). ``await server.shutdown()`` first for a
+    graceful stop (subscribers hear every device go offline); cancelling alone ends
+    every connection at once, each with reason ``shutdown`` and its TCP close.
     """
     from ..status import serve_status  # the status endpoint only when asked for
 
@@ -553,9 +576,17 @@ async def serve_heartbeat(
         if listeners is None:
             listeners = open_listeners(config.host, config.port)
         server.port = port_of(listeners)
-        await nursery.start(
-            partial(idlekeeper.serve_listeners, server.handle, listeners, keeper=keeper, handler_nursery=nursery)
-        )
+        bound = listeners
+
+        async def accept(task_status: trio.TaskStatus[list[trio.SocketListener]]) -> None:
+            with server.accepting:
+                await idlekeeper.serve_listeners(
+                    server.handle, bound, keeper=keeper, handler_nursery=nursery, task_status=task_status
+                )
+            for listener in bound:  # refuse new connections at once, not after the shutdown
+                await listener.aclose()
+
+        await nursery.start(accept)
         if status_port is not None:
             await nursery.start(partial(serve_status, server, status_port, keeper=keeper, host=status_host))
         task_status.started(server)
