@@ -38,6 +38,10 @@ class Offline(str, enum.Enum):
     """It stopped reading what the server sends it (a stalled subscriber)."""
     REFUSED = "refused"
     """CONNECT was refused (bad credentials, client id, connection cap)."""
+    WORKER_LOST = "worker-lost"
+    """The worker process that held it died; its supervisor declared it offline."""
+    NODE_LOST = "node-lost"
+    """The gateway (node) that held it stopped renewing its lease; another node declared it offline."""
 
     def __str__(self) -> str:
         return self.value
@@ -63,6 +67,13 @@ class PresenceEvent:
     """The worker process that held the connection."""
     detail: str = ""
     """More about the reason (a protocol error's name, say)."""
+    epoch: str = ""
+    """The session: unique per accepted connection, fleet-wide. An online event and
+    the one offline event that ends it carry the same epoch."""
+    node: str = ""
+    """The gateway that held the connection (empty on a lone machine)."""
+    keep_alive: int = 0
+    """The keep-alive the device asked for (after the server's cap), in seconds."""
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict."""
@@ -77,7 +88,31 @@ class PresenceEvent:
         }
         if self.detail:
             out["detail"] = self.detail
+        if self.epoch:
+            out["epoch"] = self.epoch
+        if self.node:
+            out["node"] = self.node
+        if self.status == "online":
+            out["keep_alive"] = self.keep_alive
         return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> PresenceEvent:
+        """The inverse of :meth:`to_dict` (for events that crossed a process boundary)."""
+        reason = data.get("reason")
+        return cls(
+            status=str(data["status"]),
+            client_id=None if data.get("client_id") is None else str(data["client_id"]),
+            peer=str(data.get("peer", "?")),
+            reason=None if reason is None else Offline(reason),
+            silent_for=float(data.get("silent_for", 0.0)),
+            time=float(data.get("time", 0.0)),
+            worker=int(data.get("worker", 0)),
+            detail=str(data.get("detail", "")),
+            epoch=str(data.get("epoch", "")),
+            node=str(data.get("node", "")),
+            keep_alive=int(data.get("keep_alive", 0)),
+        )
 
     def payload(self) -> bytes:
         """The MQTT message body published on ``presence/<client-id>``."""

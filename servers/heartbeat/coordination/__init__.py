@@ -1,0 +1,125 @@
+"""What the processes of a heartbeat server share: client-id ownership, the device
+registry, presence events and subscriptions beyond one process.
+
+A worker (:class:`~servers.heartbeat.server.HeartbeatServer`) reports sessions
+starting and ending to its :class:`Coordinator`; the coordinator decides, with the
+rules of :mod:`.registry`, which presence events are published, and publishes each
+exactly once: to the presence sinks (the log) and, through every worker's
+:class:`Host`, to MQTT subscribers. Three implementations:
+
+- :class:`~.inprocess.InProcessCoordinator`: a lone worker; nothing is shared.
+- :class:`~.local.BusCoordinator`: workers of one supervisor, whose
+  :class:`~.authority.Authority` holds the registry (the default with ``--workers``).
+- :class:`~.fleet.RedisCoordinator`: gateways of a fleet on Redis (``--cluster``).
+
+Keep-alive detection never waits on a coordinator: every call a worker makes here
+returns at once (reports are queued), except :meth:`Coordinator.lookup`.
+"""
+
+from __future__ import annotations
+
+import abc
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Protocol
+
+import trio
+
+from ...prometheus import Metric
+from ..presence import PresenceEvent, PresenceSink
+
+__all__ = ["Coordinator", "Health", "Host", "publish_to_sinks"]
+
+logger = logging.getLogger("servers.heartbeat.coordination")
+
+
+class Host(Protocol):
+    """What a coordinator needs from the worker it serves."""
+
+    def deliver(self, topic: str, payload: bytes, qos: int) -> None:
+        """Hand a message to this worker's own subscribers of ``topic``."""
+        ...
+
+    def evict(self, client_id: str, epoch: str, detail: str) -> None:
+        """Close session ``epoch`` of ``client_id`` if this worker holds it: it reconnected elsewhere.
+
+        Its offline event has already been published by the coordinator; the worker
+        still publishes the device's Will.
+        """
+        ...
+
+    def sessions(self) -> list[PresenceEvent]:
+        """The online event of every session this worker holds now (to resynchronise)."""
+        ...
+
+    def filters(self) -> set[str]:
+        """Every topic filter this worker's subscribers hold now."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class Health:
+    """Whether the coordinator is keeping up; ``/healthz`` says ``degraded`` when not."""
+
+    ok: bool
+    detail: str = ""
+
+
+def publish_to_sinks(sinks: Iterable[PresenceSink], event: PresenceEvent) -> None:
+    """Call every sink; one that raises is logged and does not stop the others."""
+    for sink in sinks:
+        try:
+            sink(event)
+        except Exception:
+            logger.exception("presence sink %r raised", sink)
+
+
+class Coordinator(abc.ABC):
+    """The interface between one worker and whatever it shares state with."""
+
+    #: ``presence/``: where presence events are published for MQTT subscribers.
+    presence_prefix: str = "presence/"
+
+    @abc.abstractmethod
+    async def run(self, host: Host, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Connect and serve ``host`` until cancelled; ``started()`` once reports are accepted."""
+
+    @abc.abstractmethod
+    def online(self, event: PresenceEvent) -> None:
+        """Session ``event.epoch`` was accepted; the device's previous session, anywhere, ends."""
+
+    @abc.abstractmethod
+    def offline(self, event: PresenceEvent, *, forget: bool = False) -> None:
+        """Session ``event.epoch`` ended; its offline event is published unless already ended.
+
+        ``forget``: the record is dropped afterwards (server-assigned client ids).
+        """
+
+    @abc.abstractmethod
+    def note(self, event: PresenceEvent) -> None:
+        """An event for the sinks only: a socket that never identified itself, a refusal."""
+
+    @abc.abstractmethod
+    def route(self, topic: str, payload: bytes, qos: int) -> None:
+        """Deliver a device's message to matching subscribers of the *other* workers."""
+
+    @abc.abstractmethod
+    def filters_changed(self, filters: set[str]) -> None:
+        """This worker's subscribers now hold exactly ``filters``."""
+
+    @abc.abstractmethod
+    async def lookup(self, client_id: str) -> PresenceEvent | None:
+        """The device's last presence event, from whichever worker or node held it."""
+
+    @abc.abstractmethod
+    async def drain(self) -> None:
+        """Wait until every report made so far has been published (a shutdown's first phase)."""
+
+    @abc.abstractmethod
+    def health(self) -> Health:
+        """Whether reports are flowing."""
+
+    def figures(self) -> list[Metric]:
+        """Prometheus families of this coordinator's own figures."""
+        return []

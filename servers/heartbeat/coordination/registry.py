@@ -1,0 +1,132 @@
+"""Who holds each client id, and the rules that make every offline event exactly once.
+
+Pure. A *session* is one accepted connection, named by its epoch (unique fleet-wide).
+The registry keeps each client id's last presence event; the rules are the same
+whichever coordinator applies them (the supervisor's authority on one machine,
+a Lua script on Redis for a fleet):
+
+- ``online``: the new session becomes the owner. If another session was online, it
+  is ended here, once, with reason ``takeover`` (its holder is told to close it).
+- ``offline``: emitted only if it ends the session the record names and that
+  session is still online (or the record is gone, so nobody else can have
+  emitted it). A late report for a session already ended is dropped.
+- ``lose``: every session a dead worker or node held goes offline with the loss
+  reason, once; reports the dead one sent before dying are taken first by whoever
+  applies this (they are compare-and-set the same way, so order is all that matters).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from ..presence import Offline, PresenceEvent
+
+__all__ = ["Claim", "Registry", "takeover_of"]
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """What an ``online`` report decided."""
+
+    emit: list[PresenceEvent]
+    """Events to publish, in order (the displaced session's offline, then the new online)."""
+    evict: PresenceEvent | None
+    """The displaced session, whose holder must close it; None if there was none."""
+
+
+def takeover_of(old: PresenceEvent, new: PresenceEvent) -> PresenceEvent:
+    """The offline event of ``old``, displaced by ``new`` (held elsewhere)."""
+    where = f"node {new.node} worker {new.worker}" if new.node else f"worker {new.worker}"
+    return dataclasses.replace(
+        old,
+        status="offline",
+        reason=Offline.TAKEOVER,
+        time=new.time,
+        silent_for=0.0,
+        detail=f"reconnected on {where}",
+    )
+
+
+class Registry:
+    """The last presence event of each client id, bounded to ``max_records``.
+
+    Online devices are never forgotten; past the bound, the longest-offline records
+    go first (the dict is kept oldest-first by re-inserting on every change).
+    """
+
+    def __init__(self, max_records: int = 1_000_000) -> None:
+        self.max_records = max_records
+        self._records: dict[str, PresenceEvent] = {}
+        self.online_count = 0
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+    def __iter__(self) -> Iterator[PresenceEvent]:
+        return iter(list(self._records.values()))
+
+    def get(self, client_id: str) -> PresenceEvent | None:
+        """The device's last event, or None if it is unknown (or forgotten)."""
+        return self._records.get(client_id)
+
+    def online(self, event: PresenceEvent) -> Claim:
+        """A session was accepted."""
+        assert event.client_id is not None and event.status == "online"
+        old = self._records.get(event.client_id)
+        if old is not None and old.status == "online" and old.epoch == event.epoch:
+            return Claim([], None)  # a report sent twice (a resend after a reconnect)
+        emit: list[PresenceEvent] = []
+        evict = None
+        if old is not None and old.status == "online":
+            emit.append(takeover_of(old, event))
+            evict = old
+            self.online_count -= 1
+        self._store(event)
+        self.online_count += 1
+        emit.append(event)
+        return Claim(emit, evict)
+
+    def offline(self, event: PresenceEvent, *, forget: bool = False) -> PresenceEvent | None:
+        """A session ended; returns the event to publish, or None if it was already ended.
+
+        ``forget``: drop the record instead of keeping it (a server-assigned client id
+        cannot be looked up again).
+        """
+        assert event.client_id is not None and event.status == "offline"
+        old = self._records.get(event.client_id)
+        if old is not None and (old.epoch != event.epoch or old.status != "online"):
+            return None
+        if old is not None:
+            self.online_count -= 1
+        if forget:
+            self._records.pop(event.client_id, None)
+        else:
+            self._store(event)
+        return event
+
+    def lose(
+        self, held: Callable[[PresenceEvent], bool], reason: Offline, detail: str, now: float
+    ) -> list[PresenceEvent]:
+        """End every online session for which ``held(event)`` is true; returns their events."""
+        lost = [e for e in self._records.values() if e.status == "online" and held(e)]
+        out = []
+        for old in lost:
+            event = dataclasses.replace(old, status="offline", reason=reason, time=now, silent_for=0.0, detail=detail)
+            self._store(event)
+            self.online_count -= 1
+            out.append(event)
+        return out
+
+    def _store(self, event: PresenceEvent) -> None:
+        assert event.client_id is not None
+        self._records.pop(event.client_id, None)
+        self._records[event.client_id] = event
+        excess = len(self._records) - self.max_records
+        if excess > 0:
+            # Only a few records at the old end are looked at: online ones there are skipped.
+            window = itertools.islice(self._records.items(), excess * 2 + 16)
+            for key in [k for k, e in window if e.status != "online"][:excess]:
+                del self._records[key]

@@ -1,0 +1,105 @@
+"""The registry's rules against a reference model: whatever order reports arrive in,
+every session that went online is ended by exactly one published offline event."""
+
+from __future__ import annotations
+
+import itertools
+import time
+from functools import partial
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from servers.heartbeat.coordination.registry import Registry
+from servers.heartbeat.presence import Offline, PresenceEvent
+
+
+def online(client: str, epoch: str, worker: int) -> PresenceEvent:
+    return PresenceEvent("online", client, "peer", None, 0.0, time.time(), worker=worker, epoch=epoch)
+
+
+def offline(client: str, epoch: str, worker: int) -> PresenceEvent:
+    return PresenceEvent(
+        "offline", client, "peer", Offline.CONNECTION_LOST, 0.0, time.time(), worker=worker, epoch=epoch
+    )
+
+
+def held_by(worker: int, event: PresenceEvent) -> bool:
+    return event.worker == worker
+
+
+# An operation: (kind, client index, worker). Epochs are numbered as sessions start.
+ops = st.lists(
+    st.tuples(st.sampled_from(["connect", "end", "end-old", "die"]), st.integers(0, 3), st.integers(0, 2)),
+    max_size=80,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(ops)
+def test_every_session_gets_exactly_one_offline(operations: list[tuple[str, int, int]]) -> None:
+    reg = Registry(max_records=1000)
+    started: dict[str, tuple[str, int]] = {}  # epoch -> (client, worker)
+    ended_by_holder: set[str] = set()
+    dead: set[int] = set()
+    published: list[PresenceEvent] = []
+    n = 0
+    for kind, c, w in operations:
+        client = f"c{c}"
+        live = [e for e, (cl, wk) in started.items() if cl == client and e not in ended_by_holder and wk not in dead]
+        if kind == "connect" and w not in dead:
+            n += 1
+            epoch = f"e{n}"
+            started[epoch] = (client, w)
+            published += reg.online(online(client, epoch, w)).emit
+        elif kind == "end" and live:
+            epoch = live[-1]
+            ended_by_holder.add(epoch)
+            event = reg.offline(offline(client, epoch, started[epoch][1]))
+            published += [event] if event else []
+        elif kind == "end-old" and len(live) > 1:
+            # A holder reports a session the registry already ended (a takeover crossed it).
+            epoch = live[0]
+            ended_by_holder.add(epoch)
+            event = reg.offline(offline(client, epoch, started[epoch][1]))
+            published += [event] if event else []
+        elif kind == "die" and w not in dead:
+            dead.add(w)
+            published += reg.lose(partial(held_by, w), Offline.WORKER_LOST, "", time.time())
+    # Finally every live worker reports its remaining sessions ended (a shutdown).
+    for epoch, (client, w) in started.items():
+        if epoch not in ended_by_holder and w not in dead:
+            event = reg.offline(offline(client, epoch, w))
+            published += [event] if event else []
+    offs = [e.epoch for e in published if e.status == "offline"]
+    ons = [e.epoch for e in published if e.status == "online"]
+    assert sorted(ons) == sorted(started)  # every session's online is published once
+    assert sorted(offs) == sorted(started)  # ... and exactly one offline ends it
+    assert reg.online_count == 0
+    # Per client, events alternate online/offline: no two sessions online at once.
+    for c in range(4):
+        seq = [e.status for e in published if e.client_id == f"c{c}"]
+        assert all(a != b for a, b in itertools.pairwise(seq)), seq
+
+
+def test_takeover_is_published_before_the_new_online_and_names_the_old_holder() -> None:
+    reg = Registry()
+    reg.online(online("d", "a1", 0))
+    claim = reg.online(online("d", "b1", 1))
+    assert [(e.status, e.epoch, e.reason) for e in claim.emit] == [
+        ("offline", "a1", Offline.TAKEOVER),
+        ("online", "b1", None),
+    ]
+    assert claim.evict is not None and claim.evict.epoch == "a1" and claim.evict.worker == 0
+    assert reg.offline(offline("d", "a1", 0)) is None  # the old holder's own report comes too late
+    assert reg.online(online("d", "b1", 1)).emit == []  # a resent report changes nothing
+
+
+def test_bound_forgets_the_longest_offline_first_never_an_online_device() -> None:
+    reg = Registry(max_records=3)
+    reg.online(online("stays", "s", 0))
+    for i in range(6):
+        reg.online(online(f"gone-{i}", f"g{i}", 0))
+        reg.offline(offline(f"gone-{i}", f"g{i}", 0))
+    assert len(reg) <= 3
+    assert reg.get("stays") is not None and reg.get("gone-5") is not None and reg.get("gone-0") is None
