@@ -1,39 +1,91 @@
-"""A message bus between worker processes, through their supervisor.
+"""Unix-socket links between a supervisor and its worker processes.
 
-Workers on one SO_REUSEPORT port each hold a share of the connections, but a
-subscriber on one worker must hear about devices on all of them, and a device that
-reconnects to another worker must take over its old connection there. Each worker
-keeps one Unix-socket connection to the supervisor's :class:`Hub` and sends it JSON
-lines; the hub relays every line to every other worker. Lines whose ``"t"`` is
-``"s"`` (a worker's subscription filters) are also remembered per worker and
-replayed to a worker that (re)connects, so a restarted worker knows at once where
-to forward.
+The supervisor is plain blocking Python, so its end, :class:`Hub`, is a
+``selectors`` loop that the supervisor polls between its other chores. Each
+worker holds one connection (a :class:`Link`) and exchanges newline-terminated
+lines; what the lines mean is the business of the hub's :class:`LinkHandler` (the
+heartbeat server's authority, say). The kernel tells the hub which process is at
+the other end of each link (``SO_PEERCRED``), so a link cannot claim to be
+another worker.
 
-The hub is plain blocking Python (``selectors``), polled by the supervisor's loop;
-:class:`BusClient` is the worker's trio side.
+A worker that stops reading (stalled, SIGSTOPped) is not waited for: once
+``max_buffer`` bytes are queued for it, its link is dropped and the handler told
+so; the worker reconnects when it runs again and resynchronises.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import selectors
 import socket
+import struct
 import tempfile
-from collections.abc import Callable
-from typing import Any
+from typing import Protocol
 
-import trio
+__all__ = ["Hub", "Link", "LinkHandler"]
 
-__all__ = ["BusClient", "Hub"]
+DEFAULT_MAX_BUFFER = 64 * 1024 * 1024
 
-_MAX_BUFFER = 64 * 1024 * 1024  # a worker this far behind is dropped, not waited for
+
+class Link:
+    """One worker's connection to the hub."""
+
+    def __init__(self, hub: Hub, sock: socket.socket, number: int, pid: int) -> None:
+        self._hub = hub
+        self.sock = sock
+        self.number = number
+        self.pid = pid
+        """The process at the other end, as the kernel reports it."""
+        self.inbox = bytearray()
+        self.outbox = bytearray()
+        self.open = True
+
+    def send(self, data: bytes) -> None:
+        """Queue ``data``; it is written as the peer reads."""
+        self._hub._send(self, data)
+
+    def __repr__(self) -> str:
+        return f"<Link {self.number} pid={self.pid}>"
+
+
+class LinkHandler(Protocol):
+    """What the hub tells about its links."""
+
+    def connected(self, link: Link) -> None:
+        """A worker connected."""
+        ...
+
+    def received(self, link: Link, line: bytes) -> None:
+        """A whole line (without its newline) came from ``link``."""
+        ...
+
+    def disconnected(self, link: Link, overflowed: bool) -> None:
+        """``link`` is gone: closed by its worker, or dropped for not reading (``overflowed``)."""
+        ...
+
+    def batch_done(self, link: Link) -> None:
+        """Everything ``link`` sent in one read has been handed to :meth:`received`."""
+        ...
+
+    def process_exited(self, pid: int, code: int | None) -> object:
+        """A worker process is gone, and everything its links held has been received."""
+        ...
+
+
+def _peer_pid(sock: socket.socket) -> int:
+    try:
+        creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+        return int(struct.unpack("3i", creds)[0])
+    except (AttributeError, OSError):  # not Linux: the handler must rely on what the worker says
+        return 0
 
 
 class Hub:
-    """The supervisor's end: accepts workers and relays their lines to each other."""
+    """The supervisor's end: accepts workers' links and moves lines for its handler."""
 
-    def __init__(self) -> None:
+    def __init__(self, handler: LinkHandler, *, max_buffer: int = DEFAULT_MAX_BUFFER) -> None:
+        self.handler = handler
+        self.max_buffer = max_buffer
         self._dir = tempfile.mkdtemp(prefix="ik-bus-")
         self.path = os.path.join(self._dir, "bus.sock")
         self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -42,9 +94,13 @@ class Hub:
         self._listener.setblocking(False)
         self._sel = selectors.DefaultSelector()
         self._sel.register(self._listener, selectors.EVENT_READ, None)
-        self._peers: dict[socket.socket, bytearray] = {}
-        self._out: dict[socket.socket, bytearray] = {}
-        self._state: dict[str, bytes] = {}  # last "s" line per worker
+        self._links: dict[socket.socket, Link] = {}
+        self._count = 0
+
+    @property
+    def links(self) -> list[Link]:
+        """The open links."""
+        return list(self._links.values())
 
     def poll(self, timeout: float) -> None:
         """Move whatever is ready, waiting at most ``timeout`` seconds."""
@@ -54,82 +110,112 @@ class Hub:
             if sock is self._listener:
                 self._accept()
                 continue
+            link = self._links.get(sock)
+            if link is None:
+                continue
             if events & selectors.EVENT_READ:
-                self._read(sock)
-            if events & selectors.EVENT_WRITE and sock in self._out:
-                self._flush(sock)
+                self._read(link)
+            if events & selectors.EVENT_WRITE and link.open:
+                self._flush(link)
+
+    def process_exited(self, pid: int, code: int | None = None) -> None:
+        """Read what a dead process's links still hold, close them, and tell the handler.
+
+        A worker killed mid-stream leaves its last lines in the socket; they are
+        applied before anyone declares its sessions lost, or a session it had
+        already ended would be ended twice.
+        """
+        for link in [lk for lk in self._links.values() if lk.pid == pid]:
+            link.sock.setblocking(True)
+            link.sock.settimeout(0.5)
+            while link.open:
+                self._read(link)
+        self.handler.process_exited(pid, code)
 
     def _accept(self) -> None:
         try:
-            peer, _ = self._listener.accept()
+            sock, _ = self._listener.accept()
         except BlockingIOError:
             return
-        peer.setblocking(False)
-        self._peers[peer] = bytearray()
-        self._out[peer] = bytearray(b"".join(self._state.values()))
-        self._sel.register(peer, selectors.EVENT_READ, None)
-        self._want_write(peer)
+        self._count += 1
+        link = Link(self, sock, self._count, _peer_pid(sock))
+        sock.setblocking(False)
+        self._links[sock] = link
+        self._sel.register(sock, selectors.EVENT_READ, None)
+        self.handler.connected(link)
 
-    def _want_write(self, sock: socket.socket) -> None:
+    def _send(self, link: Link, data: bytes) -> None:
+        if not link.open:
+            return
+        was_empty = not link.outbox
+        link.outbox += data
+        if len(link.outbox) > self.max_buffer:
+            self._drop(link, overflowed=True)
+        elif was_empty:
+            # Most writes go straight out. A failure here is left for poll() to find:
+            # dropping now would call the handler back from inside its own send.
+            self._flush(link, drop_on_error=False)
+
+    def _want_write(self, link: Link) -> None:
         # Ask for writability only while there is something to write, or select spins.
-        events = selectors.EVENT_READ | (selectors.EVENT_WRITE if self._out.get(sock) else 0)
-        self._sel.modify(sock, events, None)
+        events = selectors.EVENT_READ | (selectors.EVENT_WRITE if link.outbox else 0)
+        self._sel.modify(link.sock, events, None)
 
-    def _drop(self, sock: socket.socket) -> None:
-        self._sel.unregister(sock)
-        self._peers.pop(sock, None)
-        self._out.pop(sock, None)
-        sock.close()
+    def _drop(self, link: Link, overflowed: bool = False) -> None:
+        if not link.open:
+            return
+        link.open = False
+        self._sel.unregister(link.sock)
+        del self._links[link.sock]
+        link.sock.close()
+        self.handler.disconnected(link, overflowed)
 
-    def _read(self, sock: socket.socket) -> None:
+    def _read(self, link: Link) -> None:
         try:
-            data = sock.recv(1 << 20)
-        except (BlockingIOError, InterruptedError):
+            data = link.sock.recv(1 << 20)
+        except (BlockingIOError, InterruptedError, TimeoutError):
+            if link.sock.getblocking() or link.sock.gettimeout() is not None:
+                self._drop(link)  # process_exited: nothing more will come
             return
         except OSError:
             data = b""
         if not data:
-            self._drop(sock)
+            self._drop(link)
             return
-        buf = self._peers[sock]
+        buf = link.inbox
         buf += data
         end = buf.rfind(b"\n")
         if end < 0:
             return
-        lines = bytes(buf[: end + 1])
+        lines = bytes(buf[:end])
         del buf[: end + 1]
-        for line in lines.splitlines(keepends=True):
-            if line.startswith(b'{"t":"s"'):
-                worker = str(json.loads(line).get("w"))
-                self._state[worker] = line
-        for other in list(self._out):
-            if other is not sock:
-                out = self._out[other]
-                out += lines
-                if len(out) > _MAX_BUFFER:
-                    self._drop(other)
-                else:
-                    self._want_write(other)
+        for line in lines.split(b"\n"):
+            if line and link.open:
+                self.handler.received(link, line)
+        if link.open:
+            self.handler.batch_done(link)
 
-    def _flush(self, sock: socket.socket) -> None:
-        out = self._out[sock]
-        if not out:
+    def _flush(self, link: Link, drop_on_error: bool = True) -> None:
+        if not link.outbox:
             return
         try:
-            sent = sock.send(out)
+            sent = link.sock.send(link.outbox)
         except (BlockingIOError, InterruptedError):
-            return
+            sent = 0
         except OSError:
-            self._drop(sock)
+            if drop_on_error:
+                self._drop(link)
+            else:
+                self._want_write(link)
             return
-        del out[:sent]
-        if not out:
-            self._want_write(sock)
+        del link.outbox[:sent]
+        if link.open:
+            self._want_write(link)
 
     def close(self) -> None:
-        """Close every connection and remove the socket file."""
-        for sock in list(self._peers):
-            self._drop(sock)
+        """Close every link and remove the socket file."""
+        for link in list(self._links.values()):
+            self._drop(link)
         self._sel.close()
         self._listener.close()
         try:
@@ -137,46 +223,3 @@ class Hub:
             os.rmdir(self._dir)
         except OSError:
             pass
-
-
-class BusClient:
-    """A worker's end: ``send`` never blocks; ``run`` connects and relays until cancelled."""
-
-    def __init__(self, path: str, on_message: Callable[[dict[str, Any]], None]) -> None:
-        self.path = path
-        self._on_message = on_message
-        self._outbox: list[bytes] = []
-        self._wake = trio.Event()
-        self.received = 0
-        self.sent = 0
-
-    def send(self, message: dict[str, Any]) -> None:
-        """Queue a message for the other workers."""
-        self._outbox.append(json.dumps(message, separators=(",", ":")).encode() + b"\n")
-        self._wake.set()
-
-    async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Connect to the hub and move messages both ways until cancelled."""
-        stream = await trio.open_unix_socket(self.path)
-        async with stream, trio.open_nursery() as nursery:
-            nursery.start_soon(self._writer, stream)
-            task_status.started()
-            buf = b""
-            async for data in stream:
-                buf += data
-                *lines, buf = buf.split(b"\n")
-                for line in lines:
-                    if line:
-                        self.received += 1
-                        self._on_message(json.loads(line))
-            nursery.cancel_scope.cancel()
-
-    async def _writer(self, stream: trio.SocketStream) -> None:
-        while True:
-            if not self._outbox:
-                self._wake = trio.Event()
-                await self._wake.wait()
-                continue
-            batch, self._outbox = self._outbox, []
-            self.sent += len(batch)
-            await stream.send_all(b"".join(batch))

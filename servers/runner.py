@@ -36,15 +36,16 @@ def main(
     run_worker: WorkerMain,
     *,
     grace: float = 10.0,
-    bus: bool = False,
+    hub: Callable[[], Hub] | None = None,
 ) -> int:
     """Run ``args.workers`` workers of ``python -m <module>`` on one port, or be one.
 
     With one worker (or when started as a worker by the supervisor, which passes
     ``--worker-index``) this process serves. Otherwise it becomes the supervisor,
     which restarts workers that die and stops them all on a signal, waiting
-    ``grace`` seconds for their shutdown. With ``bus``, the workers are linked by
-    the supervisor's hub and each gets ``--bus <path>``. Returns 2, with a message on
+    ``grace`` seconds for their shutdown. With ``hub`` (a factory, called in the
+    supervisor only), the workers are linked to the supervisor's hub and each gets
+    ``--bus <path>``. Returns 2, with a message on
     stderr, if another process already listens on the port.
     """
     if args.worker_index is None:
@@ -60,7 +61,7 @@ def main(
     if args.workers <= 1 or args.worker_index is not None:
         trio.run(run_worker, args, args.worker_index or 0, args.worker_index is not None)
         return 0
-    hub = Hub() if bus else None
+    links = hub() if hub is not None else None
     try:
         return run_supervised(
             module,
@@ -69,12 +70,12 @@ def main(
             port=args.port,
             workers=args.workers,
             grace=grace,
-            worker_args=(lambda index: ("--bus", hub.path)) if hub is not None else (lambda index: ()),
-            hub=hub,
+            worker_args=(lambda index: ("--bus", links.path)) if links is not None else (lambda index: ()),
+            hub=links,
         )
     finally:
-        if hub is not None:
-            hub.close()
+        if links is not None:
+            links.close()
 
 
 async def serve_until_signal(

@@ -41,8 +41,9 @@ STATUS_CONFIG = HttpConfig(
 class StatusSource(Protocol):
     """What the endpoint reports on."""
 
-    def healthy(self) -> bool:
-        """Whether to answer /healthz with 200."""
+    def healthy(self) -> bool | str:
+        """Whether to answer /healthz with 200 ``ok``; a string is a reason for 200
+        ``degraded: <reason>`` (serving, but something is behind); False gives 503."""
         ...
 
     def metrics(self) -> bytes:
@@ -70,7 +71,10 @@ def status_app(source: StatusSource) -> App:
             return _text(405, b"method not allowed\n", ("allow", "GET, HEAD"))
         path = request.path
         if path == "/healthz":
-            return _text(200, b"ok\n") if source.healthy() else _text(503, b"unhealthy\n")
+            health = source.healthy()
+            if isinstance(health, str):
+                return _text(200, f"degraded: {health}\n".encode())
+            return _text(200, b"ok\n") if health else _text(503, b"unhealthy\n")
         if path == "/metrics":
             return Response(200, [("content-type", CONTENT_TYPE)], source.metrics())
         parts = path.strip("/").split("/", 1)

@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from .bus import Hub
 from .listeners import reserve_port
 
-__all__ = ["SUPERVISOR_PID_ENV", "die_with_supervisor", "run_supervised", "supervise"]
+__all__ = ["SUPERVISOR_PID_ENV", "die_with_supervisor", "run_supervised", "supervise", "supervisor_pid"]
 
 SUPERVISOR_PID_ENV = "IDLEKEEPER_SUPERVISOR_PID"
 """Set in each worker's environment: the PID of the supervisor that started it."""
@@ -71,16 +71,15 @@ def supervise(
         if on_ready is not None:
             on_ready([p.pid for p in procs.values()])
         while not stopping:
-            if hub is not None:
-                hub.poll(0.2)  # relays between workers while it waits
-            else:
-                time.sleep(0.2)
+            _poll(hub, 0.2)  # relays between workers while it waits
             now = time.monotonic()
             for index, proc in list(procs.items()):
                 code = proc.poll()
                 if code is None or stopping:
                     continue
                 if index not in restart_at:
+                    if hub is not None:
+                        hub.process_exited(proc.pid, code)  # its sessions, before a new worker's
                     # Died young: back off (doubling, up to a minute); lived long: start again soon.
                     young = now - started[index] < 60
                     backoff[index] = min(backoff[index] * 2, 60.0) if young else restart_backoff
@@ -95,14 +94,30 @@ def supervise(
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)  # by PID, never by name
         deadline = time.monotonic() + grace
+        # The hub keeps relaying while workers shut down: their last events must reach
+        # the other workers' subscribers (a shutdown's two phases go through it).
+        while time.monotonic() < deadline and any(p.poll() is None for p in procs.values()):
+            _poll(hub, 0.02)
         for proc in procs.values():
-            try:
-                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
+            if proc.poll() is None:
                 proc.kill()
-                proc.wait()
+            proc.wait()
+            if hub is not None:
+                hub.process_exited(proc.pid, proc.returncode)
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def _poll(hub: Hub | None, timeout: float) -> None:
+    if hub is None:
+        time.sleep(timeout)
+        return
+    try:
+        hub.poll(timeout)
+    except Exception:
+        # A fault in the relay must not take the supervisor (and so every worker) down.
+        logger.exception("supervisor: the hub failed; going on")
+        time.sleep(timeout)
 
 
 def run_supervised(
@@ -138,6 +153,12 @@ def run_supervised(
     finally:
         if holder is not None:
             holder.close()
+
+
+def supervisor_pid() -> int | None:
+    """In a supervised worker, the supervisor's PID; None otherwise."""
+    value = os.environ.get(SUPERVISOR_PID_ENV)
+    return int(value) if value else None
 
 
 def die_with_supervisor(sig: int = signal.SIGTERM) -> None:

@@ -103,3 +103,14 @@ def test_bound_forgets_the_longest_offline_first_never_an_online_device() -> Non
         reg.offline(offline(f"gone-{i}", f"g{i}", 0))
     assert len(reg) <= 3
     assert reg.get("stays") is not None and reg.get("gone-5") is not None and reg.get("gone-0") is None
+
+
+def test_a_claim_that_crossed_a_newer_one_loses_unpublished() -> None:
+    reg = Registry()
+    newer = online("d", "b1", 1)
+    older = PresenceEvent("online", "d", "peer", None, 0.0, newer.time - 0.01, worker=0, epoch="a1")
+    reg.online(newer)
+    claim = reg.online(older)  # accepted first, reported last
+    assert claim.emit == [] and claim.evict is older
+    assert reg.get("d") is newer
+    assert reg.offline(offline("d", "a1", 0)) is None  # its holder's report after closing it: nothing

@@ -10,13 +10,17 @@ from collections.abc import Sequence
 import trio
 
 from .. import runner
-from ..bus import BusClient
+from ..bus import Hub
 from ..config import add_worker_arguments
 from ..gcpolicy import freeze_long_lived
 from ..listeners import open_listeners
 from ..readiness import Ready
+from ..workers import supervisor_pid
 from .auth import PasswordFile
-from .presence import PresenceLog
+from .coordination import Coordinator
+from .coordination.authority import Authority
+from .coordination.local import BusCoordinator
+from .presence import PresenceLog, PresenceSink
 from .server import HeartbeatConfig, HeartbeatServer, serve_heartbeat
 
 DESCRIPTION = """\
@@ -75,6 +79,7 @@ def parser() -> argparse.ArgumentParser:
     )
     a("--log-level", default="WARNING", help="logging level for protocol errors and the like (default: WARNING)")
     a("--bus", default=None, help=argparse.SUPPRESS)
+    a("--bus-buffer", type=int, default=64 * 1024 * 1024, help=argparse.SUPPRESS)
     return p
 
 
@@ -91,16 +96,37 @@ def config_from(args: argparse.Namespace, worker: int) -> HeartbeatConfig:
         max_connections=args.max_connections,
         auth=PasswordFile.load(args.auth_file) if args.auth_file else None,
     )
-    if args.presence_log:
+    if args.presence_log and not args.bus:
         cfg.extra_sinks.append(PresenceLog(args.presence_log))
     return cfg
+
+
+def coordinator_for(args: argparse.Namespace, config: HeartbeatConfig) -> tuple[Coordinator | None, list[PresenceSink]]:
+    """The worker's coordinator (None: a lone worker's default) and the sinks it owns."""
+    if not args.bus:
+        return None, list(config.extra_sinks)
+    # The supervisor's authority writes the log; the worker keeps it for when it is gone.
+    sinks: list[PresenceSink] = [PresenceLog(args.presence_log)] if args.presence_log else []
+    bus = BusCoordinator(
+        args.bus,
+        worker=config.worker,
+        supervisor_pid=supervisor_pid(),
+        sinks=sinks,
+        presence_prefix=config.presence_prefix,
+    )
+    return bus, sinks
+
+
+def authority_hub(args: argparse.Namespace) -> Hub:
+    """The supervisor's hub, whose authority keeps the registry and writes the presence log."""
+    sinks: list[PresenceSink] = [PresenceLog(args.presence_log)] if args.presence_log else []
+    return Hub(Authority(sinks), max_buffer=args.bus_buffer)
 
 
 async def run_worker(args: argparse.Namespace, worker: int, reuse_port: bool) -> None:
     """One worker: serve until SIGINT or SIGTERM, then shut down cleanly."""
     config = config_from(args, worker)
-    if args.status_port is not None and args.worker_index is not None:
-        config.peer_status = [(args.status_host, args.status_port + j) for j in range(args.workers) if j != worker]
+    coordinator, sinks = coordinator_for(args, config)
     listeners = open_listeners(args.host, args.port, reuse_port=reuse_port)
     status_port = None if args.status_port is None else args.status_port + worker
 
@@ -111,15 +137,12 @@ async def run_worker(args: argparse.Namespace, worker: int, reuse_port: bool) ->
                 listeners=listeners,
                 status_port=status_port,
                 status_host=args.status_host,
+                coordinator=coordinator,
                 task_status=task_status,
             )
         )
         if args.gc_freeze > 0:
             nursery.start_soon(freeze_long_lived, args.gc_freeze)
-        if args.bus:
-            bus = BusClient(args.bus, server.on_bus)
-            await nursery.start(bus.run)
-            server.attach_bus(bus)
         return server
 
     def ready(server: HeartbeatServer) -> Ready:
@@ -128,7 +151,7 @@ async def run_worker(args: argparse.Namespace, worker: int, reuse_port: bool) ->
 
     # Devices end first and subscribers hear it; then the subscribers are closed.
     await runner.serve_until_signal(start, ready, stop=HeartbeatServer.shutdown)
-    for sink in config.extra_sinks:
+    for sink in sinks:
         close = getattr(sink, "close", None)
         if close is not None:
             close()
@@ -138,7 +161,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point: a single worker, or a supervisor of ``--workers`` workers."""
     args = parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    return runner.main("servers.heartbeat", args, argv, run_worker, bus=True)
+    return runner.main("servers.heartbeat", args, argv, run_worker, hub=lambda: authority_hub(args))
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Topic matching, subscriptions and routing: which subscribers get a message published on a topic.
 
-Pure. :func:`topic_matches` is the one implementation of MQTT's filter rules (4.7).
+Pure (no I/O). :func:`topic_matches` is the one implementation of MQTT's filter rules (4.7).
 Exact filters (no wildcards) sit in a dict, so a device subscribed to its own command
 topic costs O(1) per publish however many devices there are; wildcard filters
 (``presence/#``) are few and are matched one by one.
@@ -8,10 +8,13 @@ topic costs O(1) per publish however many devices there are; wildcard filters
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Hashable
-from typing import Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
-__all__ = ["Subscriptions", "topic_matches"]
+from .encoders import encode_publish
+
+__all__ = ["Broker", "Subscriber", "Subscriptions", "topic_matches"]
 
 K = TypeVar("K", bound=Hashable)
 
@@ -100,3 +103,59 @@ class Subscriptions(Generic[K]):
                     if qos > out.get(key, -1):
                         out[key] = qos
         return out
+
+
+class Subscriber(Hashable, Protocol):
+    """A connection that receives messages: its queue, the event that wakes its
+    writer, and the counter of its QoS 1 packet ids."""
+
+    outbox: collections.deque[bytes] | None
+    wake: Any
+    msg_id: int
+
+
+S = TypeVar("S", bound=Subscriber)
+
+
+class Broker(Generic[S]):
+    """This process's subscribers: who gets a message, encoded once, queued per subscriber.
+
+    Writing the queues out is the server's job (one writer task per subscriber);
+    the broker only decides and queues, so it stays free of I/O. A subscriber that
+    falls ``outbox_limit`` messages behind loses its oldest ones (counted).
+    """
+
+    def __init__(self, max_qos: int, outbox_limit: int = 50_000) -> None:
+        self.subscriptions: Subscriptions[S] = Subscriptions(max_qos=max_qos)
+        self.outbox_limit = outbox_limit
+        self.delivered = 0
+        self.dropped = 0
+
+    def deliver(self, topic: str, payload: bytes, qos: int) -> int:
+        """Queue a message for every local subscriber of ``topic``; returns how many."""
+        targets = self.subscriptions.route(topic)
+        if not targets:
+            return 0
+        plain = b""
+        for sub, granted in targets.items():
+            if min(qos, granted) == 0:
+                if not plain:
+                    plain = encode_publish(topic, payload)
+                self.enqueue(sub, plain)
+            else:
+                sub.msg_id = sub.msg_id % 65535 + 1
+                self.enqueue(sub, encode_publish(topic, payload, qos=1, packet_id=sub.msg_id))
+        self.delivered += len(targets)
+        return len(targets)
+
+    def enqueue(self, sub: S, data: bytes) -> None:
+        """Queue bytes for one subscriber and wake its writer."""
+        outbox = sub.outbox
+        if outbox is None:
+            return
+        if len(outbox) >= self.outbox_limit:
+            outbox.popleft()
+            self.dropped += 1
+        outbox.append(data)
+        if sub.wake is not None:
+            sub.wake.set()

@@ -14,32 +14,30 @@ watched stream, and the keeper's one reaper enforces all of them:
 
 from __future__ import annotations
 
-import base64
 import collections
 import contextlib
 import itertools
 import logging
 import math
+import os
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any
-from urllib.parse import quote
 
 import trio
 
 import idlekeeper
 from idlekeeper import Reason
 
-from ..bus import BusClient
 from ..config import WorkerConfig
 from ..listeners import open_listeners, port_of
 from ..prometheus import Families, Metric, render, worker_registry
-from ..status import fetch_json
 from .auth import AuthResult, PasswordFile
-from .broker import Subscriptions, topic_matches
-from .encoders import encode_publish
+from .broker import Broker
+from .coordination import Coordinator
+from .coordination.authority import epoch_of
+from .coordination.inprocess import InProcessCoordinator
 from .packets import ProtocolError
 from .presence import Offline, PresenceEvent, PresenceSink
 from .reader import PacketReader
@@ -82,9 +80,10 @@ class HeartbeatConfig(WorkerConfig):
     max_device_records: int = 1_000_000
     """Presence records kept for /devices; the longest-offline are forgotten first."""
     auth: PasswordFile | None = None
-    peer_status: list[tuple[str, int]] = field(default_factory=list)
-    """Other workers' status endpoints, asked for devices this worker does not hold."""
+    node: str = ""
+    """This gateway's name in a fleet (empty on a lone machine); part of every session's epoch."""
     extra_sinks: list[PresenceSink] = field(default_factory=list)
+    """Presence sinks of the default (in-process) coordinator; other coordinators hold their own."""
 
     def __post_init__(self) -> None:
         # Delivery to subscribers has no QoS 2 exchange (PUBREC/PUBREL/PUBCOMP outbound).
@@ -96,10 +95,10 @@ class Connection:
     """One client connection, as the server sees it."""
 
     __slots__ = (
-        "accepted_at",
         "ended_by",
         "finished",
         "msg_id",
+        "online",
         "outbox",
         "peer",
         "session",
@@ -111,7 +110,8 @@ class Connection:
     def __init__(self, stream: idlekeeper.WatchedStream, peer: str, session: Session) -> None:
         self.stream = stream
         self.peer = peer
-        self.accepted_at = 0.0
+        self.online: PresenceEvent | None = None
+        """The session's online event once CONNECT is accepted (its epoch names the session)."""
         self.session = session
         self.ended_by: Offline | None = None
         self.finished = False
@@ -146,25 +146,37 @@ def _peer_of(stream: idlekeeper.WatchedStream) -> str:
 
 
 class HeartbeatServer:
-    """Presence for many MQTT devices, in one trio process (one worker)."""
+    """Presence for many MQTT devices, in one trio process (one worker).
 
-    def __init__(self, config: HeartbeatConfig, keeper: idlekeeper.Keeper, nursery: trio.Nursery) -> None:
+    It serves connections and keeps its own subscribers (a :class:`Broker`); what is
+    shared with other workers or gateways (who holds each client id, the device
+    registry, presence events, subscribers elsewhere) goes through ``coordinator``,
+    by default an :class:`InProcessCoordinator` (a lone worker). It is the
+    coordinator's :class:`~servers.heartbeat.coordination.Host`.
+    """
+
+    def __init__(
+        self,
+        config: HeartbeatConfig,
+        keeper: idlekeeper.Keeper,
+        nursery: trio.Nursery,
+        coordinator: Coordinator | None = None,
+    ) -> None:
         self.config = config
         self.keeper = keeper
         self._nursery = nursery
+        self.coordinator: Coordinator = coordinator or InProcessCoordinator(
+            config.extra_sinks, presence_prefix=config.presence_prefix, max_records=config.max_device_records
+        )
         self.online: dict[str, Connection] = {}
         self.connections: set[Connection] = set()
-        self.subscriptions: Subscriptions[Connection] = Subscriptions(max_qos=config.max_qos)
-        # The last presence event per device, with its keep-alive: a slotted event and an
-        # int rather than a dict of strings, because this map holds every device.
-        self.devices: dict[str, tuple[PresenceEvent, int]] = {}
-        self.sinks: list[PresenceSink] = list(config.extra_sinks)
+        self.broker: Broker[Connection] = Broker(config.max_qos, OUTBOX_LIMIT)
         self.offline_by_reason: collections.Counter[str] = collections.Counter()
         self.counters: collections.Counter[str] = collections.Counter()
         self.port = 0
-        self.bus: BusClient | None = None
-        self.remote_filters: dict[int, set[str]] = {}
         self._announced: set[str] = set()
+        self._epochs = itertools.count(1)
+        self._pid = os.getpid()
         self.accepting = trio.CancelScope()
         """Cancelled to stop accepting connections (the first step of a shutdown)."""
         self._registry = worker_registry(keeper.stats, {"worker": str(config.worker)}, self.figures)
@@ -238,11 +250,11 @@ class HeartbeatServer:
         elif isinstance(effect, Accept):
             await self._accept(conn, effect)
         elif isinstance(effect, AddSubscription):
-            self.subscriptions.subscribe(conn, effect.topic_filter, effect.qos)
+            self.broker.subscriptions.subscribe(conn, effect.topic_filter, effect.qos)
             self._start_writer(conn)
             self._announce()
         elif isinstance(effect, RemoveSubscription):
-            self.subscriptions.unsubscribe(conn, effect.topic_filter)
+            self.broker.subscriptions.unsubscribe(conn, effect.topic_filter)
             self._announce()
         # Goodbye needs nothing here: the session is CLOSED and the loop ends.
 
@@ -269,16 +281,15 @@ class HeartbeatServer:
             old.end(Offline.TAKEOVER)
             self._ended(old, Offline.TAKEOVER, "")
         self.online[request.client_id] = conn
-        # CLOCK_MONOTONIC is one clock for every process on the machine (trio's clock
-        # is offset per process), so workers can order takeovers that cross on the bus.
-        conn.accepted_at = time.monotonic()
-        if self.bus is not None:
-            self.bus.send({"t": "k", "c": request.client_id, "w": cfg.worker, "at": conn.accepted_at})
         stream = conn.stream
         keep_alive = min(request.keep_alive, cfg.max_keepalive) if request.keep_alive else 0
         stream.receive_timeout = 1.5 * keep_alive if keep_alive else cfg.max_idle
         await self._send(conn, conn.session.accepted())
-        self._event(conn, "online", None)
+        conn.online = self._event(
+            conn, "online", None, epoch=epoch_of(cfg.worker, self._pid, next(self._epochs), cfg.node)
+        )
+        # The coordinator ends the device's session on any other worker or gateway.
+        self.coordinator.online(conn.online)
 
     async def _goodbye(self, conn: Connection, connack: bytes) -> None:
         """Send a refusal, briefly: a refused client must not hold its connection open."""
@@ -295,15 +306,7 @@ class HeartbeatServer:
             await conn.stream.send_all(data)
 
     def _enqueue(self, conn: Connection, data: bytes) -> None:
-        outbox = conn.outbox
-        if outbox is None:
-            return
-        if len(outbox) >= OUTBOX_LIMIT:
-            outbox.popleft()
-            self.counters["messages_dropped"] += 1
-        outbox.append(data)
-        if conn.wake is not None:
-            conn.wake.set()
+        self.broker.enqueue(conn, data)
 
     def _start_writer(self, conn: Connection) -> None:
         if conn.outbox is not None:
@@ -334,40 +337,17 @@ class HeartbeatServer:
                 pass
 
     def route(self, topic: str, payload: bytes, qos: int) -> int:
-        """Deliver a message to every subscriber of ``topic``, on every worker.
+        """Deliver a message to every subscriber of ``topic``, here and on other workers.
 
-        Returns how many local subscribers got it. Other workers get it through the
-        bus only if one of them has a matching subscription.
+        Returns how many local subscribers got it; the coordinator passes it on to
+        other workers or gateways whose subscribers want it.
         """
-        if self.bus is not None and self._remote_wants(topic):
-            self.bus.send({"t": "r", "topic": topic, "p": base64.b64encode(payload).decode(), "q": qos})
-        return self._deliver(topic, payload, qos)
-
-    def _remote_wants(self, topic: str) -> bool:
-        for filters in self.remote_filters.values():
-            if topic in filters or any(topic_matches(f, topic) for f in filters):
-                return True
-        return False
-
-    def _deliver(self, topic: str, payload: bytes, qos: int) -> int:
-        targets = self.subscriptions.route(topic)
-        if not targets:
-            return 0
-        plain = b""
-        for conn, granted in targets.items():
-            if min(qos, granted) == 0:
-                if not plain:
-                    plain = encode_publish(topic, payload)
-                self._enqueue(conn, plain)
-            else:
-                conn.msg_id = conn.msg_id % 65535 + 1
-                self._enqueue(conn, encode_publish(topic, payload, qos=1, packet_id=conn.msg_id))
-        self.counters["messages_out"] += len(targets)
-        return len(targets)
+        self.coordinator.route(topic, payload, qos)
+        return self.broker.deliver(topic, payload, qos)
 
     # -- presence ------------------------------------------------------------------------
 
-    def _ended(self, conn: Connection, reason: Offline, detail: str, publish: bool = True) -> None:
+    def _ended(self, conn: Connection, reason: Offline, detail: str) -> None:
         """Bookkeeping when a connection ends; synchronous, so it runs even when cancelled."""
         if conn.finished:
             return
@@ -375,7 +355,7 @@ class HeartbeatServer:
         self.connections.discard(conn)
         if conn.writer is not None:
             conn.writer.cancel()
-            self.subscriptions.drop(conn)
+            self.broker.subscriptions.drop(conn)
             self._announce()
         session = conn.session
         client_id = session.client_id
@@ -388,76 +368,57 @@ class HeartbeatServer:
                 self.counters["wills_published"] += 1
                 self.route(will.topic, will.message, will.qos)
         self.offline_by_reason[reason.value] += 1
-        if was_online or client_id is None or reason is Offline.REFUSED:
-            self._event(conn, "offline", reason, detail, publish=was_online and publish)
+        if was_online and conn.online is not None:
+            event = self._event(conn, "offline", reason, detail, epoch=conn.online.epoch)
+            # Exactly once, fleet-wide: the coordinator drops it if the session was already ended.
+            self.coordinator.offline(event, forget=session.assigned)
+        elif client_id is None or reason is Offline.REFUSED:
+            self.coordinator.note(self._event(conn, "offline", reason, detail))
 
     def _event(
-        self, conn: Connection, status: str, reason: Offline | None, detail: str = "", publish: bool = True
-    ) -> None:
-        event = PresenceEvent(
+        self, conn: Connection, status: str, reason: Offline | None, detail: str = "", epoch: str = ""
+    ) -> PresenceEvent:
+        cfg = self.config
+        return PresenceEvent(
             status=status,
             client_id=conn.session.client_id,
             peer=conn.peer,
             reason=reason,
             silent_for=conn.silent_for(),
             time=time.time(),
-            worker=self.config.worker,
+            worker=cfg.worker,
             detail=detail,
+            epoch=epoch,
+            node=cfg.node,
+            keep_alive=conn.session.keep_alive,
         )
-        client_id = conn.session.client_id
-        if client_id is not None:
-            self._remember(client_id, conn, event)
-            if publish:
-                self.route(self.config.presence_prefix + client_id, event.payload(), 0)
-        for sink in self.sinks:
-            try:
-                sink(event)
-            except Exception:
-                logger.exception("presence sink %r raised", sink)
 
-    # -- between workers ----------------------------------------------------------------
+    # -- the coordinator's host -------------------------------------------------------------
 
-    def attach_bus(self, bus: BusClient) -> None:
-        """Join the other workers: share subscriptions, presence and takeovers."""
-        self.bus = bus
-        self._announced = set()
-        self._announce(force=True)
+    def deliver(self, topic: str, payload: bytes, qos: int) -> None:
+        """A message for this worker's subscribers only (from the coordinator)."""
+        self.broker.deliver(topic, payload, qos)
 
-    def _announce(self, force: bool = False) -> None:
-        if self.bus is None:
-            return
-        filters = self.subscriptions.filters()
-        if force or filters != self._announced:
+    def evict(self, client_id: str, epoch: str, detail: str) -> None:
+        """The device reconnected elsewhere: close this session (its offline event is out)."""
+        conn = self.online.get(client_id)
+        if conn is not None and conn.online is not None and conn.online.epoch == epoch:
+            conn.end(Offline.TAKEOVER)
+            self._ended(conn, Offline.TAKEOVER, detail)
+
+    def sessions(self) -> list[PresenceEvent]:
+        """The online event of every session held here."""
+        return [c.online for c in self.online.values() if c.online is not None]
+
+    def filters(self) -> set[str]:
+        """Every filter this worker's subscribers hold."""
+        return self.broker.subscriptions.filters()
+
+    def _announce(self) -> None:
+        filters = self.filters()
+        if filters != self._announced:
             self._announced = filters
-            self.bus.send({"t": "s", "w": self.config.worker, "f": sorted(filters)})
-
-    def on_bus(self, message: dict[str, Any]) -> None:
-        """A message from another worker."""
-        kind = message.get("t")
-        if kind == "r":
-            self._deliver(str(message["topic"]), base64.b64decode(message["p"]), int(message["q"]))
-        elif kind == "s":
-            self.remote_filters[int(message["w"])] = set(message["f"])
-        elif kind == "k":
-            conn = self.online.get(str(message["c"]))
-            if conn is not None and conn.accepted_at < float(message["at"]):
-                # The device reconnected to another worker. Its old connection here
-                # ends quietly: publishing "offline" now could reach subscribers after
-                # the new worker's "online".
-                conn.end(Offline.TAKEOVER)
-                self._ended(conn, Offline.TAKEOVER, "on another worker", publish=False)
-
-    def _remember(self, client_id: str, conn: Connection, event: PresenceEvent) -> None:
-        """Keep the device's last presence record for /devices, within a bound."""
-        self.devices.pop(client_id, None)
-        if event.status == "offline" and conn.session.assigned:
-            return  # an anonymous client (assigned id) cannot be looked up again
-        self.devices[client_id] = (event, conn.session.keep_alive)  # re-inserted: the dict stays oldest-first
-        excess = len(self.devices) - self.config.max_device_records
-        if excess > 0:
-            # Forget the longest-offline devices; online ones stay whatever their age.
-            for key in [k for k in itertools.islice(self.devices, excess * 2 + 16) if k not in self.online][:excess]:
-                del self.devices[key]
+            self.coordinator.filters_changed(filters)
 
     # -- control -----------------------------------------------------------------------------
 
@@ -475,50 +436,46 @@ class HeartbeatServer:
         with trio.move_on_after(grace):
             for conn in [c for c in self.connections if c.outbox is None]:
                 conn.end(Offline.SHUTDOWN)
-            # A device's offline event is routed when its task has finished; then each
-            # subscriber's writer must have sent its queue and be waiting for more. Polled:
-            # events for these two moments would cost every connection's bookkeeping.
-            while any(c.outbox is None or not _flushed(c) for c in self.connections):  # noqa: ASYNC110
+            # A device's offline event is reported when its task has finished. Polled:
+            # an event for that moment would cost every connection's bookkeeping.
+            while any(c.outbox is None for c in self.connections):  # noqa: ASYNC110
+                await trio.sleep(0.01)
+            # Every report published everywhere (other workers' devices' events included),
+            await self.coordinator.drain()
+            # then each subscriber's writer must have sent its queue and wait for more.
+            while not all(_flushed(c) for c in self.connections):  # noqa: ASYNC110
                 await trio.sleep(0.01)
         for conn in list(self.connections):
             conn.end(Offline.SHUTDOWN)
+        with trio.move_on_after(1.0):  # the subscribers' own offline reports, out before we exit
+            while self.connections:  # noqa: ASYNC110
+                await trio.sleep(0.01)
+            await self.coordinator.flush()
 
     # -- status endpoint (servers.status.StatusSource) -------------------------------------
 
-    def healthy(self) -> bool:
-        """The worker is serving."""
-        return True
+    def healthy(self) -> bool | str:
+        """The worker is serving; a string says what is degraded (the coordinator is behind)."""
+        health = self.coordinator.health()
+        return True if health.ok else health.detail
 
     async def lookup(self, kind: str, key: str, local: bool = False) -> object | None:
-        """``/devices/<client-id>``: the device's presence record, from whichever worker.
-
-        A device online here wins; otherwise the other workers are asked (an online
-        record there beats an offline one here).
-        """
+        """``/devices/<client-id>``: the device's last presence, from whichever worker or gateway."""
         if kind != "devices":
             return None
-        mine = self._local_device(key)
-        if local or (mine is not None and mine.get("status") == "online") or not self.config.peer_status:
-            return mine
-        path = f"/devices/{quote(key, safe='')}?local=1"
-        for host, port in self.config.peer_status:
-            theirs = None
-            with trio.move_on_after(1.0):  # a stuck worker must not hang the endpoint
-                theirs = await fetch_json(host, port, path)
-            if isinstance(theirs, dict) and (mine is None or theirs.get("status") == "online"):
-                mine = theirs
-        return mine
-
-    def _local_device(self, key: str) -> dict[str, Any] | None:
-        record = self.devices.get(key)
-        if record is None:
+        event = await self.coordinator.lookup(key)
+        if event is None:
             return None
-        out = record[0].to_dict()
-        out["keep_alive"] = record[1]
+        out = event.to_dict()
+        out["keep_alive"] = event.keep_alive
         conn = self.online.get(key)
-        if conn is not None:
-            out["status"] = "online"
-            out["silent_for"] = round(conn.silent_for(), 3)
+        if (
+            event.status == "online"
+            and conn is not None
+            and conn.online is not None
+            and conn.online.epoch == event.epoch
+        ):
+            out["silent_for"] = round(conn.silent_for(), 3)  # held here: how silent right now
         return out
 
     def metrics(self) -> bytes:
@@ -530,6 +487,12 @@ class HeartbeatServer:
         f = Families({"worker": str(self.config.worker)})
         f.gauge("heartbeat_devices_online", "Devices with a live, accepted MQTT connection.", len(self.online))
         f.gauge("heartbeat_connections", "Open client connections, handshaking ones included.", len(self.connections))
+        f.counter("heartbeat_messages_out_total", "Messages delivered to subscribers.", self.broker.delivered)
+        f.counter(
+            "heartbeat_messages_dropped_total",
+            "Messages dropped for subscribers that fell too far behind.",
+            self.broker.dropped,
+        )
         f.counter_by(
             "heartbeat_offline_total",
             "Connections ended, by reason.",
@@ -538,15 +501,13 @@ class HeartbeatServer:
         )
         for name, help_text in _COUNTERS:
             f.counter(f"heartbeat_{name}_total", help_text, self.counters.get(name, 0))
-        return f.families
+        return f.families + self.coordinator.figures()
 
 
 _COUNTERS: Iterable[tuple[str, str]] = (
     ("connections", "Connections accepted."),
     ("packets_in", "MQTT control packets received."),
     ("messages_in", "PUBLISH messages received and routed."),
-    ("messages_out", "Messages delivered to subscribers."),
-    ("messages_dropped", "Messages dropped for subscribers that fell too far behind."),
     ("protocol_errors", "Connections closed for violating MQTT 3.1.1."),
     ("auth_failures", "CONNECTs refused for bad or missing credentials."),
     ("refused_capacity", "CONNECTs refused because the worker was at its connection cap."),
@@ -560,19 +521,24 @@ async def serve_heartbeat(
     listeners: list[trio.SocketListener] | None = None,
     status_port: int | None = None,
     status_host: str = "127.0.0.1",
+    coordinator: Coordinator | None = None,
     task_status: trio.TaskStatus[HeartbeatServer] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run one heartbeat worker until cancelled; ``nursery.start`` returns the server.
 
     ``listeners`` default to a TCP listener on ``config.host:config.port`` (port 0
-    picks a free one: read ``server.port``). ``await server.shutdown()`` first for a
-    graceful stop (subscribers hear every device go offline); cancelling alone ends
-    every connection at once, each with reason ``shutdown`` and its TCP close.
+    picks a free one: read ``server.port``). ``coordinator`` defaults to a lone
+    worker's (:class:`InProcessCoordinator`, with ``config.extra_sinks``). ``await
+    server.shutdown()`` first for a graceful stop (subscribers hear every device go
+    offline); cancelling alone ends every connection at once, each with reason
+    ``shutdown`` and its TCP close.
     """
     from ..status import serve_status  # the status endpoint only when asked for
 
     async with idlekeeper.open_keeper(tick=config.tick) as keeper, trio.open_nursery() as nursery:
-        server = HeartbeatServer(config, keeper, nursery)
+        server = HeartbeatServer(config, keeper, nursery, coordinator)
+        # Started before the first connection, so that no report finds it unattached.
+        await nursery.start(partial(server.coordinator.run, server))
         if listeners is None:
             listeners = open_listeners(config.host, config.port)
         server.port = port_of(listeners)

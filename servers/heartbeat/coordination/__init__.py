@@ -116,6 +116,10 @@ class Coordinator(abc.ABC):
     async def drain(self) -> None:
         """Wait until every report made so far has been published (a shutdown's first phase)."""
 
+    async def flush(self) -> None:
+        """Wait until every report made so far has been published (no barrier with others)."""
+        await self.drain()
+
     @abc.abstractmethod
     def health(self) -> Health:
         """Whether reports are flowing."""

@@ -7,6 +7,9 @@ a Lua script on Redis for a fleet):
 
 - ``online``: the new session becomes the owner. If another session was online, it
   is ended here, once, with reason ``takeover`` (its holder is told to close it).
+  Reports from different workers can cross on the way: a session accepted *before*
+  the current owner (by its event's clock) loses at once, unpublished, and its
+  holder is told to close it, so subscribers never see an older session win.
 - ``offline``: emitted only if it ends the session the record names and that
   session is still online (or the record is gone, so nobody else can have
   emitted it). A late report for a session already ended is dropped.
@@ -78,6 +81,8 @@ class Registry:
         old = self._records.get(event.client_id)
         if old is not None and old.status == "online" and old.epoch == event.epoch:
             return Claim([], None)  # a report sent twice (a resend after a reconnect)
+        if old is not None and old.status == "online" and event.time < old.time:
+            return Claim([], event)  # it crossed a newer session's report: it lost already
         emit: list[PresenceEvent] = []
         evict = None
         if old is not None and old.status == "online":

@@ -1,0 +1,253 @@
+"""The supervisor's side of the local coordinator: one registry for every worker.
+
+Runs in the supervisor process (plain Python, no trio), as the handler of its
+:class:`~servers.bus.Hub`. Workers report sessions starting and ending; the
+authority applies the registry's rules and publishes each presence event once:
+to the presence log, and to every worker whose subscribers want it (the reporting
+worker included, so that every subscriber sees one order). When a worker process
+dies, every session it held goes offline here with reason ``worker-lost``; its
+last reports, still in the socket, are applied first.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from ...bus import Link
+from ..broker import topic_matches
+from ..presence import Offline, PresenceEvent, PresenceSink
+from . import publish_to_sinks
+from .frames import (
+    Ack,
+    Claimed,
+    CloseSubscribers,
+    Deliver,
+    Drained,
+    Ended,
+    Evict,
+    Filters,
+    Found,
+    Frame,
+    FrameError,
+    Hello,
+    Lookup,
+    Noted,
+    RemoteFilters,
+    Resync,
+    Routed,
+    decode,
+    encode,
+)
+from .registry import Registry
+
+__all__ = ["Authority", "epoch_of"]
+
+logger = logging.getLogger("servers.heartbeat.authority")
+
+
+def epoch_of(worker: int, pid: int, number: int, node: str = "") -> str:
+    """A session's epoch: unique across workers, restarts (the pid) and nodes."""
+    return f"{node}/{worker}.{pid}.{number}" if node else f"{worker}.{pid}.{number}"
+
+
+def _held_by(worker: int, pid: int) -> Callable[[PresenceEvent], bool]:
+    prefix = f"{worker}.{pid}."
+    return lambda event: event.epoch.startswith(prefix)
+
+
+@dataclass
+class _Peer:
+    link: Link
+    worker: int = -1
+    pid: int = 0
+    filters: frozenset[str] = frozenset()
+    remote_sent: frozenset[str] | None = None
+    acked: int = 0
+    seq: int = 0
+    drained: bool = False
+
+
+class Authority:
+    """Applies workers' reports to one registry and publishes the events (a hub's handler)."""
+
+    def __init__(
+        self,
+        sinks: Sequence[PresenceSink] = (),
+        *,
+        presence_prefix: str = "presence/",
+        max_records: int = 1_000_000,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.sinks = list(sinks)
+        self.presence_prefix = presence_prefix
+        self.registry = Registry(max_records)
+        self._clock = clock
+        self._peers: dict[int, _Peer] = {}
+        self._workers: dict[int, int] = {}  # pid -> worker index, for every pid that said hello
+        self.published = 0
+        self.lost = 0
+        self.dropped_links = 0
+
+    # -- LinkHandler ---------------------------------------------------------------
+
+    def connected(self, link: Link) -> None:
+        """A worker connected; it says who it is in its first frame."""
+        self._peers[link.number] = _Peer(link, pid=link.pid)
+
+    def received(self, link: Link, line: bytes) -> None:
+        """Apply one frame."""
+        peer = self._peers.get(link.number)
+        if peer is None:
+            return
+        try:
+            frame = decode(line)
+        except FrameError as exc:
+            logger.warning("authority: %r sent a bad frame, ignored: %s", link, exc)
+            return
+        self._apply(peer, frame)
+
+    def batch_done(self, link: Link) -> None:
+        """Acknowledge every numbered report of the batch at once."""
+        peer = self._peers.get(link.number)
+        if peer is not None and peer.seq > peer.acked:
+            peer.acked = peer.seq
+            link.send(encode(Ack(peer.seq)))
+
+    def disconnected(self, link: Link, overflowed: bool) -> None:
+        """A link is gone. Its sessions stay: the worker may be alive (see :meth:`process_exited`)."""
+        peer = self._peers.pop(link.number, None)
+        if peer is None:
+            return
+        if overflowed:
+            self.dropped_links += 1
+            logger.warning(
+                "authority: worker %d (pid %d) stopped reading; its link was dropped and it will resynchronise",
+                peer.worker,
+                peer.pid,
+            )
+        self._filters_changed()
+        self._check_drained()
+
+    def process_exited(self, pid: int, code: int | None) -> list[PresenceEvent]:
+        """A worker process died: every session it held goes offline, ``worker-lost``."""
+        worker = self._workers.pop(pid, None)
+        if worker is None:
+            return []
+        detail = f"worker {worker} (pid {pid}) exited" + ("" if code is None else f" with {code}")
+        lost = self.registry.lose(_held_by(worker, pid), Offline.WORKER_LOST, detail, self._clock())
+        for event in lost:
+            self._publish(event)
+        self.lost += len(lost)
+        if lost:
+            logger.warning("authority: %s; %d devices declared offline", detail, len(lost))
+        return lost
+
+    # -- frames ----------------------------------------------------------------------
+
+    def _apply(self, peer: _Peer, frame: Frame) -> None:
+        if isinstance(frame, Claimed):
+            peer.seq = max(peer.seq, frame.seq)
+            self._online(frame.event)
+        elif isinstance(frame, Ended):
+            peer.seq = max(peer.seq, frame.seq)
+            if self.registry.offline(frame.event, forget=frame.forget) is not None:
+                self._publish(frame.event)
+        elif isinstance(frame, Routed):
+            self._deliver(Deliver(frame.topic, frame.payload, frame.qos), skip=peer)
+        elif isinstance(frame, Noted):
+            publish_to_sinks(self.sinks, frame.event)
+        elif isinstance(frame, Filters):
+            peer.filters = frame.filters
+            self._filters_changed()
+        elif isinstance(frame, Lookup):
+            peer.link.send(encode(Found(frame.request, self.registry.get(frame.client_id))))
+        elif isinstance(frame, Hello):
+            peer.worker, peer.pid = frame.worker, peer.pid or frame.pid
+            self._workers[peer.pid] = peer.worker
+            self._send_remote_filters(peer)
+        elif isinstance(frame, Resync):
+            self._resync(peer, frame.sessions)
+        elif isinstance(frame, Drained):
+            peer.drained = True
+            self._check_drained()
+        else:
+            logger.warning("authority: unexpected %s from worker %d", type(frame).__name__, peer.worker)
+
+    def _online(self, event: PresenceEvent) -> None:
+        claim = self.registry.online(event)
+        for e in claim.emit:
+            self._publish(e)
+        old = claim.evict
+        if old is not None and old.client_id is not None:
+            holder = self._holder(old)
+            winner = self.registry.get(old.client_id)
+            if holder is not None and winner is not None:
+                detail = f"reconnected on worker {winner.worker}"
+                holder.link.send(encode(Evict(old.client_id, old.epoch, detail)))
+
+    def _holder(self, event: PresenceEvent) -> _Peer | None:
+        for peer in list(self._peers.values()):
+            if peer.worker == event.worker and event.epoch.startswith(f"{peer.worker}.{peer.pid}."):
+                return peer
+        return None  # detached: the worker learns it when it resynchronises
+
+    def _resync(self, peer: _Peer, sessions: Sequence[PresenceEvent]) -> None:
+        """A worker is back after a dropped link: agree on which sessions it holds."""
+        held = set()
+        for event in sessions:
+            assert event.client_id is not None
+            held.add(event.epoch)
+            record = self.registry.get(event.client_id)
+            if record is None:
+                self._online(event)
+            elif record.epoch != event.epoch or record.status != "online":
+                detail = "replaced while the worker was detached"
+                peer.link.send(encode(Evict(event.client_id, event.epoch, detail)))
+        mine = _held_by(peer.worker, peer.pid)
+        now = self._clock()
+        # Sessions it ended while detached whose reports were lost (resends make this rare).
+        gone = self.registry.lose(
+            lambda e: mine(e) and e.epoch not in held, Offline.CONNECTION_LOST, "ended while detached", now
+        )
+        for event in gone:
+            self._publish(event)
+
+    # -- publishing --------------------------------------------------------------------
+
+    def _publish(self, event: PresenceEvent) -> None:
+        self.published += 1
+        publish_to_sinks(self.sinks, event)
+        if event.client_id is not None:
+            self._deliver(Deliver(self.presence_prefix + event.client_id, event.payload(), 0))
+
+    def _deliver(self, frame: Deliver, skip: _Peer | None = None) -> None:
+        line = b""
+        for peer in list(self._peers.values()):
+            if peer is skip or not peer.filters:
+                continue
+            if frame.topic in peer.filters or any(topic_matches(f, frame.topic) for f in peer.filters):
+                line = line or encode(frame)
+                peer.link.send(line)
+
+    def _filters_changed(self) -> None:
+        for peer in list(self._peers.values()):
+            self._send_remote_filters(peer)
+
+    def _send_remote_filters(self, peer: _Peer) -> None:
+        if peer.worker < 0:
+            return
+        remote = frozenset().union(*(p.filters for p in list(self._peers.values()) if p is not peer))
+        if remote != peer.remote_sent:
+            peer.remote_sent = remote
+            peer.link.send(encode(RemoteFilters(remote)))
+
+    def _check_drained(self) -> None:
+        peers = [p for p in list(self._peers.values()) if p.worker >= 0]
+        if peers and all(p.drained for p in peers):
+            line = encode(CloseSubscribers())
+            for peer in peers:
+                peer.link.send(line)
+                peer.drained = False

@@ -1,0 +1,223 @@
+"""The frames between a heartbeat worker and its supervisor's authority.
+
+One JSON object per line, typed: each frame is a dataclass, tagged on the wire by
+its class name, and :func:`decode` refuses a line that is not a known frame with
+the right fields. Presence events travel as their ``to_dict`` form; message bodies
+as base64.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import json
+from dataclasses import dataclass
+
+from ..presence import PresenceEvent
+
+__all__ = [
+    "Ack",
+    "Claimed",
+    "CloseSubscribers",
+    "Deliver",
+    "Drained",
+    "Ended",
+    "Evict",
+    "Filters",
+    "Found",
+    "Frame",
+    "FrameError",
+    "Hello",
+    "Lookup",
+    "Noted",
+    "RemoteFilters",
+    "Resync",
+    "Routed",
+    "decode",
+    "encode",
+]
+
+
+class FrameError(ValueError):
+    """A line that is not a well-formed frame."""
+
+
+@dataclass(frozen=True, slots=True)
+class Frame:
+    """Base of every frame."""
+
+
+# -- worker to authority -------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Hello(Frame):
+    """First frame on every (re)connection: who this worker is."""
+
+    worker: int
+    pid: int
+
+
+@dataclass(frozen=True, slots=True)
+class Claimed(Frame):
+    """A session was accepted (numbered, so the authority can acknowledge it)."""
+
+    seq: int
+    event: PresenceEvent
+
+
+@dataclass(frozen=True, slots=True)
+class Ended(Frame):
+    """A session ended."""
+
+    seq: int
+    event: PresenceEvent
+    forget: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Noted(Frame):
+    """An event for the presence log only."""
+
+    event: PresenceEvent
+
+
+@dataclass(frozen=True, slots=True)
+class Routed(Frame):
+    """A device's message, for the other workers' subscribers."""
+
+    topic: str
+    payload: bytes
+    qos: int
+
+
+@dataclass(frozen=True, slots=True)
+class Filters(Frame):
+    """Every topic filter this worker's subscribers hold."""
+
+    filters: frozenset[str]
+
+
+@dataclass(frozen=True, slots=True)
+class Resync(Frame):
+    """After a reconnection: the sessions this worker holds now."""
+
+    sessions: tuple[PresenceEvent, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Lookup(Frame):
+    """Ask for a device's record."""
+
+    request: int
+    client_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Drained(Frame):
+    """Shutting down: this worker's devices have all ended and been reported."""
+
+
+# -- authority to worker -------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Ack(Frame):
+    """Every numbered frame up to ``seq`` has been applied (and its events published)."""
+
+    seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class Deliver(Frame):
+    """A message for this worker's subscribers of ``topic``."""
+
+    topic: str
+    payload: bytes
+    qos: int
+
+
+@dataclass(frozen=True, slots=True)
+class Evict(Frame):
+    """Close this session: the device reconnected elsewhere."""
+
+    client_id: str
+    epoch: str
+    detail: str
+
+
+@dataclass(frozen=True, slots=True)
+class Found(Frame):
+    """The answer to a :class:`Lookup`."""
+
+    request: int
+    event: PresenceEvent | None
+
+
+@dataclass(frozen=True, slots=True)
+class RemoteFilters(Frame):
+    """Every filter the *other* workers' subscribers hold (routing is worth it only then)."""
+
+    filters: frozenset[str]
+
+
+@dataclass(frozen=True, slots=True)
+class CloseSubscribers(Frame):
+    """Shutting down: every worker has drained; subscribers may now be closed."""
+
+
+_TYPES: dict[str, type[Frame]] = {
+    cls.__name__: cls
+    for cls in (
+        *(Hello, Claimed, Ended, Noted, Routed, Filters, Resync, Lookup, Drained),
+        *(Ack, Deliver, Evict, Found, RemoteFilters, CloseSubscribers),
+    )
+}
+
+
+def _to_wire(value: object) -> object:
+    if isinstance(value, PresenceEvent):
+        return {"$event": value.to_dict()}
+    if isinstance(value, bytes):
+        return {"$b64": base64.b64encode(value).decode()}
+    if isinstance(value, frozenset):
+        return sorted(value)
+    if isinstance(value, tuple):
+        return [_to_wire(v) for v in value]
+    return value
+
+
+def _from_wire(value: object, kind: str) -> object:
+    if isinstance(value, dict):
+        if "$event" in value:
+            return PresenceEvent.from_dict(value["$event"])
+        if "$b64" in value:
+            return base64.b64decode(value["$b64"])
+    if kind.startswith("frozenset") and isinstance(value, list):
+        return frozenset(str(v) for v in value)
+    if kind.startswith("tuple") and isinstance(value, list):
+        return tuple(_from_wire(v, "") for v in value)
+    return value
+
+
+def encode(frame: Frame) -> bytes:
+    """One line, newline included."""
+    body: dict[str, object] = {"type": type(frame).__name__}
+    for f in dataclasses.fields(frame):
+        body[f.name] = _to_wire(getattr(frame, f.name))
+    return json.dumps(body, separators=(",", ":")).encode() + b"\n"
+
+
+def decode(line: bytes) -> Frame:
+    """The frame on ``line``; :class:`FrameError` if it is not one."""
+    try:
+        body = json.loads(line)
+        cls = _TYPES[body.pop("type")]
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        if set(body) - set(fields):
+            raise FrameError(f"unexpected fields {sorted(set(body) - set(fields))} in {cls.__name__}")
+        return cls(**{k: _from_wire(v, str(fields[k].type)) for k, v in body.items()})
+    except FrameError:
+        raise
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise FrameError(f"not a frame: {line[:80]!r} ({exc})") from exc

@@ -1,0 +1,337 @@
+"""A supervised worker's coordinator: reports go to the supervisor's authority.
+
+The worker never waits on the authority to serve its devices: reports are queued
+and written by a task of their own. Numbered reports (a session starting or
+ending) are kept until acknowledged, and sent again after a reconnection, so a
+link dropped while the worker was stalled loses none (the authority's rules make
+a report applied twice count once). After a reconnection the worker also sends
+its filters and the sessions it holds, and the authority evicts any that were
+replaced in the meantime.
+
+If the supervisor itself is gone (the link ends and the parent process is no
+longer ours, or nothing answers for a few seconds), the worker carries on alone:
+its own reports are published locally, to its sinks and its subscribers, and its
+unacknowledged ones too, so a device's offline event is not lost with the
+supervisor. The kernel's parent-death signal then shuts the worker down.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import logging
+import os
+import time
+from collections.abc import Sequence
+
+import trio
+
+from ...prometheus import Families, Metric
+from ..broker import topic_matches
+from ..presence import PresenceEvent, PresenceSink
+from . import Coordinator, Health, Host, publish_to_sinks
+from .frames import (
+    Ack,
+    Claimed,
+    CloseSubscribers,
+    Deliver,
+    Drained,
+    Ended,
+    Evict,
+    Filters,
+    Found,
+    Frame,
+    FrameError,
+    Hello,
+    Lookup,
+    Noted,
+    RemoteFilters,
+    Resync,
+    Routed,
+    decode,
+    encode,
+)
+from .registry import Registry
+
+__all__ = ["BusCoordinator"]
+
+logger = logging.getLogger("servers.heartbeat.local")
+
+_BEHIND = 2.0  # seconds an unacknowledged report may wait before /healthz says degraded
+_ORPHAN_AFTER = 5.0  # seconds of failed reconnections after which the supervisor is presumed gone
+
+
+class BusCoordinator(Coordinator):
+    """Reports to the authority at the Unix socket ``path``; see the module's docstring."""
+
+    def __init__(
+        self,
+        path: str,
+        *,
+        worker: int,
+        supervisor_pid: int | None = None,
+        sinks: Sequence[PresenceSink] = (),
+        presence_prefix: str = "presence/",
+        lookup_timeout: float = 1.0,
+    ) -> None:
+        self.path = path
+        self.worker = worker
+        self.supervisor_pid = supervisor_pid
+        self.sinks = list(sinks)
+        """Used only once the supervisor is gone: until then the authority writes the log."""
+        self.presence_prefix = presence_prefix
+        self.lookup_timeout = lookup_timeout
+        self._host: Host | None = None
+        self._seq = 0
+        self._unacked: collections.deque[tuple[int, Frame, float]] = collections.deque()
+        self._out: list[bytes] = []
+        self._wake = trio.Event()
+        self._remote: frozenset[str] = frozenset()
+        self._lookups: dict[int, list[PresenceEvent | None]] = {}
+        self._lookup_events: dict[int, trio.Event] = {}
+        self._requests = itertools.count(1)
+        self._acked = trio.Event()
+        self._close_subscribers = trio.Event()
+        self.connected = False
+        self.orphaned = False
+        self._alone: Registry | None = None
+        self.reconnects = 0
+        self.resent = 0
+        self.routed = 0
+
+    # -- reports (synchronous: queued) ---------------------------------------------
+
+    def online(self, event: PresenceEvent) -> None:
+        """See :meth:`Coordinator.online`."""
+        self._numbered(Claimed(self._next(), event))
+
+    def offline(self, event: PresenceEvent, *, forget: bool = False) -> None:
+        """See :meth:`Coordinator.offline`."""
+        self._numbered(Ended(self._next(), event, forget))
+
+    def note(self, event: PresenceEvent) -> None:
+        """See :meth:`Coordinator.note`."""
+        if self.orphaned:
+            publish_to_sinks(self.sinks, event)
+        else:
+            self._send(Noted(event))
+
+    def route(self, topic: str, payload: bytes, qos: int) -> None:
+        """Sent only if another worker's subscribers hold a matching filter."""
+        remote = self._remote
+        if self.orphaned or not remote:
+            return
+        if topic in remote or any(topic_matches(f, topic) for f in remote):
+            self.routed += 1
+            self._send(Routed(topic, payload, qos))
+
+    def filters_changed(self, filters: set[str]) -> None:
+        """See :meth:`Coordinator.filters_changed`."""
+        self._send(Filters(frozenset(filters)))
+
+    def _next(self) -> int:
+        self._seq += 1
+        return self._seq
+
+    def _numbered(self, frame: Claimed | Ended) -> None:
+        if self.orphaned:
+            self._alone_apply(frame)
+            return
+        self._unacked.append((frame.seq, frame, time.monotonic()))
+        self._send(frame)
+
+    def _send(self, frame: Frame) -> None:
+        if self.connected:
+            self._out.append(encode(frame))
+            self._wake.set()
+
+    # -- queries -----------------------------------------------------------------------
+
+    async def lookup(self, client_id: str) -> PresenceEvent | None:
+        """Asks the authority (None if it does not answer within ``lookup_timeout``)."""
+        if self._alone is not None:
+            return self._alone.get(client_id)
+        if not self.connected:
+            return None
+        request = next(self._requests)
+        done = self._lookup_events[request] = trio.Event()
+        self._send(Lookup(request, client_id))
+        with trio.move_on_after(self.lookup_timeout):
+            await done.wait()
+        self._lookup_events.pop(request, None)
+        return (self._lookups.pop(request, None) or [None])[0]
+
+    async def flush(self) -> None:
+        """Wait until every report is acknowledged (or the supervisor is gone)."""
+        while self._unacked and not self.orphaned:
+            self._acked = trio.Event()
+            await self._acked.wait()
+
+    async def drain(self) -> None:
+        """Wait until every report is acknowledged, then until every worker has drained."""
+        await self.flush()
+        if self.orphaned:
+            return
+        self._send(Drained())
+        await self._close_subscribers.wait()
+
+    def health(self) -> Health:
+        """Degraded while the link is down or reports wait unacknowledged."""
+        if self.orphaned:
+            return Health(False, "the supervisor is gone")
+        if not self.connected:
+            return Health(False, "not connected to the supervisor")
+        if self._unacked and time.monotonic() - self._unacked[0][2] > _BEHIND:
+            age = time.monotonic() - self._unacked[0][2]
+            return Health(False, f"{len(self._unacked)} reports unacknowledged for {age:.1f} s")
+        return Health(True)
+
+    def figures(self) -> list[Metric]:
+        """Link state and traffic."""
+        f = Families({"worker": str(self.worker)})
+        f.gauge("heartbeat_bus_connected", "1 while linked to the supervisor's authority.", int(self.connected))
+        f.gauge("heartbeat_bus_unacked", "Session reports waiting for the authority.", len(self._unacked))
+        f.counter("heartbeat_bus_reconnects_total", "Links to the authority re-established.", self.reconnects)
+        f.counter("heartbeat_bus_resent_total", "Session reports sent again after a reconnection.", self.resent)
+        f.counter("heartbeat_bus_routed_total", "Messages routed to other workers' subscribers.", self.routed)
+        return f.families
+
+    # -- the link ----------------------------------------------------------------------
+
+    async def run(self, host: Host, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Keep the link up (reconnecting) until cancelled, or until the supervisor is gone."""
+        self._host = host
+        first = True
+        failing_since: float | None = None
+        delay = 0.05
+        while not self.orphaned:
+            try:
+                stream = await trio.open_unix_socket(self.path)
+            except OSError:
+                stream = None
+            if stream is None:
+                now = time.monotonic()
+                failing_since = failing_since or now
+                if self._supervisor_gone() or now - failing_since > _ORPHAN_AFTER:
+                    self._orphan()
+                    break
+                if first:
+                    first = False
+                    task_status.started()
+                await trio.sleep(delay)
+                delay = min(delay * 2, 1.0)
+                continue
+            failing_since, delay = None, 0.05
+            async with stream:
+                self._greet(reconnect=not first)
+                if first:
+                    first = False
+                    task_status.started()
+                else:
+                    self.reconnects += 1
+                await self._serve(stream)
+            self.connected = False
+            if self._supervisor_gone():
+                self._orphan()
+        if first:
+            task_status.started()
+        await trio.sleep_forever()
+
+    def _supervisor_gone(self) -> bool:
+        return self.supervisor_pid is not None and os.getppid() != self.supervisor_pid
+
+    def _greet(self, reconnect: bool) -> None:
+        assert self._host is not None
+        self.connected = True
+        self._out = []
+        self._send(Hello(self.worker, os.getpid()))
+        for _seq, frame, _t in self._unacked:
+            self._send(frame)
+            self.resent += 1
+        if reconnect:
+            self._send(Filters(frozenset(self._host.filters())))
+            self._send(Resync(tuple(self._host.sessions())))
+
+    async def _serve(self, stream: trio.SocketStream) -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._writer, stream)
+            buf = b""
+            try:
+                async for data in stream:
+                    buf += data
+                    *lines, buf = buf.split(b"\n")
+                    for line in lines:
+                        if line:
+                            self._received(line)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                pass
+            nursery.cancel_scope.cancel()
+
+    async def _writer(self, stream: trio.SocketStream) -> None:
+        try:
+            while True:
+                if not self._out:
+                    self._wake = trio.Event()
+                    await self._wake.wait()
+                    continue
+                batch, self._out = self._out, []
+                await stream.send_all(b"".join(batch))
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass  # the reader sees the end too and reconnects
+
+    def _received(self, line: bytes) -> None:
+        try:
+            frame = decode(line)
+        except FrameError as exc:
+            logger.warning("bus: bad frame from the authority, ignored: %s", exc)
+            return
+        host = self._host
+        assert host is not None
+        if isinstance(frame, Deliver):
+            host.deliver(frame.topic, frame.payload, frame.qos)
+        elif isinstance(frame, Ack):
+            while self._unacked and self._unacked[0][0] <= frame.seq:
+                self._unacked.popleft()
+            self._acked.set()
+        elif isinstance(frame, Evict):
+            host.evict(frame.client_id, frame.epoch, frame.detail)
+        elif isinstance(frame, RemoteFilters):
+            self._remote = frame.filters
+        elif isinstance(frame, Found):
+            if frame.request in self._lookup_events:
+                self._lookups[frame.request] = [frame.event]
+                self._lookup_events[frame.request].set()
+        elif isinstance(frame, CloseSubscribers):
+            self._close_subscribers.set()
+
+    # -- alone ---------------------------------------------------------------------------
+
+    def _orphan(self) -> None:
+        """The supervisor is gone: publish this worker's own reports from now on."""
+        if self.orphaned:
+            return
+        logger.warning("bus: the supervisor is gone; worker %d publishes its own presence events", self.worker)
+        self.orphaned = True
+        self.connected = False
+        self._alone = Registry()
+        pending, self._unacked = list(self._unacked), collections.deque()
+        for _seq, frame, _t in pending:
+            assert isinstance(frame, Claimed | Ended)
+            self._alone_apply(frame)
+        self._acked.set()
+        self._close_subscribers.set()
+        for event in self._lookup_events.values():
+            event.set()
+
+    def _alone_apply(self, frame: Claimed | Ended) -> None:
+        registry = self._alone
+        assert registry is not None
+        if isinstance(frame, Claimed):
+            emit = registry.online(frame.event).emit
+        else:
+            one = registry.offline(frame.event, forget=frame.forget)
+            emit = [] if one is None else [one]
+        for event in emit:
+            publish_to_sinks(self.sinks, event)
+            if self._host is not None and event.client_id is not None:
+                self._host.deliver(self.presence_prefix + event.client_id, event.payload(), 0)
