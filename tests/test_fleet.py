@@ -307,7 +307,7 @@ async def test_interrupted_sweep_is_resumed(redis_server: RedisServer) -> None:
         await drain(a, b, c)
         async with coredis.Redis.from_url(redis_server.url) as r:
             # A sweeper ("ghost") takes the lock first, ends half of a's sessions, and dies.
-            assert await r.set(PREFIX + "sweep:a", "ghost", px=int(2 * LEASE * 1000))
+            assert await r.set(PREFIX + "sweep:a", "ghost", px=int(4 * LEASE * 1000))
             a.scope.cancel()
             await lease_gone(r, "a")
             half = [f"dev-{i}" for i in range(5)]
