@@ -603,6 +603,8 @@ class RedisCoordinator(Coordinator):
                     self._host.evict(event.client_id, event.epoch, "a newer session holds this client id")
             if reconcile:
                 live = {e.client_id for e in sessions}
+                # Devices with a report still queued are settled by that report (with its reason).
+                live |= {r.event.client_id for r in self._queue if r.event is not None}
                 owned = await self._call(self._redis_().smembers(self.k_owned))
                 gone = sorted(c for c in (_text(m) for m in owned) if c not in live)
                 await self._lose(self.node, gone, Offline.CONNECTION_LOST, "its offline report was dropped", False)
