@@ -20,6 +20,8 @@ from servers.heartbeat.coordination.authority import Authority, epoch_of
 from servers.heartbeat.coordination.local import BusCoordinator
 from servers.heartbeat.presence import PresenceEvent
 
+from .redis_server import RedisServer, require_binary
+
 
 @dataclass
 class RecordingHost:
@@ -99,30 +101,27 @@ class _HubThread:
         self.hub.close()
 
 
+async def _start(nursery: trio.Nursery, coordinator: Coordinator, host: RecordingHost) -> Member:
+    """Run ``coordinator`` for ``host`` in a scope of its own, so one member can be killed."""
+    scope = trio.CancelScope()
+
+    async def run(*, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        with scope:
+            await coordinator.run(host, task_status=task_status)
+
+    await nursery.start(run)
+    return Member(coordinator, host, scope)
+
+
 @asynccontextmanager
 async def local_cluster(n: int) -> AsyncIterator[Cluster]:
     """``n`` workers of one supervisor (BusCoordinators and a real hub and authority)."""
     hub = _HubThread()
     try:
         async with trio.open_nursery() as nursery:
-            members: list[Member] = []
-            for i in range(n):
-                host = RecordingHost(worker=i)
-                coordinator = BusCoordinator(hub.hub.path, worker=i)
-                scope = trio.CancelScope()
-
-                async def run(
-                    c: BusCoordinator = coordinator,
-                    h: RecordingHost = host,
-                    s: trio.CancelScope = scope,
-                    *,
-                    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
-                ) -> None:
-                    with s:
-                        await c.run(h, task_status=task_status)
-
-                await nursery.start(run)
-                members.append(Member(coordinator, host, scope))
+            members = [
+                await _start(nursery, BusCoordinator(hub.hub.path, worker=i), RecordingHost(worker=i)) for i in range(n)
+            ]
 
             def kill(i: int) -> None:
                 members[i].scope.cancel()  # its link closes; it reports nothing more
@@ -134,6 +133,33 @@ async def local_cluster(n: int) -> AsyncIterator[Cluster]:
             nursery.cancel_scope.cancel()
     finally:
         hub.close()
+
+
+@asynccontextmanager
+async def redis_cluster(n: int) -> AsyncIterator[Cluster]:
+    """``n`` gateways (RedisCoordinators, short leases) on a real ``redis-server``."""
+    from servers.heartbeat.coordination.fleet import RedisCoordinator
+
+    redis = RedisServer(require_binary())
+    redis.start()
+    try:
+        async with trio.open_nursery() as nursery:
+            members = [
+                await _start(
+                    nursery,
+                    RedisCoordinator(redis.url, f"gw{i}", lease=0.6, renew=0.2),
+                    RecordingHost(worker=0, node=f"gw{i}"),
+                )
+                for i in range(n)
+            ]
+
+            def kill(i: int) -> None:
+                members[i].scope.cancel()  # stops renewing its lease; the others sweep it
+
+            yield Cluster(members, kill, "node-lost")
+            nursery.cancel_scope.cancel()
+    finally:
+        redis.stop()
 
 
 def _lose(authority: Authority, worker: int, pid: int) -> None:

@@ -8,6 +8,7 @@ persistence would come back in production.
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 import socket
 import subprocess
@@ -96,6 +97,18 @@ class RedisServer:
         """Stop, then start an empty server on the same port."""
         self.stop()
         self.start()
+
+
+def require_binary() -> str:
+    """The redis-server binary; otherwise skip the test (or fail it in CI, which installs it)."""
+    import pytest
+
+    binary = redis_binary()
+    if binary is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("redis-server is not installed (.ci/run installs it with apt-get)")
+        pytest.skip("redis-server is not installed (apt-get install redis-server; .ci/run does it in CI)")
+    return binary
 
 
 @contextlib.contextmanager

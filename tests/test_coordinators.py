@@ -16,10 +16,10 @@ import trio
 
 from servers.heartbeat.presence import Offline
 
-from .coordinator_cluster import Cluster, RecordingHost, local_cluster
+from .coordinator_cluster import Cluster, RecordingHost, local_cluster, redis_cluster
 
 Factory = Callable[[int], AbstractAsyncContextManager[Cluster]]
-CLUSTERS: dict[str, Factory] = {"local": local_cluster}
+CLUSTERS: dict[str, Factory] = {"local": local_cluster, "redis": redis_cluster}
 
 
 @pytest.fixture(params=sorted(CLUSTERS))

@@ -21,7 +21,7 @@ import trio
 from servers.heartbeat.coordination.fleet import RedisCoordinator
 from servers.heartbeat.presence import Offline, PresenceEvent
 
-from .redis_server import RedisServer, redis_binary
+from .redis_server import RedisServer, require_binary
 
 IN_CI = os.environ.get("CI") == "true"
 LEASE = 0.6
@@ -31,12 +31,7 @@ PREFIX = "idlekeeper:"
 
 @pytest.fixture
 def redis_server() -> Iterator[RedisServer]:
-    binary = redis_binary()
-    if binary is None:
-        if IN_CI:
-            pytest.fail("redis-server is not installed (.ci/run installs it with apt-get)")
-        pytest.skip("redis-server is not installed (apt-get install redis-server; .ci/run does it in CI)")
-    server = RedisServer(binary)
+    server = RedisServer(require_binary())
     server.start()
     yield server
     server.stop()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from collections.abc import Sequence
 
@@ -78,6 +79,14 @@ def parser() -> argparse.ArgumentParser:
         help="seconds between freezing long-lived objects out of the garbage collector's scans; 0: never (default: 2)",
     )
     a("--log-level", default="WARNING", help="logging level for protocol errors and the like (default: WARNING)")
+    a(
+        "--cluster",
+        default=None,
+        metavar="URL",
+        help="share presence with a fleet of gateways on Redis >= 7, e.g. redis://127.0.0.1:6379/0 "
+        "(default: this machine only, no external service)",
+    )
+    a("--node", default=None, help="this gateway's name in the fleet (default: HOST:PORT); each worker is NODE/wI")
     a("--bus", default=None, help=argparse.SUPPRESS)
     a("--bus-buffer", type=int, default=64 * 1024 * 1024, help=argparse.SUPPRESS)
     return p
@@ -96,13 +105,24 @@ def config_from(args: argparse.Namespace, worker: int) -> HeartbeatConfig:
         max_connections=args.max_connections,
         auth=PasswordFile.load(args.auth_file) if args.auth_file else None,
     )
-    if args.presence_log and not args.bus:
+    if args.cluster:
+        # One node per worker *process*: a worker that crashed and was restarted is a
+        # new node, and the old one's devices are swept (node-lost) when its lease lapses.
+        cfg.node = f"{args.node or f'{args.host}:{args.port}'}/w{worker}/{os.getpid()}"
+    if args.presence_log and not args.bus and not args.cluster:
         cfg.extra_sinks.append(PresenceLog(args.presence_log))
     return cfg
 
 
 def coordinator_for(args: argparse.Namespace, config: HeartbeatConfig) -> tuple[Coordinator | None, list[PresenceSink]]:
     """The worker's coordinator (None: a lone worker's default) and the sinks it owns."""
+    if args.cluster:
+        from .coordination.fleet import RedisCoordinator  # coredis only when asked for
+
+        # Each worker is a node of the fleet; it writes the events it publishes itself.
+        own: list[PresenceSink] = [PresenceLog(args.presence_log)] if args.presence_log else []
+        fleet = RedisCoordinator(args.cluster, config.node, sinks=own, presence_prefix=config.presence_prefix)
+        return fleet, own
     if not args.bus:
         return None, list(config.extra_sinks)
     # The supervisor's authority writes the log; the worker keeps it for when it is gone.
@@ -161,7 +181,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point: a single worker, or a supervisor of ``--workers`` workers."""
     args = parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    return runner.main("servers.heartbeat", args, argv, run_worker, hub=lambda: authority_hub(args))
+    # In a fleet the workers share through Redis, so the supervisor needs no authority.
+    hub = None if args.cluster else (lambda: authority_hub(args))
+    return runner.main("servers.heartbeat", args, argv, run_worker, hub=hub)
 
 
 if __name__ == "__main__":

@@ -49,8 +49,11 @@ logger = logging.getLogger("servers.heartbeat.authority")
 
 
 def epoch_of(worker: int, pid: int, number: int, node: str = "") -> str:
-    """A session's epoch: unique across workers, restarts (the pid) and nodes."""
-    return f"{node}/{worker}.{pid}.{number}" if node else f"{worker}.{pid}.{number}"
+    """A session's epoch: unique across workers, restarts (the pid) and nodes.
+
+    A fleet node's name already names its worker process (``gw0/w1/<pid>``).
+    """
+    return f"{node}/{number}" if node else f"{worker}.{pid}.{number}"
 
 
 def _held_by(worker: int, pid: int) -> Callable[[PresenceEvent], bool]:

@@ -99,7 +99,9 @@ if cur_epoch == epoch then
 end
 local out = {}
 if status == 'online' then
-  if mode == 'reclaim' and tonumber(cur[5] or '0') > tonumber(now) then
+  -- Claims from different nodes can cross on the way (the registry's rule): one
+  -- accepted before the current owner's loses at once, unpublished.
+  if tonumber(cur[5] or '0') > tonumber(now) then
     return {'stale'}
   end
   local old = cjson.decode(cur[4])
@@ -553,12 +555,14 @@ class RedisCoordinator(Coordinator):
         event = report.event
         assert event is not None
         if report.kind == "online":
-            await self._claim(event, "claim")
+            if not await self._claim(event, "claim") and self._host is not None and event.client_id is not None:
+                # It crossed a newer session's claim from another node: that one holds the device.
+                self._host.evict(event.client_id, event.epoch, "a newer session holds this client id")
         else:
             await self._offline(event, report.forget)
 
     async def _claim(self, event: PresenceEvent, mode: str) -> bool:
-        """Apply a claim; False if ``mode`` is ``reclaim`` and a newer session holds the device."""
+        """Apply a claim; False if a newer session (by accept time) holds the device."""
         assert event.client_id is not None
         detail = takeover_of(event, event).detail
         args = [self.prefix, self.node, event.client_id, event.epoch, _json(event), str(self.stream_maxlen), mode]

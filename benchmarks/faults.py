@@ -1,0 +1,202 @@
+"""Presence under faults, at scale, on one machine (the local coordinator).
+
+    python -m benchmarks.faults [--devices 16000] [--workers 2] [--subscribers 4]
+
+Starts ``servers.heartbeat`` with ``--workers`` workers, connects ``--devices``
+raw MQTT devices (keep-alive 300 s, so nothing expires on its own) and a few
+``presence/#`` subscribers, then, one after the other:
+
+1. SIGKILLs the worker holding the most devices: how long until the last of its
+   devices' ``worker-lost`` events is in the presence log and at the subscribers on
+   the other workers; every one exactly once, none for another worker's device;
+2. SIGTERMs the server: how long until every subscriber has heard every remaining
+   device's ``shutdown`` (before its own connection closed), and the exit code.
+
+Then it checks the whole log: one offline event per session. Loopback only; the
+server is stopped by its PID.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import signal
+import socket
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from loadtest.processes import free_port, start_heartbeat
+
+_PING = b"\xc0\x00"
+
+
+def _connect(port: int, client_id: str, keep_alive: int) -> socket.socket:
+    cid = client_id.encode()
+    body = b"\x00\x04MQTT\x04\x02" + keep_alive.to_bytes(2, "big") + len(cid).to_bytes(2, "big") + cid
+    sock = socket.create_connection(("127.0.0.1", port))
+    sock.sendall(b"\x10" + bytes([len(body)]) + body)
+    return sock
+
+
+def _subscribe(sock: socket.socket, topic_filter: str) -> None:
+    t = topic_filter.encode()
+    body = b"\x00\x01" + len(t).to_bytes(2, "big") + t + b"\x00"
+    sock.sendall(b"\x82" + bytes([len(body)]) + body)
+
+
+class Listener:
+    """A raw subscriber; a thread counts the presence events it receives."""
+
+    def __init__(self, port: int, name: str) -> None:
+        self.sock = _connect(port, name, 0)
+        self.sock.recv(4)
+        _subscribe(self.sock, "presence/#")
+        self.events: list[tuple[float, dict[str, object]]] = []
+        self.closed_at = 0.0
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        buf = b""
+        while True:
+            try:
+                data = self.sock.recv(1 << 20)
+            except OSError:
+                data = b""
+            if not data:
+                self.closed_at = time.monotonic()
+                return
+            buf += data
+            while len(buf) >= 2:
+                # Remaining length (variable-length, up to 4 bytes).
+                length, mult, i = 0, 1, 1
+                while i < len(buf) and i <= 4:
+                    length += (buf[i] & 0x7F) * mult
+                    mult *= 128
+                    if not buf[i] & 0x80:
+                        break
+                    i += 1
+                else:
+                    break
+                end = i + 1 + length
+                if len(buf) < end:
+                    break
+                packet, buf = buf[:end], buf[end:]
+                if packet[0] >> 4 == 3:
+                    tlen = int.from_bytes(packet[i + 1 : i + 3], "big")
+                    topic = packet[i + 3 : i + 3 + tlen].decode()
+                    if topic.startswith("presence/"):
+                        self.events.append((time.monotonic(), json.loads(packet[i + 3 + tlen :])))
+
+
+def _log(path: Path) -> list[dict[str, object]]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def run(devices: int, workers: int, subscribers: int) -> dict[str, object]:
+    work = Path(tempfile.mkdtemp(prefix="ik-faults-"))
+    log = work / "presence.jsonl"
+    port = free_port()
+    proc = start_heartbeat(port, workers, ["--tick", "0.1", "--presence-log", str(log)])
+    socks: list[socket.socket] = []
+    try:
+        listeners = [Listener(port, f"sub-{i}") for i in range(subscribers)]
+        for i in range(devices):
+            socks.append(_connect(port, f"dev-{i}", 300))
+        for s in socks:
+            s.recv(4)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            online = {e["client_id"]: e for e in _log(log) if e["status"] == "online"}
+            if len(online) >= devices + subscribers:
+                break
+            time.sleep(0.2)
+        epochs = {str(e["client_id"]): str(e["epoch"]) for e in online.values()}
+        by_worker = collections.Counter(int(str(e["worker"])) for e in online.values())
+        victim = by_worker.most_common(1)[0][0]
+        pid = int(next(ep for ep in epochs.values() if ep.startswith(f"{victim}.")).split(".")[1])
+        lost = {c for c, e in online.items() if int(str(e["worker"])) == victim}
+        others = [li for li in listeners if int(str(online[f"sub-{listeners.index(li)}"]["worker"])) != victim]
+        killed = time.monotonic()
+        os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        heard_all = in_log = float("nan")
+        while time.monotonic() < deadline:
+            if in_log != in_log and sum(e.get("reason") == "worker-lost" for e in _log(log)) >= len(lost):
+                in_log = time.monotonic()
+            if in_log == in_log and all(
+                len({str(e["client_id"]) for _, e in li.events if e.get("reason") == "worker-lost"}) >= len(lost)
+                for li in others
+            ):
+                heard_all = max(max(t for t, e in li.events if e.get("reason") == "worker-lost") for li in others)
+                break
+            time.sleep(0.05)
+        log_lost = [e for e in _log(log) if e.get("reason") == "worker-lost"]
+        time.sleep(2.0)  # the restarted worker settles
+        remaining = {f"dev-{i}" for i in range(devices)} - lost
+        stopped = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=60)
+        exit_s = time.monotonic() - stopped
+        done = []
+        for li in others:
+            heard = {str(e["client_id"]) for _, e in li.events if e.get("reason") == "shutdown"}
+            done.append(heard >= remaining)
+        sessions: dict[str, int] = collections.Counter()
+        for e in _log(log):
+            if e.get("status") == "offline" and e.get("epoch"):
+                sessions[str(e["epoch"])] += 1
+        started = {str(e["epoch"]) for e in _log(log) if e.get("status") == "online"}
+        return {
+            "devices": devices,
+            "workers": workers,
+            "killed_worker_devices": len(lost),
+            "worker_lost_in_log": len(log_lost),
+            "worker_lost_unique": len({str(e["client_id"]) for e in log_lost}),
+            "worker_lost_wrong": sum(str(e["client_id"]) not in lost for e in log_lost),
+            "worker_lost_in_log_s": round(in_log - killed, 3),
+            "worker_lost_at_subscribers_s": round(heard_all - killed, 3),
+            "sigterm_exit_s": round(exit_s, 2),
+            "exit_code": code,
+            "subscribers_heard_every_shutdown": all(done),
+            "sessions": len(started),
+            "sessions_without_offline": len(started - set(sessions)),
+            "sessions_with_several_offline": sum(n > 1 for n in sessions.values()),
+        }
+    finally:
+        for s in socks:
+            s.close()
+        if proc.poll() is None:
+            proc.kill()  # by PID
+            proc.wait()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.faults", description=__doc__.split("\n\n")[0])
+    p.add_argument("--devices", type=int, default=16_000)
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--subscribers", type=int, default=4)
+    args = p.parse_args(argv)
+    result = run(args.devices, args.workers, args.subscribers)
+    for key, value in result.items():
+        print(f"{key:38} {value}")
+    ok = (
+        result["worker_lost_in_log"] == result["killed_worker_devices"] == result["worker_lost_unique"]
+        and result["worker_lost_wrong"] == 0
+        and result["sessions_without_offline"] == 0
+        and result["sessions_with_several_offline"] == 0
+        and result["exit_code"] == 0
+        and result["subscribers_heard_every_shutdown"]
+    )
+    print("result".ljust(38), "PASS" if ok else "FAIL")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
