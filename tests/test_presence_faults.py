@@ -9,6 +9,7 @@ import collections
 import json
 import os
 import signal
+import socket
 import time
 import urllib.request
 
@@ -164,7 +165,10 @@ def test_a_stalled_worker_is_dropped_then_resynchronises(start_server: object) -
     previous = raw_connect(server.port, "roamer", keep_alive=60)
     for _ in range(6):
         current = raw_connect(server.port, "roamer", keep_alive=60)
-        wait_closed(previous, 5)
+        try:
+            wait_closed(previous, 5)
+        except TimeoutError:
+            raise AssertionError([e for e in server.events() if e["client_id"] == "roamer"]) from None
         previous = current
     # Nobody healthy was declared offline; the stalled worker's devices were spared.
     offline = [e for e in server.events() if e["status"] == "offline" and e["client_id"] in names]
@@ -185,6 +189,15 @@ def test_sigterm_every_subscriber_on_every_worker_hears_every_device_end(start_s
     placed = where(server, names | set(subs))
     assert {placed[s] for s in subs} == {0, 1}, "subscribers all landed on one worker; run again"
     until(lambda: all(heard(got, "online") >= names for _, got in subs.values()), 10, "subscribers hear every device")
+    # Hostile input meanwhile: garbage, a packet past the size limit, a CONNECT cut short.
+    for junk in (b"\xff" * 64, b"\x10\xff\xff\xff\x7f", encoders.encode_connect("dev-5", keep_alive=5)[:-2]):
+        bad = socket.create_connection(("127.0.0.1", server.port))
+        bad.sendall(junk)
+        bad.shutdown(socket.SHUT_WR)
+        wait_closed(bad, 15)  # refused and closed: only the offending connection
+        bad.close()
+    time.sleep(0.3)
+    assert not any(heard(got, "offline") & names for _, got in subs.values()), "a healthy device went offline"
     server.proc.send_signal(signal.SIGTERM)  # by PID
     assert server.proc.wait(timeout=20) == 0
     for name, (sock, got) in subs.items():

@@ -284,10 +284,13 @@ class HeartbeatServer:
         stream = conn.stream
         keep_alive = min(request.keep_alive, cfg.max_keepalive) if request.keep_alive else 0
         stream.receive_timeout = 1.5 * keep_alive if keep_alive else cfg.max_idle
-        await self._send(conn, conn.session.accepted())
+        # Stamped before CONNACK goes out: a device can only reconnect elsewhere after
+        # reading it, so a later session always carries a later time (the registry
+        # orders crossing claims by it).
         conn.online = self._event(
             conn, "online", None, epoch=epoch_of(cfg.worker, self._pid, next(self._epochs), cfg.node)
         )
+        await self._send(conn, conn.session.accepted())
         # The coordinator ends the device's session on any other worker or gateway.
         self.coordinator.online(conn.online)
 
