@@ -137,6 +137,10 @@ class Authority:
         if worker is None:
             return []
         detail = f"worker {worker} (pid {pid}) exited" + ("" if code is None else f" with {code}")
+        return self.worker_lost(worker, pid, detail)
+
+    def worker_lost(self, worker: int, pid: int, detail: str) -> list[PresenceEvent]:
+        """Every session worker ``worker`` (process ``pid``) held goes offline, ``worker-lost``."""
         lost = self.registry.lose(_held_by(worker, pid), Offline.WORKER_LOST, detail, self._clock())
         for event in lost:
             self._publish(event)

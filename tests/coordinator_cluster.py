@@ -1,0 +1,140 @@
+"""Clusters of coordinators for the contract tests: hosts that record what they are
+told, and a way to kill one member without it reporting anything."""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+
+import trio
+
+from servers.bus import Hub
+from servers.heartbeat.coordination import Coordinator
+from servers.heartbeat.coordination.authority import Authority, epoch_of
+from servers.heartbeat.coordination.local import BusCoordinator
+from servers.heartbeat.presence import PresenceEvent
+
+
+@dataclass
+class RecordingHost:
+    """A worker stand-in: records deliveries and evictions, holds sessions."""
+
+    worker: int
+    node: str = ""
+    delivered: list[tuple[str, bytes, int]] = field(default_factory=list)
+    evicted: list[tuple[str, str]] = field(default_factory=list)
+    held: dict[str, PresenceEvent] = field(default_factory=dict)
+    subscribed: set[str] = field(default_factory=set)
+    count: int = 0
+
+    def deliver(self, topic: str, payload: bytes, qos: int) -> None:
+        self.delivered.append((topic, payload, qos))
+
+    def evict(self, client_id: str, epoch: str, detail: str) -> None:
+        self.evicted.append((client_id, epoch))
+        self.held.pop(epoch, None)
+
+    def sessions(self) -> list[PresenceEvent]:
+        return list(self.held.values())
+
+    def filters(self) -> set[str]:
+        return set(self.subscribed)
+
+    def presence(self) -> list[dict[str, object]]:
+        """Presence events delivered here, in order."""
+        return [json.loads(p) for t, p, _ in list(self.delivered) if t.startswith("presence/")]
+
+    def new_event(self, client_id: str, status: str = "online") -> PresenceEvent:
+        self.count += 1
+        epoch = epoch_of(self.worker, os.getpid(), self.count, self.node)
+        event = PresenceEvent(
+            status, client_id, "127.0.0.1:1", None, 0.0, time.time(), worker=self.worker, epoch=epoch, node=self.node
+        )
+        if status == "online":
+            self.held[epoch] = event
+        return event
+
+
+@dataclass
+class Member:
+    coordinator: Coordinator
+    host: RecordingHost
+    scope: trio.CancelScope
+
+
+@dataclass
+class Cluster:
+    members: list[Member]
+    kill: Callable[[int], None]
+    """Member i dies without a word: its link ends and its sessions are its holder's loss."""
+    loss_reason: str
+
+
+class _HubThread:
+    """The supervisor's hub and authority, polled on a thread as the supervisor does."""
+
+    def __init__(self) -> None:
+        self.authority = Authority()
+        self.hub = Hub(self.authority)
+        self.calls: queue.Queue[Callable[[], object]] = queue.Queue()
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while not self.stop.is_set():
+            self.hub.poll(0.005)
+            while not self.calls.empty():
+                self.calls.get()()
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(5)
+        self.hub.close()
+
+
+@asynccontextmanager
+async def local_cluster(n: int) -> AsyncIterator[Cluster]:
+    """``n`` workers of one supervisor (BusCoordinators and a real hub and authority)."""
+    hub = _HubThread()
+    try:
+        async with trio.open_nursery() as nursery:
+            members: list[Member] = []
+            for i in range(n):
+                host = RecordingHost(worker=i)
+                coordinator = BusCoordinator(hub.hub.path, worker=i)
+                scope = trio.CancelScope()
+
+                async def run(
+                    c: BusCoordinator = coordinator,
+                    h: RecordingHost = host,
+                    s: trio.CancelScope = scope,
+                    *,
+                    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+                ) -> None:
+                    with s:
+                        await c.run(h, task_status=task_status)
+
+                await nursery.start(run)
+                members.append(Member(coordinator, host, scope))
+
+            def kill(i: int) -> None:
+                members[i].scope.cancel()  # its link closes; it reports nothing more
+                pid = os.getpid()
+                # Every member shares this test's pid, so the worker is named directly.
+                hub.calls.put(lambda: _lose(hub.authority, i, pid))
+
+            yield Cluster(members, kill, "worker-lost")
+            nursery.cancel_scope.cancel()
+    finally:
+        hub.close()
+
+
+def _lose(authority: Authority, worker: int, pid: int) -> None:
+    authority.worker_lost(worker, pid, f"worker {worker} killed by the test")
