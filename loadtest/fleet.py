@@ -51,14 +51,14 @@ from typing import Any
 import psutil
 
 from .devices import Fleet
-from .fleet_judge import classify_drops, judge_sessions, killed_node_view, sessions_of, takeover_summary
+from .fleet_judge import classify_drops, judge_sessions, killed_node_view, node_of, sessions_of, takeover_summary
 from .fleet_redis import PresenceReader, RedisServer
 from .generator import GeneratorSpec
 from .live import Live
 from .processes import free_port, start_heartbeat, stop
 from .sampler import parse_metrics, process_tree
 from .stats import summary_ms
-from .workload import FILE_BUDGET, DeviceLoad, generator_count, specs
+from .workload import FILE_BUDGET, DeviceLoad, Timeline, generator_count, specs
 
 __all__ = ["FleetLoad", "FleetTimeline", "Gateway", "main", "passed", "plan_fleet", "report", "run_fleet"]
 
@@ -175,8 +175,8 @@ def fleet_specs(load: FleetLoad, timeline: FleetTimeline, ports: list[int], work
     """The generators' specs: the devices dealt as for one server, then given the gateways,
     failover, and every other reconnect moved to the second wave."""
     dl = load.device_load()
-    shim = _ShimTimeline(timeline.acts)
-    out = specs(dl, shim, ports[0], workdir)  # type: ignore[arg-type]
+    one = Timeline(timeline.start, timeline.acts, timeline.detect_by, None, None, timeline.end)
+    out = specs(dl, one, ports[0], workdir)
     shift = timeline.wave2 - timeline.acts
     for spec in out:
         spec.ports = list(ports)
@@ -185,15 +185,6 @@ def fleet_specs(load: FleetLoad, timeline: FleetTimeline, ports: list[int], work
         spec.end_at = timeline.end
         spec.reconnect = [(i, at + shift if n % 2 else at) for n, (i, at) in enumerate(spec.reconnect)]
     return out
-
-
-@dataclass
-class _ShimTimeline:
-    """What :func:`loadtest.workload.specs` reads from a timeline."""
-
-    acts: float
-    start: float = 0.0
-    end: float = 0.0
 
 
 @dataclass
@@ -396,8 +387,8 @@ def merge_fleet(
     steady_end = timeline.detect_by
     by_node: dict[str, int] = {}
     for s in sessions.values():
-        gw = s.node.split("/", 1)[0]
-        by_node[gw] = by_node.get(gw, 0) + 1
+        name = node_of(s.node)
+        by_node[name] = by_node.get(name, 0) + 1
     gw_out = []
     for gw in gateways:
         steady = [v for t, v in gw.rss if t <= steady_end]
@@ -506,7 +497,7 @@ def report(r: dict[str, Any]) -> str:
         f"  events lost          {feed['lost']} (sessions with no offline event)",
         f"  events duplicated    {feed['duplicated']} (sessions with more than one offline event); "
         f"online twice in one Redis run: {feed['online_duplicated']}",
-        f"  offline by reason    " + ", ".join(f"{k} {v:,}" for k, v in feed["offline_by_reason"].items()),
+        "  offline by reason    " + ", ".join(f"{k} {v:,}" for k, v in feed["offline_by_reason"].items()),
     ]
     if feed["reannounced_after_restart"]:
         lines.append(f"  re-announced         {feed['reannounced_after_restart']:,} sessions after Redis came back")

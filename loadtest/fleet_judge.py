@@ -50,9 +50,7 @@ def node_of(node: str) -> str:
     return node.split("/", 1)[0]
 
 
-def sessions_of(
-    stream: Iterable[tuple[int, dict[str, Any]]], logs: Iterable[dict[str, Any]]
-) -> dict[str, Session]:
+def sessions_of(stream: Iterable[tuple[int, dict[str, Any]]], logs: Iterable[dict[str, Any]]) -> dict[str, Session]:
     """Fold the stream's (incarnation, event) pairs and the logs' events into sessions by epoch.
 
     Events without an epoch (a socket that never said CONNECT, a refused one) are no session's.
@@ -183,13 +181,19 @@ def classify_drops(
     generator_late = 0
     for d in drops:
         # 10 ms of slack: the orchestrator reads its clock just before the kill signal.
-        if killed_port is not None and kill_mono is not None and d["port"] == killed_port and d["at"] >= kill_mono - 0.01:
+        killed = killed_port is not None and kill_mono is not None and d["port"] == killed_port
+        if killed and d["at"] >= (kill_mono or 0.0) - 0.01:
             by_kill += 1
         elif d["silent_for"] < window and d["max_gap"] < window:
             false.append(d)
         else:
             generator_late += 1
-    return {"by_kill": by_kill, "false_expiries": len(false), "false_examples": false[:20], "generator_late": generator_late}
+    return {
+        "by_kill": by_kill,
+        "false_expiries": len(false),
+        "false_examples": false[:20],
+        "generator_late": generator_late,
+    }
 
 
 def takeover_summary(values: list[float]) -> dict[str, float]:

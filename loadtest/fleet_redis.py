@@ -10,6 +10,7 @@ starts an empty stream, so reading goes on from id 0.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import shutil
@@ -127,7 +128,7 @@ class RedisStats:
     def ops_per_s(self, start: float, end: float) -> float:
         """Commands per second between ``start`` and ``end`` (deltas within one run of Redis)."""
         inside = [s for s in self.samples if start <= s[0] <= end]
-        total = sum(b[2] - a[2] for a, b in zip(inside, inside[1:]) if b[2] >= a[2])
+        total = sum(b[2] - a[2] for a, b in itertools.pairwise(inside) if b[2] >= a[2])
         span = inside[-1][0] - inside[0][0] if len(inside) > 1 else 0.0
         return total / span if span > 0 else math.nan
 
@@ -234,7 +235,7 @@ class PresenceReader:
                     info = await client.info("server", "stats", "memory")
             except (Exception, trio.TooSlowError):
                 continue
-            total = int(info.get("total_commands_processed", 0))
+            total = _int(info.get("total_commands_processed", 0))
             run = str(info.get("run_id", ""))
             if run != last_run:
                 # Counters restart with the server: carry what the last run had counted.
@@ -242,8 +243,13 @@ class PresenceReader:
                 last_run = run
             last_total = total
             self.stats.commands = base + total
-            self.stats.samples.append((time.monotonic(), float(info.get("instantaneous_ops_per_sec", 0)), total))
-            self.stats.peak_used_memory = max(self.stats.peak_used_memory, int(info.get("used_memory", 0)))
+            self.stats.samples.append((time.monotonic(), float(_int(info.get("instantaneous_ops_per_sec", 0))), total))
+            self.stats.peak_used_memory = max(self.stats.peak_used_memory, _int(info.get("used_memory", 0)))
+
+
+def _int(value: object) -> int:
+    """An INFO figure as an int (coredis parses them into numbers already)."""
+    return int(value) if isinstance(value, (int, float, str, bytes)) else 0
 
 
 def _text(value: bytes | str) -> str:
