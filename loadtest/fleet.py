@@ -52,7 +52,7 @@ import psutil
 
 from .devices import Fleet
 from .fleet_judge import classify_drops, judge_sessions, killed_node_view, node_of, sessions_of, takeover_summary
-from .fleet_redis import PresenceReader, RedisServer
+from .fleet_redis import PresenceReader, RedisServer, stream_length
 from .generator import GeneratorSpec
 from .live import Live
 from .processes import free_port, start_heartbeat, stop
@@ -199,6 +199,9 @@ class Gateway:
     proc: subprocess.Popen[str]
     killed_at: float | None = None
     rss: list[tuple[float, int]] = field(default_factory=list)
+    exit_code: int | None = None
+    stop_s: float = math.nan
+    """How long its SIGTERM took (the gateway flushes its devices' offline events first)."""
 
     def pids(self) -> list[int]:
         """The supervisor and its workers."""
@@ -224,6 +227,21 @@ class Gateway:
             with contextlib.suppress(psutil.Error):
                 total += p.memory_info().rss
         self.rss.append((now, total))
+
+    def queued(self) -> float:
+        """Reports its workers' coordinators still hold for Redis (``heartbeat_fleet_queued``); NaN if unknown."""
+        total = 0.0
+        for i in range(self.workers):
+            try:
+                url = f"http://127.0.0.1:{self.status_port + i}/metrics"
+                with urllib.request.urlopen(url, timeout=2.0) as resp:
+                    text = resp.read().decode()
+            except (OSError, ValueError):
+                return math.nan
+            for line in text.splitlines():
+                if line.startswith("heartbeat_fleet_queued"):
+                    total += float(line.rsplit(" ", 1)[1])
+        return total
 
     def online(self) -> float:
         """Devices online by the workers' own /metrics (NaN if one does not answer)."""
@@ -271,14 +289,18 @@ def _read_log(path: Path) -> list[dict[str, Any]]:
     return out
 
 
-def run_fleet(load: FleetLoad, *, show: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
-    """Run the fleet load test; return the merged results."""
+def run_fleet(
+    load: FleetLoad, *, show: Callable[[dict[str, Any]], None] | None = None, keep_failed: bool = False
+) -> dict[str, Any]:
+    """Run the fleet load test; return the merged results. ``keep_failed``: a failed run
+    keeps its scratch directory (presence logs, the stream read, generator results)."""
     workdir = Path(tempfile.mkdtemp(prefix="ik-fleet-"))
     redis = RedisServer(free_port())
     redis.start()
     gateways: list[Gateway] = []
     reader: PresenceReader | None = None
     fleet: Fleet | None = None
+    drained_s = math.nan
     kill: dict[str, Any] = {}
     outage: dict[str, float] = {}
     redis_rss: list[tuple[float, int]] = []
@@ -301,6 +323,10 @@ def run_fleet(load: FleetLoad, *, show: Callable[[dict[str, Any]], None] | None 
                 kill["gateway"] = victim.name
                 kill["port"] = victim.port
             if timeline.redis_down is not None and "down" not in outage and now >= timeline.redis_down:
+                # What the old Redis holds and what the reader has of it: the difference
+                # is what nobody reading the stream will see.
+                outage["stream_length"] = stream_length(redis.port)
+                outage["read"] = reader.count()
                 outage["down"] = time.monotonic()
                 redis.stop()
             if timeline.redis_up is not None and "up" not in outage and now >= timeline.redis_up:
@@ -326,15 +352,25 @@ def run_fleet(load: FleetLoad, *, show: Callable[[dict[str, Any]], None] | None 
                         **totals,
                         "server_online": math.nan,
                         "rss_mb": sum(g.rss[-1][1] for g in gateways if g.rss and g.killed_at is None) / 1e6,
-                        "fds": reader.count(),
+                        "fds": math.nan,
                     }
                 )
             time.sleep(0.25)
         fleet.stop()
-        # Every connection is closed now; SIGTERM lets the gateways flush what they have left.
+        # Every connection is closed now. A gateway's SIGTERM waits a few seconds for its
+        # coordinator's queue, so let the backlog of offline reports reach Redis first
+        # (bounded): what is judged is the fleet's bookkeeping, not the grace period.
+        drain_started = time.monotonic()
+        while time.monotonic() - drain_started < 120:
+            if all(gw.killed_at is not None or gw.queued() == 0 for gw in gateways):
+                break
+            time.sleep(0.5)
+        drained_s = time.monotonic() - drain_started
         for gw in gateways:
             if gw.killed_at is None:
-                stop(gw.proc, timeout=30)
+                began = time.monotonic()
+                gw.exit_code = stop(gw.proc, timeout=60)
+                gw.stop_s = time.monotonic() - began
         reader.wait_quiet(quiet=3.0, limit=60.0)
     finally:
         if fleet is not None:
@@ -351,8 +387,17 @@ def run_fleet(load: FleetLoad, *, show: Callable[[dict[str, Any]], None] | None 
         except (OSError, ValueError):
             results.append({"index": spec.index, "missing": True})
     logs = [e for gw in gateways for e in _read_log(gw.log)]
-    shutil.rmtree(workdir, ignore_errors=True)
-    return merge_fleet(load, timeline, results, reader, logs, gateways, kill, outage, redis_rss, online_at_settle)
+    merged = merge_fleet(load, timeline, results, reader, logs, gateways, kill, outage, redis_rss, online_at_settle)
+    merged["queues_drained_s"] = drained_s
+    if passed(merged) or not keep_failed:
+        shutil.rmtree(workdir, ignore_errors=True)
+    else:
+        # What a failed run leaves to look into: the presence logs and the generators' results.
+        merged["workdir"] = str(workdir)
+        (workdir / "stream.jsonl").write_text(
+            "".join(json.dumps([e.incarnation, e.origin, e.event]) + "\n" for e in reader.events)
+        )
+    return merged
 
 
 def merge_fleet(
@@ -381,6 +426,13 @@ def merge_fleet(
     feed = judge_sessions(sessions)
     drops = classify_drops(joined("drops"), kill.get("port"), kill.get("mono"), window)
     killed = killed_node_view(sessions, kill["gateway"], kill["wall"]) if kill else None
+    # A gateway that was never killed must end its own sessions: node-lost there means its
+    # lease lapsed while it was alive (or still draining), and a survivor swept it.
+    swept_alive = sum(
+        1
+        for s in sessions.values()
+        if s.offline and s.offline[0].get("reason") == "node-lost" and node_of(s.node) != kill.get("gateway")
+    )
     connack = sorted(joined("connack_times"))
     span = connack[-1] - connack[0] if len(connack) > 1 else math.nan
     t0 = timeline.start
@@ -402,6 +454,8 @@ def merge_fleet(
                 "sessions": by_node.get(gw.name, 0),
                 "rss_mb_steady": (steady[-1] if steady else math.nan) / 1e6,
                 "rss_mb_peak": max((v for _, v in gw.rss), default=0) / 1e6,
+                "exit_code": gw.exit_code,
+                "stop_s": gw.stop_s,
             }
         )
     end = max((s[0] for s in reader.stats.samples), default=t0)
@@ -429,16 +483,23 @@ def merge_fleet(
         "drops": drops,
         "false_expiries": drops["false_expiries"] + sum(len(r["false_expiries"]) for r in ok),
         "feed": feed,
+        "node_lost_on_live_gateways": swept_alive,
         "stream_entries": len(reader.events),
         "log_entries": len(logs),
         "reader_errors": reader.errors,
+        "reader_lag_ms": summary_ms(reader.lag),
         "redis_incarnations": reader.incarnation + 1,
         "kill": None
         if not kill
         else {"gateway": kill["gateway"], "at_s": kill["mono"] - t0, "pids": kill["pids"], **(killed or {})},
         "redis_outage": None
         if not outage
-        else {"down_at_s": outage["down"] - t0, "down_for_s": outage.get("up", math.nan) - outage["down"]},
+        else {
+            "down_at_s": outage["down"] - t0,
+            "down_for_s": outage.get("up", math.nan) - outage["down"],
+            "stream_length": outage["stream_length"],
+            "read_before": outage["read"],
+        },
         "redis": {
             "ops_per_s_steady": reader.stats.ops_per_s(timeline.acts - load.keepalive, timeline.acts),
             "ops_per_s_run": reader.stats.ops_per_s(t0, end),
@@ -470,6 +531,7 @@ def passed(r: dict[str, Any]) -> bool:
         and feed["lost"] == 0
         and feed["duplicated"] == 0
         and feed["online_duplicated"] == 0
+        and r["node_lost_on_live_gateways"] == 0
         and r["false_expiries"] == 0
         and r["undetected"] == 0
         and r["takeover_missed"] == 0
@@ -499,6 +561,10 @@ def report(r: dict[str, Any]) -> str:
         f"online twice in one Redis run: {feed['online_duplicated']}",
         "  offline by reason    " + ", ".join(f"{k} {v:,}" for k, v in feed["offline_by_reason"].items()),
     ]
+    lines.append(
+        f"  node-lost, not killed {r['node_lost_on_live_gateways']:,} sessions of gateways that were alive "
+        f"(a lease lapsed); offline queues drained {r.get('queues_drained_s', math.nan):.1f} s after the devices left"
+    )
     if feed["reannounced_after_restart"]:
         lines.append(f"  re-announced         {feed['reannounced_after_restart']:,} sessions after Redis came back")
     if feed["offline_without_online"]:
@@ -531,7 +597,16 @@ def report(r: dict[str, Any]) -> str:
         )
     ro = r["redis_outage"]
     if ro:
-        lines.append(f"redis restart          down at {ro['down_at_s']:.1f} s for {ro['down_for_s']:.1f} s, back empty")
+        lines.append(
+            f"redis restart          down at {ro['down_at_s']:.1f} s for {ro['down_for_s']:.1f} s, back empty; "
+            f"its stream held {ro['stream_length']:,} entries, the reader had read {ro['read_before']:,}"
+        )
+    lag = r["reader_lag_ms"]
+    if lag.get("n"):
+        lines.append(
+            f"feed reader lag        p50 {_ms(lag, 'p50')} / p99 {_ms(lag, 'p99')} / max {_ms(lag, 'max')} ms "
+            "(event time stamp to its reading by the load tester)"
+        )
     rd = r["redis"]
     lines.append(
         f"redis                  {rd['ops_per_s_steady']:,.0f} ops/s at steady state, {rd['ops_per_s_run']:,.0f} "
@@ -542,8 +617,10 @@ def report(r: dict[str, Any]) -> str:
         lines.append(
             f"gateway {g['name']:<14} port {g['port']}, {g['online_at_settle']:,.0f} online at settle, "
             f"{g['sessions']:,} sessions; RSS {g['rss_mb_steady']:,.0f} MB steady, {g['rss_mb_peak']:,.0f} MB peak"
-            + (" (killed)" if g["killed"] else "")
+            + (" (killed)" if g["killed"] else f"; SIGTERM took {g['stop_s']:.1f} s (exit {g['exit_code']})")
         )
+    if r.get("workdir"):
+        lines.append(f"kept for a look         {r['workdir']}")
     lines.append(f"result                 {'PASS' if passed(r) else 'FAIL'}")
     return "\n".join(lines)
 
@@ -611,7 +688,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             flush=True,
         )
     with Live(enabled=not args.quiet) as live:
-        result = run_fleet(load, show=live.update)
+        result = run_fleet(load, show=live.update, keep_failed=True)
     print(report(result))
     if args.json:
         path = Path(args.json)

@@ -25,7 +25,7 @@ from typing import Any
 import coredis
 import trio
 
-__all__ = ["PRESENCE_STREAM", "PresenceReader", "RedisServer", "StreamEvent", "redis_server_binary"]
+__all__ = ["PRESENCE_STREAM", "PresenceReader", "RedisServer", "StreamEvent", "redis_server_binary", "stream_length"]
 
 PRESENCE_STREAM = "idlekeeper:presence"
 """The fleet's presence stream (``servers.heartbeat.coordination.fleet``): one entry per
@@ -143,6 +143,8 @@ class PresenceReader:
         self.events: list[StreamEvent] = []
         self.stats = RedisStats()
         self.errors = 0
+        self.lag: list[float] = []
+        """Seconds from each event's own time stamp to its reading here (wall clocks)."""
         self.incarnation = -1
         self.last_event_at = time.monotonic()
         self._lock = threading.Lock()
@@ -219,6 +221,10 @@ class PresenceReader:
                         continue
                     batch.append(StreamEvent(self.incarnation, position, _text(fields.get(b"origin", b"")), event))
             if batch:
+                now = time.time()
+                # How far behind the feed this reader is: if a restart comes, what it has
+                # not read yet is gone with the old Redis.
+                self.lag.extend(now - float(e.event.get("time", now)) for e in batch)
                 with self._lock:
                     self.events.extend(batch)
                 self.last_event_at = time.monotonic()
@@ -245,6 +251,19 @@ class PresenceReader:
             self.stats.commands = base + total
             self.stats.samples.append((time.monotonic(), float(_int(info.get("instantaneous_ops_per_sec", 0))), total))
             self.stats.peak_used_memory = max(self.stats.peak_used_memory, _int(info.get("used_memory", 0)))
+
+
+def stream_length(port: int, timeout: float = 2.0) -> int:
+    """``XLEN`` of the presence stream, over a plain socket (from the orchestrator's thread); -1 if no answer."""
+    key = PRESENCE_STREAM.encode()
+    request = b"*2\r\n$4\r\nXLEN\r\n$%d\r\n%s\r\n" % (len(key), key)
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+            s.sendall(request)
+            reply = s.recv(64)
+    except OSError:
+        return -1
+    return int(reply[1:].split(b"\r\n", 1)[0]) if reply.startswith(b":") else -1
 
 
 def _int(value: object) -> int:
