@@ -268,7 +268,17 @@ def start_gateways(load: FleetLoad, redis: RedisServer, workdir: Path) -> list[G
             log = workdir / f"presence-{name}.jsonl"
             extra = ["--cluster", redis.url, "--node", name, "--presence-log", str(log)]
             extra += ["--status-port", str(status), "--tick", str(load.tick)]
-            proc = start_heartbeat(port, workers, extra, timeout=30.0)
+            for attempt in range(3):
+                try:
+                    proc = start_heartbeat(port, workers, extra, timeout=30.0)
+                    break
+                except RuntimeError:
+                    # A free port may be taken before the gateway binds it: the running
+                    # gateways' own connections to Redis draw from the same ephemeral range.
+                    if attempt == 2:
+                        raise
+                    port, status = free_port(), free_port(run=workers)
+                    extra[extra.index("--status-port") + 1] = str(status)
             out.append(Gateway(name, port, status, workers, log, proc))
     except BaseException:
         for gw in out:
