@@ -4,6 +4,7 @@ python -m loadtest devices --devices 200000 --stall     MQTT devices against ser
 python -m loadtest http --slowloris 500                  HTTP load with slowloris and slow readers
 python -m loadtest compare                               the same workloads against the peers
 python -m loadtest demo                                  the main job (also: make demo)
+python -m loadtest fleet --nodes 3 --kill-node           gateways sharing presence through Redis
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ COMMANDS = {
     "http": "loadtest.http_load",
     "compare": "loadtest.compare",
     "demo": "loadtest.demo",
+    "fleet": "loadtest.fleet",
 }
 
 

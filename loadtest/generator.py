@@ -73,18 +73,28 @@ class GeneratorSpec:
     reconnect: list[tuple[int, float]] = field(default_factory=list)
     seed: int = 0
     prefix: str = "dev"
+    ports: list[int] = field(default_factory=list)
+    """A fleet's gateways: each device connects to one at random and a reconnecting
+    device moves to another (empty: ``port`` alone)."""
+    failover: bool = False
+    """A device whose connection a gateway closes reconnects to another gateway after
+    ``failover_delay`` (as real devices do when their gateway dies); each such close is
+    reported in ``drops`` for the orchestrator to judge."""
+    failover_delay: tuple[float, float] = (0.5, 2.0)
+    """(min, max) seconds a failing-over device waits before reconnecting (uniform)."""
 
 
 class Conn:
     """One TCP connection of a device (a device that reconnects has two for a while)."""
 
-    __slots__ = ("device", "sock", "phase", "buf")
+    __slots__ = ("device", "sock", "phase", "buf", "port")
 
-    def __init__(self, device: Device, sock: socket.socket) -> None:
+    def __init__(self, device: Device, sock: socket.socket, port: int) -> None:
         self.device = device
         self.sock = sock
         self.phase = _CONNECTING
         self.buf = b""
+        self.port = port
 
 
 class Device:
@@ -103,6 +113,9 @@ class Device:
         "closed_at",
         "acted_at",
         "takeover_s",
+        "old",
+        "old_closed_at",
+        "attempts",
     )
 
     def __init__(self, index: int, client_id: str) -> None:
@@ -118,6 +131,9 @@ class Device:
         self.closed_at = math.nan
         self.acted_at = math.nan  # when its scenario (silence, vanish, reconnect) happened
         self.takeover_s = math.nan
+        self.old: Conn | None = None  # the superseded connection of a reconnect, until it closes
+        self.old_closed_at = math.nan  # it closed before the new CONNACK came
+        self.attempts = 0  # connects in a row to gateways that refused (a fleet's dead node)
 
 
 def _encode_connect(client_id: str, keepalive: int) -> bytes:
@@ -147,6 +163,15 @@ class Generator:
         self.connect_failed = 0
         self.refused = 0
         self.errors: dict[str, int] = {}
+        self.ports = list(spec.ports) or [spec.port]
+        # A generator of its own for gateways, so a one-port run's jitter is what it was.
+        self.port_rng = random.Random(spec.seed * 7_919 + spec.index)
+        self.dead_ports: set[int] = set()
+        """Gateways that refused a connection: a fleet's killed node."""
+        self.drops: list[dict[str, Any]] = []
+        """Failover mode: connections a gateway closed under a device that had not gone silent."""
+        self.failovers = 0
+        self.retries = 0
         self.window = 1.5 * spec.keepalive
         for local, at in spec.silent:
             self.devices[local].role = "silent"
@@ -160,29 +185,52 @@ class Generator:
 
     # -- connections -------------------------------------------------------------
 
-    def open(self, device: Device) -> None:
+    def pick_port(self, exclude: int | None = None) -> int:
+        """A gateway for a connect: at random, not ``exclude`` nor one known dead, if another exists."""
+        if len(self.ports) == 1:
+            return self.ports[0]
+        live = [p for p in self.ports if p != exclude and p not in self.dead_ports]
+        return self.port_rng.choice(live or [p for p in self.ports if p != exclude] or self.ports)
+
+    def open(self, device: Device, port: int | None = None) -> None:
         """Start a non-blocking connect from this generator's source address."""
+        port = self.pick_port() if port is None else port
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         try:
             sock.setsockopt(socket.IPPROTO_IP, _IP_BIND_ADDRESS_NO_PORT, 1)
             sock.bind((self.spec.source, 0))
             sock.setblocking(False)
-            code = sock.connect_ex((self.spec.host, self.spec.port))
+            code = sock.connect_ex((self.spec.host, port))
         except OSError as exc:
             sock.close()
             self.fail(device, f"connect: {errno.errorcode.get(exc.errno or 0, exc)}")
             return
         if code not in (0, errno.EINPROGRESS):
             sock.close()
-            self.fail(device, f"connect: {errno.errorcode.get(code, code)}")
+            if not self.retry(device, port, code):
+                self.fail(device, f"connect: {errno.errorcode.get(code, code)}")
             return
-        conn = Conn(device, sock)
+        conn = Conn(device, sock, port)
         device.conn = conn
         if device.connack_at != device.connack_at:  # the ramp's connect, not a reconnect
             device.connect_started = time.monotonic()
         self.inflight += 1
         self.conns[sock.fileno()] = conn
         self.epoll.register(sock.fileno(), _OUT)
+
+    def retry(self, device: Device, port: int, code: int) -> bool:
+        """Failover mode: a gateway refused the connect (it is dead); try another one soon.
+
+        False when this is not failover mode, the error is not a refusal, or the device
+        has tried every gateway twice over (then it counts as a failed connect).
+        """
+        if not self.spec.failover or code != errno.ECONNREFUSED or device.attempts >= 2 * len(self.ports):
+            return False
+        self.dead_ports.add(port)
+        device.attempts += 1
+        self.retries += 1
+        self.timers.call_at(time.monotonic() + 0.05, self.open, device, self.pick_port(exclude=port))
+        return True
 
     def fail(self, device: Device, why: str) -> None:
         self.connect_failed += 1
@@ -203,7 +251,10 @@ class Generator:
         if err:
             self.inflight -= 1
             self.drop(conn)
-            self.fail(device, f"connect: {errno.errorcode.get(err, err)}")
+            if device.conn is conn:
+                device.conn = None
+            if not self.retry(device, conn.port, err):
+                self.fail(device, f"connect: {errno.errorcode.get(err, err)}")
             return
         self.epoll.modify(conn.sock.fileno(), _IN)
         conn.phase = _HANDSHAKE
@@ -236,8 +287,17 @@ class Generator:
         device = conn.device
         conn.phase = _ONLINE
         conn.buf = b""
+        device.attempts = 0
         if device.connack_at != device.connack_at:  # a reconnect's CONNACK is not part of the ramp
             device.connack_at = now
+        elif len(self.ports) > 1 and device.old is not None:
+            # A fleet's takeover runs from here (the new gateway has the session) to the
+            # old connection's close; one closed already makes it negative.
+            if device.old_closed_at == device.old_closed_at:
+                device.takeover_s = device.old_closed_at - now
+                device.old = None
+            else:
+                device.acted_at = now
         self.online += 1
         self.arm(device)
 
@@ -246,18 +306,47 @@ class Generator:
         device = conn.device
         self.drop(conn)
         if conn.phase == _SUPERSEDED:
+            if len(self.ports) > 1 and device.conn is not None and device.conn.phase != _ONLINE:
+                device.old_closed_at = now  # before the new gateway's CONNACK: see on_connack
+                return
             device.takeover_s = now - device.acted_at
+            device.old = None
             return
         if conn.phase != _ONLINE:
             self.inflight -= 1
+            if self.spec.failover and device.conn is conn:
+                # A gateway that died during the handshake: connect to another.
+                device.conn = None
+                self.failovers += 1
+                self.timers.call_at(now + 0.05, self.open, device, self.pick_port(exclude=conn.port))
+                return
             self.fail(device, "closed during handshake")
             return
         self.online -= 1
         device.conn = None
         device.closed_at = now
+        self.disarm(device)
         if device.role == "silent" and device.acted_at == device.acted_at:
             self.detected += 1
-        self.disarm(device)
+        elif self.spec.failover:
+            self.fail_over(device, conn, now)
+
+    def fail_over(self, device: Device, conn: Conn, now: float) -> None:
+        """A gateway closed a device that kept its keep-alive: note it, reconnect elsewhere later."""
+        self.drops.append(
+            {
+                "client_id": device.client_id,
+                "port": conn.port,
+                "at": now,
+                "silent_for": round(now - device.last_sent, 3),
+                "max_gap": round(device.max_gap, 3),
+            }
+        )
+        self.failovers += 1
+        # The gap to the reconnect's CONNECT is the device's own choice, not a late heartbeat.
+        device.last_sent = math.nan
+        low, high = self.spec.failover_delay
+        self.timers.call_at(now + self.rng.uniform(low, high), self.open, device, self.pick_port(exclude=conn.port))
 
     # -- heartbeats and scenarios --------------------------------------------------
 
@@ -320,7 +409,8 @@ class Generator:
         conn.phase = _SUPERSEDED
         self.online -= 1
         device.acted_at = time.monotonic()
-        self.open(device)
+        device.old = conn
+        self.open(device, self.pick_port(exclude=conn.port))
 
     # -- the loop ----------------------------------------------------------------
 
@@ -405,7 +495,7 @@ class Generator:
                     takeover_missed += 1
             if d.role == "vanish" and d.acted_at == d.acted_at:
                 continue
-            if closed:
+            if closed and not self.spec.failover:  # failover mode: the orchestrator judges self.drops
                 # A device that kept to its keep-alive and was cut anyway is a false expiry;
                 # one whose own heartbeat was late (an overloaded generator) is not the server's fault.
                 silent_for = d.closed_at - d.last_sent
@@ -440,6 +530,11 @@ class Generator:
             "false_expiries": false,
             "generator_late": generator_late,
             "max_gap": max((d.max_gap for d in self.devices), default=0.0),
+            "drops": self.drops,
+            "failovers": self.failovers,
+            "retries": self.retries,
+            "dead_ports": sorted(self.dead_ports),
+            "online_at_end": self.online,
         }
 
 
@@ -455,6 +550,8 @@ def main(argv: list[str] | None = None) -> int:
         raw = json.load(f)
     for key in ("silent", "vanish", "reconnect"):
         raw[key] = [tuple(pair) for pair in raw.get(key, [])]
+    if "failover_delay" in raw:
+        raw["failover_delay"] = tuple(raw["failover_delay"])
     spec = GeneratorSpec(**raw)
     results = run(spec)
     with open(spec.results, "w") as f:

@@ -1,0 +1,275 @@
+"""The fleet load test's Redis: a throwaway ``redis-server`` on a loopback port, and a
+reader of the fleet's presence stream that keeps reading across Redis restarts.
+
+The reader runs trio and coredis on a thread of its own, so the orchestrator's
+loop (which starts, kills and restarts processes) never waits on it. Each entry
+it reads is kept with the *incarnation* of Redis it came from: the server's
+``run_id`` changes when it restarts, and a restarted server (no persistence)
+starts an empty stream, so reading goes on from id 0.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import shutil
+import socket
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import coredis
+import trio
+
+__all__ = ["PRESENCE_STREAM", "PresenceReader", "RedisServer", "StreamEvent", "redis_server_binary", "stream_length"]
+
+PRESENCE_STREAM = "idlekeeper:presence"
+"""The fleet's presence stream (``servers.heartbeat.coordination.fleet``): one entry per
+event, the event's JSON in the field ``event``, the emitting node in ``origin``."""
+
+
+def redis_server_binary() -> str | None:
+    """``redis-server``'s path, if installed (Debian's package puts it in /usr/bin)."""
+    found = shutil.which("redis-server")
+    if found:
+        return found
+    return "/usr/bin/redis-server" if Path("/usr/bin/redis-server").exists() else None
+
+
+def _ping(port: int, timeout: float = 0.5) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+            s.sendall(b"PING\r\n")
+            return s.recv(64).startswith(b"+PONG")
+    except OSError:
+        return False
+
+
+class RedisServer:
+    """``redis-server`` on ``127.0.0.1:port`` without persistence; stopped by its PID."""
+
+    def __init__(self, port: int, binary: str | None = None) -> None:
+        found = binary or redis_server_binary()
+        if found is None:
+            raise RuntimeError("redis-server is not installed (apt-get install redis-server)")
+        self.binary = found
+        self.port = port
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.restarts = 0
+
+    @property
+    def url(self) -> str:
+        """The URL the gateways are given (``--cluster``)."""
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    @property
+    def pid(self) -> int | None:
+        """The running server's PID (a new one after each restart)."""
+        return None if self.proc is None or self.proc.poll() is not None else self.proc.pid
+
+    def start(self, timeout: float = 10.0) -> None:
+        """Start it and return once it answers PING."""
+        cmd = [self.binary, "--save", "", "--appendonly", "no", "--bind", "127.0.0.1", "--port", str(self.port)]
+        cmd += ["--loglevel", "warning"]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"redis-server exited with {self.proc.returncode} (port {self.port} taken?)")
+            if _ping(self.port):
+                return
+            time.sleep(0.02)
+        self.stop()
+        raise RuntimeError(f"redis-server did not answer on port {self.port} within {timeout} s")
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """SIGTERM it by its PID (SIGKILL after ``timeout``) and reap it."""
+        proc, self.proc = self.proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        proc.terminate()
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+    def restart(self) -> None:
+        """Start again on the same port (after :meth:`stop`): an empty server."""
+        self.restarts += 1
+        self.start()
+
+
+@dataclass(frozen=True, slots=True)
+class StreamEvent:
+    """One presence event as read from the stream."""
+
+    incarnation: int
+    """Which Redis run it was read from: 0, then 1 after the first restart, ..."""
+    entry_id: str
+    origin: str
+    event: dict[str, Any]
+
+
+@dataclass
+class RedisStats:
+    """INFO figures sampled once a second."""
+
+    samples: list[tuple[float, float, int]] = field(default_factory=list)
+    """(monotonic time, instantaneous_ops_per_sec, total_commands_processed)."""
+    commands: int = 0
+    """Commands processed, summed over incarnations (each restart starts at 0)."""
+    peak_used_memory: int = 0
+
+    def ops_per_s(self, start: float, end: float) -> float:
+        """Commands per second between ``start`` and ``end`` (deltas within one run of Redis)."""
+        inside = [s for s in self.samples if start <= s[0] <= end]
+        total = sum(b[2] - a[2] for a, b in itertools.pairwise(inside) if b[2] >= a[2])
+        span = inside[-1][0] - inside[0][0] if len(inside) > 1 else 0.0
+        return total / span if span > 0 else math.nan
+
+
+class PresenceReader:
+    """Reads the presence stream from id 0 until stopped, through restarts of Redis."""
+
+    def __init__(self, port: int, *, block_ms: int = 300, max_seconds: float = 3600.0) -> None:
+        self.port = port
+        self.block_ms = block_ms
+        self.max_seconds = max_seconds
+        self.events: list[StreamEvent] = []
+        self.stats = RedisStats()
+        self.errors = 0
+        self.lag: list[float] = []
+        """Seconds from each event's own time stamp to its reading here (wall clocks)."""
+        self.incarnation = -1
+        self.last_event_at = time.monotonic()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._main, name="presence-reader", daemon=True)
+
+    def start(self) -> PresenceReader:
+        """Start reading on a thread."""
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop reading (within one BLOCK) and join the thread."""
+        self._stop.set()
+        self._thread.join(timeout=10 + self.block_ms / 1000)
+
+    def count(self) -> int:
+        """Entries read so far."""
+        with self._lock:
+            return len(self.events)
+
+    def wait_quiet(self, quiet: float = 2.0, limit: float = 30.0) -> None:
+        """Return once nothing new was read for ``quiet`` seconds (or after ``limit``)."""
+        deadline = time.monotonic() + limit
+        while time.monotonic() < deadline and time.monotonic() - self.last_event_at < quiet:
+            time.sleep(0.1)
+
+    def _main(self) -> None:
+        trio.run(self._run)
+
+    async def _run(self) -> None:
+        client: coredis.Redis[bytes] = coredis.Redis(
+            host="127.0.0.1", port=self.port, db=0, connect_timeout=1.0, stream_timeout=2.0 + self.block_ms / 1000
+        )
+        async with client, trio.open_nursery() as nursery:
+            nursery.start_soon(self._sample, client)
+            await self._read(client)
+            nursery.cancel_scope.cancel()
+
+    async def _run_id(self, client: coredis.Redis[bytes]) -> str:
+        info = await client.info("server")
+        return str(info.get("run_id", ""))
+
+    async def _read(self, client: coredis.Redis[bytes]) -> None:
+        position = "0-0"
+        run_id = ""
+        connected = False
+        deadline = time.monotonic() + self.max_seconds
+        while not self._stop.is_set() and time.monotonic() < deadline:
+            try:
+                with trio.fail_after(5.0):
+                    if not connected:
+                        # A new run_id is a restarted (empty) Redis: its stream starts over.
+                        now_id = await self._run_id(client)
+                        if now_id != run_id:
+                            run_id = now_id
+                            self.incarnation += 1
+                            position = "0-0"
+                        connected = True
+                    res = await client.xread({PRESENCE_STREAM: position}, count=5000, block=self.block_ms)
+            except (Exception, trio.TooSlowError):
+                self.errors += 1
+                connected = False
+                await trio.sleep(0.1)
+                continue
+            batch: list[StreamEvent] = []
+            for entries in (res or {}).values():
+                for entry in entries:
+                    position = _text(entry.identifier)
+                    fields = entry.field_values
+                    try:
+                        event = json.loads(fields[b"event"])
+                    except (KeyError, ValueError):
+                        continue
+                    batch.append(StreamEvent(self.incarnation, position, _text(fields.get(b"origin", b"")), event))
+            if batch:
+                now = time.time()
+                # How far behind the feed this reader is: if a restart comes, what it has
+                # not read yet is gone with the old Redis.
+                self.lag.extend(now - float(e.event.get("time", now)) for e in batch)
+                with self._lock:
+                    self.events.extend(batch)
+                self.last_event_at = time.monotonic()
+
+    async def _sample(self, client: coredis.Redis[bytes]) -> None:
+        last_run = ""
+        base = 0
+        last_total = 0
+        deadline = time.monotonic() + self.max_seconds
+        while time.monotonic() < deadline:
+            await trio.sleep(1.0)
+            try:
+                with trio.fail_after(2.0):
+                    info = await client.info("server", "stats", "memory")
+            except (Exception, trio.TooSlowError):
+                continue
+            total = _int(info.get("total_commands_processed", 0))
+            run = str(info.get("run_id", ""))
+            if run != last_run:
+                # Counters restart with the server: carry what the last run had counted.
+                base += last_total
+                last_run = run
+            last_total = total
+            self.stats.commands = base + total
+            self.stats.samples.append((time.monotonic(), float(_int(info.get("instantaneous_ops_per_sec", 0))), total))
+            self.stats.peak_used_memory = max(self.stats.peak_used_memory, _int(info.get("used_memory", 0)))
+
+
+def stream_length(port: int, timeout: float = 2.0) -> int:
+    """``XLEN`` of the presence stream, over a plain socket (from the orchestrator's thread); -1 if no answer."""
+    key = PRESENCE_STREAM.encode()
+    request = b"*2\r\n$4\r\nXLEN\r\n$%d\r\n%s\r\n" % (len(key), key)
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+            s.sendall(request)
+            reply = s.recv(64)
+    except OSError:
+        return -1
+    return int(reply[1:].split(b"\r\n", 1)[0]) if reply.startswith(b":") else -1
+
+
+def _int(value: object) -> int:
+    """An INFO figure as an int (coredis parses them into numbers already)."""
+    return int(value) if isinstance(value, (int, float, str, bytes)) else 0
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
