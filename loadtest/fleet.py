@@ -84,8 +84,8 @@ class FleetLoad:
     """Seconds Redis stays down in ``--redis-restart``."""
     failover_delay: tuple[float, float] | None = None
     """A failing-over device's back-off, (min, max) s; None: (0.5, K)."""
-    lease: float = 3.0
-    """The gateways' lease (servers.heartbeat's default): a killed node is swept after it lapses."""
+    lease: float = 10.0
+    """The gateways' ``--lease``: a killed node is swept after it lapses."""
     tick: float = 0.1
     per_generator: int = FILE_BUDGET
     seed: int = 1
@@ -267,7 +267,7 @@ def start_gateways(load: FleetLoad, redis: RedisServer, workdir: Path) -> list[G
             status = free_port(run=workers)
             log = workdir / f"presence-{name}.jsonl"
             extra = ["--cluster", redis.url, "--node", name, "--presence-log", str(log)]
-            extra += ["--status-port", str(status), "--tick", str(load.tick)]
+            extra += ["--status-port", str(status), "--tick", str(load.tick), "--lease", str(load.lease)]
             for attempt in range(3):
                 try:
                     proc = start_heartbeat(port, workers, extra, timeout=30.0)
@@ -659,6 +659,7 @@ def parser(prog: str = "python -m loadtest fleet") -> argparse.ArgumentParser:
         help="a device's back-off before reconnecting elsewhere, uniform (default: 0.5 K)",
     )
     a("--tick", type=float, default=d.tick, help="gateway keeper tick in seconds (default: 0.1)")
+    a("--lease", type=float, default=d.lease, help=f"the gateways' --lease in seconds (default: {d.lease:g})")
     a("--json", default=None, help="write the results as JSON to this file")
     a("--quiet", action="store_true", help="no live progress")
     a("--seed", type=int, default=d.seed, help="random seed")
@@ -680,6 +681,7 @@ def load_from(args: argparse.Namespace) -> FleetLoad:
         outage=args.outage,
         failover_delay=None if args.failover_delay is None else (args.failover_delay[0], args.failover_delay[1]),
         tick=args.tick,
+        lease=args.lease,
         seed=args.seed,
     )
 

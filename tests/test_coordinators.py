@@ -137,3 +137,35 @@ async def test_a_lost_member_s_sessions_go_offline_exactly_once(make_cluster: Fa
         assert not any(e["client_id"] == "healthy" for e in offline)
         record = await b.coordinator.lookup("d5")
         assert record is not None and record.reason == Offline(cluster.loss_reason)
+
+
+async def test_a_worker_without_its_supervisor_link_says_degraded(tmp_path: object) -> None:
+    from servers.heartbeat.coordination.local import BusCoordinator
+
+    host = RecordingHost(worker=0)
+    coordinator = BusCoordinator(f"{tmp_path}/no-such.sock", worker=0)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(coordinator.run, host)
+        coordinator.online(host.new_event("d"))  # queued, never lost: sent once the link is up
+        health = coordinator.health()
+        assert not health.ok and "not connected" in health.detail
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_worker_reports_degraded_while_its_reports_wait_unacknowledged() -> None:
+    async with local_cluster(1) as cluster:
+        (member,) = cluster.members
+        coordinator = member.coordinator
+        assert coordinator.health().ok
+        # A report the authority never acknowledges (its link is held but not read).
+        from servers.heartbeat.coordination import local
+
+        stamp = local._BEHIND
+        coordinator.online(member.host.new_event("d"))
+        await until(lambda: coordinator.health().ok, "the report acknowledged")
+        local._BEHIND = -1.0  # any unacknowledged report now counts as behind
+        try:
+            coordinator.online(member.host.new_event("e"))
+            assert not coordinator.health().ok and "unacknowledged" in coordinator.health().detail
+        finally:
+            local._BEHIND = stamp

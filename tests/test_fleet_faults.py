@@ -51,7 +51,7 @@ def test_a_fleet_survives_a_roaming_device_a_killed_gateway_and_a_redis_restart(
             port, status = free_port(), free_port()
             log = tmp_path / f"gw{i}.jsonl"
             args = ["--cluster", redis.url, "--node", f"gw{i}", "--presence-log", str(log)]
-            args += ["--tick", "0.05", "--status-port", str(status)]
+            args += ["--tick", "0.05", "--status-port", str(status), "--lease", "3"]
             gateways.append((start_heartbeat(port, 1, args, cwd=str(ROOT)), port, status, log))
         (gw0, port0, _, _), (gw1, port1, status1, log1) = gateways
         watch, got = subscriber(port1, "dashboard", "presence/#")

@@ -126,6 +126,7 @@ def test_ci_fleet_run_with_a_killed_gateway_and_a_redis_restart() -> None:
         reconnect=0.08,
         kill_node=True,
         redis_restart=True,
+        lease=3.0,  # short, so the run stays short (the gateways are not overloaded here)
         failover_delay=(0.5, 6.0),  # some devices come back before the lease lapses, some after
     )
     r = run_fleet(load)

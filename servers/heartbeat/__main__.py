@@ -87,6 +87,14 @@ def parser() -> argparse.ArgumentParser:
         "(default: this machine only, no external service)",
     )
     a("--node", default=None, help="this gateway's name in the fleet (default: HOST:PORT); each worker is NODE/wI")
+    a(
+        "--lease",
+        type=float,
+        default=10.0,
+        help="seconds a fleet node's lease lives without renewal (renewed every second); a gateway that "
+        "dies is declared lost this long after (default: 10; shorter finds dead gateways sooner, but a "
+        "gateway too busy to renew in time is declared lost while alive)",
+    )
     a("--bus", default=None, help=argparse.SUPPRESS)
     a("--bus-buffer", type=int, default=64 * 1024 * 1024, help=argparse.SUPPRESS)
     return p
@@ -121,7 +129,9 @@ def coordinator_for(args: argparse.Namespace, config: HeartbeatConfig) -> tuple[
 
         # Each worker is a node of the fleet; it writes the events it publishes itself.
         own: list[PresenceSink] = [PresenceLog(args.presence_log)] if args.presence_log else []
-        fleet = RedisCoordinator(args.cluster, config.node, sinks=own, presence_prefix=config.presence_prefix)
+        fleet = RedisCoordinator(
+            args.cluster, config.node, sinks=own, presence_prefix=config.presence_prefix, lease=args.lease
+        )
         return fleet, own
     if not args.bus:
         return None, list(config.extra_sinks)
