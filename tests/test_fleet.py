@@ -441,3 +441,27 @@ async def test_dropped_offline_is_reconciled(redis_server: RedisServer) -> None:
         assert statuses_b["dev-1"] == [("online", None), ("offline", Offline.DISCONNECT)]
         # The dropped offline is made up by the resynchronisation, once.
         assert statuses_b["dev-2"] == [("online", None), ("offline", Offline.CONNECTION_LOST)]
+
+
+async def test_a_node_that_leaves_ends_what_it_still_holds_as_shutdown_once() -> None:
+    from .coordinator_cluster import redis_cluster
+
+    async with redis_cluster(2) as cluster:
+        a, b = cluster.members
+        b.host.subscribed.add("presence/#")
+        b.coordinator.filters_changed(b.host.filters())
+        sessions = [a.host.new_event(f"d{i}") for i in range(5)]
+        for event in sessions:
+            a.coordinator.online(event)
+        with trio.fail_after(5):
+            while len(b.host.presence()) < 5:  # noqa: ASYNC110
+                await trio.sleep(0.01)
+        # The worker stops before its offline reports got through: it leaves instead.
+        with trio.fail_after(5):
+            await a.coordinator.leave()
+            while len(b.host.presence()) < 10:  # noqa: ASYNC110
+                await trio.sleep(0.01)
+        await trio.sleep(0.3)  # nothing more: not a node-lost sweep later
+        offline = [e for e in b.host.presence() if e["status"] == "offline"]
+        assert sorted(str(e["epoch"]) for e in offline) == sorted(e.epoch for e in sessions)
+        assert {e["reason"] for e in offline} == {"shutdown"}

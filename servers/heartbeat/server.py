@@ -454,6 +454,8 @@ class HeartbeatServer:
             while self.connections:  # noqa: ASYNC110
                 await trio.sleep(0.01)
             await self.coordinator.flush()
+        with trio.move_on_after(2.0):
+            await self.coordinator.leave()
 
     # -- status endpoint (servers.status.StatusSource) -------------------------------------
 

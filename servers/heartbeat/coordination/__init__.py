@@ -116,6 +116,13 @@ class Coordinator(abc.ABC):
     async def drain(self) -> None:
         """Wait until every report made so far has been published (a shutdown's first phase)."""
 
+    async def leave(self) -> None:
+        """The worker is stopping and has ended its sessions: settle any whose report did
+        not get through (reason ``shutdown``) and leave, rather than wait to be declared
+        lost. Callers bound it with a cancel scope. Nothing to do where the holder's
+        own process keeps the registry or reports reach it in order (the default)."""
+        return
+
     async def flush(self) -> None:
         """Wait until every report made so far has been published (no barrier with others)."""
         await self.drain()

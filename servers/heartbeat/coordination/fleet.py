@@ -872,6 +872,21 @@ class RedisCoordinator(Coordinator):
         self._remote.pop(dead, None)
         return total
 
+    async def leave(self) -> None:
+        """End what this node still holds in Redis (``shutdown``) and drop its lease.
+
+        A worker stopping with reports still queued would otherwise leave sessions
+        owned by a node nobody renews: a survivor would sweep them as ``node-lost``
+        seconds later, the wrong reason for a clean stop. Compare-and-set as always,
+        so a session whose report did get through is not ended twice.
+        """
+        if self._redis is None:
+            return
+        owned = sorted(_text(m) for m in await self._call(self._redis_().smembers(self.k_owned)))
+        for start in range(0, len(owned), 1000):
+            await self._lose(self.node, owned[start : start + 1000], Offline.SHUTDOWN, "the gateway stopped", False)
+        await self._call(self._redis_().delete([self.k_lease]))  # the others finish our keys at once
+
     async def _lose(self, owner: str, client_ids: list[str], reason: Offline, detail: str, check_lease: bool) -> int:
         """End the online sessions of ``client_ids`` that ``owner`` holds; -1 if its lease is back."""
         if not client_ids:
