@@ -313,6 +313,8 @@ class RedisCoordinator(Coordinator):
         self.offline_ttl = offline_ttl
         self.timeout = timeout
 
+        self._last_renewal: float | None = None
+        self.renew_gap_max = 0.0
         self.k_members = prefix + "members"
         self.k_lease = prefix + "node:" + node
         self.k_owned = prefix + "owned:" + node
@@ -448,6 +450,11 @@ class RedisCoordinator(Coordinator):
         f.gauge("heartbeat_fleet_redis_rtt_seconds", "Round trip of the last Redis call.", self.rtt_last)
         f.gauge("heartbeat_fleet_redis_rtt_avg_seconds", "Moving average of Redis round trips.", self.rtt_avg)
         f.gauge("heartbeat_fleet_connected", "1 while Redis answers.", 1 if self._connected else 0)
+        f.gauge(
+            "heartbeat_fleet_lease_gap_max_seconds",
+            "Longest time between two lease renewals: near the lease, the node risks being declared lost alive.",
+            self.renew_gap_max,
+        )
         f.gauge("heartbeat_fleet_members", "Nodes whose filters this node knows.", len(self._remote))
         return f.families
 
@@ -757,6 +764,19 @@ class RedisCoordinator(Coordinator):
 
     # ---------------------------------------------------------------- renewer
 
+    def _renewed(self) -> None:
+        """Note the gap since the last renewal: one near the lease means this node is
+        close to being declared lost while alive (too busy, or Redis too slow)."""
+        now = time.monotonic()
+        if self._last_renewal is not None:
+            gap = now - self._last_renewal
+            self.renew_gap_max = max(self.renew_gap_max, gap)
+            if gap > self.lease / 2:
+                logger.warning(
+                    "node %s: lease renewed %.1f s after the last (lease %.0f s)", self.node, gap, self.lease
+                )
+        self._last_renewal = now
+
     async def _renewer(self) -> None:
         """Keep the lease; register again (and resynchronise) when it was lost; publish filters."""
         attempt = 0
@@ -765,6 +785,7 @@ class RedisCoordinator(Coordinator):
                 redis = self._redis_()
                 args = [self.node, self._lease_token, str(int(self.lease * 1000))]
                 kept = await self._call(self._s_renew([self.k_lease, self.k_members], args))
+                self._renewed()
                 if kept != 1:
                     if self._registered:
                         logger.warning("node %s: lease was lost; registering again and resynchronising", self.node)
