@@ -465,3 +465,22 @@ async def test_a_node_that_leaves_ends_what_it_still_holds_as_shutdown_once() ->
         offline = [e for e in b.host.presence() if e["status"] == "offline"]
         assert sorted(str(e["epoch"]) for e in offline) == sorted(e.epoch for e in sessions)
         assert {e["reason"] for e in offline} == {"shutdown"}
+
+
+def test_a_late_lease_renewal_is_measured_and_warned(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    coordinator = RedisCoordinator("redis://127.0.0.1:1/0", "slow-node", lease=4.0, renew=1.0)
+    now = [100.0]
+    monkeypatch.setattr(time, "monotonic", lambda: now[0])
+    coordinator._renewed()
+    now[0] += 1.0
+    coordinator._renewed()
+    assert coordinator.renew_gap_max == 1.0 and not caplog.records
+    now[0] += 3.0  # past half the lease: close to being declared lost while alive
+    coordinator._renewed()
+    monkeypatch.undo()
+    assert coordinator.renew_gap_max == 3.0
+    assert any("lease renewed 3.0 s after the last" in r.getMessage() for r in caplog.records)
+    gap = [m for m in coordinator.figures() if m.name == "heartbeat_fleet_lease_gap_max_seconds"]
+    assert gap and gap[0].samples[0].value == 3.0
