@@ -15,9 +15,9 @@ import time
 
 import trio
 
+from loadtest.redis_server import running_redis
 from servers.heartbeat.coordination.fleet import RedisCoordinator
 from servers.heartbeat.presence import PresenceEvent
-from tests.redis_server import running_redis
 
 
 class _Host:

@@ -52,10 +52,11 @@ import psutil
 
 from .devices import Fleet
 from .fleet_judge import classify_drops, judge_sessions, killed_node_view, node_of, sessions_of, takeover_summary
-from .fleet_redis import PresenceReader, RedisServer, stream_length
+from .fleet_redis import PresenceReader, stream_length
 from .generator import GeneratorSpec
 from .live import Live
 from .processes import free_port, start_heartbeat, stop
+from .redis_server import RedisServer
 from .sampler import parse_metrics, process_tree
 from .stats import summary_ms
 from .workload import FILE_BUDGET, DeviceLoad, Timeline, generator_count, specs
@@ -305,7 +306,7 @@ def run_fleet(
     """Run the fleet load test; return the merged results. ``keep_failed``: a failed run
     keeps its scratch directory (presence logs, the stream read, generator results)."""
     workdir = Path(tempfile.mkdtemp(prefix="ik-fleet-"))
-    redis = RedisServer(free_port())
+    redis = RedisServer()
     redis.start()
     gateways: list[Gateway] = []
     reader: PresenceReader | None = None

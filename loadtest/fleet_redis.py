@@ -1,5 +1,5 @@
-"""The fleet load test's Redis: a throwaway ``redis-server`` on a loopback port, and a
-reader of the fleet's presence stream that keeps reading across Redis restarts.
+"""The fleet load test's reader of the fleet's presence stream, which keeps reading
+across Redis restarts (the server itself: :mod:`loadtest.redis_server`).
 
 The reader runs trio and coredis on a thread of its own, so the orchestrator's
 loop (which starts, kills and restarts processes) never waits on it. Each entry
@@ -13,95 +13,20 @@ from __future__ import annotations
 import itertools
 import json
 import math
-import shutil
 import socket
-import subprocess
 import threading
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import coredis
 import trio
 
-__all__ = ["PRESENCE_STREAM", "PresenceReader", "RedisServer", "StreamEvent", "redis_server_binary", "stream_length"]
+__all__ = ["PRESENCE_STREAM", "PresenceReader", "StreamEvent", "stream_length"]
 
 PRESENCE_STREAM = "idlekeeper:presence"
 """The fleet's presence stream (``servers.heartbeat.coordination.fleet``): one entry per
 event, the event's JSON in the field ``event``, the emitting node in ``origin``."""
-
-
-def redis_server_binary() -> str | None:
-    """``redis-server``'s path, if installed (Debian's package puts it in /usr/bin)."""
-    found = shutil.which("redis-server")
-    if found:
-        return found
-    return "/usr/bin/redis-server" if Path("/usr/bin/redis-server").exists() else None
-
-
-def _ping(port: int, timeout: float = 0.5) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
-            s.sendall(b"PING\r\n")
-            return s.recv(64).startswith(b"+PONG")
-    except OSError:
-        return False
-
-
-class RedisServer:
-    """``redis-server`` on ``127.0.0.1:port`` without persistence; stopped by its PID."""
-
-    def __init__(self, port: int, binary: str | None = None) -> None:
-        found = binary or redis_server_binary()
-        if found is None:
-            raise RuntimeError("redis-server is not installed (apt-get install redis-server)")
-        self.binary = found
-        self.port = port
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.restarts = 0
-
-    @property
-    def url(self) -> str:
-        """The URL the gateways are given (``--cluster``)."""
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    @property
-    def pid(self) -> int | None:
-        """The running server's PID (a new one after each restart)."""
-        return None if self.proc is None or self.proc.poll() is not None else self.proc.pid
-
-    def start(self, timeout: float = 10.0) -> None:
-        """Start it and return once it answers PING."""
-        cmd = [self.binary, "--save", "", "--appendonly", "no", "--bind", "127.0.0.1", "--port", str(self.port)]
-        cmd += ["--loglevel", "warning"]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"redis-server exited with {self.proc.returncode} (port {self.port} taken?)")
-            if _ping(self.port):
-                return
-            time.sleep(0.02)
-        self.stop()
-        raise RuntimeError(f"redis-server did not answer on port {self.port} within {timeout} s")
-
-    def stop(self, timeout: float = 10.0) -> None:
-        """SIGTERM it by its PID (SIGKILL after ``timeout``) and reap it."""
-        proc, self.proc = self.proc, None
-        if proc is None or proc.poll() is not None:
-            return
-        proc.terminate()
-        try:
-            proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-    def restart(self) -> None:
-        """Start again on the same port (after :meth:`stop`): an empty server."""
-        self.restarts += 1
-        self.start()
 
 
 @dataclass(frozen=True, slots=True)

@@ -140,7 +140,7 @@ async def redis_cluster(n: int) -> AsyncIterator[Cluster]:
     """``n`` gateways (RedisCoordinators, short leases) on a real ``redis-server``."""
     from servers.heartbeat.coordination.fleet import RedisCoordinator
 
-    redis = RedisServer(require_binary())
+    redis = RedisServer(binary=require_binary())
     redis.start()
     try:
         async with trio.open_nursery() as nursery:

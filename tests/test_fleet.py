@@ -31,7 +31,7 @@ PREFIX = "idlekeeper:"
 
 @pytest.fixture
 def redis_server() -> Iterator[RedisServer]:
-    server = RedisServer(require_binary())
+    server = RedisServer(binary=require_binary())
     server.start()
     yield server
     server.stop()

@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @pytest.fixture
 def redis() -> Iterator[RedisServer]:
-    server = RedisServer(require_binary())
+    server = RedisServer(binary=require_binary())
     server.start()
     yield server
     server.stop()

@@ -13,7 +13,7 @@ import pytest
 
 from loadtest.fleet import FleetLoad, fleet_specs, passed, plan_fleet, report, run_fleet
 from loadtest.fleet_judge import classify_drops, judge_sessions, killed_node_view, node_of, sessions_of
-from loadtest.fleet_redis import redis_server_binary
+from loadtest.redis_server import redis_server_binary
 
 
 def _ev(status: str, epoch: str, reason: str | None = None, node: str = "gw0/w0/1", t: float = 100.0) -> dict[str, Any]:
