@@ -15,12 +15,28 @@ from .sampler import Sample
 from .stats import summary_ms
 from .workload import DeviceLoad, Timeline
 
-__all__ = ["merge", "passed", "report", "server_view", "write_outputs"]
+__all__ = ["Arrived", "merge", "passed", "report", "server_view", "write_outputs"]
 
 
 def _window(samples: list[Sample], start: float, end: float) -> tuple[Sample, Sample] | None:
     inside = [s for s in samples if start <= s.t <= end]
     return (inside[0], inside[-1]) if len(inside) >= 2 else None
+
+
+class Arrived:
+    """The generators' results that arrived (a generator that died leaves a ``missing``
+    stub), with their figures summed or joined by key."""
+
+    def __init__(self, results: list[dict[str, Any]]) -> None:
+        self.ok = [r for r in results if not r.get("missing")]
+
+    def total(self, key: str) -> int:
+        """A count, summed over the generators."""
+        return int(sum(r[key] for r in self.ok))
+
+    def joined(self, key: str) -> list[Any]:
+        """A list, concatenated over the generators."""
+        return [v for r in self.ok for v in r[key]]
 
 
 def merge(
@@ -32,13 +48,8 @@ def merge(
     stall_at: dict[str, float],
 ) -> dict[str, Any]:
     """Fold the generators' results and the samples into one report."""
-    ok = [r for r in results if not r.get("missing")]
-
-    def total(key: str) -> int:
-        return int(sum(r[key] for r in ok))
-
-    def joined(key: str) -> list[Any]:
-        return [v for r in ok for v in r[key]]
+    arrived = Arrived(results)
+    ok, total, joined = arrived.ok, arrived.total, arrived.joined
 
     connack = sorted(joined("connack_times"))
     connected = len(connack)

@@ -50,6 +50,7 @@ from typing import Any
 
 import psutil
 
+from .device_results import Arrived
 from .devices import Fleet
 from .fleet_judge import classify_drops, judge_sessions, killed_node_view, node_of, sessions_of, takeover_summary
 from .fleet_redis import PresenceReader, stream_length
@@ -57,7 +58,7 @@ from .generator import GeneratorSpec
 from .live import Live
 from .processes import free_port, start_heartbeat, stop
 from .redis_server import RedisServer
-from .sampler import parse_metrics, process_tree
+from .sampler import Metrics, parse_metrics, process_tree
 from .stats import summary_ms
 from .workload import FILE_BUDGET, DeviceLoad, Timeline, generator_count, specs
 
@@ -229,32 +230,27 @@ class Gateway:
                 total += p.memory_info().rss
         self.rss.append((now, total))
 
-    def queued(self) -> float:
-        """Reports its workers' coordinators still hold for Redis (``heartbeat_fleet_queued``); NaN if unknown."""
-        total = 0.0
+    def metrics(self) -> Metrics | None:
+        """Its workers' ``/metrics`` pages, summed; None if one does not answer."""
+        total = Metrics()
         for i in range(self.workers):
             try:
                 url = f"http://127.0.0.1:{self.status_port + i}/metrics"
                 with urllib.request.urlopen(url, timeout=2.0) as resp:
-                    text = resp.read().decode()
+                    total.add(parse_metrics(resp.read().decode()))
             except (OSError, ValueError):
-                return math.nan
-            for line in text.splitlines():
-                if line.startswith("heartbeat_fleet_queued"):
-                    total += float(line.rsplit(" ", 1)[1])
+                return None
         return total
+
+    def queued(self) -> float:
+        """Reports its workers' coordinators still hold for Redis (``heartbeat_fleet_queued``); NaN if unknown."""
+        m = self.metrics()
+        return math.nan if m is None else m.fleet_queued
 
     def online(self) -> float:
         """Devices online by the workers' own /metrics (NaN if one does not answer)."""
-        total = 0.0
-        for i in range(self.workers):
-            try:
-                url = f"http://127.0.0.1:{self.status_port + i}/metrics"
-                with urllib.request.urlopen(url, timeout=2.0) as resp:
-                    total += parse_metrics(resp.read().decode()).online
-            except (OSError, ValueError):
-                return math.nan
-        return total
+        m = self.metrics()
+        return math.nan if m is None else m.online
 
 
 def start_gateways(load: FleetLoad, redis: RedisServer, workdir: Path) -> list[Gateway]:
@@ -424,13 +420,8 @@ def merge_fleet(
     online_at_settle: dict[str, float],
 ) -> dict[str, Any]:
     """Fold the generators' results, the feed and the samples into one report."""
-    ok = [r for r in results if not r.get("missing")]
-
-    def total(key: str) -> int:
-        return int(sum(r[key] for r in ok))
-
-    def joined(key: str) -> list[Any]:
-        return [v for r in ok for v in r[key]]
+    arrived = Arrived(results)
+    ok, total, joined = arrived.ok, arrived.total, arrived.joined
 
     window = 1.5 * load.keepalive
     sessions = sessions_of(((e.incarnation, e.event) for e in reader.events), logs)

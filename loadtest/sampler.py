@@ -42,6 +42,8 @@ class Metrics:
     lag_sum: float = 0.0
     stall_saves: float = 0.0
     expired: dict[str, float] = field(default_factory=dict)
+    fleet_queued: float = 0.0
+    """Reports a fleet node's coordinator still holds for Redis."""
 
     def add(self, other: Metrics) -> None:
         """Fold another worker's page into this one."""
@@ -51,6 +53,7 @@ class Metrics:
         self.lag_count += other.lag_count
         self.lag_sum += other.lag_sum
         self.stall_saves += other.stall_saves
+        self.fleet_queued += other.fleet_queued
         for reason, n in other.expired.items():
             self.expired[reason] = self.expired.get(reason, 0.0) + n
 
@@ -70,6 +73,8 @@ def parse_metrics(text: str) -> Metrics:
                 m.lag_count += value
             elif name == "idlekeeper_reaper_lag_seconds_sum":
                 m.lag_sum += value
+            elif name == "heartbeat_fleet_queued":
+                m.fleet_queued += value
             elif name == "idlekeeper_stall_saves_total":
                 m.stall_saves += value
             elif name == "idlekeeper_expired_total" and "reason" in labels:

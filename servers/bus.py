@@ -39,6 +39,7 @@ class Link:
         self.inbox = bytearray()
         self.outbox = bytearray()
         self.open = True
+        self.writable_wanted = False
 
     def send(self, data: bytes) -> None:
         """Queue ``data``; it is written as the peer reads."""
@@ -157,9 +158,12 @@ class Hub:
             self._flush(link, drop_on_error=False)
 
     def _want_write(self, link: Link) -> None:
-        # Ask for writability only while there is something to write, or select spins.
-        events = selectors.EVENT_READ | (selectors.EVENT_WRITE if link.outbox else 0)
-        self._sel.modify(link.sock, events, None)
+        # Ask for writability only while there is something to write, or select spins;
+        # and change the registration only when that changes (a syscall per send otherwise).
+        wanted = bool(link.outbox)
+        if wanted != link.writable_wanted:
+            link.writable_wanted = wanted
+            self._sel.modify(link.sock, selectors.EVENT_READ | (selectors.EVENT_WRITE if wanted else 0), None)
 
     def _drop(self, link: Link, overflowed: bool = False) -> None:
         if not link.open:

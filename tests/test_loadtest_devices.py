@@ -103,6 +103,7 @@ def _page(worker: str, reason: str = "idle") -> str:
     f.histogram("idlekeeper_reaper_lag_seconds", "Lag.", [(0.01, 3), (0.05, 9), (0.1, 10), (math.inf, 10)], 0.2)
     f.counter("idlekeeper_stall_saves_total", "Saves.", 4)
     f.counter_by("idlekeeper_expired_total", "Expired.", "reason", {reason: 5})
+    f.gauge("heartbeat_fleet_queued", "Reports waiting for Redis.", 3)
     registry = CollectorRegistry()
     registry.register(LiveCollector(lambda: f.families))
     return render(registry).decode()
@@ -113,6 +114,7 @@ def test_metrics_pages_fold_over_workers() -> None:
     two = parse_metrics(_page("1"))
     one.add(two)
     assert one.online == 14 and one.stall_saves == 8 and one.lag_count == 20
+    assert one.fleet_queued == 6  # what the fleet load test waits to see drained
     assert one.expired == {"idle": 10}
     assert histogram_quantile(one.lag_buckets, 0.5) == 0.05
     assert histogram_quantile(one.lag_buckets, 0.99) == 0.1

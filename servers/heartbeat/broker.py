@@ -9,12 +9,12 @@ topic costs O(1) per publish however many devices there are; wildcard filters
 from __future__ import annotations
 
 import collections
-from collections.abc import Hashable
+from collections.abc import Collection, Hashable
 from typing import Any, Generic, Protocol, TypeVar
 
 from .encoders import encode_publish
 
-__all__ = ["Broker", "Subscriber", "Subscriptions", "topic_matches"]
+__all__ = ["Broker", "Subscriber", "Subscriptions", "matches_any", "topic_matches"]
 
 K = TypeVar("K", bound=Hashable)
 
@@ -39,6 +39,11 @@ def topic_matches(topic_filter: str, topic: str) -> bool:
         if i >= count or (part != "+" and part != levels[i]):
             return False
     return len(parts) == count
+
+
+def matches_any(filters: Collection[str], topic: str) -> bool:
+    """Whether any of ``filters`` matches ``topic`` (an exact filter is found at once)."""
+    return topic in filters or any(topic_matches(f, topic) for f in filters)
 
 
 def _is_wildcard(topic_filter: str) -> bool:

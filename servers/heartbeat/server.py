@@ -304,12 +304,9 @@ class HeartbeatServer:
 
     async def _send(self, conn: Connection, data: bytes) -> None:
         if conn.outbox is not None:
-            self._enqueue(conn, data)
+            self.broker.enqueue(conn, data)
         else:
             await conn.stream.send_all(data)
-
-    def _enqueue(self, conn: Connection, data: bytes) -> None:
-        self.broker.enqueue(conn, data)
 
     def _start_writer(self, conn: Connection) -> None:
         if conn.outbox is not None:

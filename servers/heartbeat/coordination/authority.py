@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from ...bus import Link
-from ..broker import topic_matches
+from ..broker import matches_any
 from ..presence import Offline, PresenceEvent, PresenceSink
 from . import publish_to_sinks
 from .frames import (
@@ -235,7 +235,7 @@ class Authority:
         for peer in list(self._peers.values()):
             if peer is skip or not peer.filters:
                 continue
-            if frame.topic in peer.filters or any(topic_matches(f, frame.topic) for f in peer.filters):
+            if matches_any(peer.filters, frame.topic):
                 line = line or encode(frame)
                 peer.link.send(line)
 

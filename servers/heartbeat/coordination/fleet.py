@@ -70,7 +70,7 @@ import coredis
 import trio
 
 from ...prometheus import Families, Metric
-from ..broker import topic_matches
+from ..broker import matches_any
 from ..presence import Offline, PresenceEvent, PresenceSink
 from . import Coordinator, Health, Host, publish_to_sinks
 from .registry import takeover_of
@@ -379,7 +379,7 @@ class RedisCoordinator(Coordinator):
 
     def route(self, topic: str, payload: bytes, qos: int) -> None:
         """Queue ``topic`` for the other nodes whose subscribers' filters match it (if any)."""
-        if not any(n != self.node and _matches_any(f, topic) for n, f in self._remote.items()):
+        if not any(n != self.node and matches_any(f, topic) for n, f in self._remote.items()):
             self.route_skipped += 1
             return
         self._enqueue(_Report("route", topic=topic, payload=payload, qos=qos))
@@ -596,7 +596,7 @@ class RedisCoordinator(Coordinator):
         """The script call that applies ``report`` (on ``client``: a connection or a pipeline),
         and what to do with its reply; None if there is nothing to send."""
         if report.kind == "route":
-            targets = [n for n, f in self._remote.items() if n != self.node and _matches_any(f, report.topic)]
+            targets = [n for n, f in self._remote.items() if n != self.node and matches_any(f, report.topic)]
             if not targets:
                 return None
             data = _encode_route(report.topic, report.payload, report.qos)
@@ -933,7 +933,3 @@ class RedisCoordinator(Coordinator):
 
 def _json(event: PresenceEvent) -> str:
     return json.dumps(event.to_dict(), separators=(",", ":"))
-
-
-def _matches_any(filters: frozenset[str], topic: str) -> bool:
-    return topic in filters or any(topic_matches(f, topic) for f in filters)

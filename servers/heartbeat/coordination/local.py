@@ -23,11 +23,12 @@ import logging
 import os
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import trio
 
 from ...prometheus import Families, Metric
-from ..broker import topic_matches
+from ..broker import matches_any
 from ..presence import PresenceEvent, PresenceSink
 from . import Coordinator, Health, Host, publish_to_sinks
 from .frames import (
@@ -61,6 +62,14 @@ _BEHIND = 2.0  # seconds an unacknowledged report may wait before /healthz says 
 _ORPHAN_AFTER = 5.0  # seconds of failed reconnections after which the supervisor is presumed gone
 
 
+@dataclass
+class _Lookup:
+    """A question to the authority, waiting for its answer."""
+
+    done: trio.Event = field(default_factory=trio.Event)
+    answer: PresenceEvent | None = None
+
+
 class BusCoordinator(Coordinator):
     """Reports to the authority at the Unix socket ``path``; see the module's docstring."""
 
@@ -87,8 +96,7 @@ class BusCoordinator(Coordinator):
         self._out: list[bytes] = []
         self._wake = trio.Event()
         self._remote: frozenset[str] = frozenset()
-        self._lookups: dict[int, list[PresenceEvent | None]] = {}
-        self._lookup_events: dict[int, trio.Event] = {}
+        self._lookups: dict[int, _Lookup] = {}
         self._requests = itertools.count(1)
         self._acked = trio.Event()
         self._close_subscribers = trio.Event()
@@ -121,7 +129,7 @@ class BusCoordinator(Coordinator):
         remote = self._remote
         if self.orphaned or not remote:
             return
-        if topic in remote or any(topic_matches(f, topic) for f in remote):
+        if matches_any(remote, topic):
             self.routed += 1
             self._send(Routed(topic, payload, qos))
 
@@ -154,12 +162,12 @@ class BusCoordinator(Coordinator):
         if not self.connected:
             return None
         request = next(self._requests)
-        done = self._lookup_events[request] = trio.Event()
+        pending = self._lookups[request] = _Lookup()
         self._send(Lookup(request, client_id))
         with trio.move_on_after(self.lookup_timeout):
-            await done.wait()
-        self._lookup_events.pop(request, None)
-        return (self._lookups.pop(request, None) or [None])[0]
+            await pending.done.wait()
+        del self._lookups[request]
+        return pending.answer
 
     async def flush(self) -> None:
         """Wait until every report is acknowledged (or the supervisor is gone)."""
@@ -298,9 +306,10 @@ class BusCoordinator(Coordinator):
         elif isinstance(frame, RemoteFilters):
             self._remote = frame.filters
         elif isinstance(frame, Found):
-            if frame.request in self._lookup_events:
-                self._lookups[frame.request] = [frame.event]
-                self._lookup_events[frame.request].set()
+            pending = self._lookups.get(frame.request)
+            if pending is not None:
+                pending.answer = frame.event
+                pending.done.set()
         elif isinstance(frame, CloseSubscribers):
             self._close_subscribers.set()
 
@@ -320,8 +329,8 @@ class BusCoordinator(Coordinator):
             self._alone_apply(frame)
         self._acked.set()
         self._close_subscribers.set()
-        for event in self._lookup_events.values():
-            event.set()
+        for question in self._lookups.values():
+            question.done.set()
 
     def _alone_apply(self, frame: Claimed | Ended) -> None:
         registry = self._alone
