@@ -114,3 +114,18 @@ def test_a_claim_that_crossed_a_newer_one_loses_unpublished() -> None:
     assert claim.emit == [] and claim.evict is older
     assert reg.get("d") is newer
     assert reg.offline(offline("d", "a1", 0)) is None  # its holder's report after closing it: nothing
+
+
+def test_frames_carry_an_event_s_exact_time_for_ordering_claims() -> None:
+    """Two accepts in one millisecond must keep their order across the wire (the
+    presence log's milliseconds lost it: a newer session was taken over by an older)."""
+    from servers.heartbeat.coordination.frames import Claimed, decode, encode
+
+    older = PresenceEvent("online", "d", "peer", None, 0.0, 1795434098.1051, worker=0, epoch="a1")
+    newer = PresenceEvent("online", "d", "peer", None, 0.0, 1795434098.1053, worker=1, epoch="b1")
+    a, b = (decode(encode(Claimed(i, e))) for i, e in enumerate((older, newer)))
+    assert isinstance(a, Claimed) and isinstance(b, Claimed)
+    reg = Registry()
+    reg.online(b.event)
+    claim = reg.online(a.event)  # the older, reported last
+    assert claim.emit == [] and claim.evict is not None and claim.evict.epoch == "a1"

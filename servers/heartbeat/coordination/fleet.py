@@ -255,7 +255,7 @@ def _record_fields(event: PresenceEvent, owner: str) -> list[str]:
         "node", event.node,
         "worker", str(event.worker),
         "peer", event.peer,
-        "time", repr(round(event.time, 3)),
+        "time", repr(event.time),  # exact: crossing claims are ordered by it
         "reason", "" if event.reason is None else event.reason.value,
         "keep_alive", str(event.keep_alive),
         "owner", owner,
@@ -623,7 +623,7 @@ class RedisCoordinator(Coordinator):
         assert event.client_id is not None
         detail = takeover_of(event, event).detail
         args = [self.prefix, self.node, event.client_id, event.epoch, _json(event), str(self.stream_maxlen), mode]
-        args += [detail, repr(round(event.time, 3)), *_record_fields(event, self.node)]
+        args += [detail, repr(event.time), *_record_fields(event, self.node)]
         keys = [self._dev(event.client_id), self.k_stream, self.k_owned]
         return self._s_claim(keys, args, client=client)
 

@@ -177,7 +177,9 @@ _TYPES: dict[str, type[Frame]] = {
 
 def _to_wire(value: object) -> object:
     if isinstance(value, PresenceEvent):
-        return {"$event": value.to_dict()}
+        # The exact time, not to_dict's milliseconds: the registry orders crossing
+        # claims by it, and two workers' accepts can fall in the same millisecond.
+        return {"$event": {**value.to_dict(), "time": value.time}}
     if isinstance(value, bytes):
         return {"$b64": base64.b64encode(value).decode()}
     if isinstance(value, frozenset):
