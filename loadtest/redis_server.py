@@ -16,7 +16,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from .processes import free_port
+from .processes import free_port, stop
 
 __all__ = ["RedisServer", "redis_server_binary", "running_redis"]
 
@@ -81,14 +81,8 @@ class RedisServer:
     def stop(self, timeout: float = 10.0) -> None:
         """SIGTERM it by its PID (SIGKILL after ``timeout``) and reap it."""
         proc, self.proc = self.proc, None
-        if proc is None or proc.poll() is not None:
-            return
-        proc.terminate()
-        try:
-            proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        if proc is not None:
+            stop(proc, timeout)
 
     def restart(self) -> None:
         """Stop it (if running), then start an empty server on the same port."""

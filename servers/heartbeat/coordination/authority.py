@@ -197,7 +197,7 @@ class Authority:
 
     def _holder(self, event: PresenceEvent) -> _Peer | None:
         for peer in list(self._peers.values()):
-            if peer.worker == event.worker and event.epoch.startswith(f"{peer.worker}.{peer.pid}."):
+            if _held_by(peer.worker, peer.pid)(event):
                 return peer
         return None  # detached: the worker learns it when it resynchronises
 
