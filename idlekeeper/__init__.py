@@ -9,33 +9,43 @@ See :func:`open_keeper`, :meth:`Keeper.watch` and :class:`WatchedStream`.
 """
 
 from .deadlines import ConnectionDeadlines, Reason
+from .engine import Engine, open_engine, serve_protocol
 from .epochs import Epoch, EpochClock
 from .keeper import Keeper, open_keeper
+from .protocol import EngineClosed, Expired, Protocol
 from .serve import Handler, serve_listeners, serve_tcp
 from .stats import KeeperStats, LagHistogram
 from .timers import TimerHandle, Timers
+from .transport import Transport
 from .watch import ExpireHook, Watch, WatchedStream, WatchState
 from .wheel import TimingWheel, WheelEntry
 
 __all__ = [
     "ConnectionDeadlines",
+    "Engine",
+    "EngineClosed",
     "Epoch",
     "EpochClock",
+    "Expired",
     "ExpireHook",
     "Handler",
     "Keeper",
     "KeeperStats",
     "LagHistogram",
+    "Protocol",
     "Reason",
     "TimerHandle",
     "Timers",
+    "Transport",
     "TimingWheel",
     "Watch",
     "WatchState",
     "WatchedStream",
     "WheelEntry",
+    "open_engine",
     "open_keeper",
     "serve_listeners",
+    "serve_protocol",
     "serve_tcp",
 ]
 

@@ -125,6 +125,19 @@ class Keeper:
             if stream is None
             else WatchedStream(self, stream, socket, close=close, stall_check=check, on_expire=on_expire)
         )
+        self._configure(watch, idle, receive, send, deadline, max_age)
+        return watch
+
+    def _configure(
+        self,
+        watch: Watch,
+        idle: float | None,
+        receive: float | None,
+        send: float | None,
+        deadline: float | None,
+        max_age: float | None,
+    ) -> None:
+        """Set a new watch's first deadlines (before it is started, so nothing is filed yet)."""
         now = trio.current_time()
         if idle is not None:
             watch.set_idle_timeout(idle, now)
@@ -136,7 +149,6 @@ class Keeper:
         if max_age is not None:
             when = min(when, now + max_age)
         watch.set_deadline(when)
-        return watch
 
     def call_at(self, when: float, callback: Callable[..., object], *args: Any) -> TimerHandle:
         """Run ``callback(*args)`` from the reaper once, no earlier than trio time ``when``.

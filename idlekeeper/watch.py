@@ -117,7 +117,9 @@ class Watch(ConnectionDeadlines):
         super().__init__()
         self._owner = owner
         self._epochs = owner.epochs
-        self._scope = trio.CancelScope()
+        # Made when first needed: a connection served without a task of its own never
+        # enters one, and a scope is a few hundred bytes of each of a million watches.
+        self._scope: trio.CancelScope | None = None
         self._socket = socket
         # Two booleans in one slot: a slot more would carry every watch over one of
         # the allocator's 16-byte size classes, and a million watches walked by the
@@ -139,7 +141,7 @@ class Watch(ConnectionDeadlines):
     def __enter__(self) -> Watch:
         if self._state is not _NEW:
             raise RuntimeError("a Watch can be entered only once")
-        self._scope.__enter__()
+        self.cancel_scope.__enter__()
         self.start()
         return self
 
@@ -150,7 +152,7 @@ class Watch(ConnectionDeadlines):
         tb: TracebackType | None,
     ) -> bool:
         self.stop()
-        return self._scope.__exit__(exc_type, exc, tb)
+        return self.cancel_scope.__exit__(exc_type, exc, tb)
 
     def start(self) -> None:
         """Begin keeping this watch's deadlines without a ``with`` block.
@@ -192,6 +194,8 @@ class Watch(ConnectionDeadlines):
     @property
     def cancel_scope(self) -> trio.CancelScope:
         """The scope the keeper cancels on expiry."""
+        if self._scope is None:
+            self._scope = trio.CancelScope()
         return self._scope
 
     @property
@@ -282,7 +286,7 @@ class Watch(ConnectionDeadlines):
         """End the watched block from outside, as an expiry does but with no reason:
         cancel its scope and, if the watch closes on expiry, close its socket
         (a takeover or a shutdown, say). Synchronous and O(1)."""
-        self._scope.cancel()
+        self.cancel_scope.cancel()
         if self._flags & CLOSE_ON_EXPIRY and self._socket is not None:
             close = getattr(self._socket, "close", None)
             if close is not None:

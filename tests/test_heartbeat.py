@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from functools import partial
 
@@ -19,7 +19,8 @@ from servers.heartbeat.auth import PasswordFile
 from servers.heartbeat.coordination.inprocess import InProcessCoordinator
 from servers.heartbeat.presence import Offline, PresenceEvent
 from servers.heartbeat.reader import PacketReader
-from servers.heartbeat.server import HeartbeatConfig, HeartbeatServer, serve_heartbeat
+from servers.heartbeat.server import HeartbeatConfig, HeartbeatServer
+from servers.heartbeat.worker import serve_heartbeat
 
 TICK = 0.1
 
@@ -86,12 +87,24 @@ def publish_topic(packet: bytes) -> tuple[str, bytes]:
     return pub.topic, pub.payload
 
 
+_ENGINE = ["dense"]
+
+
+@pytest.fixture(autouse=True, params=["dense", "streams"])
+def engine(request: pytest.FixtureRequest) -> Iterator[str]:
+    """Every test here runs on both engines: the same MQTT behaviour either way."""
+    _ENGINE[0] = request.param
+    yield request.param
+    _ENGINE[0] = "dense"
+
+
 @asynccontextmanager
 async def running(config: HeartbeatConfig | None = None) -> AsyncIterator[tuple[HeartbeatServer, list[PresenceEvent]]]:
     events: list[PresenceEvent] = []
     cfg = config or HeartbeatConfig(port=0, tick=TICK, connect_timeout=5)
     cfg.port = 0
     cfg.tick = TICK
+    cfg.engine = _ENGINE[0]
     cfg.extra_sinks.append(events.append)
     async with trio.open_nursery() as nursery:
         server = await nursery.start(partial(serve_heartbeat, cfg))
@@ -287,7 +300,7 @@ async def test_auth_and_connection_cap(clock: MockClock) -> None:
 
 async def test_shutdown_emits_offline_for_everyone(clock: MockClock) -> None:
     events: list[PresenceEvent] = []
-    cfg = HeartbeatConfig(port=0, tick=TICK)
+    cfg = HeartbeatConfig(port=0, tick=TICK, engine=_ENGINE[0])
     cfg.extra_sinks.append(events.append)
     async with trio.open_nursery() as nursery:
         server = await nursery.start(partial(serve_heartbeat, cfg))
@@ -302,7 +315,7 @@ async def test_graceful_shutdown_tells_subscribers_before_closing_them(clock: Mo
     """SIGTERM's path: devices end first, every subscriber hears each one go offline,
     then the subscribers are closed (cancelling alone would close them at once)."""
     events: list[PresenceEvent] = []
-    cfg = HeartbeatConfig(port=0, tick=TICK)
+    cfg = HeartbeatConfig(port=0, tick=TICK, engine=_ENGINE[0])
     cfg.extra_sinks.append(events.append)
     n = 200
     async with trio.open_nursery() as nursery:

@@ -22,7 +22,8 @@ from .coordination import Coordinator
 from .coordination.authority import Authority
 from .coordination.local import BusCoordinator
 from .presence import PresenceLog, PresenceSink
-from .server import HeartbeatConfig, HeartbeatServer, serve_heartbeat
+from .server import ENGINES, HeartbeatConfig, HeartbeatServer
+from .worker import serve_heartbeat
 
 DESCRIPTION = """\
 MQTT 3.1.1 keep-alive presence server. Devices connect with any MQTT client;
@@ -54,6 +55,13 @@ def parser() -> argparse.ArgumentParser:
         type=int,
         default=3600,
         help="server-side cap on a client's keep-alive, in seconds (default: 3600)",
+    )
+    a(
+        "--engine",
+        choices=ENGINES,
+        default="dense",
+        help="dense: one task serves every connection (the default, ~1 KiB per device); "
+        "streams: a trio task per connection (default: dense)",
     )
     a("--send-timeout", type=float, default=30.0, help="seconds a subscriber may stall our sends (default: 30)")
     a("--max-packet-size", type=int, default=256 * 1024, help="largest accepted packet in bytes (default: 262144)")
@@ -111,6 +119,7 @@ def config_from(args: argparse.Namespace, worker: int) -> HeartbeatConfig:
         send_timeout=args.send_timeout,
         max_packet_size=args.max_packet_size,
         max_connections=args.max_connections,
+        engine=args.engine,
         auth=PasswordFile.load(args.auth_file) if args.auth_file else None,
     )
     if args.cluster:

@@ -8,9 +8,8 @@ topic costs O(1) per publish however many devices there are; wildcard filters
 
 from __future__ import annotations
 
-import collections
 from collections.abc import Collection, Hashable
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Generic, Protocol, TypeVar
 
 from .encoders import encode_publish
 
@@ -111,12 +110,14 @@ class Subscriptions(Generic[K]):
 
 
 class Subscriber(Hashable, Protocol):
-    """A connection that receives messages: its queue, the event that wakes its
-    writer, and the counter of its QoS 1 packet ids."""
+    """A connection that receives messages: where they are queued, and the counter
+    of its QoS 1 packet ids."""
 
-    outbox: collections.deque[bytes] | None
-    wake: Any
     msg_id: int
+
+    def push(self, data: bytes, limit: int) -> bool:
+        """Queue ``data`` to be written; False if a message was dropped to make room
+        (more than ``limit`` queued)."""
 
 
 S = TypeVar("S", bound=Subscriber)
@@ -125,9 +126,10 @@ S = TypeVar("S", bound=Subscriber)
 class Broker(Generic[S]):
     """This process's subscribers: who gets a message, encoded once, queued per subscriber.
 
-    Writing the queues out is the server's job (one writer task per subscriber);
-    the broker only decides and queues, so it stays free of I/O. A subscriber that
-    falls ``outbox_limit`` messages behind loses its oldest ones (counted).
+    Writing the queues out is the server's job (a writer task per subscriber, or
+    the dense engine's write queue); the broker only decides and queues, so it
+    stays free of I/O. A subscriber that falls ``outbox_limit`` messages behind
+    loses messages (counted).
     """
 
     def __init__(self, max_qos: int, outbox_limit: int = 50_000) -> None:
@@ -154,13 +156,6 @@ class Broker(Generic[S]):
         return len(targets)
 
     def enqueue(self, sub: S, data: bytes) -> None:
-        """Queue bytes for one subscriber and wake its writer."""
-        outbox = sub.outbox
-        if outbox is None:
-            return
-        if len(outbox) >= self.outbox_limit:
-            outbox.popleft()
+        """Queue bytes for one subscriber."""
+        if not sub.push(data, self.outbox_limit):
             self.dropped += 1
-        outbox.append(data)
-        if sub.wake is not None:
-            sub.wake.set()

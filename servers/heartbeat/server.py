@@ -15,15 +15,13 @@ watched stream, and the keeper's one reaper enforces all of them:
 from __future__ import annotations
 
 import collections
-import contextlib
 import itertools
 import logging
 import math
 import os
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from functools import partial
 
 import trio
 
@@ -31,7 +29,6 @@ import idlekeeper
 from idlekeeper import Reason
 
 from ..config import WorkerConfig
-from ..listeners import open_listeners, port_of
 from ..prometheus import Families, Metric, render, worker_registry
 from .auth import AuthResult, PasswordFile
 from .broker import Broker
@@ -40,15 +37,12 @@ from .coordination.authority import epoch_of
 from .coordination.inprocess import InProcessCoordinator
 from .packets import ProtocolError
 from .presence import Offline, PresenceEvent, PresenceSink
-from .reader import PacketReader
 from .session import (
     DEFAULT_MAX_QOS,
     DEFAULT_PRESENCE_PREFIX,
     Accept,
     AddSubscription,
     RemoveSubscription,
-    Route,
-    Send,
     Session,
     State,
 )
@@ -56,6 +50,9 @@ from .session import (
 __all__ = ["Connection", "HeartbeatConfig", "HeartbeatServer"]
 
 logger = logging.getLogger("servers.heartbeat")
+
+ENGINES = ("dense", "streams")
+"""How connections are served: see :mod:`.dense` and :mod:`.streams`."""
 
 # A subscriber that falls this far behind loses its oldest queued messages.
 OUTBOX_LIMIT = 50_000
@@ -77,6 +74,8 @@ class HeartbeatConfig(WorkerConfig):
     """Topic prefix of presence events; devices' own publishes under it are dropped."""
     max_qos: int = DEFAULT_MAX_QOS
     """Highest QoS granted to subscribers and routed for publishers: 0 or 1."""
+    engine: str = "dense"
+    """``dense`` (one task serves every connection) or ``streams`` (a task per connection)."""
     max_device_records: int = 1_000_000
     """Presence records kept for /devices; the longest-offline are forgotten first."""
     auth: PasswordFile | None = None
@@ -89,25 +88,21 @@ class HeartbeatConfig(WorkerConfig):
         # Delivery to subscribers has no QoS 2 exchange (PUBREC/PUBREL/PUBCOMP outbound).
         if self.max_qos not in (0, 1):
             raise ValueError(f"max_qos must be 0 or 1, not {self.max_qos}")
+        if self.engine not in ENGINES:
+            raise ValueError(f"engine must be one of {', '.join(ENGINES)}, not {self.engine!r}")
 
 
 class Connection:
-    """One client connection, as the server sees it."""
+    """One client connection, as the server sees it, whichever engine serves it.
 
-    __slots__ = (
-        "ended_by",
-        "finished",
-        "msg_id",
-        "online",
-        "outbox",
-        "peer",
-        "session",
-        "stream",
-        "wake",
-        "writer",
-    )
+    ``stream`` is the connection's watch: a watched stream (streams engine) or a
+    dense engine's transport; both carry the deadlines the server sets per phase.
+    Subclasses say how bytes reach a subscriber (:meth:`push`).
+    """
 
-    def __init__(self, stream: idlekeeper.WatchedStream, peer: str, session: Session) -> None:
+    __slots__ = ("ended_by", "finished", "msg_id", "online", "peer", "session", "stream")
+
+    def __init__(self, stream: idlekeeper.Watch, peer: str, session: Session) -> None:
         self.stream = stream
         self.peer = peer
         self.online: PresenceEvent | None = None
@@ -115,9 +110,6 @@ class Connection:
         self.session = session
         self.ended_by: Offline | None = None
         self.finished = False
-        self.outbox: collections.deque[bytes] | None = None
-        self.wake: trio.Event | None = None
-        self.writer: trio.CancelScope | None = None
         self.msg_id = 0
 
     def silent_for(self, now: float | None = None) -> float:
@@ -130,13 +122,25 @@ class Connection:
             self.ended_by = reason
         self.stream.cancel()
 
+    @property
+    def subscriber(self) -> bool:
+        """Whether the client has subscribed (it then receives messages)."""
+        raise NotImplementedError
 
-def _flushed(conn: Connection) -> bool:
-    """A subscriber whose writer has sent everything queued and waits for more."""
-    return not conn.outbox and conn.wake is not None and not conn.wake.is_set()
+    def flushed(self) -> bool:
+        """Whether everything queued for the client has been handed to the kernel."""
+        raise NotImplementedError
+
+    def push(self, data: bytes, limit: int) -> bool:
+        """Queue a message for the client; False if one was dropped to make room."""
+        raise NotImplementedError
+
+    def stop_writing(self) -> None:
+        """The connection ended: stop whatever sends its queue."""
 
 
-def _peer_of(stream: idlekeeper.WatchedStream) -> str:
+def peer_of(stream: idlekeeper.Watch) -> str:
+    """``host:port`` of the client, for logs and presence events."""
     sock = stream.socket
     try:
         host, port = sock.getpeername()[:2]  # type: ignore[union-attr]
@@ -164,7 +168,8 @@ class HeartbeatServer:
     ) -> None:
         self.config = config
         self.keeper = keeper
-        self._nursery = nursery
+        self.nursery = nursery
+        """Where the server starts its tasks (password checks, writers)."""
         self.coordinator: Coordinator = coordinator or InProcessCoordinator(
             config.extra_sinks, presence_prefix=config.presence_prefix, max_records=config.max_device_records
         )
@@ -177,109 +182,52 @@ class HeartbeatServer:
         self._announced: set[str] = set()
         self._epochs = itertools.count(1)
         self._pid = os.getpid()
-        self.accepting = trio.CancelScope()
-        """Cancelled to stop accepting connections (the first step of a shutdown)."""
+        self.engine: idlekeeper.Engine | None = None
+        """The dense engine serving the connections, if that is the engine."""
+        self.stop_accepting: Callable[[], None] = lambda: None
+        """Closes the listeners (the first step of a shutdown); set by the engine serving them."""
         self._registry = worker_registry(keeper.stats, {"worker": str(config.worker)}, self.figures)
 
-    # -- the connection loop ------------------------------------------------------
+    # -- what both engines share: each step of a connection's life, synchronous ---------
 
-    async def handle(self, stream: idlekeeper.WatchedStream) -> None:
-        """Serve one client connection until it ends, whatever ends it."""
-        cfg = self.config
-        conn = Connection(stream, _peer_of(stream), Session(max_qos=cfg.max_qos, presence_prefix=cfg.presence_prefix))
+    def opened(self, conn: Connection) -> None:
+        """A connection was accepted: count it and give it ``connect_timeout`` for CONNECT."""
         self.connections.add(conn)
         self.counters["connections"] += 1
-        stream.deadline = trio.current_time() + cfg.connect_timeout
-        reader = PacketReader(cfg.max_packet_size)
+        conn.stream.deadline = trio.current_time() + self.config.connect_timeout
+
+    def protocol_error(self, conn: Connection, exc: ProtocolError) -> bytes | None:
+        """Count and log a violation; returns the CONNACK refusal to send, if the spec has one."""
         session = conn.session
-        outcome: Offline | None = None
-        detail = ""
-        try:
-            async for data in stream:
-                for packet in reader.feed(data):
-                    self.counters["packets_in"] += 1
-                    for effect in session.receive(packet):
-                        await self._apply(conn, effect)
-                    if session.state is State.CLOSED:
-                        break
-                if session.state is State.CLOSED:
-                    outcome = Offline.DISCONNECT  # unless refused: ended_by says so
-                    break
-                if session.state is State.CONNECTED:
-                    self._packet_deadline(conn, reader.buffered > 0)
-        except ProtocolError as exc:
-            outcome, detail = Offline.PROTOCOL_ERROR, exc.reason
-            self.counters["protocol_errors"] += 1
-            logger.info("protocol error from %s (%s): %s %s", conn.peer, session.client_id, exc.reason, exc.detail)
-            if exc.connack_code is not None and session.state in (State.AWAITING_CONNECT, State.CONNECTING):
-                await self._goodbye(conn, session.refused(exc.connack_code))
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            outcome = Offline.CONNECTION_LOST
-        except trio.Cancelled:
-            outcome = Offline.SHUTDOWN  # cancelled from outside: the server is stopping
-            raise
-        finally:
-            self._ended(conn, self._reason(conn, outcome), detail)
+        self.counters["protocol_errors"] += 1
+        logger.info("protocol error from %s (%s): %s %s", conn.peer, session.client_id, exc.reason, exc.detail)
+        if exc.connack_code is not None and session.state in (State.AWAITING_CONNECT, State.CONNECTING):
+            return session.refused(exc.connack_code)
+        return None
 
-    def _reason(self, conn: Connection, outcome: Offline | None) -> Offline:
-        if conn.ended_by is not None:
-            return conn.ended_by
-        stream = conn.stream
-        if stream.expired:
-            if conn.session.state is not State.CONNECTED:
-                return Offline.CONNECT_TIMEOUT
-            return Offline.SEND_TIMEOUT if stream.reason is Reason.SEND else Offline.KEEPALIVE_TIMEOUT
-        return outcome or Offline.CONNECTION_LOST
-
-    def _packet_deadline(self, conn: Connection, partial: bool) -> None:
-        """A packet that has begun must be complete within the keep-alive window."""
-        stream = conn.stream
-        if partial and stream.deadline == math.inf:
-            window = stream.receive_timeout
-            if window is not None:
-                stream.deadline = trio.current_time() + window
-        elif not partial and stream.deadline != math.inf:
-            stream.deadline = None
-
-    async def _apply(self, conn: Connection, effect: object) -> None:
-        if isinstance(effect, Send):
-            await self._send(conn, effect.data)
-        elif isinstance(effect, Route):
-            self.counters["messages_in"] += 1
-            self.route(effect.topic, effect.payload, effect.qos)
-        elif isinstance(effect, Accept):
-            await self._accept(conn, effect)
-        elif isinstance(effect, AddSubscription):
-            self.broker.subscriptions.subscribe(conn, effect.topic_filter, effect.qos)
-            self._start_writer(conn)
-            self._announce()
-        elif isinstance(effect, RemoveSubscription):
-            self.broker.subscriptions.unsubscribe(conn, effect.topic_filter)
-            self._announce()
-        # Goodbye needs nothing here: the session is CLOSED and the loop ends.
-
-    async def _accept(self, conn: Connection, request: Accept) -> None:
+    def admission(self, conn: Connection, request: Accept, code: int) -> bytes | None:
+        """After the password check (``code``, 0 if accepted): the refusal CONNACK, or None to admit."""
         cfg = self.config
-        conn.stream.deadline = None  # CONNECT is in: the handshake deadline has been met
-        code = 0
-        if cfg.auth is not None:
-            result = await trio.to_thread.run_sync(cfg.auth.check, request.username, request.password)
-            if result is not AuthResult.ACCEPTED:
-                code = int(result)
-                self.counters["auth_failures"] += 1
         if not code and len(self.online) >= cfg.max_connections and request.client_id not in self.online:
             code = 3  # server unavailable: the polite refusal beyond the cap
             self.counters["refused_capacity"] += 1
-        if code:
-            self.counters[f"refused_{code}"] += 1
-            conn.ended_by = Offline.REFUSED
-            await self._goodbye(conn, conn.session.refused(code))
-            return
+        if not code:
+            return None
+        self.counters[f"refused_{code}"] += 1
+        conn.ended_by = Offline.REFUSED
+        return conn.session.refused(code)
+
+    def admit(self, conn: Connection, request: Accept) -> bytes:
+        """Make ``conn`` the device's session; returns the CONNACK to send.
+
+        Send it, then call ``self.coordinator.online(conn.online)``.
+        """
+        cfg = self.config
         old = self.online.get(request.client_id)
         if old is not None and old is not conn:
             # Its offline event (and Will) go out now, before the new one's online event.
             old.end(Offline.TAKEOVER)
-            self._ended(old, Offline.TAKEOVER, "")
+            self.ended(old, Offline.TAKEOVER, "")
         self.online[request.client_id] = conn
         stream = conn.stream
         keep_alive = min(request.keep_alive, cfg.max_keepalive) if request.keep_alive else 0
@@ -290,51 +238,50 @@ class HeartbeatServer:
         conn.online = self._event(
             conn, "online", None, epoch=epoch_of(cfg.worker, self._pid, next(self._epochs), cfg.node)
         )
-        await self._send(conn, conn.session.accepted())
-        # The coordinator ends the device's session on any other worker or gateway.
-        self.coordinator.online(conn.online)
+        return conn.session.accepted()
 
-    async def _goodbye(self, conn: Connection, connack: bytes) -> None:
-        """Send a refusal, briefly: a refused client must not hold its connection open."""
-        with trio.move_on_after(1.0):
-            with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
-                await conn.stream.send_all(connack)
-
-    # -- sending ------------------------------------------------------------------------
-
-    async def _send(self, conn: Connection, data: bytes) -> None:
-        if conn.outbox is not None:
-            self.broker.enqueue(conn, data)
-        else:
-            await conn.stream.send_all(data)
-
-    def _start_writer(self, conn: Connection) -> None:
-        if conn.outbox is not None:
-            return
-        conn.outbox = collections.deque()
-        conn.writer = trio.CancelScope()
+    def subscribed(self, conn: Connection, effect: AddSubscription) -> None:
+        """The client subscribed: from now on it is sent what matches (within ``send_timeout``)."""
+        self.broker.subscriptions.subscribe(conn, effect.topic_filter, effect.qos)
         conn.stream.send_timeout = self.config.send_timeout
-        self._nursery.start_soon(self._writer, conn)
+        self._announce()
 
-    async def _writer(self, conn: Connection) -> None:
-        outbox = conn.outbox
-        assert outbox is not None and conn.writer is not None
-        with conn.writer:
-            try:
-                while True:
-                    if not outbox:
-                        conn.wake = trio.Event()
-                        await conn.wake.wait()
-                        continue
-                    batch: list[bytes] = []
-                    size = 0
-                    while outbox and size < _WRITE_BATCH:
-                        item = outbox.popleft()
-                        batch.append(item)
-                        size += len(item)
-                    await conn.stream.send_all(b"".join(batch))
-            except (trio.BrokenResourceError, trio.ClosedResourceError):
-                pass
+    def unsubscribed(self, conn: Connection, effect: RemoveSubscription) -> None:
+        """The client dropped a subscription."""
+        self.broker.subscriptions.unsubscribe(conn, effect.topic_filter)
+        self._announce()
+
+    async def authenticate(self, request: Accept) -> int:
+        """The password check, in a worker thread (it is slow on purpose); 0 if accepted."""
+        auth = self.config.auth
+        if auth is None:
+            return 0
+        result = await trio.to_thread.run_sync(auth.check, request.username, request.password)
+        if result is AuthResult.ACCEPTED:
+            return 0
+        self.counters["auth_failures"] += 1
+        return int(result)
+
+    def reason(self, conn: Connection, outcome: Offline | None) -> Offline:
+        """Why a connection ended: who ended it, else which deadline, else ``outcome``."""
+        if conn.ended_by is not None:
+            return conn.ended_by
+        stream = conn.stream
+        if stream.expired:
+            if conn.session.state is not State.CONNECTED:
+                return Offline.CONNECT_TIMEOUT
+            return Offline.SEND_TIMEOUT if stream.reason is Reason.SEND else Offline.KEEPALIVE_TIMEOUT
+        return outcome or Offline.CONNECTION_LOST
+
+    def packet_deadline(self, conn: Connection, partial: bool) -> None:
+        """A packet that has begun must be complete within the keep-alive window."""
+        stream = conn.stream
+        if partial and stream.deadline == math.inf:
+            window = stream.receive_timeout
+            if window is not None:
+                stream.deadline = trio.current_time() + window
+        elif not partial and stream.deadline != math.inf:
+            stream.deadline = None
 
     def route(self, topic: str, payload: bytes, qos: int) -> int:
         """Deliver a message to every subscriber of ``topic``, here and on other workers.
@@ -347,14 +294,17 @@ class HeartbeatServer:
 
     # -- presence ------------------------------------------------------------------------
 
-    def _ended(self, conn: Connection, reason: Offline, detail: str) -> None:
-        """Bookkeeping when a connection ends; synchronous, so it runs even when cancelled."""
+    def ended(self, conn: Connection, reason: Offline, detail: str) -> None:
+        """Bookkeeping when a connection ends; synchronous, so it runs even when cancelled.
+
+        Idempotent: the first call's reason stands.
+        """
         if conn.finished:
             return
         conn.finished = True
         self.connections.discard(conn)
-        if conn.writer is not None:
-            conn.writer.cancel()
+        conn.stop_writing()
+        if self.broker.subscriptions.has(conn):
             self.broker.subscriptions.drop(conn)
             self._announce()
         session = conn.session
@@ -404,7 +354,7 @@ class HeartbeatServer:
         conn = self.online.get(client_id)
         if conn is not None and conn.online is not None and conn.online.epoch == epoch:
             conn.end(Offline.TAKEOVER)
-            self._ended(conn, Offline.TAKEOVER, detail)
+            self.ended(conn, Offline.TAKEOVER, detail)
 
     def sessions(self) -> list[PresenceEvent]:
         """The online event of every session held here."""
@@ -432,18 +382,18 @@ class HeartbeatServer:
         Every connection gets its TCP close. Cancelling the server instead ends
         everything at once (the presence log still gets every event).
         """
-        self.accepting.cancel()
+        self.stop_accepting()
         with trio.move_on_after(grace):
-            for conn in [c for c in self.connections if c.outbox is None]:
+            for conn in [c for c in self.connections if not c.subscriber]:
                 conn.end(Offline.SHUTDOWN)
             # A device's offline event is reported when its task has finished. Polled:
             # an event for that moment would cost every connection's bookkeeping.
-            while any(c.outbox is None for c in self.connections):  # noqa: ASYNC110
+            while any(not c.subscriber for c in self.connections):  # noqa: ASYNC110
                 await trio.sleep(0.01)
             # Every report published everywhere (other workers' devices' events included),
             await self.coordinator.drain()
-            # then each subscriber's writer must have sent its queue and wait for more.
-            while not all(_flushed(c) for c in self.connections):  # noqa: ASYNC110
+            # then each subscriber's queue must have been sent.
+            while not all(c.flushed() for c in self.connections):  # noqa: ASYNC110
                 await trio.sleep(0.01)
         for conn in list(self.connections):
             conn.end(Offline.SHUTDOWN)
@@ -503,6 +453,19 @@ class HeartbeatServer:
         )
         for name, help_text in _COUNTERS:
             f.counter(f"heartbeat_{name}_total", help_text, self.counters.get(name, 0))
+        engine = self.engine
+        if engine is not None:
+            f.counter("heartbeat_engine_passes_total", "Passes of the dense engine's loop.", engine.passes)
+            f.counter(
+                "heartbeat_engine_accept_errors_total",
+                "Accepts that failed for lack of descriptors or memory (each pauses accepting 0.1 s).",
+                engine.accept_errors,
+            )
+            f.counter(
+                "heartbeat_engine_callback_errors_total",
+                "Protocol callbacks that raised (each closed its own connection).",
+                engine.callback_errors,
+            )
         return f.families + self.coordinator.figures()
 
 
@@ -515,46 +478,3 @@ _COUNTERS: Iterable[tuple[str, str]] = (
     ("refused_capacity", "CONNECTs refused because the worker was at its connection cap."),
     ("wills_published", "Will messages published for devices that died."),
 )
-
-
-async def serve_heartbeat(
-    config: HeartbeatConfig,
-    *,
-    listeners: list[trio.SocketListener] | None = None,
-    status_port: int | None = None,
-    status_host: str = "127.0.0.1",
-    coordinator: Coordinator | None = None,
-    task_status: trio.TaskStatus[HeartbeatServer] = trio.TASK_STATUS_IGNORED,
-) -> None:
-    """Run one heartbeat worker until cancelled; ``nursery.start`` returns the server.
-
-    ``listeners`` default to a TCP listener on ``config.host:config.port`` (port 0
-    picks a free one: read ``server.port``). ``coordinator`` defaults to a lone
-    worker's (:class:`InProcessCoordinator`, with ``config.extra_sinks``). ``await
-    server.shutdown()`` first for a graceful stop (subscribers hear every device go
-    offline); cancelling alone ends every connection at once, each with reason
-    ``shutdown`` and its TCP close.
-    """
-    from ..status import serve_status  # the status endpoint only when asked for
-
-    async with idlekeeper.open_keeper(tick=config.tick) as keeper, trio.open_nursery() as nursery:
-        server = HeartbeatServer(config, keeper, nursery, coordinator)
-        # Started before the first connection, so that no report finds it unattached.
-        await nursery.start(partial(server.coordinator.run, server))
-        if listeners is None:
-            listeners = open_listeners(config.host, config.port)
-        server.port = port_of(listeners)
-        bound = listeners
-
-        async def accept(task_status: trio.TaskStatus[list[trio.SocketListener]]) -> None:
-            with server.accepting:
-                await idlekeeper.serve_listeners(
-                    server.handle, bound, keeper=keeper, handler_nursery=nursery, task_status=task_status
-                )
-            for listener in bound:  # refuse new connections at once, not after the shutdown
-                await listener.aclose()
-
-        await nursery.start(accept)
-        if status_port is not None:
-            await nursery.start(partial(serve_status, server, status_port, keeper=keeper, host=status_host))
-        task_status.started(server)

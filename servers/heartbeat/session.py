@@ -127,6 +127,18 @@ class Session:
     passes both from its configuration, so they match what it publishes and grants.
     """
 
+    # One per connection, a million of them on a dense server: slots, not a dict.
+    __slots__ = (
+        "state",
+        "client_id",
+        "assigned",
+        "keep_alive",
+        "will",
+        "denied_publishes",
+        "_max_qos",
+        "_presence_prefix",
+    )
+
     def __init__(self, *, max_qos: int = DEFAULT_MAX_QOS, presence_prefix: str = DEFAULT_PRESENCE_PREFIX) -> None:
         self.state = State.AWAITING_CONNECT
         self.client_id: str | None = None

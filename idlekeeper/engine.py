@@ -1,0 +1,469 @@
+"""The dense engine: many connections served by one trio task, with no task per connection.
+
+A task per connection is the natural way to write a trio server, and each costs
+several kilobytes of trio's machinery (task, cancel scopes, stream objects). Where
+connections are many and mostly idle (a million IoT devices that send two bytes
+every few minutes), that machinery is most of the server's memory and much of
+its CPU. The engine serves the same connections as plain objects:
+
+- non-blocking sockets on an epoll set of the engine's own; trio waits for the
+  set's descriptor to be readable (``trio.lowlevel.wait_readable``), so the engine
+  is one ordinary task and the rest of the program (status endpoint, coordinator,
+  the keeper's reaper) goes on beside it;
+- each pass takes up to ``max_events`` ready sockets from the set in one system
+  call, reads each once, and drains each ready listener in a batch of accepts;
+- writes go straight to the kernel, and only what it does not take is queued,
+  with write-readiness asked for only while something is queued;
+- each connection is a :class:`~idlekeeper.transport.Transport`, a
+  :class:`~idlekeeper.Watch` filed in the keeper's one wheel: the same deadlines,
+  the same stall check, the same reaper, and the same guarantees as a watched
+  stream.
+
+The engine calls a :class:`~idlekeeper.protocol.Protocol`'s methods; they run in
+the engine's task and must not block. Linux only (epoll).
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import select
+import socket
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from contextlib import asynccontextmanager
+from typing import NoReturn
+
+import trio
+
+from .keeper import Keeper
+from .protocol import EngineClosed, Protocol
+from .transport import CLOSED, EOF_SENT, NO_READ, PEER_EOF, Transport
+from .watch import ExpireHook
+
+__all__ = ["Engine", "open_engine", "serve_protocol"]
+
+logger = logging.getLogger("idlekeeper.engine")
+
+ProtocolFactory = Callable[[], Protocol]
+"""Makes the protocol object of each accepted connection."""
+
+_IN = select.EPOLLIN
+_OUT = select.EPOLLOUT
+# Registration bits kept in Transport._io beside the transport's own.
+_REG_IN = 1 << 8
+_REG_OUT = 1 << 9
+_REG = _REG_IN | _REG_OUT
+
+# Running out of descriptors or kernel memory is a state that passes; trio's
+# serve_listeners waits 100 ms and tries again, and so does the engine.
+_RESOURCE_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS})
+_ACCEPT_PAUSE = 0.1
+# The connection died between the kernel's accept queue and our accept: try the next.
+_HARMLESS_ACCEPT_ERRNOS = frozenset({errno.ECONNABORTED, errno.EPROTO, errno.EPERM})
+
+
+class _Listener:
+    """A listening socket and how to serve what it accepts."""
+
+    __slots__ = ("sock", "factory", "idle", "receive", "send", "max_age", "on_expire", "paused")
+
+    def __init__(
+        self,
+        sock: socket.socket,
+        factory: ProtocolFactory,
+        idle: float | None,
+        receive: float | None,
+        send: float | None,
+        max_age: float | None,
+        on_expire: ExpireHook | None,
+    ) -> None:
+        self.sock = sock
+        self.factory = factory
+        self.idle = idle
+        self.receive = receive
+        self.send = send
+        self.max_age = max_age
+        self.on_expire = on_expire
+        self.paused = False
+
+
+class Engine:
+    """One epoll set and one trio task serving many connections; see the module.
+
+    Create it with :func:`open_engine`; hand it listeners with :meth:`serve`.
+    All methods are synchronous.
+    """
+
+    def __init__(
+        self,
+        keeper: Keeper,
+        *,
+        read_size: int,
+        max_events: int,
+        accept_batch: int,
+        high_water: int,
+        low_water: int,
+    ) -> None:
+        if not 0 <= low_water <= high_water:
+            raise ValueError("need 0 <= low_water <= high_water")
+        self.keeper = keeper
+        self.read_size = read_size
+        self.max_events = max_events
+        self.accept_batch = accept_batch
+        self.high_water = high_water
+        """Queued bytes above which a peer stops being read (and ``pause_writing``)."""
+        self.low_water = low_water
+        """Queued bytes at or below which reading resumes (and ``resume_writing``)."""
+        self._epoll = select.epoll()
+        self._fds: dict[int, Transport | _Listener] = {}
+        self._listeners: list[_Listener] = []
+        self._lost: list[tuple[Transport, BaseException | None]] = []
+        self._waiting: trio.CancelScope | None = None
+        self._closed = False
+        self.accepted = 0
+        """Connections accepted."""
+        self.accept_errors = 0
+        """Accepts that failed for lack of descriptors or memory (each pauses accepting)."""
+        self.callback_errors = 0
+        """Protocol callbacks that raised (each closed its connection)."""
+        self.passes = 0
+        """Passes of the engine's loop."""
+
+    # -- public ----------------------------------------------------------------------
+
+    def serve(
+        self,
+        listeners: Sequence[socket.socket | trio.SocketListener],
+        factory: ProtocolFactory,
+        *,
+        idle: float | None = None,
+        receive: float | None = None,
+        send: float | None = None,
+        max_age: float | None = None,
+        on_expire: ExpireHook | None = None,
+    ) -> list[socket.socket]:
+        """Accept connections on ``listeners``, each served by a ``factory()`` protocol.
+
+        The deadlines are where every connection starts (as with
+        :func:`~idlekeeper.serve_listeners`); the protocol changes them on its
+        transport. A trio listener's socket is taken over by the engine. Returns
+        the listening sockets.
+        """
+        if self._closed:
+            raise RuntimeError("this engine is closed")
+        out = []
+        for listener in listeners:
+            sock = listener if isinstance(listener, socket.socket) else socket.socket(fileno=listener.socket.detach())
+            sock.setblocking(False)
+            entry = _Listener(sock, factory, idle, receive, send, max_age, on_expire)
+            self._listeners.append(entry)
+            self._fds[sock.fileno()] = entry
+            self._epoll.register(sock.fileno(), _IN)
+            out.append(sock)
+        return out
+
+    def close_listeners(self) -> None:
+        """Stop accepting; connections already accepted go on."""
+        for entry in self._listeners:
+            fd = entry.sock.fileno()
+            if fd >= 0:
+                self._fds.pop(fd, None)
+                if not entry.paused:
+                    self._epoll.unregister(fd)
+                entry.sock.close()
+        self._listeners.clear()
+
+    @property
+    def listeners(self) -> list[socket.socket]:
+        """The listening sockets still open."""
+        return [entry.sock for entry in self._listeners]
+
+    def __len__(self) -> int:
+        """Open connections."""
+        return len(self._fds) - len(self._listeners)
+
+    def transports(self) -> Iterator[Transport]:
+        """Every open connection (a snapshot)."""
+        return iter([t for t in self._fds.values() if isinstance(t, Transport)])
+
+    def adopt(
+        self,
+        sock: socket.socket,
+        protocol: Protocol,
+        *,
+        idle: float | None = None,
+        receive: float | None = None,
+        send: float | None = None,
+        max_age: float | None = None,
+        on_expire: ExpireHook | None = None,
+    ) -> Transport:
+        """Serve a connected socket (made or accepted elsewhere) with ``protocol``."""
+        if self._closed:
+            raise RuntimeError("this engine is closed")
+        return self._start(sock, protocol, idle, receive, send, max_age, on_expire)
+
+    # -- the loop ----------------------------------------------------------------------
+
+    async def _run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> NoReturn:
+        epfd = self._epoll.fileno()
+        task_status.started()
+        while True:
+            if not self._lost:
+                with trio.CancelScope() as scope:
+                    self._waiting = scope
+                    await trio.lowlevel.wait_readable(epfd)
+                self._waiting = None
+            else:
+                await trio.lowlevel.checkpoint()
+            self._pass()
+
+    def _pass(self) -> None:
+        self.passes += 1
+        fds = self._fds
+        ready = []
+        for fd, events in self._epoll.poll(0, self.max_events):
+            entry = fds.get(fd)
+            if entry is None:
+                continue
+            if entry.__class__ is _Listener:
+                # After the reads, so that a descriptor freed in this pass and reused
+                # by an accept cannot be handed an event meant for the old socket.
+                ready.append(entry)
+                continue
+            assert isinstance(entry, Transport)
+            if events & _OUT and entry._wbuf is not None:
+                entry._flush()
+            if events & ~_OUT and not entry._io & NO_READ:
+                self._read(entry)
+        self._deliver_lost()
+        for listener in ready:
+            assert isinstance(listener, _Listener)
+            self._accept(listener)
+        self._deliver_lost()
+
+    def _read(self, t: Transport) -> None:
+        try:
+            data = t._sock.recv(self.read_size)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as exc:
+            self._drop(t, exc)
+            return
+        t.rx = t._epochs.current
+        protocol = t._protocol
+        if protocol is None:
+            return
+        try:
+            if data:
+                protocol.data_received(data)
+                return
+            t._io |= PEER_EOF
+            self._update(t)
+            if not protocol.eof_received() or t._io & EOF_SENT:
+                t.close()
+        except Exception as exc:
+            self.callback_errors += 1
+            logger.exception("idlekeeper: protocol %r raised; closing its connection", protocol)
+            self._drop(t, exc)
+
+    def _accept(self, listener: _Listener) -> None:
+        sock = listener.sock
+        for _ in range(self.accept_batch):
+            try:
+                conn, _addr = sock.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:
+                if exc.errno in _HARMLESS_ACCEPT_ERRNOS:
+                    continue
+                self.accept_errors += 1
+                if exc.errno not in _RESOURCE_ERRNOS:
+                    logger.error("idlekeeper: accept failed: %s; pausing accepts", exc)
+                else:
+                    logger.warning("idlekeeper: accept failed: %s; pausing accepts for %ss", exc, _ACCEPT_PAUSE)
+                self._pause_listener(listener)
+                return
+            self.accepted += 1
+            conn.setblocking(False)
+            if conn.family != socket.AF_UNIX:
+                conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            try:
+                protocol = listener.factory()
+            except Exception:
+                self.callback_errors += 1
+                logger.exception("idlekeeper: protocol factory %r raised", listener.factory)
+                conn.close()
+                continue
+            self._start(
+                conn, protocol, listener.idle, listener.receive, listener.send, listener.max_age, listener.on_expire
+            )
+
+    def _start(
+        self,
+        sock: socket.socket,
+        protocol: Protocol,
+        idle: float | None,
+        receive: float | None,
+        send: float | None,
+        max_age: float | None,
+        on_expire: ExpireHook | None,
+    ) -> Transport:
+        keeper = self.keeper
+        t = Transport(keeper, self, sock, stall_check=keeper._stall_check, on_expire=on_expire)
+        keeper._configure(t, idle, receive, send, None, max_age)
+        t._protocol = protocol
+        fd = sock.fileno()
+        self._fds[fd] = t
+        self._epoll.register(fd, _IN)
+        t._io |= _REG_IN
+        t.start()
+        try:
+            protocol.connection_made(t)
+        except Exception as exc:
+            self.callback_errors += 1
+            logger.exception("idlekeeper: connection_made of %r raised", protocol)
+            self._drop(t, exc)
+        return t
+
+    def _pause_listener(self, listener: _Listener) -> None:
+        if listener.paused:
+            return
+        listener.paused = True
+        self._epoll.unregister(listener.sock.fileno())
+        self.keeper.call_later(_ACCEPT_PAUSE, self._resume_listener, listener)
+
+    def _resume_listener(self, listener: _Listener) -> None:
+        if listener.paused and listener.sock.fileno() >= 0:
+            listener.paused = False
+            self._epoll.register(listener.sock.fileno(), _IN)
+
+    # -- called by transports ----------------------------------------------------------
+
+    def _update(self, t: Transport) -> None:
+        """Bring the socket's epoll registration in line with what the transport wants."""
+        io = t._io
+        if io & CLOSED:
+            return
+        want = (0 if io & NO_READ else _REG_IN) | (0 if t._wbuf is None else _REG_OUT)
+        have = io & _REG
+        if want == have:
+            return
+        fd = t._sock.fileno()
+        mask = (_IN if want & _REG_IN else 0) | (_OUT if want & _REG_OUT else 0)
+        # Nothing wanted means out of the set: a hung-up socket would otherwise be
+        # reported on every pass (epoll always reports hang-ups).
+        if not want:
+            self._epoll.unregister(fd)
+        elif not have:
+            self._epoll.register(fd, mask)
+        else:
+            self._epoll.modify(fd, mask)
+        t._io = (io & ~_REG) | want
+
+    def _drop(self, t: Transport, exc: BaseException | None) -> None:
+        """Close a connection now; its protocol hears of it on the engine's next pass.
+
+        Synchronous and O(1), so that the reaper can call it (through an expiry).
+        """
+        io = t._io
+        if io & CLOSED:
+            return
+        t._io = (io | CLOSED) & ~_REG
+        sock = t._sock
+        fd = sock.fileno()
+        if io & _REG:
+            self._epoll.unregister(fd)
+        if self._fds.get(fd) is t:
+            del self._fds[fd]
+        sock.close()
+        t._wbuf = None
+        t.sending = False
+        t.stop()
+        self._lost.append((t, exc))
+        if self._waiting is not None:
+            self._waiting.cancel()
+
+    def _deliver_lost(self) -> None:
+        while self._lost:
+            batch, self._lost = self._lost, []
+            for t, exc in batch:
+                protocol, t._protocol = t._protocol, None
+                if protocol is None:
+                    continue
+                try:
+                    protocol.connection_lost(exc)
+                except Exception:
+                    self.callback_errors += 1
+                    logger.exception("idlekeeper: connection_lost of %r raised", protocol)
+
+    def _close(self) -> None:
+        self._closed = True
+        self.close_listeners()
+        for t in list(self.transports()):
+            self._drop(t, EngineClosed())
+        self._deliver_lost()
+        self._epoll.close()
+
+
+@asynccontextmanager
+async def open_engine(
+    keeper: Keeper,
+    *,
+    read_size: int = 64 * 1024,
+    max_events: int = 1024,
+    accept_batch: int = 256,
+    high_water: int = 256 * 1024,
+    low_water: int = 64 * 1024,
+) -> AsyncIterator[Engine]:
+    """Start a dense engine (one task) whose connections ``keeper`` watches.
+
+    When the block exits, listeners close and every connection is closed, its
+    protocol told :class:`~idlekeeper.protocol.EngineClosed`. ``read_size`` is the
+    most one read takes; ``max_events`` the most ready sockets one pass handles;
+    ``accept_batch`` the most connections one pass accepts per listener.
+    """
+    engine = Engine(
+        keeper,
+        read_size=read_size,
+        max_events=max_events,
+        accept_batch=accept_batch,
+        high_water=high_water,
+        low_water=low_water,
+    )
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(engine._run)
+            try:
+                yield engine
+            finally:
+                nursery.cancel_scope.cancel()
+    finally:
+        engine._close()
+
+
+async def serve_protocol(
+    factory: ProtocolFactory,
+    port: int,
+    *,
+    keeper: Keeper,
+    host: str | bytes | None = None,
+    backlog: int | None = None,
+    idle: float | None = None,
+    receive: float | None = None,
+    send: float | None = None,
+    max_age: float | None = None,
+    on_expire: ExpireHook | None = None,
+    task_status: trio.TaskStatus[Engine] = trio.TASK_STATUS_IGNORED,
+) -> NoReturn:
+    """Serve TCP on ``port`` with a dense engine, one ``factory()`` protocol per connection.
+
+    The dense counterpart of :func:`~idlekeeper.serve_tcp`; compatible with
+    ``nursery.start``, which returns the :class:`Engine` (port 0 picks a free port:
+    ``engine.listeners[0].getsockname()[1]``).
+    """
+    listeners = await trio.open_tcp_listeners(port, host=host, backlog=backlog)
+    async with open_engine(keeper) as engine:
+        engine.serve(listeners, factory, idle=idle, receive=receive, send=send, max_age=max_age, on_expire=on_expire)
+        task_status.started(engine)
+        await trio.sleep_forever()
+    raise AssertionError("unreachable")  # pragma: no cover

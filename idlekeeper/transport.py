@@ -1,0 +1,257 @@
+"""One connection of a dense engine: its socket, its write queue and its deadlines.
+
+A :class:`Transport` is a :class:`~idlekeeper.Watch`: the same keeper files it in
+the same wheel and the reaper expires it by the same rules; the engine stamps its
+activity as it reads and writes. It is also what the protocol writes to, as
+asyncio's transports are: :meth:`~Transport.write` never blocks; what the kernel
+does not take at once is queued and sent when the socket is writable, and a peer
+whose queue passes the high-water mark stops being read until it drains
+(backpressure: a client that does not read cannot make the server buffer for it
+without limit).
+
+Everything here is synchronous and runs in the engine's trio thread; the engine
+owns the epoll set, this module only asks it for changes.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket as _socket
+from typing import TYPE_CHECKING, Protocol
+
+from .deadlines import Reason
+from .protocol import Expired
+from .watch import Watch
+
+if TYPE_CHECKING:
+    from .protocol import Protocol as ConnectionProtocol
+    from .watch import ExpireHook, _Owner
+
+__all__ = ["Transport"]
+
+logger = logging.getLogger("idlekeeper.engine")
+
+# Bits of Transport._io.
+PAUSED = 1
+"""The protocol asked not to be read."""
+BACKPRESSURE = 2
+"""Too much is queued for this peer: not read until it drains."""
+PEER_EOF = 4
+"""The peer half-closed; nothing more to read."""
+EOF_PENDING = 8
+"""``write_eof`` once the queue is sent."""
+EOF_SENT = 16
+CLOSING = 32
+"""``close`` once the queue is sent."""
+CLOSED = 64
+NO_READ = PAUSED | BACKPRESSURE | PEER_EOF | CLOSING | CLOSED
+
+
+class _Loop(Protocol):
+    """What a transport needs from its engine (abstract, to keep imports one way)."""
+
+    high_water: int
+    low_water: int
+
+    def _update(self, transport: Transport) -> None: ...
+
+    def _drop(self, transport: Transport, exc: BaseException | None) -> None: ...
+
+
+class Transport(Watch):
+    """A connection served by a dense engine; the protocol's handle on it.
+
+    Deadlines are the :class:`~idlekeeper.Watch` attributes (``idle_timeout``,
+    ``receive_timeout``, ``send_timeout``, ``deadline``), set per phase as with a
+    watched stream. Expiry closes the socket at once and the protocol hears
+    :class:`~idlekeeper.protocol.Expired` in ``connection_lost``.
+    """
+
+    __slots__ = ("_loop", "_protocol", "_sock", "_wbuf", "_io")
+
+    def __init__(
+        self,
+        owner: _Owner,
+        loop: _Loop,
+        sock: _socket.socket,
+        *,
+        stall_check: bool,
+        on_expire: ExpireHook | None,
+    ) -> None:
+        super().__init__(owner, sock, close=True, stall_check=stall_check, on_expire=on_expire)
+        self._loop = loop
+        self._sock = sock
+        self._protocol: ConnectionProtocol | None = None
+        self._wbuf: bytearray | None = None
+        self._io = 0
+
+    # -- writing -------------------------------------------------------------------
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        """Send ``data``, queueing what the kernel does not take now. Never blocks.
+
+        After :meth:`close`, :meth:`abort` or :meth:`write_eof`, writes are dropped.
+        """
+        if self._io & (CLOSING | CLOSED | EOF_PENDING | EOF_SENT) or not data:
+            return
+        buf = self._wbuf
+        if buf is None:
+            try:
+                sent = self._sock.send(data)
+            except (BlockingIOError, InterruptedError):
+                sent = 0
+            except OSError as exc:
+                self._loop._drop(self, exc)
+                return
+            if sent:
+                self.tx = self._epochs.current
+            if sent == len(data):
+                return
+            buf = self._wbuf = bytearray(memoryview(data)[sent:])
+            self.sending = True
+            self._loop._update(self)
+        else:
+            buf += data
+        if len(buf) > self._loop.high_water and not self._io & BACKPRESSURE:
+            self._io |= BACKPRESSURE
+            self._loop._update(self)
+            self._call("pause_writing")
+
+    def _flush(self) -> None:
+        """The socket is writable: send what is queued (called by the engine)."""
+        buf = self._wbuf
+        if buf is None:
+            return
+        try:
+            sent = self._sock.send(buf)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as exc:
+            self._loop._drop(self, exc)
+            return
+        self.tx = self._epochs.current
+        del buf[:sent]
+        if buf:
+            if self._io & BACKPRESSURE and len(buf) <= self._loop.low_water:
+                self._relieve()
+            return
+        self._wbuf = None
+        self.sending = False
+        if self._io & BACKPRESSURE:
+            self._relieve()
+        if self._io & CLOSING:
+            self._loop._drop(self, None)
+            return
+        if self._io & EOF_PENDING:
+            self._shutdown_write()
+        self._loop._update(self)
+
+    def _relieve(self) -> None:
+        self._io &= ~BACKPRESSURE
+        self._loop._update(self)
+        self._call("resume_writing")
+
+    def get_write_buffer_size(self) -> int:
+        """Bytes queued and not yet taken by the kernel."""
+        return 0 if self._wbuf is None else len(self._wbuf)
+
+    def write_eof(self) -> None:
+        """Half-close: send EOF once the queue is sent; reading goes on."""
+        if self._io & (EOF_PENDING | EOF_SENT | CLOSED):
+            return
+        if self._wbuf is None:
+            self._shutdown_write()
+        else:
+            self._io |= EOF_PENDING
+
+    def _shutdown_write(self) -> None:
+        self._io = (self._io & ~EOF_PENDING) | EOF_SENT
+        try:
+            self._sock.shutdown(_socket.SHUT_WR)
+        except OSError as exc:
+            self._loop._drop(self, exc)
+            return
+        if self._io & PEER_EOF:  # both directions are done
+            self._loop._drop(self, None)
+
+    # -- reading -------------------------------------------------------------------
+
+    def pause_reading(self) -> None:
+        """Stop reading from this peer (its bytes wait in the kernel, and spare it
+        from inactivity expiry: they are the peer's activity)."""
+        if not self._io & PAUSED:
+            self._io |= PAUSED
+            self._loop._update(self)
+
+    def resume_reading(self) -> None:
+        """Read again after :meth:`pause_reading`."""
+        if self._io & PAUSED:
+            self._io &= ~PAUSED
+            self._loop._update(self)
+
+    @property
+    def reading(self) -> bool:
+        """Whether the engine reads this connection now."""
+        return not self._io & NO_READ
+
+    # -- closing -------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Close once the queue is sent (reading stops now). ``connection_lost(None)``
+        follows. A queue that never drains is cut by the send timeout, if one is set."""
+        if self._io & (CLOSING | CLOSED):
+            return
+        self._io |= CLOSING
+        if self._wbuf is None:
+            self._loop._drop(self, None)
+        else:
+            self._loop._update(self)
+
+    def abort(self) -> None:
+        """Close now, dropping anything queued; ``connection_lost(None)`` follows."""
+        self._loop._drop(self, None)
+
+    def is_closing(self) -> bool:
+        """Whether :meth:`close` or :meth:`abort` was called, or the connection is gone."""
+        return bool(self._io & (CLOSING | CLOSED))
+
+    @property
+    def protocol(self) -> ConnectionProtocol | None:
+        """The connection's protocol (None once it has been told the connection is lost)."""
+        return self._protocol
+
+    def get_extra_info(self, name: str, default: object = None) -> object:
+        """asyncio's names: ``"socket"``, ``"peername"``, ``"sockname"``."""
+        try:
+            if name == "socket":
+                return self._sock
+            if name == "peername":
+                return self._sock.getpeername()
+            if name == "sockname":
+                return self._sock.getsockname()
+        except OSError:
+            return default
+        return default
+
+    # -- the keeper's side: expiry and outside cancellation ------------------------
+
+    def cancel(self) -> None:
+        """Abort the connection from outside (a takeover, a shutdown); the protocol
+        hears ``connection_lost(None)``, or :class:`Expired` after an expiry."""
+        reason = self.reason
+        self._loop._drop(self, None if reason is None else Expired(reason))
+
+    def _call(self, name: str) -> None:
+        protocol = self._protocol
+        if protocol is None:
+            return
+        try:
+            getattr(protocol, name)()
+        except Exception:
+            logger.exception("idlekeeper: %s of %r raised; closing the connection", name, protocol)
+            self._loop._drop(self, None)
+
+    def __repr__(self) -> str:
+        state = "closed" if self._io & CLOSED else ("closing" if self._io & CLOSING else "open")
+        reason = "" if self.reason is None else f" expired ({Reason(self.reason).value})"
+        return f"<Transport fd={self._sock.fileno()} {state}{reason} queued={self.get_write_buffer_size()}>"

@@ -1,0 +1,202 @@
+"""The heartbeat server on the dense engine: no task per connection.
+
+Each connection is a :class:`DenseConnection`, an ``idlekeeper.Protocol`` whose
+callbacks feed the same sans-IO reader and session as the streams engine and carry
+out the same effects through the same :class:`~.server.HeartbeatServer` steps;
+only the I/O differs. Writes go to the transport's queue (one queue, so replies and
+routed messages keep their order); the password check, which is slow on purpose,
+runs in a thread while reading is paused, and the packets that came behind CONNECT
+wait for its verdict.
+"""
+
+from __future__ import annotations
+
+import trio
+
+import idlekeeper
+
+from .packets import Packet, ProtocolError
+from .presence import Offline
+from .reader import PacketReader
+from .server import Connection, HeartbeatServer, peer_of
+from .session import Accept, AddSubscription, RemoveSubscription, Route, Send, Session, State
+
+__all__ = ["DenseConnection", "serve_dense"]
+
+# Bytes queued for one subscriber beyond which new messages are dropped (counted),
+# as Mosquitto's max_queued_bytes does; its send timeout ends it if it never reads.
+OUTBOX_BYTES = 16 * 1024 * 1024
+# A refused or misbehaving client gets this long to read its CONNACK before the close.
+GOODBYE_TIMEOUT = 1.0
+
+
+class DenseConnection(Connection, idlekeeper.Protocol):
+    """One client connection served by the dense engine's callbacks."""
+
+    __slots__ = ("server", "reader", "waiting", "outcome", "detail", "has_subscribed")
+    stream: idlekeeper.Transport
+
+    def __init__(self, server: HeartbeatServer) -> None:
+        self.server = server
+        self.waiting: list[Packet] | None = None
+        """Packets that arrived behind CONNECT while its password is checked."""
+        self.outcome: Offline | None = None
+        self.detail = ""
+        self.has_subscribed = False
+
+    # -- the engine's callbacks ------------------------------------------------------
+
+    def connection_made(self, transport: idlekeeper.Transport) -> None:
+        """Accepted: start the CONNECT deadline."""
+        server = self.server
+        cfg = server.config
+        Connection.__init__(
+            self, transport, peer_of(transport), Session(max_qos=cfg.max_qos, presence_prefix=cfg.presence_prefix)
+        )
+        self.reader = PacketReader(cfg.max_packet_size)
+        # A queue that never drains (a client that stopped reading) ends the connection.
+        transport.send_timeout = cfg.send_timeout
+        server.opened(self)
+
+    def data_received(self, data: bytes) -> None:
+        """Parse what arrived and act on each packet."""
+        try:
+            packets = self.reader.feed(data)
+        except ProtocolError as exc:
+            self._violation(exc)
+            return
+        if self.waiting is not None:  # pragma: no cover - reading is paused meanwhile
+            self.waiting.extend(packets)
+            return
+        self._handle(packets)
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        """Report the end, with its reason, exactly once."""
+        outcome = self.outcome
+        if outcome is None:
+            if self.session.state is State.CLOSED:
+                outcome = Offline.DISCONNECT  # unless refused: ended_by says so
+            elif isinstance(exc, idlekeeper.EngineClosed):
+                outcome = Offline.SHUTDOWN
+            else:
+                outcome = Offline.CONNECTION_LOST
+        server = self.server
+        server.ended(self, server.reason(self, outcome), self.detail)
+
+    # -- the protocol ----------------------------------------------------------------
+
+    def _handle(self, packets: list[Packet]) -> None:
+        server = self.server
+        session = self.session
+        try:
+            for i, packet in enumerate(packets):
+                server.counters["packets_in"] += 1
+                for effect in session.receive(packet):
+                    self._apply(effect)
+                if self.waiting is not None:  # a password check began: the rest waits for it
+                    self.waiting.extend(packets[i + 1 :])
+                    return
+                if session.state is State.CLOSED:
+                    self.stream.close()
+                    return
+        except ProtocolError as exc:
+            self._violation(exc)
+            return
+        if session.state is State.CONNECTED:
+            server.packet_deadline(self, self.reader.buffered > 0)
+
+    def _apply(self, effect: object) -> None:
+        server = self.server
+        if isinstance(effect, Send):
+            self.stream.write(effect.data)
+        elif isinstance(effect, Route):
+            server.counters["messages_in"] += 1
+            server.route(effect.topic, effect.payload, effect.qos)
+        elif isinstance(effect, Accept):
+            self._accept(effect)
+        elif isinstance(effect, AddSubscription):
+            self.has_subscribed = True
+            server.subscribed(self, effect)
+        elif isinstance(effect, RemoveSubscription):
+            server.unsubscribed(self, effect)
+
+    def _accept(self, request: Accept) -> None:
+        self.stream.deadline = None  # CONNECT is in: the handshake deadline has been met
+        if self.server.config.auth is None:
+            self._admit(request, 0)
+            return
+        self.stream.pause_reading()
+        self.waiting = []
+        self.server.nursery.start_soon(self._check_password, request)
+
+    async def _check_password(self, request: Accept) -> None:
+        code = await self.server.authenticate(request)
+        waiting, self.waiting = self.waiting, None
+        if self.finished:
+            return  # the connection ended while its password was checked
+        self._admit(request, code)
+        if self.session.state is State.CONNECTED:
+            self.stream.resume_reading()
+            self._handle(waiting or [])
+
+    def _admit(self, request: Accept, code: int) -> None:
+        server = self.server
+        refusal = server.admission(self, request, code)
+        if refusal is not None:
+            self._goodbye(refusal)
+            return
+        self.stream.write(server.admit(self, request))
+        assert self.online is not None
+        # The coordinator ends the device's session on any other worker or gateway.
+        server.coordinator.online(self.online)
+
+    def _violation(self, exc: ProtocolError) -> None:
+        self.outcome, self.detail = Offline.PROTOCOL_ERROR, exc.reason
+        refusal = self.server.protocol_error(self, exc)
+        if refusal is None:
+            self.stream.abort()
+        else:
+            self._goodbye(refusal)
+
+    def _goodbye(self, connack: bytes) -> None:
+        """Send a refusal and close, briefly: a refused client must not hold its connection open."""
+        stream = self.stream
+        stream.pause_reading()
+        stream.send_timeout = GOODBYE_TIMEOUT
+        stream.write(connack)
+        stream.close()
+
+    # -- as a subscriber -------------------------------------------------------------
+
+    @property
+    def subscriber(self) -> bool:
+        """Whether the client has subscribed."""
+        return self.has_subscribed
+
+    def flushed(self) -> bool:
+        """Whether the transport's queue is empty."""
+        return self.stream.get_write_buffer_size() == 0
+
+    def push(self, data: bytes, limit: int) -> bool:
+        """Queue on the transport; beyond :data:`OUTBOX_BYTES` queued the message is dropped."""
+        stream = self.stream
+        if stream.is_closing():
+            return True
+        if stream.get_write_buffer_size() > OUTBOX_BYTES:
+            return False
+        stream.write(data)
+        return True
+
+
+async def serve_dense(
+    server: HeartbeatServer,
+    listeners: list[trio.SocketListener],
+    task_status: trio.TaskStatus[idlekeeper.Engine] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve ``listeners`` with a dense engine until cancelled; ``nursery.start`` returns it."""
+    async with idlekeeper.open_engine(server.keeper) as engine:
+        engine.serve(listeners, lambda: DenseConnection(server))
+        server.stop_accepting = engine.close_listeners
+        server.engine = engine
+        task_status.started(engine)
+        await trio.sleep_forever()

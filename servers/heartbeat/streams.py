@@ -1,0 +1,194 @@
+"""The heartbeat server on the streams engine: a trio task per connection.
+
+Each connection is one short trio loop over a watched stream: receive, feed the
+reader, hand packets to the session, carry out its effects, awaiting each send; a
+subscriber also gets a writer task that sends its queue. This is how the keeper is
+embedded in ordinary trio code (``idlekeeper.serve_listeners``); it costs a task,
+its cancel scopes and stream objects per connection, which is why the dense
+engine (:mod:`.dense`) is the default.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+
+import trio
+
+import idlekeeper
+
+from .packets import ProtocolError
+from .presence import Offline
+from .reader import PacketReader
+from .server import _WRITE_BATCH, Connection, HeartbeatServer, peer_of
+from .session import Accept, AddSubscription, RemoveSubscription, Route, Send, Session, State
+
+__all__ = ["StreamConnection", "serve_streams"]
+
+
+class StreamConnection(Connection):
+    """A connection served by a task of its own over a watched stream; a
+    subscriber gets a writer task that sends its queue."""
+
+    __slots__ = ("outbox", "server", "wake", "writer")
+    stream: idlekeeper.WatchedStream
+
+    def __init__(self, server: HeartbeatServer, stream: idlekeeper.WatchedStream) -> None:
+        cfg = server.config
+        super().__init__(stream, peer_of(stream), Session(max_qos=cfg.max_qos, presence_prefix=cfg.presence_prefix))
+        self.server = server
+        self.outbox: collections.deque[bytes] | None = None
+        self.wake: trio.Event | None = None
+        self.writer: trio.CancelScope | None = None
+
+    @property
+    def subscriber(self) -> bool:
+        """Whether the client has subscribed (it has a writer task)."""
+        return self.outbox is not None
+
+    def flushed(self) -> bool:
+        """The writer has sent everything queued and waits for more."""
+        return not self.outbox and self.wake is not None and not self.wake.is_set()
+
+    def push(self, data: bytes, limit: int) -> bool:
+        """Queue for the writer task; past ``limit`` messages the oldest is dropped."""
+        outbox = self.outbox
+        if outbox is None:
+            return True
+        kept = len(outbox) < limit
+        if not kept:
+            outbox.popleft()
+        outbox.append(data)
+        if self.wake is not None:
+            self.wake.set()
+        return kept
+
+    def stop_writing(self) -> None:
+        """Cancel the writer task, if there is one."""
+        if self.writer is not None:
+            self.writer.cancel()
+
+    async def serve(self) -> None:
+        """Serve the connection until it ends, whatever ends it."""
+        server = self.server
+        conn = self
+        stream = self.stream
+        server.opened(conn)
+        reader = PacketReader(server.config.max_packet_size)
+        session = conn.session
+        outcome: Offline | None = None
+        detail = ""
+        try:
+            async for data in stream:
+                for packet in reader.feed(data):
+                    server.counters["packets_in"] += 1
+                    for effect in session.receive(packet):
+                        await self._apply(effect)
+                    if session.state is State.CLOSED:
+                        break
+                if session.state is State.CLOSED:
+                    outcome = Offline.DISCONNECT  # unless refused: ended_by says so
+                    break
+                if session.state is State.CONNECTED:
+                    server.packet_deadline(conn, reader.buffered > 0)
+        except ProtocolError as exc:
+            outcome, detail = Offline.PROTOCOL_ERROR, exc.reason
+            refusal = server.protocol_error(conn, exc)
+            if refusal is not None:
+                await self._goodbye(refusal)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            outcome = Offline.CONNECTION_LOST
+        except trio.Cancelled:
+            outcome = Offline.SHUTDOWN  # cancelled from outside: the server is stopping
+            raise
+        finally:
+            server.ended(conn, server.reason(conn, outcome), detail)
+
+    async def _apply(self, effect: object) -> None:
+        server = self.server
+        if isinstance(effect, Send):
+            await self._send(effect.data)
+        elif isinstance(effect, Route):
+            server.counters["messages_in"] += 1
+            server.route(effect.topic, effect.payload, effect.qos)
+        elif isinstance(effect, Accept):
+            await self._accept(effect)
+        elif isinstance(effect, AddSubscription):
+            self._start_writer()
+            server.subscribed(self, effect)
+        elif isinstance(effect, RemoveSubscription):
+            server.unsubscribed(self, effect)
+        # Goodbye needs nothing here: the session is CLOSED and the loop ends.
+
+    async def _accept(self, request: Accept) -> None:
+        server = self.server
+        self.stream.deadline = None  # CONNECT is in: the handshake deadline has been met
+        refusal = server.admission(self, request, await server.authenticate(request))
+        if refusal is not None:
+            await self._goodbye(refusal)
+            return
+        await self._send(server.admit(self, request))
+        # The coordinator ends the device's session on any other worker or gateway.
+        assert self.online is not None
+        server.coordinator.online(self.online)
+
+    async def _goodbye(self, connack: bytes) -> None:
+        """Send a refusal, briefly: a refused client must not hold its connection open."""
+        with trio.move_on_after(1.0):
+            with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+                await self.stream.send_all(connack)
+
+    async def _send(self, data: bytes) -> None:
+        if self.outbox is not None:
+            self.server.broker.enqueue(self, data)
+        else:
+            await self.stream.send_all(data)
+
+    def _start_writer(self) -> None:
+        if self.outbox is not None:
+            return
+        self.outbox = collections.deque()
+        self.writer = trio.CancelScope()
+        self.server.nursery.start_soon(self._writer)
+
+    async def _writer(self) -> None:
+        conn = self
+        outbox = conn.outbox
+        assert outbox is not None and conn.writer is not None
+        stream = conn.stream
+        with conn.writer:
+            try:
+                while True:
+                    if not outbox:
+                        conn.wake = trio.Event()
+                        await conn.wake.wait()
+                        continue
+                    batch: list[bytes] = []
+                    size = 0
+                    while outbox and size < _WRITE_BATCH:
+                        item = outbox.popleft()
+                        batch.append(item)
+                        size += len(item)
+                    await stream.send_all(b"".join(batch))
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                pass
+
+
+async def serve_streams(
+    server: HeartbeatServer,
+    listeners: list[trio.SocketListener],
+    task_status: trio.TaskStatus[list[trio.SocketListener]] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Accept on ``listeners`` until cancelled or ``server.stop_accepting()``, a task per connection."""
+    accepting = trio.CancelScope()
+    server.stop_accepting = accepting.cancel
+
+    async def handle(stream: idlekeeper.WatchedStream) -> None:
+        await StreamConnection(server, stream).serve()
+
+    with accepting:
+        await idlekeeper.serve_listeners(
+            handle, listeners, keeper=server.keeper, handler_nursery=server.nursery, task_status=task_status
+        )
+    for listener in listeners:  # refuse new connections at once, not after the shutdown
+        await listener.aclose()

@@ -1,0 +1,51 @@
+"""One heartbeat worker: its keeper, the engine serving its connections, its coordinator
+and its status endpoint, started in the order they need each other."""
+
+from __future__ import annotations
+
+from functools import partial
+
+import trio
+
+import idlekeeper
+
+from ..listeners import open_listeners, port_of
+from ..status import serve_status
+from .coordination import Coordinator
+from .dense import serve_dense
+from .server import HeartbeatConfig, HeartbeatServer
+from .streams import serve_streams
+
+__all__ = ["serve_heartbeat"]
+
+
+async def serve_heartbeat(
+    config: HeartbeatConfig,
+    *,
+    listeners: list[trio.SocketListener] | None = None,
+    status_port: int | None = None,
+    status_host: str = "127.0.0.1",
+    coordinator: Coordinator | None = None,
+    task_status: trio.TaskStatus[HeartbeatServer] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Run one heartbeat worker until cancelled; ``nursery.start`` returns the server.
+
+    ``listeners`` default to a TCP listener on ``config.host:config.port`` (port 0
+    picks a free one: read ``server.port``). ``config.engine`` says how connections
+    are served: ``dense`` (the default; no task per connection) or ``streams``. ``coordinator`` defaults to a lone
+    worker's (:class:`InProcessCoordinator`, with ``config.extra_sinks``). ``await
+    server.shutdown()`` first for a graceful stop (subscribers hear every device go
+    offline); cancelling alone ends every connection at once, each with reason
+    ``shutdown`` and its TCP close.
+    """
+    async with idlekeeper.open_keeper(tick=config.tick) as keeper, trio.open_nursery() as nursery:
+        server = HeartbeatServer(config, keeper, nursery, coordinator)
+        # Started before the first connection, so that no report finds it unattached.
+        await nursery.start(partial(server.coordinator.run, server))
+        if listeners is None:
+            listeners = open_listeners(config.host, config.port)
+        server.port = port_of(listeners)
+        await nursery.start(serve_dense if config.engine == "dense" else serve_streams, server, listeners)
+        if status_port is not None:
+            await nursery.start(partial(serve_status, server, status_port, keeper=keeper, host=status_host))
+        task_status.started(server)
