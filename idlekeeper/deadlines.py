@@ -19,6 +19,9 @@ from .wheel import WheelEntry
 __all__ = ["ConnectionDeadlines", "Reason"]
 
 _INF = math.inf
+# One shared object: ``-_INF`` written in __init__ would make a new float (24 bytes)
+# for each of three fields of every connection.
+_NEG_INF = -math.inf
 
 
 class Reason(str, enum.Enum):
@@ -76,9 +79,9 @@ class ConnectionDeadlines(WheelEntry):
         self._receive: float | None = None
         self._send: float | None = None
         self._deadline = _INF
-        self._idle_since = -_INF
-        self._receive_since = -_INF
-        self._send_since = -_INF
+        self._idle_since = _NEG_INF
+        self._receive_since = _NEG_INF
+        self._send_since = _NEG_INF
 
     # -- configuration (the time of the change is passed in) -------------------
 

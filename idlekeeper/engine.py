@@ -25,6 +25,7 @@ the engine's task and must not block. Linux only (epoll).
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import select
@@ -115,10 +116,18 @@ class Engine:
         self.low_water = low_water
         """Queued bytes at or below which reading resumes (and ``resume_writing``)."""
         self._epoll = select.epoll()
-        self._fds: dict[int, Transport | _Listener] = {}
+        self._fds: dict[int, Transport | _Listener | socket.socket] = {}
         self._listeners: list[_Listener] = []
         self._lost: list[tuple[Transport, BaseException | None]] = []
-        self._waiting: trio.CancelScope | None = None
+        # Wakes the engine when a connection is dropped from outside its pass (an
+        # expiry in the reaper, a takeover in another task): its protocol must hear.
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
+        self._fds[self._wake_r.fileno()] = self._wake_r
+        self._epoll.register(self._wake_r.fileno(), _IN)
+        self._woken = False
+        self._in_pass = False
         self._closed = False
         self.accepted = 0
         """Connections accepted."""
@@ -180,7 +189,7 @@ class Engine:
 
     def __len__(self) -> int:
         """Open connections."""
-        return len(self._fds) - len(self._listeners)
+        return len(self._fds) - len(self._listeners) - 1
 
     def transports(self) -> Iterator[Transport]:
         """Every open connection (a snapshot)."""
@@ -197,9 +206,13 @@ class Engine:
         max_age: float | None = None,
         on_expire: ExpireHook | None = None,
     ) -> Transport:
-        """Serve a connected socket (made or accepted elsewhere) with ``protocol``."""
+        """Serve a connected socket (made or accepted elsewhere) with ``protocol``.
+
+        The socket is made non-blocking: a blocking send would stall the engine's task.
+        """
         if self._closed:
             raise RuntimeError("this engine is closed")
+        sock.setblocking(False)
         return self._start(sock, protocol, idle, receive, send, max_age, on_expire)
 
     # -- the loop ----------------------------------------------------------------------
@@ -208,14 +221,12 @@ class Engine:
         epfd = self._epoll.fileno()
         task_status.started()
         while True:
-            if not self._lost:
-                with trio.CancelScope() as scope:
-                    self._waiting = scope
-                    await trio.lowlevel.wait_readable(epfd)
-                self._waiting = None
-            else:
-                await trio.lowlevel.checkpoint()
-            self._pass()
+            await trio.lowlevel.wait_readable(epfd)
+            self._in_pass = True
+            try:
+                self._pass()
+            finally:
+                self._in_pass = False
 
     def _pass(self) -> None:
         self.passes += 1
@@ -225,10 +236,13 @@ class Engine:
             entry = fds.get(fd)
             if entry is None:
                 continue
-            if entry.__class__ is _Listener:
-                # After the reads, so that a descriptor freed in this pass and reused
-                # by an accept cannot be handed an event meant for the old socket.
-                ready.append(entry)
+            if entry.__class__ is not Transport:
+                if entry.__class__ is _Listener:
+                    # After the reads, so that a descriptor freed in this pass and reused
+                    # by an accept cannot be handed an event meant for the old socket.
+                    ready.append(entry)
+                else:
+                    self._drain_wakeups()
                 continue
             assert isinstance(entry, Transport)
             if events & _OUT and entry._wbuf is not None:
@@ -380,8 +394,16 @@ class Engine:
         t.sending = False
         t.stop()
         self._lost.append((t, exc))
-        if self._waiting is not None:
-            self._waiting.cancel()
+        if not self._in_pass and not self._woken:
+            self._woken = True
+            with contextlib.suppress(BlockingIOError):  # already full of wake-ups
+                self._wake_w.send(b"\0")
+
+    def _drain_wakeups(self) -> None:
+        self._woken = False
+        with contextlib.suppress(BlockingIOError):
+            while self._wake_r.recv(4096):
+                pass
 
     def _deliver_lost(self) -> None:
         while self._lost:
@@ -403,6 +425,8 @@ class Engine:
             self._drop(t, EngineClosed())
         self._deliver_lost()
         self._epoll.close()
+        self._wake_r.close()
+        self._wake_w.close()
 
 
 @asynccontextmanager

@@ -52,6 +52,7 @@ class _Loop(Protocol):
 
     high_water: int
     low_water: int
+    callback_errors: int
 
     def _update(self, transport: Transport) -> None: ...
 
@@ -94,6 +95,8 @@ class Transport(Watch):
         """
         if self._io & (CLOSING | CLOSED | EOF_PENDING | EOF_SENT) or not data:
             return
+        if data.__class__ is memoryview:
+            data = data.cast("B")  # counted in bytes, whatever its item size
         buf = self._wbuf
         if buf is None:
             try:
@@ -103,8 +106,10 @@ class Transport(Watch):
             except OSError as exc:
                 self._loop._drop(self, exc)
                 return
-            if sent:
-                self.tx = self._epochs.current
+            # Stamped even if the kernel took nothing: a send starts now, and its
+            # timeout counts from here (as WatchedStream.send_all), not from the last
+            # write the kernel took whole, which may be long ago.
+            self.tx = self._epochs.current
             if sent == len(data):
                 return
             buf = self._wbuf = bytearray(memoryview(data)[sent:])
@@ -247,9 +252,10 @@ class Transport(Watch):
             return
         try:
             getattr(protocol, name)()
-        except Exception:
+        except Exception as exc:
+            self._loop.callback_errors += 1
             logger.exception("idlekeeper: %s of %r raised; closing the connection", name, protocol)
-            self._loop._drop(self, None)
+            self._loop._drop(self, exc)
 
     def __repr__(self) -> str:
         state = "closed" if self._io & CLOSED else ("closing" if self._io & CLOSING else "open")

@@ -2,8 +2,9 @@
 
     python -m loadtest compare [--devices 10000] [--keepalive 10] [--only devices|http]
 
-**Devices**, one server process each, in turn: ``servers.heartbeat`` (idlekeeper),
-the trio-native baseline in :mod:`loadtest.baseline` (one ``move_on_after`` per
+**Devices**, one server process each, in turn: ``servers.heartbeat`` (idlekeeper) on
+its default dense engine and on the streams engine (a task per connection), the
+trio-native baseline in :mod:`loadtest.baseline` (one ``move_on_after`` per
 read), amqtt (its own virtualenv) and Mosquitto (when installed). Every target gets
 the same fleet: keep-alive K, a share going silent, and a SIGSTOP stall of 2 x K.
 
@@ -37,7 +38,7 @@ from .workload import DeviceLoad
 
 __all__ = ["main"]
 
-MQTT_TARGETS = ("idlekeeper", "baseline", "amqtt", "mosquitto")
+MQTT_TARGETS = ("idlekeeper", "idlekeeper-streams", "baseline", "amqtt", "mosquitto")
 
 
 def _num(value: Any) -> float:
@@ -122,8 +123,9 @@ def compare_devices(load: DeviceLoad, targets: Sequence[str], tick: float, quiet
         print(f"\n== devices: {name} ==", flush=True)
         stop: Callable[[], None]
         try:
-            if name == "idlekeeper":
-                ours = HeartbeatTarget.start(load.devices, tick=tick, workers=1)
+            if name in ("idlekeeper", "idlekeeper-streams"):
+                engine = "dense" if name == "idlekeeper" else "streams"
+                ours = HeartbeatTarget.start(load.devices, tick=tick, workers=1, engine=engine)
                 server: Any = ours
                 stop = ours.stop
             else:
@@ -178,7 +180,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m loadtest compare", description=__doc__.split("\n\n")[0])
     a = p.add_argument
     a("--only", choices=("devices", "http"), default=None, help="run one half only")
-    a("--mqtt-targets", default=",".join(MQTT_TARGETS), help="comma-separated (default: all four)")
+    a("--mqtt-targets", default=",".join(MQTT_TARGETS), help="comma-separated (default: all five)")
     a("--http-targets", default=",".join(HTTP_TARGETS), help="comma-separated (default: all three)")
     a("--devices", type=int, default=10_000, help="devices per target: one process each (default: 10,000)")
     a("--keepalive", type=int, default=10, help="device keep-alive K in seconds (default: 10)")

@@ -212,6 +212,12 @@ def parser(prog: str = "python -m loadtest devices") -> argparse.ArgumentParser:
     a("--per-generator", type=int, default=d.per_generator, help="devices per generator process (default: 15000)")
     a("--workers", type=int, default=None, help="server workers (default: enough for the devices, at least 2)")
     a("--tick", type=float, default=0.1, help="server keeper tick in seconds (default: 0.1)")
+    a(
+        "--engine",
+        choices=("dense", "streams"),
+        default="dense",
+        help="the server's engine: dense (no task per connection) or streams (default: dense)",
+    )
     a("--port", type=int, default=None, help="drive an already running server on this port instead of starting one")
     a("--pid", type=int, action="append", default=[], help="with --port: a server PID to sample (and to stall)")
     a("--json", default="results/devices.json", help="JSON results (default: results/devices.json)")
@@ -252,7 +258,7 @@ def main_with(args: argparse.Namespace) -> int:
     else:
         if not args.quiet:
             print(f"starting servers.heartbeat for {load.devices:,} devices ...", flush=True)
-        started = HeartbeatTarget.start(load.devices, tick=args.tick, workers=args.workers)
+        started = HeartbeatTarget.start(load.devices, tick=args.tick, workers=args.workers, engine=args.engine)
         server = started
     try:
         with Live(enabled=not args.quiet) as live:

@@ -1,7 +1,9 @@
 """The MQTT servers the device load runs against: started, found, stopped by PID.
 
 - ``idlekeeper``: ``servers.heartbeat`` (:class:`HeartbeatTarget`), with its status
-  ports and presence log, for ``python -m loadtest devices`` and ``compare``;
+  ports and presence log, for ``python -m loadtest devices`` and ``compare``, on the
+  dense engine; ``idlekeeper-streams`` is the same server on the streams engine (a
+  task per connection);
 - an :class:`ExternalServer` someone else started (``devices --port``);
 - ``baseline``: :mod:`loadtest.baseline`, the same protocol code on trio's own
   timeouts (one ``move_on_after`` per read);
@@ -172,17 +174,23 @@ class HeartbeatTarget:
     name: str = "idlekeeper"
 
     @classmethod
-    def start(cls, devices: int, tick: float = 0.1, workers: int | None = None) -> HeartbeatTarget:
-        """Enough workers for ``devices`` (or ``workers``), each with /metrics and a shared presence log."""
+    def start(
+        cls, devices: int, tick: float = 0.1, workers: int | None = None, engine: str = "dense"
+    ) -> HeartbeatTarget:
+        """Enough workers for ``devices`` (or ``workers``), each with /metrics and a shared presence log.
+
+        ``engine`` is the server's ``--engine``; a streams server is named ``idlekeeper-streams``.
+        """
         if workers is None:
             workers = max(2, math.ceil(devices / (FILE_BUDGET - 1_000)))
         port = free_port()
         status = free_port(run=workers)
         log = Path(tempfile.mkdtemp(prefix="ik-devices-")) / "presence.jsonl"
-        extra = ["--tick", str(tick), "--status-port", str(status), "--presence-log", str(log)]
+        extra = ["--tick", str(tick), "--status-port", str(status), "--presence-log", str(log), "--engine", engine]
         proc = start_heartbeat(port, workers, extra, timeout=60 + workers * 5)
         urls = [f"http://127.0.0.1:{status + i}/metrics" for i in range(workers)]
-        return cls(proc, port, workers, urls, log)
+        name = "idlekeeper" if engine == "dense" else f"idlekeeper-{engine}"
+        return cls(proc, port, workers, urls, log, name)
 
     def pids(self) -> list[int]:
         """The supervisor and its workers."""

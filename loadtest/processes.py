@@ -25,6 +25,9 @@ def free_port(host: str = "127.0.0.1", run: int = 1) -> int:
         try:
             for offset in range(1, run):
                 with socket.socket() as probe:
+                    # As the servers bind: a port whose old connections linger in
+                    # TIME_WAIT (many, after a large run) is free for them.
+                    probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
                     probe.bind((host, first + offset))
         except OSError:
             continue

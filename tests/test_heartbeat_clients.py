@@ -97,8 +97,9 @@ def paho_client(client_id: str) -> mqtt.Client:
     return mqtt.Client(CallbackAPIVersion.VERSION2, client_id=client_id)
 
 
-def test_paho_connect_ping_publish_subscribe_and_will(start_server: object) -> None:
-    server: Server = start_server()  # type: ignore[operator]
+@pytest.mark.parametrize("engine", ["dense", "streams"])
+def test_paho_connect_ping_publish_subscribe_and_will(start_server: object, engine: str) -> None:
+    server: Server = start_server("--engine", engine)  # type: ignore[operator]
     got: list[tuple[str, bytes]] = []
     subscribed = threading.Event()
     watcher = paho_client("paho-watcher")
@@ -188,10 +189,11 @@ def test_mosquitto_clients(start_server: object) -> None:
     assert '"reason":"disconnect"' in lines[1]
 
 
-def test_sigstop_stall_keeps_pinging_clients(start_server: object) -> None:
+@pytest.mark.parametrize("engine", ["dense", "streams"])
+def test_sigstop_stall_keeps_pinging_clients(start_server: object, engine: str) -> None:
     """The server is stopped for longer than 1.5 x keep-alive; a client that kept
-    pinging must survive, while one that went silent is still cut."""
-    server: Server = start_server()  # type: ignore[operator]
+    pinging must survive, while one that went silent is still cut (either engine)."""
+    server: Server = start_server("--engine", engine)  # type: ignore[operator]
     alive = raw_connect(server.port, "stall-alive", keep_alive=1)  # deadline 1.5 s
     silent = raw_connect(server.port, "stall-silent", keep_alive=1)
     stop = threading.Event()
