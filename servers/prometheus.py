@@ -11,12 +11,14 @@ in one process, as in the tests, do not collide) and renders it with :func:`rend
 
 from __future__ import annotations
 
+import os
+import resource
 from collections.abc import Callable, Iterable, Iterator, Mapping
 
+import psutil
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
-from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 
 import idlekeeper
@@ -126,8 +128,46 @@ def worker_registry(
     for collect in live:
         registry.register(LiveCollector(collect))
     registry.register(KeeperCollector(stats, labels))
-    ProcessCollector(registry=registry)
+    registry.register(ProcessFigures())
     return registry
+
+
+class ProcessFigures(Collector):
+    """The process's own figures, under the names of prometheus-client's process
+    collector, read in O(1) whatever the number of open sockets.
+
+    That collector counts descriptors by listing ``/proc/self/fd``: 46 ms at 15,000
+    sockets, on every scrape of each of a million-device server's 58 workers. Since
+    Linux 6.2 the directory's size is the count; older kernels still get a listing.
+    """
+
+    def __init__(self) -> None:
+        self._page = os.sysconf("SC_PAGE_SIZE")
+        self._started = psutil.Process().create_time()
+
+    def collect(self) -> Iterator[Metric]:
+        """RSS and virtual size, CPU seconds, start time, open and maximum descriptors."""
+        f = Families({})
+        with open("/proc/self/statm", "rb") as statm:
+            size, resident = statm.read().split()[:2]
+        f.gauge("process_virtual_memory_bytes", "Virtual memory size in bytes.", int(size) * self._page)
+        f.gauge("process_resident_memory_bytes", "Resident memory size in bytes.", int(resident) * self._page)
+        times = os.times()
+        f.counter(
+            "process_cpu_seconds_total", "Total user and system CPU time spent in seconds.", times.user + times.system
+        )
+        f.gauge("process_start_time_seconds", "Start time of the process since unix epoch in seconds.", self._started)
+        f.gauge("process_open_fds", "Number of open file descriptors.", open_descriptors())
+        f.gauge(
+            "process_max_fds", "Maximum number of open file descriptors.", resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        )
+        yield from f.families
+
+
+def open_descriptors() -> int:
+    """This process's open file descriptors: O(1) on Linux 6.2+, a listing before."""
+    count = os.stat("/proc/self/fd").st_size
+    return count if count > 0 else len(os.listdir("/proc/self/fd"))
 
 
 def render(registry: CollectorRegistry) -> bytes:
