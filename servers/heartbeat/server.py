@@ -1,8 +1,11 @@
 """The heartbeat server: MQTT 3.1.1 keep-alive and presence on idlekeeper.
 
-Each connection is one short trio loop: receive, feed the reader, hand packets to
-the session, carry out its effects. Deadlines are declared once per phase on the
-watched stream, and the keeper's one reaper enforces all of them:
+Bytes from a connection go to the sans-IO reader, packets to the session, and the
+session's effects are carried out by the steps here (admit, refuse, subscribe,
+route, end), which both engines share: the dense engine's protocol callbacks
+(:mod:`.dense`, the default) and the streams engine's task per connection
+(:mod:`.streams`). Deadlines are declared once per phase on the connection's watch
+(a transport or a watched stream), and the keeper's one reaper enforces all of them:
 
 - before CONNECT: an absolute ``connect_timeout`` from accept;
 - after CONNECT: a receive timeout of 1.5 × keep-alive (the spec's rule; any
