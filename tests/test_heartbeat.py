@@ -17,6 +17,7 @@ from trio.testing import MockClock
 from servers.heartbeat import encoders, packets
 from servers.heartbeat.auth import PasswordFile
 from servers.heartbeat.coordination.inprocess import InProcessCoordinator
+from servers.heartbeat.dense import DenseConnection
 from servers.heartbeat.presence import Offline, PresenceEvent
 from servers.heartbeat.reader import PacketReader
 from servers.heartbeat.server import HeartbeatConfig, HeartbeatServer
@@ -425,3 +426,27 @@ async def test_max_qos_comes_from_the_config(clock: MockClock) -> None:
         await device.send(encoders.encode_disconnect())
     with pytest.raises(ValueError, match="max_qos"):
         HeartbeatConfig(max_qos=2)  # subscribers are never sent the QoS 2 exchange
+
+
+async def test_dense_devices_arm_a_send_timeout_only_while_they_lag(clock: MockClock, engine: str) -> None:
+    """An armed send timeout is re-checked by the reaper every period even when idle, so
+    on the dense engine a device gets one only while its queue is over the high-water
+    mark; a subscriber always has one (on either engine)."""
+    async with running() as (server, _):
+        device = await Client.connect(server.port, "quiet-device")
+        watcher = await Client.connect(server.port, "watcher")
+        await watcher.send(encoders.encode_subscribe(1, [("presence/#", 0)]))
+        assert await watcher.read_packet() == encoders.encode_suback(1, [0])
+        conns = {c.session.client_id: c for c in server.connections}
+        assert conns["quiet-device"].stream.send_timeout is None
+        assert conns["watcher"].stream.send_timeout == server.config.send_timeout
+        dense = conns["quiet-device"]
+        if not isinstance(dense, DenseConnection):
+            assert engine == "streams"
+            return
+        dense.pause_writing()  # what the transport calls when the queue passes high water
+        assert dense.stream.send_timeout == server.config.send_timeout
+        dense.resume_writing()
+        assert dense.stream.send_timeout is None
+        await device.send(encoders.encode_pingreq())
+        assert await device.read(2) == encoders.encode_pingresp()

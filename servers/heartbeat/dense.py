@@ -56,8 +56,6 @@ class DenseConnection(Connection, idlekeeper.Protocol):
             self, transport, peer_of(transport), Session(max_qos=cfg.max_qos, presence_prefix=cfg.presence_prefix)
         )
         self.reader = PacketReader(cfg.max_packet_size)
-        # A queue that never drains (a client that stopped reading) ends the connection.
-        transport.send_timeout = cfg.send_timeout
         server.opened(self)
 
     def data_received(self, data: bytes) -> None:
@@ -173,6 +171,19 @@ class DenseConnection(Connection, idlekeeper.Protocol):
         stream.send_timeout = GOODBYE_TIMEOUT
         stream.write(connack)
         stream.close()
+
+    def pause_writing(self) -> None:
+        """The client is not reading what it is sent (its queue passed the high-water
+        mark, and it is no longer read): it has ``send_timeout`` to catch up."""
+        if self.stream.send_timeout is None:
+            self.stream.send_timeout = self.server.config.send_timeout
+
+    def resume_writing(self) -> None:
+        """It caught up. A device's send timeout is armed only while it lags: an armed
+        one is re-checked by the reaper every ``send_timeout`` even when nothing is
+        pending, which for every idle device of a million is a cost for nothing."""
+        if not self.has_subscribed:
+            self.stream.send_timeout = None
 
     # -- as a subscriber -------------------------------------------------------------
 
