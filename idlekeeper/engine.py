@@ -257,7 +257,7 @@ class Engine:
 
     def _read(self, t: Transport) -> None:
         try:
-            data = t._sock.recv(self.read_size)
+            data = t._socket.recv(self.read_size)
         except (BlockingIOError, InterruptedError):
             return
         except OSError as exc:
@@ -362,7 +362,7 @@ class Engine:
         have = io & _REG
         if want == have:
             return
-        fd = t._sock.fileno()
+        fd = t._socket.fileno()
         mask = (_IN if want & _REG_IN else 0) | (_OUT if want & _REG_OUT else 0)
         # Nothing wanted means out of the set: a hung-up socket would otherwise be
         # reported on every pass (epoll always reports hang-ups).
@@ -383,7 +383,7 @@ class Engine:
         if io & CLOSED:
             return
         t._io = (io | CLOSED) & ~_REG
-        sock = t._sock
+        sock = t._socket
         fd = sock.fileno()
         if io & _REG:
             self._epoll.unregister(fd)

@@ -16,7 +16,7 @@ owns the epoll set, this module only asks it for changes.
 from __future__ import annotations
 
 import logging
-import socket as _socket
+import socket as stdsocket
 from typing import TYPE_CHECKING, Protocol
 
 from .deadlines import Reason
@@ -68,20 +68,22 @@ class Transport(Watch):
     :class:`~idlekeeper.protocol.Expired` in ``connection_lost``.
     """
 
-    __slots__ = ("_loop", "_protocol", "_sock", "_wbuf", "_io")
+    __slots__ = ("_loop", "_protocol", "_wbuf", "_io")
+    # The watch's own socket slot, always a socket here (a second slot holding the
+    # same object would cost every connection 8 bytes).
+    _socket: stdsocket.socket
 
     def __init__(
         self,
         owner: _Owner,
         loop: _Loop,
-        sock: _socket.socket,
+        sock: stdsocket.socket,
         *,
         stall_check: bool,
         on_expire: ExpireHook | None,
     ) -> None:
         super().__init__(owner, sock, close=True, stall_check=stall_check, on_expire=on_expire)
         self._loop = loop
-        self._sock = sock
         self._protocol: ConnectionProtocol | None = None
         self._wbuf: bytearray | None = None
         self._io = 0
@@ -100,7 +102,7 @@ class Transport(Watch):
         buf = self._wbuf
         if buf is None:
             try:
-                sent = self._sock.send(data)
+                sent = self._socket.send(data)
             except (BlockingIOError, InterruptedError):
                 sent = 0
             except OSError as exc:
@@ -128,7 +130,7 @@ class Transport(Watch):
         if buf is None:
             return
         try:
-            sent = self._sock.send(buf)
+            sent = self._socket.send(buf)
         except (BlockingIOError, InterruptedError):
             return
         except OSError as exc:
@@ -172,7 +174,7 @@ class Transport(Watch):
     def _shutdown_write(self) -> None:
         self._io = (self._io & ~EOF_PENDING) | EOF_SENT
         try:
-            self._sock.shutdown(_socket.SHUT_WR)
+            self._socket.shutdown(stdsocket.SHUT_WR)
         except OSError as exc:
             self._loop._drop(self, exc)
             return
@@ -229,11 +231,11 @@ class Transport(Watch):
         """asyncio's names: ``"socket"``, ``"peername"``, ``"sockname"``."""
         try:
             if name == "socket":
-                return self._sock
+                return self._socket
             if name == "peername":
-                return self._sock.getpeername()
+                return self._socket.getpeername()
             if name == "sockname":
-                return self._sock.getsockname()
+                return self._socket.getsockname()
         except OSError:
             return default
         return default
@@ -260,4 +262,4 @@ class Transport(Watch):
     def __repr__(self) -> str:
         state = "closed" if self._io & CLOSED else ("closing" if self._io & CLOSING else "open")
         reason = "" if self.reason is None else f" expired ({Reason(self.reason).value})"
-        return f"<Transport fd={self._sock.fileno()} {state}{reason} queued={self.get_write_buffer_size()}>"
+        return f"<Transport fd={self._socket.fileno()} {state}{reason} queued={self.get_write_buffer_size()}>"
