@@ -189,7 +189,7 @@ class Engine:
 
     def __len__(self) -> int:
         """Open connections."""
-        return len(self._fds) - len(self._listeners) - 1
+        return len(self._fds) - len(self._listeners) - 1  # the wake-up socket
 
     def transports(self) -> Iterator[Transport]:
         """Every open connection (a snapshot)."""
@@ -231,27 +231,22 @@ class Engine:
     def _pass(self) -> None:
         self.passes += 1
         fds = self._fds
-        ready = []
+        ready: list[_Listener] = []
         for fd, events in self._epoll.poll(0, self.max_events):
             entry = fds.get(fd)
-            if entry is None:
-                continue
-            if entry.__class__ is not Transport:
-                if entry.__class__ is _Listener:
-                    # After the reads, so that a descriptor freed in this pass and reused
-                    # by an accept cannot be handed an event meant for the old socket.
-                    ready.append(entry)
-                else:
-                    self._drain_wakeups()
-                continue
-            assert isinstance(entry, Transport)
-            if events & _OUT and entry._wbuf is not None:
-                entry._flush()
-            if events & ~_OUT and not entry._io & NO_READ:
-                self._read(entry)
+            if isinstance(entry, Transport):
+                if events & _OUT and entry._wbuf is not None:
+                    entry._flush()
+                if events & ~_OUT and not entry._io & NO_READ:
+                    self._read(entry)
+            elif isinstance(entry, _Listener):
+                # After the reads, so that a descriptor freed in this pass and reused
+                # by an accept cannot be handed an event meant for the old socket.
+                ready.append(entry)
+            elif entry is not None:
+                self._drain_wakeups()
         self._deliver_lost()
         for listener in ready:
-            assert isinstance(listener, _Listener)
             self._accept(listener)
         self._deliver_lost()
 
