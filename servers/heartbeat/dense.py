@@ -19,7 +19,7 @@ from .encoders import encode_pingresp
 from .packets import PINGREQ_WIRE, Packet, ProtocolError
 from .presence import Offline
 from .reader import PacketReader
-from .server import Connection, HeartbeatServer, peer_of
+from .server import GOODBYE_TIMEOUT, Connection, HeartbeatServer, peer_of
 from .session import Accept, AddSubscription, RemoveSubscription, Route, Send, Session, State
 
 __all__ = ["DenseConnection", "serve_dense"]
@@ -27,8 +27,6 @@ __all__ = ["DenseConnection", "serve_dense"]
 # Bytes queued for one subscriber beyond which new messages are dropped (counted),
 # as Mosquitto's max_queued_bytes does; its send timeout ends it if it never reads.
 OUTBOX_BYTES = 16 * 1024 * 1024
-# A refused or misbehaving client gets this long to read its CONNACK before the close.
-GOODBYE_TIMEOUT = 1.0
 _PINGRESP = encode_pingresp()
 
 
@@ -116,8 +114,7 @@ class DenseConnection(Connection, idlekeeper.Protocol):
         if isinstance(effect, Send):
             self.stream.write(effect.data)
         elif isinstance(effect, Route):
-            server.counters["messages_in"] += 1
-            server.route(effect.topic, effect.payload, effect.qos)
+            server.published(effect)
         elif isinstance(effect, Accept):
             self._accept(effect)
         elif isinstance(effect, AddSubscription):
@@ -152,9 +149,7 @@ class DenseConnection(Connection, idlekeeper.Protocol):
             self._goodbye(refusal)
             return
         self.stream.write(server.admit(self, request))
-        assert self.online is not None
-        # The coordinator ends the device's session on any other worker or gateway.
-        server.coordinator.online(self.online)
+        server.announce(self)
 
     def _violation(self, exc: ProtocolError) -> None:
         self.outcome, self.detail = Offline.PROTOCOL_ERROR, exc.reason

@@ -46,6 +46,7 @@ from .session import (
     Accept,
     AddSubscription,
     RemoveSubscription,
+    Route,
     Session,
     State,
 )
@@ -56,6 +57,9 @@ logger = logging.getLogger("servers.heartbeat")
 
 ENGINES = ("dense", "streams")
 """How connections are served: see :mod:`.dense` and :mod:`.streams`."""
+
+# A refused or misbehaving client gets this long to read its CONNACK before the close.
+GOODBYE_TIMEOUT = 1.0
 
 # A subscriber that falls this far behind loses its oldest queued messages.
 OUTBOX_LIMIT = 50_000
@@ -223,7 +227,7 @@ class HeartbeatServer:
     def admit(self, conn: Connection, request: Accept) -> bytes:
         """Make ``conn`` the device's session; returns the CONNACK to send.
 
-        Send it, then call ``self.coordinator.online(conn.online)``.
+        Send it, then call :meth:`announce`.
         """
         cfg = self.config
         old = self.online.get(request.client_id)
@@ -242,6 +246,17 @@ class HeartbeatServer:
             conn, "online", None, epoch=epoch_of(cfg.worker, self._pid, next(self._epochs), cfg.node)
         )
         return conn.session.accepted()
+
+    def announce(self, conn: Connection) -> None:
+        """The CONNACK of an admitted session is out: the coordinator ends the device's
+        session on any other worker or gateway and publishes it online."""
+        assert conn.online is not None
+        self.coordinator.online(conn.online)
+
+    def published(self, message: Route) -> None:
+        """A client's PUBLISH: count it and route it to every subscriber."""
+        self.counters["messages_in"] += 1
+        self.route(message.topic, message.payload, message.qos)
 
     def subscribed(self, conn: Connection, effect: AddSubscription) -> None:
         """The client subscribed: from now on it is sent what matches (within ``send_timeout``)."""

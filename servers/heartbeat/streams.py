@@ -20,7 +20,7 @@ import idlekeeper
 from .packets import ProtocolError
 from .presence import Offline
 from .reader import PacketReader
-from .server import _WRITE_BATCH, Connection, HeartbeatServer, peer_of
+from .server import _WRITE_BATCH, GOODBYE_TIMEOUT, Connection, HeartbeatServer, peer_of
 from .session import Accept, AddSubscription, RemoveSubscription, Route, Send, Session, State
 
 __all__ = ["StreamConnection", "serve_streams"]
@@ -71,15 +71,13 @@ class StreamConnection(Connection):
     async def serve(self) -> None:
         """Serve the connection until it ends, whatever ends it."""
         server = self.server
-        conn = self
-        stream = self.stream
-        server.opened(conn)
+        server.opened(self)
         reader = PacketReader(server.config.max_packet_size)
-        session = conn.session
+        session = self.session
         outcome: Offline | None = None
         detail = ""
         try:
-            async for data in stream:
+            async for data in self.stream:
                 for packet in reader.feed(data):
                     server.counters["packets_in"] += 1
                     for effect in session.receive(packet):
@@ -90,10 +88,10 @@ class StreamConnection(Connection):
                     outcome = Offline.DISCONNECT  # unless refused: ended_by says so
                     break
                 if session.state is State.CONNECTED:
-                    server.packet_deadline(conn, reader.buffered > 0)
+                    server.packet_deadline(self, reader.buffered > 0)
         except ProtocolError as exc:
             outcome, detail = Offline.PROTOCOL_ERROR, exc.reason
-            refusal = server.protocol_error(conn, exc)
+            refusal = server.protocol_error(self, exc)
             if refusal is not None:
                 await self._goodbye(refusal)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
@@ -102,15 +100,14 @@ class StreamConnection(Connection):
             outcome = Offline.SHUTDOWN  # cancelled from outside: the server is stopping
             raise
         finally:
-            server.ended(conn, server.reason(conn, outcome), detail)
+            server.ended(self, server.reason(self, outcome), detail)
 
     async def _apply(self, effect: object) -> None:
         server = self.server
         if isinstance(effect, Send):
             await self._send(effect.data)
         elif isinstance(effect, Route):
-            server.counters["messages_in"] += 1
-            server.route(effect.topic, effect.payload, effect.qos)
+            server.published(effect)
         elif isinstance(effect, Accept):
             await self._accept(effect)
         elif isinstance(effect, AddSubscription):
@@ -128,13 +125,11 @@ class StreamConnection(Connection):
             await self._goodbye(refusal)
             return
         await self._send(server.admit(self, request))
-        # The coordinator ends the device's session on any other worker or gateway.
-        assert self.online is not None
-        server.coordinator.online(self.online)
+        server.announce(self)
 
     async def _goodbye(self, connack: bytes) -> None:
         """Send a refusal, briefly: a refused client must not hold its connection open."""
-        with trio.move_on_after(1.0):
+        with trio.move_on_after(GOODBYE_TIMEOUT):
             with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
                 await self.stream.send_all(connack)
 
@@ -152,16 +147,15 @@ class StreamConnection(Connection):
         self.server.nursery.start_soon(self._writer)
 
     async def _writer(self) -> None:
-        conn = self
-        outbox = conn.outbox
-        assert outbox is not None and conn.writer is not None
-        stream = conn.stream
-        with conn.writer:
+        outbox = self.outbox
+        assert outbox is not None and self.writer is not None
+        stream = self.stream
+        with self.writer:
             try:
                 while True:
                     if not outbox:
-                        conn.wake = trio.Event()
-                        await conn.wake.wait()
+                        self.wake = trio.Event()
+                        await self.wake.wait()
                         continue
                     batch: list[bytes] = []
                     size = 0
