@@ -59,9 +59,13 @@ def merge(
         for why, n in r["errors"].items():
             errors[why] = errors.get(why, 0) + n
     base = samples[0]
-    # Steady state: every device online, before anything happens to them.
-    steady = _window(samples, timeline.acts - load.keepalive, timeline.acts)
-    hb_window = [(t, p["pings"]) for t, p in progress if timeline.acts - load.keepalive <= t <= timeline.acts]
+    # Steady state: every device online, before anything happens to them. A ramp that
+    # ran past its planned time (a busy machine accepts more slowly) would put CONNECTs,
+    # each far dearer than a heartbeat, into the window, so it opens after the last one.
+    ramp_end = max((t for t in connack if t < timeline.acts), default=timeline.start)
+    steady_from = max(timeline.acts - load.keepalive, ramp_end + 1.0)
+    steady = _window(samples, steady_from, timeline.acts)
+    hb_window = [(t, p["pings"]) for t, p in progress if steady_from <= t <= timeline.acts]
     heartbeat_rate = (
         (hb_window[-1][1] - hb_window[0][1]) / (hb_window[-1][0] - hb_window[0][0]) if len(hb_window) >= 2 else math.nan
     )
@@ -76,6 +80,8 @@ def merge(
             "cpu_cores": cores,
             "heartbeats_per_s": heartbeat_rate,
             "cpu_pct_per_1k_heartbeats_per_s": 100 * cores / (heartbeat_rate / 1000) if heartbeat_rate else math.nan,
+            "window_s": last.t - first.t,
+            "ramp_overran_s": max(0.0, ramp_end - (timeline.acts - load.keepalive)),
         }
     lateness = joined("lateness")
     t0 = timeline.start
@@ -234,7 +240,9 @@ def report(r: dict[str, Any]) -> str:
         lines.append(
             f"server at steady state {s['rss_mb']:,.0f} MB RSS, {s['rss_per_device_bytes'] / 1024:.2f} KiB per device, "
             f"{s['open_files']:,} open files, {s['cpu_cores'] * 100:.0f}% CPU for {s['heartbeats_per_s']:,.0f} "
-            f"heartbeats/s ({s['cpu_pct_per_1k_heartbeats_per_s']:.1f}% per 1k/s)"
+            f"heartbeats/s ({s['cpu_pct_per_1k_heartbeats_per_s']:.1f}% per 1k/s, "
+            f"over {s.get('window_s', math.nan):.0f} s"
+            + (f" after the ramp overran by {s['ramp_overran_s']:.0f} s)" if s.get("ramp_overran_s", 0) > 0 else ")")
         )
     m = r.get("server_metrics")
     if m:

@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
-from loadtest.device_results import passed
+from loadtest.device_results import merge, passed
 from loadtest.generator import Device, Generator, GeneratorSpec
-from loadtest.sampler import Sampler, histogram_quantile, parse_metrics
+from loadtest.sampler import Sample, Sampler, histogram_quantile, parse_metrics
 from loadtest.workload import DeviceLoad, Timeline, plan, specs
 from servers.prometheus import Families, LiveCollector, render
 
@@ -94,6 +94,23 @@ def test_results_judge_false_expiries_lateness_and_generator_lag(tmp_path: Path)
     assert r["generator_late"] == 1
     assert r["lateness"] == [115.05 - 115.0]
     assert r["undetected"] == 0 and r["connected"] == 4
+
+
+def test_steady_state_cost_excludes_a_ramp_that_overran(tmp_path: Path) -> None:
+    """CONNECTs cost far more than heartbeats: the steady window opens after the last one."""
+    r = _generator(tmp_path).results()
+    r["connack_times"] = [float(t) for t in range(80)]  # planned by 60, last CONNACK at 79
+    samples, cpu = [], 0.0
+    for t in range(101):
+        samples.append(Sample(t=float(t), rss=1_000_000, cpu=cpu, fds=10, processes=1))
+        cpu += 1.0 if t < 80 else 0.1  # a core while accepting, a tenth after
+    progress = [(float(t), {"pings": 10.0 * t, "online": 80.0, "started": 80.0, "detected": 0.0}) for t in range(101)]
+    timeline = Timeline(start=0.0, acts=100.0, detect_by=150.0, stall=None, stall_end=None, end=160.0)
+    steady = merge(DeviceLoad(devices=80, keepalive=40), timeline, [r], progress, samples, {})["steady"]
+    assert steady["cpu_cores"] == pytest.approx(0.1)
+    assert steady["heartbeats_per_s"] == pytest.approx(10.0)
+    assert steady["window_s"] == pytest.approx(20.0)
+    assert steady["ramp_overran_s"] == pytest.approx(19.0)
 
 
 def _page(worker: str, reason: str = "idle") -> str:
