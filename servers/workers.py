@@ -6,8 +6,9 @@ core (see :mod:`servers.listeners`).
 
 The supervisor is plain blocking Python (no trio): it starts the workers, restarts
 any that dies (with a back-off, so a worker that crashes at start-up cannot spin),
-and on SIGINT or SIGTERM stops them all by PID, waits for their clean shutdown, and
-kills whatever is left after the grace period.
+passes SIGHUP on to every worker (each reloads its files), and on SIGINT or SIGTERM
+stops them all by PID, waits for their clean shutdown, and kills whatever is left
+after the grace period.
 """
 
 from __future__ import annotations
@@ -54,8 +55,16 @@ def supervise(
         nonlocal stopping
         stopping = True
 
-    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     procs: dict[int, subprocess.Popen[bytes]] = {}
+
+    def reload(signum: int, frame: object) -> None:
+        # SIGHUP is the operator's "reload your files": each worker reloads its own.
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGHUP)  # by PID
+
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+    previous[signal.SIGHUP] = signal.signal(signal.SIGHUP, reload)
     started: dict[int, float] = {}
     backoff = dict.fromkeys(range(workers), restart_backoff)
     restart_at: dict[int, float] = {}

@@ -30,6 +30,7 @@ class RecordingHost:
     worker: int
     node: str = ""
     delivered: list[tuple[str, bytes, int]] = field(default_factory=list)
+    transmitted: list[tuple[str, str, list[bytes]]] = field(default_factory=list)
     evicted: list[tuple[str, str]] = field(default_factory=list)
     held: dict[str, PresenceEvent] = field(default_factory=dict)
     subscribed: set[str] = field(default_factory=set)
@@ -47,6 +48,9 @@ class RecordingHost:
 
     def filters(self) -> set[str]:
         return set(self.subscribed)
+
+    def transmit(self, client_id: str, epoch: str, packets: list[bytes]) -> None:
+        self.transmitted.append((client_id, epoch, packets))
 
     def presence(self) -> list[dict[str, object]]:
         """Presence events delivered here, in order."""

@@ -47,6 +47,7 @@ class RecordingHost:
     live: dict[str, PresenceEvent] = field(default_factory=dict)
     subscribed: set[str] = field(default_factory=set)
     delivered: list[tuple[str, bytes, int]] = field(default_factory=list)
+    transmitted: list[tuple[str, str, list[bytes]]] = field(default_factory=list)
     evicted: list[tuple[str, str, str]] = field(default_factory=list)
 
     def deliver(self, topic: str, payload: bytes, qos: int) -> None:
@@ -60,6 +61,9 @@ class RecordingHost:
 
     def filters(self) -> set[str]:
         return set(self.subscribed)
+
+    def transmit(self, client_id: str, epoch: str, packets: list[bytes]) -> None:
+        self.transmitted.append((client_id, epoch, packets))
 
     def presence(self, client_id: str | None = None) -> list[PresenceEvent]:
         """The presence events delivered here, in order (of one device, if given)."""

@@ -91,6 +91,14 @@ def publish_topic(packet: bytes) -> tuple[str, bytes]:
 _ENGINE = ["dense"]
 
 
+async def retained_topic(client: Client) -> str:
+    """The topic of the next packet, which must be a retained PUBLISH (a presence a new
+    subscription is owed)."""
+    packet = await client.read_packet()
+    assert packet[0] & 0xF1 == 0x31, packet
+    return publish_topic(packet)[0]
+
+
 @pytest.fixture(autouse=True, params=["dense", "streams"])
 def engine(request: pytest.FixtureRequest) -> Iterator[str]:
     """Every test here runs on both engines: the same MQTT behaviour either way."""
@@ -118,6 +126,7 @@ async def test_connect_ping_publish_and_presence(clock: MockClock) -> None:
         watcher = await Client.connect(server.port, "dashboard")
         await watcher.send(encoders.encode_subscribe(1, [("presence/#", 0), ("sensors/+/temp", 1)]))
         assert await watcher.read_packet() == encoders.encode_suback(1, [0, 1])
+        assert await retained_topic(watcher) == "presence/dashboard"  # its own, retained
         device = await Client.connect(server.port, "dev-1", keep_alive=10)
         topic, payload = publish_topic(await watcher.read_packet())
         assert topic == "presence/dev-1"
@@ -149,6 +158,7 @@ async def test_silent_device_expires_at_one_and_a_half_keepalive_with_will(clock
         watcher = await Client.connect(server.port, "watcher", keep_alive=0)
         await watcher.send(encoders.encode_subscribe(1, [("presence/#", 0), ("wills/#", 0)]))
         await watcher.read_packet()
+        assert await retained_topic(watcher) == "presence/watcher"
         device = await Client.connect(
             server.port, "dead-1", keep_alive=4, will_topic="wills/dead-1", will_message=b"gone"
         )
@@ -396,6 +406,7 @@ async def test_devices_cannot_forge_presence_under_the_configured_prefix(prefix:
         watcher = await Client.connect(server.port, "dashboard")
         await watcher.send(encoders.encode_subscribe(1, [(prefix + "#", 0)]))
         assert await watcher.read_packet() == encoders.encode_suback(1, [0])
+        assert await retained_topic(watcher) == prefix + "dashboard"
         victim = await Client.connect(server.port, "victim")
         assert publish_topic(await watcher.read_packet())[0] == prefix + "victim"
         forger = await Client.connect(server.port, "forger")
@@ -425,7 +436,7 @@ async def test_max_qos_comes_from_the_config(clock: MockClock) -> None:
         assert await watcher.read_packet() == encoders.encode_publish("sensors/dev-1", b"21.5")  # at QoS 0
         await device.send(encoders.encode_disconnect())
     with pytest.raises(ValueError, match="max_qos"):
-        HeartbeatConfig(max_qos=2)  # subscribers are never sent the QoS 2 exchange
+        HeartbeatConfig(max_qos=3)
 
 
 async def test_dense_devices_arm_a_send_timeout_only_while_they_lag(clock: MockClock, engine: str) -> None:

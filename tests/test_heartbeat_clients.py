@@ -166,7 +166,14 @@ def test_silent_device_closed_between_1_5_keepalive_and_one_tick_later(start_ser
 def test_mosquitto_clients(start_server: object) -> None:
     server: Server = start_server()  # type: ignore[operator]
     sub = subprocess.Popen(
-        ["mosquitto_sub", "-h", "127.0.0.1", "-p", str(server.port), "-t", "presence/#", "-v", "-C", "2", "-W", "15"],
+        [
+            *("mosquitto_sub", "-h", "127.0.0.1", "-p", str(server.port), "-t", "presence/#", "-v"),
+            "-R",
+            "-C",
+            "2",
+            "-W",
+            "15",
+        ],
         stdout=subprocess.PIPE,
         text=True,
     )

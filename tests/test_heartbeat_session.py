@@ -7,7 +7,20 @@ import pytest
 from servers.heartbeat import encoders, packets
 from servers.heartbeat.packets import ProtocolError
 from servers.heartbeat.reader import PacketReader
-from servers.heartbeat.session import Accept, AddSubscription, Goodbye, RemoveSubscription, Route, Send, Session, State
+from servers.heartbeat.session import (
+    Accept,
+    Acknowledged,
+    AddSubscription,
+    Denied,
+    Goodbye,
+    HoldInbound,
+    ReleaseInbound,
+    RemoveSubscription,
+    Route,
+    Send,
+    Session,
+    State,
+)
 
 
 def connect(**kw: object) -> packets.Connect:
@@ -17,7 +30,7 @@ def connect(**kw: object) -> packets.Connect:
 
 
 def test_handshake_then_packets() -> None:
-    s = Session()
+    s = Session(max_qos=1)
     (accept,) = s.receive(connect(client_id="d1", keep_alive=30, will_topic="w", will_message=b"m"))
     assert isinstance(accept, Accept)
     assert (accept.client_id, accept.keep_alive, accept.assigned) == ("d1", 30, False)
@@ -56,7 +69,7 @@ def test_rules() -> None:
     forger = Session()
     forger.receive(connect(client_id="f"))
     forger.accepted()
-    assert forger.receive(packets.Publish("presence/other", b"offline")) == []
+    assert forger.receive(packets.Publish("presence/other", b"offline")) == [Denied("presence/other")]
     assert forger.denied_publishes == 1
 
 
@@ -64,7 +77,7 @@ def test_limits_are_the_ones_given() -> None:
     s = Session(max_qos=0, presence_prefix="status/")
     s.receive(connect(client_id="d"))
     s.accepted()
-    assert s.receive(packets.Publish("status/other", b"offline")) == []
+    assert s.receive(packets.Publish("status/other", b"offline")) == [Denied("status/other")]
     assert s.denied_publishes == 1
     assert s.receive(packets.Publish("presence/other", b"x", qos=1, packet_id=2)) == [
         Route("presence/other", b"x", 0, False),
@@ -74,3 +87,57 @@ def test_limits_are_the_ones_given() -> None:
         AddSubscription("a", 0),
         Send(encoders.encode_suback(3, [0])),
     ]
+
+
+def _connected(**kw: object) -> Session:
+    s = Session()
+    s.receive(connect(client_id="d"))
+    s.accepted(**kw)  # type: ignore[arg-type]
+    return s
+
+
+def test_qos2_from_the_client_is_routed_once_until_pubrel() -> None:
+    s = _connected()
+    first = packets.Publish("a", b"x", qos=2, packet_id=7)
+    assert s.receive(first) == [HoldInbound(7), Route("a", b"x", 2, False), Send(encoders.encode_pubrec(7))]
+    resent = packets.Publish("a", b"x", qos=2, packet_id=7, dup=True)  # PUBREC was lost
+    assert s.receive(resent) == [Send(encoders.encode_pubrec(7))]  # acknowledged, not routed again
+    assert s.receive(packets.Pubrel(7)) == [ReleaseInbound(7), Send(encoders.encode_pubcomp(7))]
+    assert s.receive(packets.Pubrel(7)) == [Send(encoders.encode_pubcomp(7))]  # PUBCOMP was lost
+    assert s.receive(first)[1] == Route("a", b"x", 2, False)  # released: the id is free again
+
+
+def test_a_resumed_session_remembers_its_held_qos2_ids() -> None:
+    s = Session()
+    s.receive(connect(client_id="d", clean_session=False))
+    assert s.accepted(True, frozenset({3})) == encoders.encode_connack(True, 0)
+    assert s.receive(packets.Publish("a", b"x", qos=2, packet_id=3, dup=True)) == [Send(encoders.encode_pubrec(3))]
+
+
+def test_acknowledgements_of_what_the_server_sent_are_effects() -> None:
+    s = _connected()
+    assert s.receive(packets.Puback(1)) == [Acknowledged("puback", 1)]
+    assert s.receive(packets.Pubrec(2)) == [Acknowledged("pubrec", 2)]
+    assert s.receive(packets.Pubcomp(2)) == [Acknowledged("pubcomp", 2)]
+
+
+class _Rules:
+    def may_subscribe(self, topic_filter: str) -> bool:
+        return topic_filter.startswith("mine/")
+
+    def may_publish(self, topic: str) -> bool:
+        return topic.startswith("mine/")
+
+
+def test_permissions_refuse_a_subscription_and_drop_a_publish() -> None:
+    s = _connected()
+    s.permissions = _Rules()
+    assert s.receive(packets.Subscribe(4, (("mine/#", 1), ("theirs/#", 1)))) == [
+        AddSubscription("mine/#", 1),
+        Send(encoders.encode_suback(4, [1, 0x80])),
+    ]
+    assert s.receive(packets.Publish("theirs/x", b"1", qos=1, packet_id=2)) == [
+        Denied("theirs/x"),
+        Send(encoders.encode_puback(2)),
+    ]
+    assert s.denied_publishes == 1

@@ -31,6 +31,8 @@ def test_readme_example_runs(code: str, tmp_path: Path) -> None:
     if "on_presence" in code:
         assert "sensor-17 online None" in done.stdout
         assert "sensor-17 offline keepalive-timeout silent for 1.5s" in done.stdout
+    if "pump-7" in code:
+        assert "session present: 0\nsession present: 1\nwaiting for it: b'open valve'" in done.stdout
     if "serve_http" in code:
         assert "b'hello, trio\\n'" in done.stdout
         assert "b'HTTP/1.1 408 Request Timeout'" in done.stdout

@@ -7,6 +7,7 @@ import itertools
 import time
 from functools import partial
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -129,3 +130,31 @@ def test_frames_carry_an_event_s_exact_time_for_ordering_claims() -> None:
     reg.online(b.event)
     claim = reg.online(a.event)  # the older, reported last
     assert claim.emit == [] and claim.evict is not None and claim.evict.epoch == "a1"
+
+
+def test_session_frames_cross_the_bus_whole_and_bad_fields_are_refused() -> None:
+    from servers.heartbeat.coordination.frames import (
+        FrameError,
+        Reported,
+        RetainedPage,
+        SessionOpened,
+        Transmit,
+        decode,
+        encode,
+    )
+    from servers.heartbeat.coordination.retention import RetainedMessage
+    from servers.heartbeat.persistent import Acked, Push, Subscribed
+
+    frames = [
+        Reported(1, Acked("dev", "0.1.2", "pubrec", 7)),
+        Reported(2, Push("dev", "cfg/a", b"\x00\xff", 2)),
+        Reported(3, Subscribed("dev", "a/#", None)),
+        SessionOpened(4, True, (("$b64", 1), ("a/+", 2)), frozenset({3, 9})),  # any filter text is safe
+        Transmit("dev", "0.1.2", [b"\x30\x00", b"\x62\x02\x00\x07"]),
+        RetainedPage(5, [RetainedMessage("presence/dev", b"{}", 0)], "p:1:500"),
+    ]
+    for frame in frames:
+        assert decode(encode(frame)) == frame
+    bad = encode(Reported(1, Acked("dev", "e", "puback", 7))).replace(b'"packet_id":7', b'"packet_id":"7"')
+    with pytest.raises(FrameError, match="packet_id"):
+        decode(bad)

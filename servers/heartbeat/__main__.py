@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
 from collections.abc import Sequence
 
@@ -17,12 +18,13 @@ from ..gcpolicy import freeze_long_lived
 from ..listeners import open_listeners
 from ..readiness import Ready
 from ..workers import supervisor_pid
+from .acl import AclFile
 from .auth import PasswordFile
 from .coordination import Coordinator
 from .coordination.authority import Authority
 from .coordination.local import BusCoordinator
 from .presence import PresenceLog, PresenceSink
-from .server import ENGINES, HeartbeatConfig, HeartbeatServer
+from .server import ENGINES, HeartbeatConfig, HeartbeatServer, mqtt_state
 from .worker import serve_heartbeat
 
 DESCRIPTION = """\
@@ -79,6 +81,12 @@ def parser() -> argparse.ArgumentParser:
     )
     a("--status-host", default="127.0.0.1", help="status endpoint address (default: loopback only)")
     a("--auth-file", default=None, help="password file of salted hashes (python -m servers.heartbeat.auth add ...)")
+    a(
+        "--acl-file",
+        default=None,
+        help="access rules in Mosquitto's acl_file format (user, topic, pattern with %%c and %%u); "
+        "reloaded on SIGHUP (default: any client may subscribe and publish anywhere)",
+    )
     a("--presence-log", default=None, help="write presence events as JSON lines to this file, or - for stdout")
     a(
         "--gc-freeze",
@@ -103,6 +111,51 @@ def parser() -> argparse.ArgumentParser:
         "dies is declared lost this long after (default: 10; shorter finds dead gateways sooner, but a "
         "gateway too busy to renew in time is declared lost while alive)",
     )
+    a("--max-qos", type=int, choices=(0, 1, 2), default=2, help="highest QoS granted and routed (default: 2)")
+    a(
+        "--max-inflight",
+        type=int,
+        default=20,
+        help="QoS 1 and 2 messages sent to a client and not yet acknowledged, at most (default: 20)",
+    )
+    a(
+        "--max-queued",
+        type=int,
+        default=1000,
+        help="QoS 1 and 2 messages queued per client behind those in flight, and while a persistent "
+        "session's client is away; beyond it new ones are dropped and counted (default: 1000)",
+    )
+    a(
+        "--max-queued-bytes",
+        type=int,
+        default=16 * 1024 * 1024,
+        help="bytes queued per client likewise (default: 16 MiB)",
+    )
+    a(
+        "--session-expiry",
+        type=float,
+        default=86400.0,
+        help="seconds a persistent session (CleanSession=0) is kept after its client left (default: 86400)",
+    )
+    a(
+        "--no-retain-presence",
+        action="store_true",
+        help="do not retain presence events (by default a new subscription to presence/# first gets "
+        "every device's last event, then the live stream)",
+    )
+    a(
+        "--presence-offline-ttl",
+        type=float,
+        default=7 * 24 * 3600.0,
+        help="seconds an offline device's presence stays retained; 0: as long as its record is kept (default: 604800)",
+    )
+    a(
+        "--max-retained-bytes",
+        type=int,
+        default=512 * 1024 * 1024,
+        help="bytes of retained topics and payloads kept (presence not included); beyond, new ones are "
+        "refused and counted (default: 512 MiB)",
+    )
     a("--bus", default=None, help=argparse.SUPPRESS)
     a("--bus-buffer", type=int, default=64 * 1024 * 1024, help=argparse.SUPPRESS)
     return p
@@ -121,6 +174,15 @@ def config_from(args: argparse.Namespace, worker: int) -> HeartbeatConfig:
         max_connections=args.max_connections,
         engine=args.engine,
         auth=PasswordFile.load(args.auth_file) if args.auth_file else None,
+        acl=AclFile.load(args.acl_file) if args.acl_file else None,
+        max_qos=args.max_qos,
+        max_inflight=args.max_inflight,
+        max_queued=args.max_queued,
+        max_queued_bytes=args.max_queued_bytes,
+        session_expiry=args.session_expiry,
+        retain_presence=not args.no_retain_presence,
+        presence_offline_ttl=args.presence_offline_ttl or None,
+        max_retained_bytes=args.max_retained_bytes,
     )
     if args.cluster:
         # One node per worker *process*: a worker that crashed and was restarted is a
@@ -159,7 +221,22 @@ def coordinator_for(args: argparse.Namespace, config: HeartbeatConfig) -> tuple[
 def authority_hub(args: argparse.Namespace) -> Hub:
     """The supervisor's hub, whose authority keeps the registry and writes the presence log."""
     sinks: list[PresenceSink] = [PresenceLog(args.presence_log)] if args.presence_log else []
-    return Hub(Authority(sinks), max_buffer=args.bus_buffer)
+    # The bounds and rules of the sessions it keeps for every worker (the log is its own, above).
+    config = config_from(argparse.Namespace(**{**vars(args), "presence_log": None}), 0)
+    authority = Authority(
+        sinks, presence_prefix=config.presence_prefix, max_records=config.max_device_records, state=mqtt_state(config)
+    )
+    return Hub(authority, max_buffer=args.bus_buffer)
+
+
+async def reload_on_hangup(server: HeartbeatServer) -> None:
+    """SIGHUP (from the operator, or passed on by the supervisor) reloads the ACL file.
+
+    Always listened for: SIGHUP's default action would end the worker.
+    """
+    with trio.open_signal_receiver(signal.SIGHUP) as hangups:
+        async for _ in hangups:
+            server.reload_acl()
 
 
 async def run_worker(args: argparse.Namespace, worker: int, reuse_port: bool) -> None:
@@ -182,6 +259,7 @@ async def run_worker(args: argparse.Namespace, worker: int, reuse_port: bool) ->
         )
         if args.gc_freeze > 0:
             nursery.start_soon(freeze_long_lived, args.gc_freeze)
+        nursery.start_soon(reload_on_hangup, server)
         return server
 
     def ready(server: HeartbeatServer) -> Ready:

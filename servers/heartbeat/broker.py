@@ -12,6 +12,7 @@ from collections.abc import Collection, Hashable
 from typing import Generic, Protocol, TypeVar
 
 from .encoders import encode_publish
+from .outbox import DEFAULT_MAX_QUEUED, DEFAULT_WINDOW, Message, Outbox
 
 __all__ = ["Broker", "Subscriber", "Subscriptions", "matches_any", "topic_matches"]
 
@@ -110,14 +111,20 @@ class Subscriptions(Generic[K]):
 
 
 class Subscriber(Hashable, Protocol):
-    """A connection that receives messages: where they are queued, and the counter
-    of its QoS 1 packet ids."""
+    """A connection that receives messages: where they are queued, and (for QoS 1
+    and 2) the outbox that keeps them until the client acknowledges them."""
 
-    msg_id: int
+    persistent: bool
+    """Its session is persistent: the session store, not the broker, delivers its QoS 1 and 2."""
+    held: Outbox | None
+    """Its QoS 1 and 2 messages in flight and queued (made on the first one)."""
 
-    def push(self, data: bytes, limit: int) -> bool:
-        """Queue ``data`` to be written; False if a message was dropped to make room
-        (more than ``limit`` queued)."""
+    def push(self, data: bytes, limit: int, *, held: bool = False) -> bool:
+        """Queue ``data`` to be written; False if it was dropped (more than ``limit``
+        queued). ``held`` bytes are never dropped: the outbox already bounds them."""
+
+    def may_read(self, topic: str) -> bool:
+        """Whether access rules let a message on ``topic`` reach this subscriber."""
 
 
 S = TypeVar("S", bound=Subscriber)
@@ -128,32 +135,71 @@ class Broker(Generic[S]):
 
     Writing the queues out is the server's job (a writer task per subscriber, or
     the dense engine's write queue); the broker only decides and queues, so it
-    stays free of I/O. A subscriber that falls ``outbox_limit`` messages behind
-    loses messages (counted).
+    stays free of I/O. QoS 0 messages beyond ``outbox_limit`` queued for one
+    subscriber are dropped; QoS 1 and 2 go through the subscriber's outbox, whose
+    window and queue bounds (``window``, ``max_queued``) hold them until acknowledged.
+    Both kinds of loss are counted.
     """
 
-    def __init__(self, max_qos: int, outbox_limit: int = 50_000) -> None:
+    def __init__(
+        self,
+        max_qos: int,
+        outbox_limit: int = 50_000,
+        window: int = DEFAULT_WINDOW,
+        max_queued: int = DEFAULT_MAX_QUEUED,
+    ) -> None:
         self.subscriptions: Subscriptions[S] = Subscriptions(max_qos=max_qos)
         self.outbox_limit = outbox_limit
+        self.window = window
+        self.max_queued = max_queued
         self.delivered = 0
         self.dropped = 0
+        self.denied = 0
+        self.checks_reads = False
+        """Ask each subscriber whether it may read a message's topic (an ACL is in force)."""
 
-    def deliver(self, topic: str, payload: bytes, qos: int) -> int:
-        """Queue a message for every local subscriber of ``topic``; returns how many."""
+    def deliver(self, topic: str, payload: bytes, qos: int, retain: bool = False) -> int:
+        """Queue a message for every local subscriber of ``topic``; returns how many.
+
+        Persistent sessions' QoS 1 and 2 copies are left to the session store.
+        """
         targets = self.subscriptions.route(topic)
         if not targets:
             return 0
         plain = b""
+        count = 0
+        checks = self.checks_reads
         for sub, granted in targets.items():
-            if min(qos, granted) == 0:
+            if checks and not sub.may_read(topic):
+                self.denied += 1
+                continue
+            level = min(qos, granted)
+            if level == 0:
                 if not plain:
-                    plain = encode_publish(topic, payload)
+                    plain = encode_publish(topic, payload, retain=retain)
                 self.enqueue(sub, plain)
+            elif sub.persistent:
+                continue
             else:
-                sub.msg_id = sub.msg_id % 65535 + 1
-                self.enqueue(sub, encode_publish(topic, payload, qos=1, packet_id=sub.msg_id))
-        self.delivered += len(targets)
-        return len(targets)
+                self.hold(sub, Message(topic, payload, level, retain))
+            count += 1
+        self.delivered += count
+        return count
+
+    def hold(self, sub: S, message: Message) -> None:
+        """Give a QoS 1 or 2 message to the subscriber's outbox and queue what it releases."""
+        box = sub.held
+        if box is None:
+            box = sub.held = Outbox(self.window, self.max_queued)
+        lost = box.dropped
+        self.write(sub, box.push(message))
+        if box.dropped != lost:
+            self.dropped += 1
+
+    def write(self, sub: S, packets: list[bytes]) -> None:
+        """Queue packets an outbox released (never dropped: the outbox bounds them)."""
+        for data in packets:
+            sub.push(data, self.outbox_limit, held=True)
 
     def enqueue(self, sub: S, data: bytes) -> None:
         """Queue bytes for one subscriber."""

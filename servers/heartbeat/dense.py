@@ -17,16 +17,27 @@ import idlekeeper
 
 from .encoders import encode_pingresp
 from .packets import PINGREQ_WIRE, Packet, ProtocolError
+from .persistent import Opened
 from .presence import Offline
 from .reader import PacketReader
-from .server import GOODBYE_TIMEOUT, Connection, HeartbeatServer, peer_of
-from .session import Accept, AddSubscription, RemoveSubscription, Route, Send, Session, State
+from .server import GOODBYE_TIMEOUT, Connection, Exchange, HeartbeatServer, peer_of
+from .session import (
+    Accept,
+    AddSubscription,
+    RemoveSubscription,
+    Route,
+    Send,
+    Session,
+    State,
+)
 
 __all__ = ["DenseConnection", "serve_dense"]
 
 # Bytes queued for one subscriber beyond which new messages are dropped (counted),
 # as Mosquitto's max_queued_bytes does; its send timeout ends it if it never reads.
 OUTBOX_BYTES = 16 * 1024 * 1024
+# Bulk sends (retained messages for a new subscription) wait while this much is queued.
+CONGESTED_BYTES = 256 * 1024
 _PINGRESP = encode_pingresp()
 
 
@@ -122,33 +133,37 @@ class DenseConnection(Connection, idlekeeper.Protocol):
             server.subscribed(self, effect)
         elif isinstance(effect, RemoveSubscription):
             server.unsubscribed(self, effect)
+        elif isinstance(effect, Exchange):
+            server.exchanged(self, effect)
 
     def _accept(self, request: Accept) -> None:
         self.stream.deadline = None  # CONNECT is in: the handshake deadline has been met
-        if self.server.config.auth is None:
-            self._admit(request, 0)
+        server = self.server
+        if not server.waits(request):
+            self._admit(request, server.admission(self, request, 0), None)
             return
         self.stream.pause_reading()
         self.waiting = []
-        self.server.nursery.start_soon(self._check_password, request)
+        server.nursery.start_soon(self._vet, request)
 
-    async def _check_password(self, request: Accept) -> None:
-        code = await self.server.authenticate(request)
+    async def _vet(self, request: Accept) -> None:
+        refusal, opened = await self.server.vet(self, request)
         waiting, self.waiting = self.waiting, None
         if self.finished:
-            return  # the connection ended while its password was checked
-        self._admit(request, code)
+            return  # the connection ended while its password or session was looked up
+        self._admit(request, refusal, opened)
         if self.session.state is State.CONNECTED:
             self.stream.resume_reading()
             self._handle(waiting or [])
 
-    def _admit(self, request: Accept, code: int) -> None:
+    def _admit(self, request: Accept, refusal: bytes | None, opened: Opened | None) -> None:
         server = self.server
-        refusal = server.admission(self, request, code)
         if refusal is not None:
             self._goodbye(refusal)
             return
-        self.stream.write(server.admit(self, request))
+        self.stream.write(server.admit(self, request, opened))
+        for effect in server.restored(opened):
+            self._apply(effect)
         server.announce(self)
 
     def _violation(self, exc: ProtocolError) -> None:
@@ -191,12 +206,16 @@ class DenseConnection(Connection, idlekeeper.Protocol):
         """Whether the transport's queue is empty."""
         return self.stream.get_write_buffer_size() == 0
 
-    def push(self, data: bytes, limit: int) -> bool:
-        """Queue on the transport; beyond :data:`OUTBOX_BYTES` queued the message is dropped."""
+    def congested(self) -> bool:
+        """More than the transport's high-water mark is queued."""
+        return self.stream.get_write_buffer_size() > CONGESTED_BYTES
+
+    def push(self, data: bytes, limit: int, *, held: bool = False) -> bool:
+        """Queue on the transport; beyond :data:`OUTBOX_BYTES` queued a QoS 0 message is dropped."""
         stream = self.stream
         if stream.is_closing():
             return True
-        if stream.get_write_buffer_size() > OUTBOX_BYTES:
+        if not held and stream.get_write_buffer_size() > OUTBOX_BYTES:
             return False
         stream.write(data)
         return True

@@ -33,29 +33,42 @@ from idlekeeper import Reason
 
 from ..config import WorkerConfig
 from ..prometheus import Families, Metric, render, worker_registry
+from .acl import AclFile, AclFileError
 from .auth import AuthResult, PasswordFile
 from .broker import Broker
 from .coordination import Coordinator
 from .coordination.authority import epoch_of
 from .coordination.inprocess import InProcessCoordinator
+from .coordination.retention import MqttState
+from .encoders import encode_publish
+from .outbox import DEFAULT_MAX_QUEUED, DEFAULT_MAX_QUEUED_BYTES, DEFAULT_WINDOW, Message, Outbox
 from .packets import ProtocolError
+from .persistent import DEFAULT_EXPIRY, Acked, Attach, Detach, Inbound, Opened, Push, SessionStore, Subscribed
 from .presence import Offline, PresenceEvent, PresenceSink
+from .retained import DEFAULT_MAX_BYTES, RetainedStore
 from .session import (
     DEFAULT_MAX_QOS,
     DEFAULT_PRESENCE_PREFIX,
     Accept,
+    Acknowledged,
     AddSubscription,
+    Denied,
+    HoldInbound,
+    ReleaseInbound,
     RemoveSubscription,
     Route,
     Session,
     State,
 )
 
-__all__ = ["Connection", "HeartbeatConfig", "HeartbeatServer"]
+__all__ = ["Connection", "Exchange", "HeartbeatConfig", "HeartbeatServer", "mqtt_state"]
 
 logger = logging.getLogger("servers.heartbeat")
 
 ENGINES = ("dense", "streams")
+
+Exchange = Acknowledged | HoldInbound | ReleaseInbound | Denied
+"""Session effects both engines hand to :meth:`HeartbeatServer.exchanged` as they are."""
 """How connections are served: see :mod:`.dense` and :mod:`.streams`."""
 
 # A refused or misbehaving client gets this long to read its CONNACK before the close.
@@ -80,23 +93,93 @@ class HeartbeatConfig(WorkerConfig):
     presence_prefix: str = DEFAULT_PRESENCE_PREFIX
     """Topic prefix of presence events; devices' own publishes under it are dropped."""
     max_qos: int = DEFAULT_MAX_QOS
-    """Highest QoS granted to subscribers and routed for publishers: 0 or 1."""
+    """Highest QoS granted to subscribers and routed for publishers: 0, 1 or 2."""
+    max_inflight: int = DEFAULT_WINDOW
+    """QoS 1 and 2 messages sent to a client and not yet acknowledged, at most."""
+    max_queued: int = DEFAULT_MAX_QUEUED
+    """QoS 1 and 2 messages queued per client behind those in flight (while it is away, too)."""
+    max_queued_bytes: int = DEFAULT_MAX_QUEUED_BYTES
+    """Bytes queued per client behind those in flight."""
+    session_expiry: float = DEFAULT_EXPIRY
+    """Seconds a persistent session (CleanSession=0) is kept after its client left."""
+    retain_presence: bool = True
+    """Presence events are retained: a new subscription to ``presence/#`` first gets every device's last one."""
+    presence_offline_ttl: float | None = 7 * 24 * 3600.0
+    """Seconds an offline device's presence stays retained (None: as long as its record is kept)."""
+    max_retained_bytes: int = DEFAULT_MAX_BYTES
+    """Bytes of retained topics and payloads kept, presence not included; beyond, new ones are refused."""
     engine: str = "dense"
     """``dense`` (one task serves every connection) or ``streams`` (a task per connection)."""
     max_device_records: int = 1_000_000
     """Presence records kept for /devices; the longest-offline are forgotten first."""
     auth: PasswordFile | None = None
+    acl: AclFile | None = None
+    """Who may subscribe to and publish on what (Mosquitto's ``acl_file`` format); None: anyone."""
     node: str = ""
     """This gateway's name in a fleet (empty on a lone machine); part of every session's epoch."""
     extra_sinks: list[PresenceSink] = field(default_factory=list)
     """Presence sinks of the default (in-process) coordinator; other coordinators hold their own."""
 
     def __post_init__(self) -> None:
-        # Delivery to subscribers has no QoS 2 exchange (PUBREC/PUBREL/PUBCOMP outbound).
-        if self.max_qos not in (0, 1):
-            raise ValueError(f"max_qos must be 0 or 1, not {self.max_qos}")
+        if self.max_qos not in (0, 1, 2):
+            raise ValueError(f"max_qos must be 0, 1 or 2, not {self.max_qos}")
+        if self.max_inflight < 1:
+            raise ValueError(f"max_inflight must be at least 1, not {self.max_inflight}")
         if self.engine not in ENGINES:
             raise ValueError(f"engine must be one of {', '.join(ENGINES)}, not {self.engine!r}")
+
+
+def mqtt_state(config: HeartbeatConfig) -> MqttState:
+    """The sessions and retained messages a coordinator keeps, bounded as ``config`` says."""
+    return MqttState(
+        session_store(config),
+        RetainedStore(max_bytes=config.max_retained_bytes),
+        retain_presence=config.retain_presence,
+        presence_offline_ttl=config.presence_offline_ttl,
+    )
+
+
+def session_store(config: HeartbeatConfig) -> SessionStore:
+    """The persistent sessions' store, bounded as ``config`` says, reading the ACL in force."""
+
+    def may_read(username: str | None, client_id: str, topic: str) -> bool:
+        acl = config.acl  # looked up each time: a SIGHUP reload replaces it
+        return acl is None or acl.can_read(username, client_id, topic)
+
+    return SessionStore(
+        max_qos=config.max_qos,
+        window=config.max_inflight,
+        max_queued=config.max_queued,
+        max_queued_bytes=config.max_queued_bytes,
+        expiry=config.session_expiry,
+        may_read=may_read if config.acl is not None else None,
+    )
+
+
+class ClientRules:
+    """The ACL as it applies to one client (its username and client id), for its session."""
+
+    __slots__ = ("server", "username", "client_id")
+
+    def __init__(self, server: HeartbeatServer, username: str | None, client_id: str) -> None:
+        self.server = server
+        self.username = username
+        self.client_id = client_id
+
+    def may_subscribe(self, topic_filter: str) -> bool:
+        """A read grant covers every topic of the filter (else 0x80 in SUBACK)."""
+        acl = self.server.config.acl
+        return acl is None or acl.can_read_filter(self.username, self.client_id, topic_filter)
+
+    def may_publish(self, topic: str) -> bool:
+        """The client may write ``topic`` (else its PUBLISH is dropped and counted)."""
+        acl = self.server.config.acl
+        return acl is None or acl.can_publish(self.username, self.client_id, topic)
+
+    def may_read(self, topic: str) -> bool:
+        """A message on ``topic`` may be delivered to the client (checked per message)."""
+        acl = self.server.config.acl
+        return acl is None or acl.can_read(self.username, self.client_id, topic)
 
 
 class Connection:
@@ -107,7 +190,7 @@ class Connection:
     Subclasses say how bytes reach a subscriber (:meth:`push`).
     """
 
-    __slots__ = ("ended_by", "finished", "msg_id", "online", "peer", "session", "stream")
+    __slots__ = ("ended_by", "finished", "held", "online", "peer", "persistent", "session", "stream")
 
     def __init__(self, stream: idlekeeper.Watch, peer: str, session: Session) -> None:
         self.stream = stream
@@ -117,7 +200,11 @@ class Connection:
         self.session = session
         self.ended_by: Offline | None = None
         self.finished = False
-        self.msg_id = 0
+        self.held: Outbox | None = None
+        """QoS 1 and 2 messages sent and not yet acknowledged, and those queued behind them
+        (a clean session's; a persistent session's live in the coordinator's store)."""
+        self.persistent = False
+        """CleanSession=0: the session outlives the connection, in the coordinator."""
 
     def silent_for(self, now: float | None = None) -> float:
         """Seconds since the client last sent anything (since accept, if nothing yet)."""
@@ -138,9 +225,19 @@ class Connection:
         """Whether everything queued for the client has been handed to the kernel."""
         raise NotImplementedError
 
-    def push(self, data: bytes, limit: int) -> bool:
-        """Queue a message for the client; False if one was dropped to make room."""
+    def congested(self) -> bool:
+        """Whether the client's queue is long enough that bulk sends should wait."""
         raise NotImplementedError
+
+    def push(self, data: bytes, limit: int, *, held: bool = False) -> bool:
+        """Queue a message for the client; False if it was dropped. ``held``: an
+        outbox's packet, never dropped (the outbox bounds those)."""
+        raise NotImplementedError
+
+    def may_read(self, topic: str) -> bool:
+        """Whether the ACL lets a message on ``topic`` reach this client."""
+        rules = self.session.permissions
+        return rules is None or not isinstance(rules, ClientRules) or rules.may_read(topic)
 
     def stop_writing(self) -> None:
         """The connection ended: stop whatever sends its queue."""
@@ -178,11 +275,15 @@ class HeartbeatServer:
         self.nursery = nursery
         """Where the server starts its tasks (password checks, writers)."""
         self.coordinator: Coordinator = coordinator or InProcessCoordinator(
-            config.extra_sinks, presence_prefix=config.presence_prefix, max_records=config.max_device_records
+            config.extra_sinks,
+            presence_prefix=config.presence_prefix,
+            max_records=config.max_device_records,
+            state=mqtt_state(config),
         )
         self.online: dict[str, Connection] = {}
         self.connections: set[Connection] = set()
-        self.broker: Broker[Connection] = Broker(config.max_qos, OUTBOX_LIMIT)
+        self.broker: Broker[Connection] = Broker(config.max_qos, OUTBOX_LIMIT, config.max_inflight, config.max_queued)
+        self.broker.checks_reads = config.acl is not None
         self.offline_by_reason: collections.Counter[str] = collections.Counter()
         self.counters: collections.Counter[str] = collections.Counter()
         self.port = 0
@@ -224,10 +325,30 @@ class HeartbeatServer:
         conn.ended_by = Offline.REFUSED
         return conn.session.refused(code)
 
-    def admit(self, conn: Connection, request: Accept) -> bytes:
+    def waits(self, request: Accept) -> bool:
+        """Whether admitting ``request`` needs :meth:`vet` (a password check or a stored session)."""
+        return self.config.auth is not None or not request.clean_session
+
+    async def vet(self, conn: Connection, request: Accept) -> tuple[bytes | None, Opened | None]:
+        """The slow part of admission: the password check, then (CleanSession=0) the
+        stored session from the coordinator. Returns the refusal CONNACK, or the session
+        to resume (None for a clean one); then :meth:`admit`."""
+        refusal = self.admission(conn, request, await self.authenticate(request))
+        if refusal is not None or request.clean_session:
+            return refusal, None
+        opened = await self.coordinator.open_session(request.client_id, request.username)
+        if opened is None:
+            self.counters["refused_3"] += 1
+            conn.ended_by = Offline.REFUSED
+            return conn.session.refused(3), None  # rather than a new session that loses the stored one
+        return None, opened
+
+    def admit(self, conn: Connection, request: Accept, opened: Opened | None = None) -> bytes:
         """Make ``conn`` the device's session; returns the CONNACK to send.
 
-        Send it, then call :meth:`announce`.
+        ``opened`` is the persistent session :meth:`vet` found (None: a clean session,
+        and any stored one is discarded). Send the CONNACK, apply :meth:`restored`,
+        then call :meth:`announce`.
         """
         cfg = self.config
         old = self.online.get(request.client_id)
@@ -236,6 +357,9 @@ class HeartbeatServer:
             old.end(Offline.TAKEOVER)
             self.ended(old, Offline.TAKEOVER, "")
         self.online[request.client_id] = conn
+        if cfg.acl is not None:
+            # Read from the config on every check, so a reload (SIGHUP) applies at once.
+            conn.session.permissions = ClientRules(self, request.username, request.client_id)
         stream = conn.stream
         keep_alive = min(request.keep_alive, cfg.max_keepalive) if request.keep_alive else 0
         stream.receive_timeout = 1.5 * keep_alive if keep_alive else cfg.max_idle
@@ -245,29 +369,121 @@ class HeartbeatServer:
         conn.online = self._event(
             conn, "online", None, epoch=epoch_of(cfg.worker, self._pid, next(self._epochs), cfg.node)
         )
-        return conn.session.accepted()
+        if opened is None:
+            self.coordinator.discard_session(request.client_id)
+            return conn.session.accepted()
+        conn.persistent = True
+        return conn.session.accepted(opened.present, opened.inbound)
+
+    @staticmethod
+    def restored(opened: Opened | None) -> list[AddSubscription]:
+        """The subscriptions a resumed session brings back, to apply like new ones."""
+        if opened is None:
+            return []
+        return [AddSubscription(topic_filter, qos) for topic_filter, qos in opened.subscriptions.items()]
 
     def announce(self, conn: Connection) -> None:
         """The CONNACK of an admitted session is out: the coordinator ends the device's
         session on any other worker or gateway and publishes it online."""
-        assert conn.online is not None
-        self.coordinator.online(conn.online)
+        online = conn.online
+        assert online is not None
+        self.coordinator.online(online)
+        if conn.persistent:
+            # Resends and what queued while it was away come after the CONNACK.
+            self.coordinator.session(Attach(online.client_id or "", online.epoch))
 
     def published(self, message: Route) -> None:
-        """A client's PUBLISH: count it and route it to every subscriber."""
+        """A client's PUBLISH: count it and route it to every subscriber (retained,
+        it is kept for later ones; existing subscribers get it without the flag)."""
         self.counters["messages_in"] += 1
+        if message.retain:
+            self.coordinator.retain(message.topic, message.payload, message.qos)
         self.route(message.topic, message.payload, message.qos)
 
     def subscribed(self, conn: Connection, effect: AddSubscription) -> None:
         """The client subscribed: from now on it is sent what matches (within ``send_timeout``)."""
         self.broker.subscriptions.subscribe(conn, effect.topic_filter, effect.qos)
         conn.stream.send_timeout = self.config.send_timeout
+        if conn.persistent:
+            self.coordinator.session(Subscribed(conn.session.client_id or "", effect.topic_filter, effect.qos))
         self._announce()
+        # After the SUBACK, which the session's effects put after this one.
+        self.nursery.start_soon(self._send_retained, conn, effect)
+
+    async def _send_retained(self, conn: Connection, effect: AddSubscription) -> None:
+        """The retained messages the new subscription matches, page by page, with the
+        retain flag, at min(their QoS, granted); a page waits while the client's queue
+        is long, so a million of them never sit in memory at once."""
+        cursor: str | None = None
+        while True:
+            messages, cursor = await self.coordinator.retained(effect.topic_filter, cursor)
+            if conn.finished:
+                return
+            for m in messages:
+                self._give(conn, m.topic, m.payload, min(m.qos, effect.qos), retain=True)
+            if cursor is None:
+                return
+            # Polled: an event on every write of every connection would cost more.
+            while conn.congested() and not conn.finished:  # noqa: ASYNC110
+                await trio.sleep(0.05)
+
+    def _give(self, conn: Connection, topic: str, payload: bytes, qos: int, retain: bool) -> None:
+        """One message for one subscriber, by the path its QoS and session take."""
+        if not conn.may_read(topic):
+            self.broker.denied += 1
+            return
+        if qos == 0:
+            self.broker.enqueue(conn, encode_publish(topic, payload, retain=retain))
+        elif conn.persistent:
+            self.coordinator.session(Push(conn.session.client_id or "", topic, payload, qos, retain))
+        else:
+            self.broker.hold(conn, Message(topic, payload, qos, retain))
+        self.broker.delivered += 1
 
     def unsubscribed(self, conn: Connection, effect: RemoveSubscription) -> None:
         """The client dropped a subscription."""
         self.broker.subscriptions.unsubscribe(conn, effect.topic_filter)
+        if conn.persistent:
+            self.coordinator.session(Subscribed(conn.session.client_id or "", effect.topic_filter, None))
         self._announce()
+
+    def exchanged(self, conn: Connection, effect: Exchange) -> None:
+        """A step of a QoS 1 or 2 exchange: the client's outbox (or its persistent session)
+        takes it; or a PUBLISH that was denied, counted."""
+        client_id = conn.session.client_id or ""
+        if isinstance(effect, Denied):
+            self.counters["denied_publishes"] += 1
+            logger.info("publish from %s (%s) to %r denied", conn.peer, client_id, effect.topic)
+            return
+        if isinstance(effect, Acknowledged):
+            if conn.persistent:
+                online = conn.online
+                assert online is not None
+                self.coordinator.session(Acked(client_id, online.epoch, effect.kind, effect.packet_id))
+                return
+            box = conn.held
+            if box is None:
+                return  # an ack for nothing we sent: MQTT leaves it to the server
+            kind = effect.kind
+            packets = box.puback if kind == "puback" else box.pubrec if kind == "pubrec" else box.pubcomp
+            self.broker.write(conn, packets(effect.packet_id))
+        elif conn.persistent:
+            held = isinstance(effect, HoldInbound)
+            self.coordinator.session(Inbound(client_id, effect.packet_id, held))
+
+    def reload_acl(self) -> bool:
+        """Re-read the ACL file (SIGHUP); a broken file keeps the rules in force (logged)."""
+        acl = self.config.acl
+        if acl is None:
+            return False
+        try:
+            self.config.acl = acl.reload()
+        except AclFileError as exc:
+            logger.error("ACL file not reloaded, the old rules stay: %s", exc)
+            return False
+        self.counters["acl_reloads"] += 1
+        logger.warning("ACL file reloaded: %d rules", len(self.config.acl.rules))
+        return True
 
     async def authenticate(self, request: Accept) -> int:
         """The password check, in a worker thread (it is slow on purpose); 0 if accepted."""
@@ -334,8 +550,12 @@ class HeartbeatServer:
             will = session.will
             if will is not None and reason not in (Offline.DISCONNECT, Offline.REFUSED):
                 self.counters["wills_published"] += 1
+                if will.retain:
+                    self.coordinator.retain(will.topic, will.message, will.qos)
                 self.route(will.topic, will.message, will.qos)
         self.offline_by_reason[reason.value] += 1
+        if was_online and conn.online is not None and conn.persistent and client_id is not None:
+            self.coordinator.session(Detach(client_id, conn.online.epoch))
         if was_online and conn.online is not None:
             event = self._event(conn, "offline", reason, detail, epoch=conn.online.epoch)
             # Exactly once, fleet-wide: the coordinator drops it if the session was already ended.
@@ -373,6 +593,12 @@ class HeartbeatServer:
         if conn is not None and conn.online is not None and conn.online.epoch == epoch:
             conn.end(Offline.TAKEOVER)
             self.ended(conn, Offline.TAKEOVER, detail)
+
+    def transmit(self, client_id: str, epoch: str, packets: list[bytes]) -> None:
+        """A persistent session's messages (from the coordinator), if it is held here."""
+        conn = self.online.get(client_id)
+        if conn is not None and conn.online is not None and conn.online.epoch == epoch:
+            self.broker.write(conn, packets)
 
     def sessions(self) -> list[PresenceEvent]:
         """The online event of every session held here."""
@@ -463,6 +689,11 @@ class HeartbeatServer:
             "Messages dropped for subscribers that fell too far behind.",
             self.broker.dropped,
         )
+        f.counter(
+            "heartbeat_denied_deliveries_total",
+            "Messages not delivered: the ACL does not let the subscriber read the topic.",
+            self.broker.denied,
+        )
         f.counter_by(
             "heartbeat_offline_total",
             "Connections ended, by reason.",
@@ -495,4 +726,6 @@ _COUNTERS: Iterable[tuple[str, str]] = (
     ("auth_failures", "CONNECTs refused for bad or missing credentials."),
     ("refused_capacity", "CONNECTs refused because the worker was at its connection cap."),
     ("wills_published", "Will messages published for devices that died."),
+    ("denied_publishes", "PUBLISHes dropped: the ACL (or the presence prefix) does not let the client write there."),
+    ("acl_reloads", "ACL file reloads (SIGHUP)."),
 )

@@ -12,6 +12,7 @@ import enum
 import itertools
 import os
 from dataclasses import dataclass
+from typing import Protocol
 
 from . import encoders, packets
 from .packets import ProtocolError
@@ -20,9 +21,14 @@ __all__ = [
     "DEFAULT_MAX_QOS",
     "DEFAULT_PRESENCE_PREFIX",
     "Accept",
+    "Acknowledged",
+    "Denied",
     "AddSubscription",
     "Effect",
     "Goodbye",
+    "HoldInbound",
+    "Permissions",
+    "ReleaseInbound",
     "RemoveSubscription",
     "Route",
     "Send",
@@ -102,10 +108,68 @@ class Goodbye:
     """The client sent DISCONNECT: close cleanly and discard its Will."""
 
 
-Effect = Send | Accept | Route | AddSubscription | RemoveSubscription | Goodbye
+@dataclass(frozen=True, slots=True)
+class Denied:
+    """A PUBLISH the client may not make (the presence prefix, or the access rules):
+    acknowledged as usual, since 3.1.1 has no refusal, then dropped."""
 
-DEFAULT_MAX_QOS = 1
+    topic: str
+
+
+@dataclass(frozen=True, slots=True)
+class Acknowledged:
+    """The client acknowledged a message the server sent: ``kind`` is ``puback``,
+    ``pubrec`` or ``pubcomp`` (the server's outbox for the client takes it)."""
+
+    kind: str
+    packet_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class HoldInbound:
+    """A QoS 2 PUBLISH was taken: its packet id is held until PUBREL (a persistent
+    session stores it, so a duplicate after a reconnect elsewhere is recognised)."""
+
+    packet_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class ReleaseInbound:
+    """PUBREL came for a held QoS 2 packet id."""
+
+    packet_id: int
+
+
+Effect = (
+    Send
+    | Accept
+    | Route
+    | AddSubscription
+    | RemoveSubscription
+    | Goodbye
+    | Acknowledged
+    | HoldInbound
+    | ReleaseInbound
+    | Denied
+)
+
+
+class Permissions(Protocol):
+    """What one client may do (the server binds its access rules to the client's user and id)."""
+
+    def may_subscribe(self, topic_filter: str) -> bool:
+        """Whether the client may subscribe to ``topic_filter``."""
+        ...
+
+    def may_publish(self, topic: str) -> bool:
+        """Whether the client may publish on ``topic``."""
+        ...
+
+
+DEFAULT_MAX_QOS = 2
 """The highest QoS a session grants and routes at unless told otherwise."""
+SUBACK_FAILURE = 0x80
+"""The SUBACK return code of a refused subscription (MQTT-3.9.3)."""
 DEFAULT_PRESENCE_PREFIX = "presence/"
 """Where presence events are published unless told otherwise; devices may not publish there."""
 
@@ -125,6 +189,12 @@ class Session:
     ``presence_prefix`` is the server's own topic space: a device's PUBLISH there is
     acknowledged as usual but dropped and counted in ``denied_publishes``. The server
     passes both from its configuration, so they match what it publishes and grants.
+    ``permissions``, set by the server once the client is known, refuses a
+    subscription (0x80 in SUBACK) or drops a publish (3.1.1 has no refusal for one:
+    it is acknowledged, dropped and counted).
+
+    QoS 2 from the client is exactly once (4.3.3, method B): a PUBLISH whose packet id
+    is held (PUBREC sent, no PUBREL yet) is acknowledged again but not routed again.
     """
 
     # One per connection, a million of them on a dense server: slots, not a dict.
@@ -135,6 +205,8 @@ class Session:
         "keep_alive",
         "will",
         "denied_publishes",
+        "permissions",
+        "inbound",
         "_max_qos",
         "_presence_prefix",
     )
@@ -146,6 +218,9 @@ class Session:
         self.keep_alive = 0
         self.will: Will | None = None
         self.denied_publishes = 0
+        self.permissions: Permissions | None = None
+        self.inbound: set[int] | None = None
+        """QoS 2 packet ids held until PUBREL (made on the first one: most devices never use QoS 2)."""
         self._max_qos = max_qos
         self._presence_prefix = presence_prefix
 
@@ -162,13 +237,7 @@ class Session:
         if isinstance(packet, packets.Publish):
             return self._publish(packet)
         if isinstance(packet, packets.Subscribe):
-            granted = [min(qos, self._max_qos) for _, qos in packet.topics]
-            effects: list[Effect] = [
-                AddSubscription(topic_filter, qos)
-                for (topic_filter, _), qos in zip(packet.topics, granted, strict=True)
-            ]
-            effects.append(Send(encoders.encode_suback(packet.packet_id, granted)))
-            return effects
+            return self._subscribe(packet)
         if isinstance(packet, packets.Unsubscribe):
             out: list[Effect] = [RemoveSubscription(topic_filter) for topic_filter in packet.topics]
             out.append(Send(encoders.encode_unsuback(packet.packet_id)))
@@ -178,15 +247,34 @@ class Session:
             self.will = None
             return [Goodbye()]
         if isinstance(packet, packets.Pubrel):
-            return [Send(encoders.encode_pubcomp(packet.packet_id))]
+            released: list[Effect] = []
+            inbound = self.inbound
+            if inbound is not None and packet.packet_id in inbound:
+                inbound.discard(packet.packet_id)
+                released.append(ReleaseInbound(packet.packet_id))
+            # PUBCOMP even for an id not held: the client may resend PUBREL after a lost PUBCOMP.
+            released.append(Send(encoders.encode_pubcomp(packet.packet_id)))
+            return released
+        if isinstance(packet, packets.Puback):
+            return [Acknowledged("puback", packet.packet_id)]
+        if isinstance(packet, packets.Pubrec):
+            return [Acknowledged("pubrec", packet.packet_id)]
+        if isinstance(packet, packets.Pubcomp):
+            return [Acknowledged("pubcomp", packet.packet_id)]
         if isinstance(packet, packets.Connect):
             raise ProtocolError("second-connect", detail="CONNECT on a connected session")
-        return []  # PUBACK / PUBREC / PUBCOMP for what we sent: nothing to do
+        return []
 
-    def accepted(self) -> bytes:
-        """The server took the CONNECT: the CONNACK to send."""
+    def accepted(self, session_present: bool = False, inbound: frozenset[int] = frozenset()) -> bytes:
+        """The server took the CONNECT: the CONNACK to send.
+
+        A resumed persistent session says so (``session_present``) and brings back the
+        QoS 2 packet ids it held (``inbound``).
+        """
         self.state = State.CONNECTED
-        return encoders.encode_connack(False, 0)
+        if inbound:
+            self.inbound = set(inbound)
+        return encoders.encode_connack(session_present, 0)
 
     def refused(self, return_code: int) -> bytes:
         """The server refused the CONNECT: the CONNACK to send before closing."""
@@ -221,15 +309,42 @@ class Session:
             will=self.will,
         )
 
+    def _subscribe(self, packet: packets.Subscribe) -> list[Effect]:
+        permissions = self.permissions
+        effects: list[Effect] = []
+        granted: list[int] = []
+        for topic_filter, qos in packet.topics:
+            if permissions is not None and not permissions.may_subscribe(topic_filter):
+                granted.append(SUBACK_FAILURE)
+                continue
+            level = min(qos, self._max_qos)
+            granted.append(level)
+            effects.append(AddSubscription(topic_filter, level))
+        effects.append(Send(encoders.encode_suback(packet.packet_id, granted)))
+        return effects
+
     def _publish(self, packet: packets.Publish) -> list[Effect]:
         effects: list[Effect] = []
-        if packet.topic.startswith(self._presence_prefix):
+        packet_id = packet.packet_id
+        if packet.qos == 2 and packet_id is not None:
+            inbound = self.inbound
+            if inbound is None:
+                inbound = self.inbound = set()
+            elif packet_id in inbound:
+                return [Send(encoders.encode_pubrec(packet_id))]  # a duplicate: taken already
+            inbound.add(packet_id)
+            effects.append(HoldInbound(packet_id))
+        topic = packet.topic
+        if topic.startswith(self._presence_prefix) or (
+            self.permissions is not None and not self.permissions.may_publish(topic)
+        ):
             # Presence is the server's to publish; a device may not forge it.
             self.denied_publishes += 1
+            effects.append(Denied(topic))
         else:
-            effects.append(Route(packet.topic, packet.payload, min(packet.qos, self._max_qos), packet.retain))
-        if packet.qos == 1 and packet.packet_id is not None:
-            effects.append(Send(encoders.encode_puback(packet.packet_id)))
-        elif packet.qos == 2 and packet.packet_id is not None:
-            effects.append(Send(encoders.encode_pubrec(packet.packet_id)))
+            effects.append(Route(topic, packet.payload, min(packet.qos, self._max_qos), packet.retain))
+        if packet.qos == 1 and packet_id is not None:
+            effects.append(Send(encoders.encode_puback(packet_id)))
+        elif packet.qos == 2 and packet_id is not None:
+            effects.append(Send(encoders.encode_pubrec(packet_id)))
         return effects

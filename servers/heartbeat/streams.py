@@ -20,10 +20,21 @@ import idlekeeper
 from .packets import ProtocolError
 from .presence import Offline
 from .reader import PacketReader
-from .server import _WRITE_BATCH, GOODBYE_TIMEOUT, Connection, HeartbeatServer, peer_of
-from .session import Accept, AddSubscription, RemoveSubscription, Route, Send, Session, State
+from .server import _WRITE_BATCH, GOODBYE_TIMEOUT, Connection, Exchange, HeartbeatServer, peer_of
+from .session import (
+    Accept,
+    AddSubscription,
+    RemoveSubscription,
+    Route,
+    Send,
+    Session,
+    State,
+)
 
 __all__ = ["StreamConnection", "serve_streams"]
+
+# Bulk sends (retained messages for a new subscription) wait while this many are queued.
+CONGESTED_MESSAGES = 1000
 
 
 class StreamConnection(Connection):
@@ -50,18 +61,25 @@ class StreamConnection(Connection):
         """The writer has sent everything queued and waits for more."""
         return not self.outbox and self.wake is not None and not self.wake.is_set()
 
-    def push(self, data: bytes, limit: int) -> bool:
-        """Queue for the writer task; past ``limit`` messages the oldest is dropped."""
+    def congested(self) -> bool:
+        """The writer has a backlog (bulk sends wait for it)."""
+        return self.outbox is not None and len(self.outbox) > CONGESTED_MESSAGES
+
+    def push(self, data: bytes, limit: int, *, held: bool = False) -> bool:
+        """Queue for the writer task; past ``limit`` messages a QoS 0 message is dropped
+        (the newest, as on the dense engine: the queue may hold packets an outbox
+        counts on)."""
         outbox = self.outbox
         if outbox is None:
-            return True
-        kept = len(outbox) < limit
-        if not kept:
-            outbox.popleft()
+            if not held:
+                return True
+            outbox = self._start_writer()  # a resumed session's resends before any SUBSCRIBE
+        if not held and len(outbox) >= limit:
+            return False
         outbox.append(data)
         if self.wake is not None:
             self.wake.set()
-        return kept
+        return True
 
     def stop_writing(self) -> None:
         """Cancel the writer task, if there is one."""
@@ -115,16 +133,20 @@ class StreamConnection(Connection):
             server.subscribed(self, effect)
         elif isinstance(effect, RemoveSubscription):
             server.unsubscribed(self, effect)
+        elif isinstance(effect, Exchange):
+            server.exchanged(self, effect)
         # Goodbye needs nothing here: the session is CLOSED and the loop ends.
 
     async def _accept(self, request: Accept) -> None:
         server = self.server
         self.stream.deadline = None  # CONNECT is in: the handshake deadline has been met
-        refusal = server.admission(self, request, await server.authenticate(request))
+        refusal, opened = await server.vet(self, request)
         if refusal is not None:
             await self._goodbye(refusal)
             return
-        await self._send(server.admit(self, request))
+        await self._send(server.admit(self, request, opened))
+        for effect in server.restored(opened):
+            await self._apply(effect)
         server.announce(self)
 
     async def _goodbye(self, connack: bytes) -> None:
@@ -139,12 +161,13 @@ class StreamConnection(Connection):
         else:
             await self.stream.send_all(data)
 
-    def _start_writer(self) -> None:
+    def _start_writer(self) -> collections.deque[bytes]:
         if self.outbox is not None:
-            return
-        self.outbox = collections.deque()
+            return self.outbox
+        outbox = self.outbox = collections.deque()
         self.writer = trio.CancelScope()
         self.server.nursery.start_soon(self._writer)
+        return outbox
 
     async def _writer(self) -> None:
         outbox = self.outbox

@@ -26,10 +26,12 @@ from typing import Protocol
 
 import trio
 
-from ...prometheus import Metric
+from ...prometheus import Families, Metric
+from ..persistent import Opened, Report, SessionStore
 from ..presence import PresenceEvent, PresenceSink
+from .retention import RetainedMessage, Retention
 
-__all__ = ["Coordinator", "Health", "Host", "publish_to_sinks"]
+__all__ = ["Coordinator", "Health", "Host", "publish_to_sinks", "retained_figures", "session_figures"]
 
 logger = logging.getLogger("servers.heartbeat.coordination")
 
@@ -57,6 +59,11 @@ class Host(Protocol):
         """Every topic filter this worker's subscribers hold now."""
         ...
 
+    def transmit(self, client_id: str, epoch: str, packets: list[bytes]) -> None:
+        """Write ``packets`` (a persistent session's messages) to session ``epoch`` of
+        ``client_id`` if this worker holds it."""
+        ...
+
 
 @dataclass(frozen=True, slots=True)
 class Health:
@@ -73,6 +80,34 @@ def publish_to_sinks(sinks: Iterable[PresenceSink], event: PresenceEvent) -> Non
             sink(event)
         except Exception:
             logger.exception("presence sink %r raised", sink)
+
+
+def session_figures(store: SessionStore) -> list[Metric]:
+    """Prometheus families of the persistent sessions a coordinator keeps."""
+    f = Families({})
+    f.gauge("heartbeat_persistent_sessions", "Persistent sessions kept (CleanSession=0).", len(store))
+    f.gauge("heartbeat_persistent_queued_bytes", "Bytes queued for persistent sessions, over all.", store.queued_bytes)
+    f.counter(
+        "heartbeat_persistent_dropped_total",
+        "Messages dropped for a full persistent session queue or the total bound.",
+        store.dropped,
+    )
+    f.counter(
+        "heartbeat_persistent_expired_total",
+        "Persistent sessions expired after their client stayed away.",
+        store.expired,
+    )
+    return f.families
+
+
+def retained_figures(retention: Retention) -> list[Metric]:
+    """Prometheus families of a coordinator's retained messages."""
+    store = retention.store
+    f = Families({})
+    f.gauge("heartbeat_retained_messages", "Retained messages kept (presence not included).", store.count)
+    f.gauge("heartbeat_retained_bytes", "Bytes of retained topics and payloads.", store.bytes)
+    f.counter("heartbeat_retained_refused_total", "Retained messages refused by the store's bounds.", store.refused)
+    return f.families
 
 
 class Coordinator(abc.ABC):
@@ -126,6 +161,33 @@ class Coordinator(abc.ABC):
     async def flush(self) -> None:
         """Wait until every report made so far has been published (no barrier with others)."""
         await self.drain()
+
+    # -- persistent sessions (CleanSession=0); by default none is kept -------------------
+
+    async def open_session(self, client_id: str, username: str | None = None) -> Opened | None:
+        """A CONNECT with CleanSession=0 was accepted: the stored session to resume (or a
+        new one). Awaited before CONNACK, whose session-present flag it decides; None
+        if the owner of the sessions cannot answer now (the CONNECT is refused, 3)."""
+        return Opened(False, {}, frozenset())
+
+    def discard_session(self, client_id: str) -> None:
+        """A CONNECT with CleanSession=1 was accepted: any stored session is discarded."""
+        return
+
+    def session(self, report: Report) -> None:
+        """A change to a persistent session, in the order its connection made it."""
+        return
+
+    # -- retained messages; by default none is kept --------------------------------------
+
+    def retain(self, topic: str, payload: bytes, qos: int) -> None:
+        """A PUBLISH with RETAIN=1: kept for later subscribers (an empty payload clears)."""
+        return
+
+    async def retained(self, topic_filter: str, cursor: str | None) -> tuple[list[RetainedMessage], str | None]:
+        """A page of the retained messages ``topic_filter`` matches, presence included,
+        and the cursor of the next page (None: no more)."""
+        return [], None
 
     @abc.abstractmethod
     def health(self) -> Health:

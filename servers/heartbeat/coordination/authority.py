@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from ...bus import Link
 from ..broker import matches_any
+from ..persistent import Delivery, Discard, Subscribed
 from ..presence import Offline, PresenceEvent, PresenceSink
 from . import publish_to_sinks
 from .frames import (
@@ -33,15 +34,23 @@ from .frames import (
     Frame,
     FrameError,
     Hello,
+    Kept,
     Lookup,
     Noted,
+    OpenSession,
     RemoteFilters,
+    Reported,
     Resync,
+    RetainedPage,
+    RetainedQuery,
     Routed,
+    SessionOpened,
+    Transmit,
     decode,
     encode,
 )
 from .registry import Registry
+from .retention import MqttState
 
 __all__ = ["Authority", "epoch_of"]
 
@@ -59,6 +68,10 @@ def epoch_of(worker: int, pid: int, number: int, node: str = "") -> str:
 def _held_by(worker: int, pid: int) -> Callable[[PresenceEvent], bool]:
     prefix = f"{worker}.{pid}."
     return lambda event: event.epoch.startswith(prefix)
+
+
+# Seconds between sweeps for persistent sessions and retained messages that expired.
+_SWEEP_EVERY = 60.0
 
 
 @dataclass
@@ -83,11 +96,18 @@ class Authority:
         presence_prefix: str = "presence/",
         max_records: int = 1_000_000,
         clock: Callable[[], float] = time.time,
+        state: MqttState | None = None,
     ) -> None:
         self.sinks = list(sinks)
         self.presence_prefix = presence_prefix
         self.registry = Registry(max_records)
         self._clock = clock
+        state = state if state is not None else MqttState()
+        self.store = state.store
+        """Every worker's persistent sessions: a reconnect on another worker, or after a
+        worker died, finds its session here."""
+        self.retention = state.retention(self.registry, presence_prefix, clock)
+        self._swept = clock()
         self._peers: dict[int, _Peer] = {}
         self._workers: dict[int, int] = {}  # pid -> worker index, for every pid that said hello
         self.published = 0
@@ -147,6 +167,9 @@ class Authority:
         lost = self.registry.lose(_held_by(worker, pid), Offline.WORKER_LOST, detail, self._clock())
         for event in lost:
             self._publish(event)
+        # Its persistent sessions wait for their clients, unacknowledged messages kept.
+        prefix = f"{worker}.{pid}."
+        self.store.detach_held(lambda holder: str(holder).startswith(prefix), self._clock())
         self.lost += len(lost)
         if lost:
             logger.warning("authority: %s; %d devices declared offline", detail, len(lost))
@@ -155,7 +178,24 @@ class Authority:
     # -- frames ----------------------------------------------------------------------
 
     def _apply(self, peer: _Peer, frame: Frame) -> None:
-        if isinstance(frame, Claimed):
+        if isinstance(frame, Reported):
+            peer.seq = max(peer.seq, frame.seq)
+            report = frame.report
+            self._transmit(self.store.apply(report, self._clock()))
+            if isinstance(report, Subscribed | Discard):
+                self._filters_changed()  # persistent sessions' filters route to the authority
+        elif isinstance(frame, Kept):
+            peer.seq = max(peer.seq, frame.seq)
+            if not self.retention.retain(frame.topic, frame.payload, frame.qos):
+                logger.warning("authority: retained message on %r refused: the retained store is full", frame.topic)
+        elif isinstance(frame, OpenSession):
+            opened = self.store.open(frame.client_id, False, self._clock(), frame.username)
+            subscriptions = tuple(opened.subscriptions.items())
+            peer.link.send(encode(SessionOpened(frame.request, opened.present, subscriptions, opened.inbound)))
+        elif isinstance(frame, RetainedQuery):
+            messages, cursor = self.retention.page(frame.topic_filter, frame.cursor)
+            peer.link.send(encode(RetainedPage(frame.request, messages, cursor)))
+        elif isinstance(frame, Claimed):
             peer.seq = max(peer.seq, frame.seq)
             self._online(frame.event)
         elif isinstance(frame, Ended):
@@ -164,6 +204,9 @@ class Authority:
                 self._publish(frame.event)
         elif isinstance(frame, Routed):
             self._deliver(Deliver(frame.topic, frame.payload, frame.qos), skip=peer)
+            for delivery in self.store.route(frame.topic, frame.payload, frame.qos):
+                self._transmit(delivery)
+            self._log_drops()
         elif isinstance(frame, Noted):
             publish_to_sinks(self.sinks, frame.event)
         elif isinstance(frame, Filters):
@@ -182,6 +225,28 @@ class Authority:
             self._check_drained()
         else:
             logger.warning("authority: unexpected %s from worker %d", type(frame).__name__, peer.worker)
+        now = self._clock()
+        if now - self._swept > _SWEEP_EVERY:
+            self._swept = now
+            if self.store.expire(now):
+                self._filters_changed()
+            self.retention.store.prune(now)
+
+    def _transmit(self, delivery: Delivery | None) -> None:
+        """Send a persistent session's packets to the worker that holds its connection."""
+        if delivery is None:
+            return
+        epoch = str(delivery.holder)
+        for peer in list(self._peers.values()):
+            if epoch.startswith(f"{peer.worker}.{peer.pid}."):
+                peer.link.send(encode(Transmit(delivery.client_id, epoch, delivery.packets)))
+                return
+        # Not linked now (a stall): what was sent stays unacknowledged and is resent on reconnect.
+
+    def _log_drops(self) -> None:
+        dropping = self.store.newly_dropping
+        while dropping:
+            logger.warning("authority: persistent session %r is full: messages dropped (counted)", dropping.popleft())
 
     def _online(self, event: PresenceEvent) -> None:
         claim = self.registry.online(event)
@@ -221,6 +286,13 @@ class Authority:
         )
         for event in gone:
             self._publish(event)
+        # Messages sent to its sessions while it was detached never reached it: send the
+        # unacknowledged ones again (with DUP, which the client must accept).
+        for event in sessions:
+            if event.client_id is not None:
+                stored = self.store.get(event.client_id)
+                if stored is not None and stored.holder == event.epoch:
+                    self._transmit(self.store.attach(event.client_id, event.epoch))
 
     # -- publishing --------------------------------------------------------------------
 
@@ -246,7 +318,9 @@ class Authority:
     def _send_remote_filters(self, peer: _Peer) -> None:
         if peer.worker < 0:
             return
-        remote = frozenset().union(*(p.filters for p in list(self._peers.values()) if p is not peer))
+        remote = frozenset().union(
+            *(p.filters for p in list(self._peers.values()) if p is not peer), self.store.subscriptions.filters()
+        )
         if remote != peer.remote_sent:
             peer.remote_sent = remote
             peer.link.send(encode(RemoteFilters(remote)))

@@ -13,10 +13,19 @@ import dataclasses
 import json
 from dataclasses import dataclass
 
+from ..persistent import Acked, Attach, Detach, Discard, Inbound, Push, Report, Subscribed
 from ..presence import PresenceEvent
+from .retention import RetainedMessage
 
 __all__ = [
     "Ack",
+    "Kept",
+    "OpenSession",
+    "Reported",
+    "RetainedPage",
+    "RetainedQuery",
+    "SessionOpened",
+    "Transmit",
     "Claimed",
     "CloseSubscribers",
     "Deliver",
@@ -118,6 +127,42 @@ class Drained(Frame):
     """Shutting down: this worker's devices have all ended and been reported."""
 
 
+@dataclass(frozen=True, slots=True)
+class OpenSession(Frame):
+    """A CONNECT with CleanSession=0: the stored session, please (answered by :class:`SessionOpened`)."""
+
+    request: int
+    client_id: str
+    username: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Reported(Frame):
+    """A change to a persistent session (numbered: resent until acknowledged)."""
+
+    seq: int
+    report: Report
+
+
+@dataclass(frozen=True, slots=True)
+class Kept(Frame):
+    """A retained message to keep (an empty payload clears); numbered like a report."""
+
+    seq: int
+    topic: str
+    payload: bytes
+    qos: int
+
+
+@dataclass(frozen=True, slots=True)
+class RetainedQuery(Frame):
+    """A page of the retained messages a new subscription matches (answered by :class:`RetainedPage`)."""
+
+    request: int
+    topic_filter: str
+    cursor: str | None
+
+
 # -- authority to worker -------------------------------------------------------------
 
 
@@ -166,13 +211,64 @@ class CloseSubscribers(Frame):
     """Shutting down: every worker has drained; subscribers may now be closed."""
 
 
+@dataclass(frozen=True, slots=True)
+class SessionOpened(Frame):
+    """The answer to :class:`OpenSession`."""
+
+    request: int
+    present: bool
+    subscriptions: tuple[tuple[str, int], ...]
+    """(filter, granted QoS) pairs: a list, not a JSON object, so any filter text is safe."""
+    inbound: frozenset[int]
+
+
+@dataclass(frozen=True, slots=True)
+class Transmit(Frame):
+    """Packets for a persistent session's connection (``epoch``), if this worker holds it."""
+
+    client_id: str
+    epoch: str
+    packets: list[bytes]
+
+
+@dataclass(frozen=True, slots=True)
+class RetainedPage(Frame):
+    """The answer to :class:`RetainedQuery`: messages, and the cursor of the rest."""
+
+    request: int
+    messages: list[RetainedMessage]
+    cursor: str | None
+
+
 _TYPES: dict[str, type[Frame]] = {
     cls.__name__: cls
     for cls in (
         *(Hello, Claimed, Ended, Noted, Routed, Filters, Resync, Lookup, Drained),
+        *(OpenSession, Reported, Kept, RetainedQuery),
         *(Ack, Deliver, Evict, Found, RemoteFilters, CloseSubscribers),
+        *(SessionOpened, Transmit, RetainedPage),
     )
 }
+
+# Records carried inside frames, tagged by class name; their fields are checked on the way in.
+_RECORDS: dict[str, type] = {
+    cls.__name__: cls for cls in (Attach, Detach, Subscribed, Acked, Inbound, Push, Discard, RetainedMessage)
+}
+_SCALARS = {"str": str, "int": int, "bytes": bytes, "bool": bool}
+
+
+def _record_from_wire(value: dict[str, object]) -> object:
+    name = value.pop("$record")
+    cls = _RECORDS[str(name)]
+    fields = {f.name: str(f.type) for f in dataclasses.fields(cls)}
+    if set(value) != set(fields):
+        raise FrameError(f"{name}: fields {sorted(value)}, expected {sorted(fields)}")
+    out = {k: _from_wire(v, fields[k]) for k, v in value.items()}
+    for k, v in out.items():
+        kinds = [_SCALARS[t.strip()] for t in fields[k].split("|") if t.strip() in _SCALARS]
+        if kinds and not (isinstance(v, tuple(kinds)) or (v is None and "None" in fields[k])):
+            raise FrameError(f"{name}.{k}: {type(v).__name__} is not {fields[k]}")
+    return cls(**out)
 
 
 def _to_wire(value: object) -> object:
@@ -184,8 +280,13 @@ def _to_wire(value: object) -> object:
         return {"$b64": base64.b64encode(value).decode()}
     if isinstance(value, frozenset):
         return sorted(value)
-    if isinstance(value, tuple):
+    if isinstance(value, tuple | list):
         return [_to_wire(v) for v in value]
+    if type(value).__name__ in _RECORDS and dataclasses.is_dataclass(value):
+        record: dict[str, object] = {"$record": type(value).__name__}
+        for f in dataclasses.fields(value):
+            record[f.name] = _to_wire(getattr(value, f.name))
+        return record
     return value
 
 
@@ -195,10 +296,16 @@ def _from_wire(value: object, kind: str) -> object:
             return PresenceEvent.from_dict(value["$event"])
         if "$b64" in value:
             return base64.b64decode(value["$b64"])
+        if "$record" in value:
+            return _record_from_wire(dict(value))
+    if kind.startswith("frozenset[int]") and isinstance(value, list):
+        return frozenset(int(v) for v in value)
     if kind.startswith("frozenset") and isinstance(value, list):
         return frozenset(str(v) for v in value)
     if kind.startswith("tuple") and isinstance(value, list):
-        return tuple(_from_wire(v, "") for v in value)
+        return tuple(_from_wire(v, kind[6:]) for v in value)  # nested tuples stay tuples
+    if kind.startswith("list") and isinstance(value, list):
+        return [_from_wire(v, "") for v in value]
     return value
 
 

@@ -2,14 +2,23 @@
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Sequence
 
 import trio
 
 from ...prometheus import Families, Metric
+from ..persistent import Delivery, Opened, Report
 from ..presence import PresenceEvent, PresenceSink
-from . import Coordinator, Health, Host, publish_to_sinks
+from . import Coordinator, Health, Host, publish_to_sinks, retained_figures, session_figures
 from .registry import Registry
+from .retention import MqttState, RetainedMessage
+
+logger = logging.getLogger("servers.heartbeat.coordination")
+
+# How often sessions whose clients never came back are looked for.
+EXPIRY_SWEEP = 60.0
 
 __all__ = ["InProcessCoordinator"]
 
@@ -18,18 +27,31 @@ class InProcessCoordinator(Coordinator):
     """Applies the registry's rules in-process and publishes at once (no I/O)."""
 
     def __init__(
-        self, sinks: Sequence[PresenceSink] = (), *, presence_prefix: str = "presence/", max_records: int = 1_000_000
+        self,
+        sinks: Sequence[PresenceSink] = (),
+        *,
+        presence_prefix: str = "presence/",
+        max_records: int = 1_000_000,
+        state: MqttState | None = None,
     ) -> None:
         self.sinks = list(sinks)
         self.presence_prefix = presence_prefix
         self.registry = Registry(max_records)
+        state = state if state is not None else MqttState()
+        self.store = state.store
+        self.retention = state.retention(self.registry, presence_prefix, time.time)
         self._host: Host | None = None
 
     async def run(self, host: Host, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Attach to ``host``; nothing else to run."""
+        """Attach to ``host``; then expire persistent sessions whose clients stay away."""
         self._host = host
         task_status.started()
-        await trio.sleep_forever()
+        while True:
+            await trio.sleep(EXPIRY_SWEEP)
+            expired = self.store.expire(trio.current_time())
+            if expired:
+                logger.info("%d persistent sessions expired (their clients stayed away)", len(expired))
+            self.retention.store.prune(time.time())
 
     def attach(self, host: Host) -> None:
         """Attach without a task (for embedding where nothing must run)."""
@@ -54,7 +76,42 @@ class InProcessCoordinator(Coordinator):
         publish_to_sinks(self.sinks, event)
 
     def route(self, topic: str, payload: bytes, qos: int) -> None:
-        """Nobody else to route to."""
+        """No other worker to route to; persistent sessions take their QoS 1 and 2 copies."""
+        for delivery in self.store.route(topic, payload, qos):
+            self._transmit(delivery)
+        self._log_drops()
+
+    async def open_session(self, client_id: str, username: str | None = None) -> Opened:
+        """See :meth:`Coordinator.open_session`."""
+        return self.store.open(client_id, False, trio.current_time(), username)
+
+    def discard_session(self, client_id: str) -> None:
+        """See :meth:`Coordinator.discard_session`."""
+        self.store.discard(client_id)
+
+    def session(self, report: Report) -> None:
+        """See :meth:`Coordinator.session`."""
+        delivery = self.store.apply(report, trio.current_time())
+        if delivery is not None:
+            self._transmit(delivery)
+
+    def retain(self, topic: str, payload: bytes, qos: int) -> None:
+        """See :meth:`Coordinator.retain`."""
+        if not self.retention.retain(topic, payload, qos):
+            logger.warning("retained message on %r refused: the retained store is full", topic)
+
+    async def retained(self, topic_filter: str, cursor: str | None) -> tuple[list[RetainedMessage], str | None]:
+        """See :meth:`Coordinator.retained`."""
+        return self.retention.page(topic_filter, cursor)
+
+    def _transmit(self, delivery: Delivery) -> None:
+        if self._host is not None:
+            self._host.transmit(delivery.client_id, str(delivery.holder), delivery.packets)
+
+    def _log_drops(self) -> None:
+        dropping = self.store.newly_dropping
+        while dropping:
+            logger.warning("persistent session %r is full: messages for it are dropped (counted)", dropping.popleft())
 
     def filters_changed(self, filters: set[str]) -> None:
         """Nobody else to tell."""
@@ -74,7 +131,7 @@ class InProcessCoordinator(Coordinator):
         """The registry's size."""
         f = Families({})
         f.gauge("heartbeat_registry_records", "Device records kept for /devices.", len(self.registry))
-        return f.families
+        return f.families + session_figures(self.store) + retained_figures(self.retention)
 
     def _publish(self, event: PresenceEvent) -> None:
         publish_to_sinks(self.sinks, event)

@@ -22,13 +22,14 @@ import itertools
 import logging
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import trio
 
 from ...prometheus import Families, Metric
 from ..broker import matches_any
+from ..persistent import Discard, Opened, Report
 from ..presence import PresenceEvent, PresenceSink
 from . import Coordinator, Health, Host, publish_to_sinks
 from .frames import (
@@ -44,15 +45,23 @@ from .frames import (
     Frame,
     FrameError,
     Hello,
+    Kept,
     Lookup,
     Noted,
+    OpenSession,
     RemoteFilters,
+    Reported,
     Resync,
+    RetainedPage,
+    RetainedQuery,
     Routed,
+    SessionOpened,
+    Transmit,
     decode,
     encode,
 )
 from .registry import Registry
+from .retention import RetainedMessage
 
 __all__ = ["BusCoordinator"]
 
@@ -67,7 +76,7 @@ class _Lookup:
     """A question to the authority, waiting for its answer."""
 
     done: trio.Event = field(default_factory=trio.Event)
-    answer: PresenceEvent | None = None
+    answer: Frame | None = None
 
 
 class BusCoordinator(Coordinator):
@@ -141,9 +150,43 @@ class BusCoordinator(Coordinator):
         self._seq += 1
         return self._seq
 
-    def _numbered(self, frame: Claimed | Ended) -> None:
+    def discard_session(self, client_id: str) -> None:
+        """See :meth:`Coordinator.discard_session`."""
+        self.session(Discard(client_id))
+
+    def session(self, report: Report) -> None:
+        """Numbered like a session's start or end: resent until the authority has it."""
+        if not self.orphaned:
+            self._numbered(Reported(self._next(), report))
+
+    def retain(self, topic: str, payload: bytes, qos: int) -> None:
+        """See :meth:`Coordinator.retain`; numbered too."""
+        if not self.orphaned:
+            self._numbered(Kept(self._next(), topic, payload, qos))
+
+    async def open_session(self, client_id: str, username: str | None = None) -> Opened | None:
+        """Asks the authority; None if it does not answer in time (the CONNECT is then
+        refused as server-unavailable: a new session would lose the stored one)."""
         if self.orphaned:
-            self._alone_apply(frame)
+            return Opened(False, {}, frozenset())  # the supervisor, and its sessions, are gone
+        answer = await self._ask(lambda request: OpenSession(request, client_id, username))
+        if not isinstance(answer, SessionOpened):
+            return None
+        return Opened(answer.present, dict(answer.subscriptions), answer.inbound)
+
+    async def retained(self, topic_filter: str, cursor: str | None) -> tuple[list[RetainedMessage], str | None]:
+        """A page from the authority (none if it does not answer in time)."""
+        if self.orphaned:
+            return [], None
+        answer = await self._ask(lambda request: RetainedQuery(request, topic_filter, cursor))
+        if not isinstance(answer, RetainedPage):
+            return [], None
+        return answer.messages, answer.cursor
+
+    def _numbered(self, frame: Claimed | Ended | Reported | Kept) -> None:
+        if self.orphaned:
+            if isinstance(frame, Claimed | Ended):
+                self._alone_apply(frame)
             return
         self._unacked.append((frame.seq, frame, time.monotonic()))
         self._send(frame)
@@ -159,11 +202,16 @@ class BusCoordinator(Coordinator):
         """Asks the authority (None if it does not answer within ``lookup_timeout``)."""
         if self._alone is not None:
             return self._alone.get(client_id)
+        answer = await self._ask(lambda request: Lookup(request, client_id))
+        return answer.event if isinstance(answer, Found) else None
+
+    async def _ask(self, question: Callable[[int], Frame]) -> Frame | None:
+        """Send a numbered question and wait up to ``lookup_timeout`` for its answer."""
         if not self.connected:
             return None
         request = next(self._requests)
         pending = self._lookups[request] = _Lookup()
-        self._send(Lookup(request, client_id))
+        self._send(question(request))
         with trio.move_on_after(self.lookup_timeout):
             await pending.done.wait()
         del self._lookups[request]
@@ -305,10 +353,12 @@ class BusCoordinator(Coordinator):
             host.evict(frame.client_id, frame.epoch, frame.detail)
         elif isinstance(frame, RemoteFilters):
             self._remote = frame.filters
-        elif isinstance(frame, Found):
+        elif isinstance(frame, Transmit):
+            host.transmit(frame.client_id, frame.epoch, frame.packets)
+        elif isinstance(frame, Found | SessionOpened | RetainedPage):
             pending = self._lookups.get(frame.request)
             if pending is not None:
-                pending.answer = frame.event
+                pending.answer = frame
                 pending.done.set()
         elif isinstance(frame, CloseSubscribers):
             self._close_subscribers.set()
@@ -325,8 +375,8 @@ class BusCoordinator(Coordinator):
         self._alone = Registry()
         pending, self._unacked = list(self._unacked), collections.deque()
         for _seq, frame, _t in pending:
-            assert isinstance(frame, Claimed | Ended)
-            self._alone_apply(frame)
+            if isinstance(frame, Claimed | Ended):
+                self._alone_apply(frame)
         self._acked.set()
         self._close_subscribers.set()
         for question in self._lookups.values():

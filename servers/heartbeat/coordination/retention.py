@@ -1,0 +1,170 @@
+"""Retained messages as a coordinator serves them: the retained store, and every
+device's last presence, retained.
+
+Pure. A late subscriber to ``presence/#`` is owed the last presence event of every
+device (then the live stream): those come from the registry the coordinator keeps
+anyway, not from copies in the retained store, so retained presence costs no memory
+per device. Offline entries stop being retained ``offline_ttl`` seconds after the
+device went offline (None: while the registry keeps them).
+
+A SUBSCRIBE may match a million of them, so they are served in pages: each call
+examines a bounded number of entries and returns a cursor (a string, so it can cross
+the supervisor's bus) to continue from. Presence pages walk a snapshot of the client
+ids taken at the first page, each looked up afresh, so a device that changed state
+meanwhile is sent as it is now.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ..broker import topic_matches
+from ..persistent import SessionStore
+from ..retained import RetainedStore
+from .registry import Registry
+
+__all__ = ["RETAINED_PAGE", "MqttState", "RetainedMessage", "Retention"]
+
+RETAINED_PAGE = 500
+"""Entries examined per page."""
+
+# Snapshots of client ids kept for paging; a subscriber that never asks for the next
+# page must not pin one forever.
+_MAX_SNAPSHOTS = 64
+
+
+@dataclass(frozen=True, slots=True)
+class RetainedMessage:
+    """A retained message to send to a new subscription (with the retain flag)."""
+
+    topic: str
+    payload: bytes
+    qos: int
+
+
+@dataclass
+class MqttState:
+    """The MQTT state a coordinator keeps for its workers, with its bounds: persistent
+    sessions, retained messages, and whether (and how long) presence is retained."""
+
+    store: SessionStore = dataclasses.field(default_factory=SessionStore)
+    retained: RetainedStore = dataclasses.field(default_factory=RetainedStore)
+    retain_presence: bool = True
+    presence_offline_ttl: float | None = None
+
+    def retention(self, registry: Registry, presence_prefix: str, clock: Callable[[], float]) -> Retention:
+        """The retained messages over ``registry`` (whose records are the retained presence)."""
+        return Retention(
+            registry,
+            presence_prefix=presence_prefix,
+            store=self.retained,
+            presence=self.retain_presence,
+            offline_ttl=self.presence_offline_ttl,
+            clock=clock,
+        )
+
+
+class Retention:
+    """The retained messages of one coordinator and the retained presence of its registry.
+
+    ``clock`` is the wall clock (presence events carry wall-clock times); the store's
+    own expiry uses the same clock.
+    """
+
+    def __init__(
+        self,
+        registry: Registry,
+        *,
+        presence_prefix: str,
+        store: RetainedStore | None = None,
+        presence: bool = True,
+        offline_ttl: float | None = None,
+        clock: Callable[[], float],
+    ) -> None:
+        self.registry = registry
+        self.store = store if store is not None else RetainedStore()
+        self.presence_prefix = presence_prefix
+        self.presence = presence
+        self.offline_ttl = offline_ttl
+        self._clock = clock
+        self._snapshots: dict[int, list[str]] = {}
+        self._numbers = itertools.count(1)
+
+    def retain(self, topic: str, payload: bytes, qos: int) -> bool:
+        """A PUBLISH with RETAIN=1: stored, or cleared by an empty payload. False if
+        the store's bounds refused it (counted there)."""
+        return self.store.store(topic, payload, qos, self._clock())
+
+    def page(
+        self, topic_filter: str, cursor: str | None, limit: int = RETAINED_PAGE
+    ) -> tuple[list[RetainedMessage], str | None]:
+        """The next retained messages for ``topic_filter`` after ``cursor`` (None: from
+        the start); returns them and the cursor of the rest (None: that was all)."""
+        if cursor is None or cursor.startswith("s:"):
+            after = None if cursor is None else cursor[2:]
+            page = self.store.page(topic_filter, self._clock(), after=after, budget=limit)
+            out = [RetainedMessage(r.topic, r.payload, r.qos) for r in page.messages]
+            if page.cursor is not None:
+                return out, "s:" + page.cursor
+            if not self._presence_possible(topic_filter):
+                return out, None
+            exact = self._exact_presence(topic_filter)
+            if exact is not None:
+                message = self._presence_message(exact)
+                return out + ([message] if message is not None else []), None
+            return out, self._start_snapshot()
+        number, _, start = cursor[2:].partition(":")
+        ids = self._snapshots.get(int(number))
+        if ids is None:
+            return [], None  # forgotten (too many at once): the subscriber gets what it got
+        index = int(start)
+        end = min(index + limit, len(ids))
+        prefix = self.presence_prefix
+        everything = self._matches_every_presence_topic(topic_filter)
+        out = []
+        for client_id in ids[index:end]:
+            if everything or topic_matches(topic_filter, prefix + client_id):
+                message = self._presence_message(client_id)
+                if message is not None:
+                    out.append(message)
+        if end >= len(ids):
+            del self._snapshots[int(number)]
+            return out, None
+        return out, f"p:{number}:{end}"
+
+    def _presence_possible(self, topic_filter: str) -> bool:
+        if not self.presence:
+            return False
+        prefix = self.presence_prefix
+        head = topic_filter.split("/", 1)[0]
+        return head in ("#", "+") or topic_filter.startswith(prefix) or prefix.startswith(topic_filter.rstrip("#"))
+
+    def _exact_presence(self, topic_filter: str) -> str | None:
+        prefix = self.presence_prefix
+        rest = topic_filter[len(prefix) :] if topic_filter.startswith(prefix) else None
+        if rest is None or "+" in rest or "#" in rest:
+            return None
+        return rest
+
+    def _matches_every_presence_topic(self, topic_filter: str) -> bool:
+        # Client ids may hold "/", so only these match every presence topic whatever the id.
+        return topic_filter in ("#", self.presence_prefix + "#")
+
+    def _start_snapshot(self) -> str | None:
+        if len(self._snapshots) >= _MAX_SNAPSHOTS:
+            del self._snapshots[next(iter(self._snapshots))]
+        number = next(self._numbers)
+        self._snapshots[number] = [e.client_id for e in self.registry if e.client_id is not None]
+        return f"p:{number}:0"
+
+    def _presence_message(self, client_id: str) -> RetainedMessage | None:
+        event = self.registry.get(client_id)
+        if event is None:
+            return None
+        ttl = self.offline_ttl
+        if event.status == "offline" and ttl is not None and event.time + ttl <= self._clock():
+            return None
+        return RetainedMessage(self.presence_prefix + client_id, event.payload(), 0)

@@ -1,0 +1,198 @@
+"""A session's outbound QoS 1 and 2 messages, sans-IO: the in-flight window and the queue behind it.
+
+MQTT 3.1.1 (4.3, 4.4) asks the server to keep every QoS 1 and 2 message it sends
+until the client acknowledges it (PUBACK; PUBREC then PUBCOMP), to resend the
+unacknowledged ones with DUP when the client reconnects to a persistent session
+(and PUBREL for a QoS 2 message whose PUBREC came), and to deliver in order. An
+:class:`Outbox` does that bookkeeping and returns the bytes to write; it never
+touches a socket. A connection with a clean session owns one for as long as it
+lives; a persistent session's outbox lives in the session store, which outlives
+the connection.
+
+Bounds, as Mosquitto has them: at most ``window`` messages in flight (its
+``max_inflight_messages``, 20), at most ``max_queued`` messages and
+``max_queued_bytes`` behind them (``max_queued_messages``, 1,000); a message beyond
+them is dropped and counted, the newest first, so what was queued keeps its order.
+"""
+
+from __future__ import annotations
+
+import collections
+import enum
+
+from .encoders import encode_publish, encode_pubrel
+
+__all__ = ["DEFAULT_MAX_QUEUED", "DEFAULT_MAX_QUEUED_BYTES", "DEFAULT_WINDOW", "Message", "Outbox", "Stage"]
+
+DEFAULT_WINDOW = 20
+"""Messages in flight (sent, not yet acknowledged) per client."""
+DEFAULT_MAX_QUEUED = 1000
+"""Messages queued behind the window per client."""
+DEFAULT_MAX_QUEUED_BYTES = 16 * 1024 * 1024
+"""Payload and topic bytes queued behind the window per client."""
+
+
+class Stage(enum.Enum):
+    """Where an in-flight message is in its exchange."""
+
+    PUBLISHED = "published"
+    """PUBLISH sent; waiting for PUBACK (QoS 1) or PUBREC (QoS 2)."""
+    RELEASED = "released"
+    """QoS 2: PUBREC came and PUBREL was sent; waiting for PUBCOMP."""
+
+
+class Message:
+    """One outbound message: what to publish, and (once in flight) its packet id and stage."""
+
+    # A persistent session of a vanished device may hold a thousand of these.
+    __slots__ = ("topic", "payload", "qos", "retain", "packet_id", "stage", "sent")
+
+    def __init__(self, topic: str, payload: bytes, qos: int, retain: bool = False) -> None:
+        self.topic = topic
+        self.payload = payload
+        self.qos = qos
+        self.retain = retain
+        self.packet_id = 0
+        self.stage = Stage.PUBLISHED
+        self.sent = False
+        """Whether it was ever written: a resend then carries DUP (MQTT-3.3.1-1)."""
+
+    @property
+    def size(self) -> int:
+        """What it counts against the queue's byte bound."""
+        return len(self.topic) + len(self.payload)
+
+    def wire(self) -> bytes:
+        """The packet that (re)sends it, and marks it sent."""
+        if self.stage is Stage.RELEASED:
+            return encode_pubrel(self.packet_id)
+        data = encode_publish(
+            self.topic, self.payload, qos=self.qos, retain=self.retain, packet_id=self.packet_id, dup=self.sent
+        )
+        self.sent = True
+        return data
+
+    def __repr__(self) -> str:
+        return f"Message({self.topic!r}, qos={self.qos}, id={self.packet_id}, {self.stage.value})"
+
+
+class Outbox:
+    """The in-flight window and the queue of one client's QoS 1 and 2 messages.
+
+    While the client is connected (:attr:`attached`), every method returns the
+    packets to write now, in order. While it is away, messages queue and nothing is
+    returned; :meth:`attach` then returns the resends (DUP) and the next messages.
+    """
+
+    __slots__ = ("window", "max_queued", "max_queued_bytes", "attached", "dropped", "_inflight", "_queue", "_bytes")
+
+    def __init__(
+        self,
+        window: int = DEFAULT_WINDOW,
+        max_queued: int = DEFAULT_MAX_QUEUED,
+        max_queued_bytes: int = DEFAULT_MAX_QUEUED_BYTES,
+        *,
+        attached: bool = True,
+    ) -> None:
+        if window < 1:
+            raise ValueError("the window must hold at least one message")
+        self.window = window
+        self.max_queued = max_queued
+        self.max_queued_bytes = max_queued_bytes
+        self.attached = attached
+        self.dropped = 0
+        """Messages dropped because the queue was full."""
+        # Insertion order is send order, which is the order resends must keep (4.6).
+        self._inflight: dict[int, Message] = {}
+        self._queue: collections.deque[Message] = collections.deque()
+        self._bytes = 0
+
+    def __len__(self) -> int:
+        """Messages held: in flight and queued."""
+        return len(self._inflight) + len(self._queue)
+
+    @property
+    def queued_bytes(self) -> int:
+        """Bytes of the messages waiting behind the window."""
+        return self._bytes
+
+    def inflight(self) -> list[Message]:
+        """The messages sent and not yet acknowledged, oldest first."""
+        return list(self._inflight.values())
+
+    def queued(self) -> list[Message]:
+        """The messages waiting behind the window, oldest first."""
+        return list(self._queue)
+
+    def push(self, message: Message) -> list[bytes]:
+        """Take a QoS 1 or 2 message; returns what to write now (nothing while away or
+        while the window is full). A message beyond the queue's bounds is dropped."""
+        if message.qos not in (1, 2):
+            raise ValueError("only QoS 1 and 2 messages are held")
+        if self.attached and not self._queue and len(self._inflight) < self.window:
+            return [self._launch(message)]
+        size = message.size
+        if len(self._queue) >= self.max_queued or self._bytes + size > self.max_queued_bytes:
+            self.dropped += 1
+            return []
+        self._queue.append(message)
+        self._bytes += size
+        return []
+
+    def puback(self, packet_id: int) -> list[bytes]:
+        """The client acknowledged a QoS 1 message; returns what to write next."""
+        message = self._inflight.get(packet_id)
+        if message is None or message.qos != 1:
+            return []  # not ours (a stale or confused ack): the spec leaves it to us
+        del self._inflight[packet_id]
+        return self._fill()
+
+    def pubrec(self, packet_id: int) -> list[bytes]:
+        """The client received a QoS 2 message: answer PUBREL (resent as PUBREL from now on)."""
+        message = self._inflight.get(packet_id)
+        if message is None or message.qos != 2:
+            return []
+        message.stage = Stage.RELEASED
+        return [encode_pubrel(packet_id)] if self.attached else []
+
+    def pubcomp(self, packet_id: int) -> list[bytes]:
+        """The QoS 2 exchange is complete; returns what to write next."""
+        message = self._inflight.get(packet_id)
+        if message is None or message.stage is not Stage.RELEASED:
+            return []
+        del self._inflight[packet_id]
+        return self._fill()
+
+    def attach(self) -> list[bytes]:
+        """The client (re)connected: resend everything in flight, in order, then fill the window."""
+        self.attached = True
+        resent = [m.wire() for m in self._inflight.values()]
+        return resent + self._fill()
+
+    def detach(self) -> None:
+        """The client went away: hold everything until it returns."""
+        self.attached = False
+
+    def _fill(self) -> list[bytes]:
+        out: list[bytes] = []
+        if not self.attached:
+            return out
+        queue = self._queue
+        while queue and len(self._inflight) < self.window:
+            message = queue.popleft()
+            self._bytes -= message.size
+            out.append(self._launch(message))
+        return out
+
+    def _launch(self, message: Message) -> bytes:
+        message.packet_id = self._free_id()
+        self._inflight[message.packet_id] = message
+        return message.wire()
+
+    def _free_id(self) -> int:
+        # The window is far smaller than 65,535, so a free id is always near.
+        last = next(reversed(self._inflight), 0) if self._inflight else 0
+        candidate = last % 65535 + 1
+        while candidate in self._inflight:
+            candidate = candidate % 65535 + 1
+        return candidate

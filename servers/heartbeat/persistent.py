@@ -1,0 +1,385 @@
+"""Persistent sessions (CleanSession=0), sans-IO: what a client id keeps between connections.
+
+MQTT 3.1.1 (3.1.2.4) makes a session with CleanSession=0 belong to the client id,
+not to the connection: its subscriptions, the QoS 1 and 2 messages that arrive
+while the client is away, the messages sent and not yet acknowledged, and the QoS 2
+packet ids received and not yet released. A :class:`SessionStore` keeps them for
+whichever coordinator owns the sessions (the worker itself, the supervisor's
+authority for several workers), so a reconnect on another worker, or after the
+worker that held the session was killed, finds it whole.
+
+The store routes the QoS 1 and 2 messages of persistent sessions itself (each
+session's :class:`~.outbox.Outbox` numbers them and keeps them until acknowledged);
+QoS 0 messages to a connected client take the ordinary path of its worker's
+broker, and are not queued while it is away (as Mosquitto's default).
+
+Bounds: each session's outbox (in flight, queued messages and bytes), a total of
+queued bytes over every session, and an expiry for sessions whose client does not
+return (``expiry`` seconds after it left). What is dropped is counted.
+"""
+
+from __future__ import annotations
+
+import collections
+import heapq
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+
+from .broker import Subscriptions
+from .outbox import DEFAULT_MAX_QUEUED, DEFAULT_MAX_QUEUED_BYTES, DEFAULT_WINDOW, Message, Outbox
+
+__all__ = [
+    "DEFAULT_EXPIRY",
+    "DEFAULT_TOTAL_QUEUED_BYTES",
+    "Acked",
+    "Attach",
+    "Delivery",
+    "Detach",
+    "Discard",
+    "Inbound",
+    "Opened",
+    "Push",
+    "Report",
+    "SessionStore",
+    "StoredSession",
+    "Subscribed",
+]
+
+DEFAULT_EXPIRY = 24 * 3600.0
+"""Seconds a persistent session outlives its client's last connection."""
+DEFAULT_TOTAL_QUEUED_BYTES = 256 * 1024 * 1024
+"""Bytes queued for absent clients, over every session, beyond which messages are dropped."""
+
+
+class StoredSession:
+    """One client id's persistent state."""
+
+    __slots__ = ("client_id", "username", "subscriptions", "outbox", "inbound", "holder", "left_at", "drop_logged")
+
+    def __init__(self, client_id: str, outbox: Outbox, username: str | None = None) -> None:
+        self.client_id = client_id
+        self.username = username
+        """Who the client last authenticated as (access rules apply per message)."""
+        self.subscriptions: dict[str, int] = {}
+        self.outbox = outbox
+        self.inbound: set[int] = set()
+        """QoS 2 packet ids received (PUBREC sent) whose PUBREL has not come."""
+        self.holder: Hashable | None = None
+        """Who holds the client's connection now (an epoch); None while it is away."""
+        self.left_at = 0.0
+        self.drop_logged = False
+
+
+@dataclass(frozen=True, slots=True)
+class Opened:
+    """What a CONNECT finds: CONNACK's session-present flag and the session to restore."""
+
+    present: bool
+    subscriptions: dict[str, int]
+    inbound: frozenset[int]
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """Packets for the connection of ``client_id`` held by ``holder``."""
+
+    client_id: str
+    holder: Hashable
+    packets: list[bytes]
+
+
+@dataclass(frozen=True, slots=True)
+class Attach:
+    """The CONNACK of a resumed or new persistent session is out; ``epoch`` holds it now."""
+
+    client_id: str
+    epoch: str
+
+
+@dataclass(frozen=True, slots=True)
+class Detach:
+    """Connection ``epoch`` of the client ended."""
+
+    client_id: str
+    epoch: str
+
+
+@dataclass(frozen=True, slots=True)
+class Subscribed:
+    """The client subscribed (``qos`` granted) or, with ``qos`` None, unsubscribed."""
+
+    client_id: str
+    topic_filter: str
+    qos: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class Acked:
+    """Connection ``epoch`` acknowledged a message (``kind``: puback, pubrec or pubcomp)."""
+
+    client_id: str
+    epoch: str
+    kind: str
+    packet_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class Inbound:
+    """A QoS 2 packet id from the client was taken (``held``) or released by PUBREL."""
+
+    client_id: str
+    packet_id: int
+    held: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Push:
+    """A message for this client only (a retained message its new subscription matched)."""
+
+    client_id: str
+    topic: str
+    payload: bytes
+    qos: int
+    retain: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class Discard:
+    """A CONNECT with CleanSession=1: any stored session of the client goes."""
+
+    client_id: str
+
+
+Report = Attach | Detach | Subscribed | Acked | Inbound | Push | Discard
+"""What a worker tells the owner of its persistent sessions, in order."""
+
+
+class SessionStore:
+    """Every persistent session of a server (or of its fleet member), by client id."""
+
+    def __init__(
+        self,
+        *,
+        max_qos: int = 2,
+        window: int = DEFAULT_WINDOW,
+        max_queued: int = DEFAULT_MAX_QUEUED,
+        max_queued_bytes: int = DEFAULT_MAX_QUEUED_BYTES,
+        total_queued_bytes: int = DEFAULT_TOTAL_QUEUED_BYTES,
+        expiry: float = DEFAULT_EXPIRY,
+        may_read: Callable[[str | None, str, str], bool] | None = None,
+    ) -> None:
+        self.may_read = may_read
+        """Access rules: whether (username, client id) may read a topic; None lets everything through."""
+        self.window = window
+        self.max_queued = max_queued
+        self.max_queued_bytes = max_queued_bytes
+        self.total_queued_bytes = total_queued_bytes
+        self.expiry = expiry
+        self.subscriptions: Subscriptions[str] = Subscriptions(max_qos)
+        self._sessions: dict[str, StoredSession] = {}
+        self._expiries: list[tuple[float, str]] = []
+        self.queued_bytes = 0
+        self.dropped = 0
+        """Messages dropped for a full session queue or the total bound."""
+        self.expired = 0
+        self.newly_dropping: collections.deque[str] = collections.deque(maxlen=1000)
+        """Client ids whose first drop has not been logged yet (the server logs once per session)."""
+
+    def __len__(self) -> int:
+        return len(self._sessions)
+
+    def get(self, client_id: str) -> StoredSession | None:
+        """The client's stored session, if it has one."""
+        return self._sessions.get(client_id)
+
+    def apply(self, report: Report, now: float) -> Delivery | None:
+        """Apply one report; returns packets for the client's connection, if any."""
+        if isinstance(report, Attach):
+            return self.attach(report.client_id, report.epoch)
+        if isinstance(report, Detach):
+            self.detach(report.client_id, report.epoch, now)
+        elif isinstance(report, Subscribed):
+            if report.qos is None:
+                self.unsubscribe(report.client_id, report.topic_filter)
+            else:
+                self.subscribe(report.client_id, report.topic_filter, report.qos)
+        elif isinstance(report, Acked):
+            return self.acknowledge(report.client_id, report.epoch, report.kind, report.packet_id)
+        elif isinstance(report, Push):
+            return self.push(report.client_id, Message(report.topic, report.payload, report.qos, report.retain))
+        elif isinstance(report, Discard):
+            self.discard(report.client_id)
+        elif report.held:
+            self.hold_inbound(report.client_id, report.packet_id)
+        else:
+            self.release_inbound(report.client_id, report.packet_id)
+        return None
+
+    # -- a client's connections ---------------------------------------------------------
+
+    def open(self, client_id: str, clean: bool, now: float = 0.0, username: str | None = None) -> Opened:
+        """A CONNECT was accepted: CleanSession=1 discards any stored session (and keeps
+        none); CleanSession=0 resumes the stored one or starts one."""
+        if clean:
+            self.discard(client_id)
+            return Opened(False, {}, frozenset())
+        stored = self._sessions.get(client_id)
+        if stored is not None and stored.holder is None and stored.left_at + self.expiry <= now:
+            self.discard(client_id)  # expired, though not yet swept
+            self.expired += 1
+            stored = None
+        if stored is not None:
+            stored.username = username
+            return Opened(True, dict(stored.subscriptions), frozenset(stored.inbound))
+        outbox = Outbox(self.window, self.max_queued, self.max_queued_bytes, attached=False)
+        stored = StoredSession(client_id, outbox, username)
+        self._sessions[client_id] = stored
+        # Counted as left now: a connection that dies before its CONNACK never attaches.
+        stored.left_at = now
+        heapq.heappush(self._expiries, (now + self.expiry, client_id))
+        return Opened(False, {}, frozenset())
+
+    def attach(self, client_id: str, holder: Hashable) -> Delivery | None:
+        """Its CONNACK is out: from now on ``holder`` gets its messages, starting with the
+        resends and what queued while it was away."""
+        stored = self._sessions.get(client_id)
+        if stored is None:
+            return None
+        stored.holder = holder
+        before = stored.outbox.queued_bytes
+        packets = stored.outbox.attach()
+        self.queued_bytes -= before - stored.outbox.queued_bytes
+        return Delivery(client_id, holder, packets)
+
+    def detach(self, client_id: str, holder: Hashable, now: float) -> None:
+        """The connection of ``holder`` ended: the session waits ``expiry`` for the client.
+
+        A report from a connection that no longer holds the session changes nothing.
+        """
+        stored = self._sessions.get(client_id)
+        if stored is None or stored.holder != holder:
+            return
+        stored.holder = None
+        stored.outbox.detach()
+        stored.left_at = now
+        heapq.heappush(self._expiries, (now + self.expiry, client_id))
+
+    def detach_held(self, held: Callable[[Hashable], bool], now: float) -> int:
+        """Detach every session whose holder ``held`` names (its worker died without
+        reporting); returns how many."""
+        lost = [stored for stored in self._sessions.values() if stored.holder is not None and held(stored.holder)]
+        for stored in lost:
+            assert stored.holder is not None
+            self.detach(stored.client_id, stored.holder, now)
+        return len(lost)
+
+    def discard(self, client_id: str) -> bool:
+        """Forget the client's session (CleanSession=1, or it expired)."""
+        stored = self._sessions.pop(client_id, None)
+        if stored is None:
+            return False
+        self.subscriptions.drop(client_id)
+        self.queued_bytes -= stored.outbox.queued_bytes
+        return True
+
+    def expire(self, now: float) -> list[str]:
+        """Discard every session whose client has been away longer than ``expiry``."""
+        out: list[str] = []
+        heap = self._expiries
+        while heap and heap[0][0] <= now:
+            _, client_id = heapq.heappop(heap)
+            stored = self._sessions.get(client_id)
+            # A client that came back (or left again later) has a newer entry, or none due.
+            if stored is not None and stored.holder is None and stored.left_at + self.expiry <= now:
+                self.discard(client_id)
+                out.append(client_id)
+        self.expired += len(out)
+        return out
+
+    # -- what a connected client does ---------------------------------------------------
+
+    def subscribe(self, client_id: str, topic_filter: str, qos: int) -> None:
+        """The client subscribed (its SUBACK granted ``qos``)."""
+        stored = self._sessions.get(client_id)
+        if stored is not None:
+            stored.subscriptions[topic_filter] = self.subscriptions.subscribe(client_id, topic_filter, qos)
+
+    def unsubscribe(self, client_id: str, topic_filter: str) -> None:
+        """The client unsubscribed."""
+        stored = self._sessions.get(client_id)
+        if stored is not None and stored.subscriptions.pop(topic_filter, None) is not None:
+            self.subscriptions.unsubscribe(client_id, topic_filter)
+
+    def acknowledge(self, client_id: str, holder: Hashable, kind: str, packet_id: int) -> Delivery | None:
+        """PUBACK, PUBREC or PUBCOMP (``kind``) from the client's connection ``holder``."""
+        stored = self._sessions.get(client_id)
+        if stored is None or stored.holder != holder:
+            return None  # from a connection that lost the session: its successor resends
+        outbox = stored.outbox
+        before = outbox.queued_bytes
+        if kind == "puback":
+            packets = outbox.puback(packet_id)
+        elif kind == "pubrec":
+            packets = outbox.pubrec(packet_id)
+        elif kind == "pubcomp":
+            packets = outbox.pubcomp(packet_id)
+        else:
+            raise ValueError(f"not an acknowledgement: {kind!r}")
+        self.queued_bytes -= before - outbox.queued_bytes
+        return Delivery(client_id, holder, packets) if packets else None
+
+    def hold_inbound(self, client_id: str, packet_id: int) -> None:
+        """A QoS 2 PUBLISH was taken (PUBREC sent): its duplicates are dropped until PUBREL."""
+        stored = self._sessions.get(client_id)
+        if stored is not None:
+            stored.inbound.add(packet_id)
+
+    def release_inbound(self, client_id: str, packet_id: int) -> None:
+        """PUBREL came for a QoS 2 packet id."""
+        stored = self._sessions.get(client_id)
+        if stored is not None:
+            stored.inbound.discard(packet_id)
+
+    # -- messages -------------------------------------------------------------------------
+
+    def route(self, topic: str, payload: bytes, qos: int) -> list[Delivery]:
+        """A message published on ``topic``: every persistent session subscribed at QoS 1
+        or 2 takes it at min(``qos``, granted); returns what to send to connected ones."""
+        if qos == 0:
+            return []
+        out: list[Delivery] = []
+        may_read = self.may_read
+        for client_id, granted in self.subscriptions.route(topic).items():
+            level = min(qos, granted)
+            if level == 0:
+                continue
+            stored = self._sessions[client_id]
+            if may_read is not None and not may_read(stored.username, client_id, topic):
+                continue
+            message = Message(topic, payload, level)
+            if stored.holder is None and self.queued_bytes + message.size > self.total_queued_bytes:
+                self._dropped(stored)
+                continue
+            delivery = self.push(client_id, message)
+            if delivery is not None:
+                out.append(delivery)
+        return out
+
+    def push(self, client_id: str, message: Message) -> Delivery | None:
+        """One QoS 1 or 2 message for one client's session."""
+        stored = self._sessions.get(client_id)
+        if stored is None:
+            return None
+        outbox = stored.outbox
+        before, lost = outbox.queued_bytes, outbox.dropped
+        packets = outbox.push(message)
+        self.queued_bytes += outbox.queued_bytes - before
+        if outbox.dropped != lost:
+            self._dropped(stored)
+        return Delivery(client_id, stored.holder, packets) if packets and stored.holder is not None else None
+
+    def _dropped(self, stored: StoredSession) -> None:
+        self.dropped += 1
+        if not stored.drop_logged:
+            stored.drop_logged = True
+            self.newly_dropping.append(stored.client_id)

@@ -1,0 +1,251 @@
+"""The outbound QoS 1/2 bookkeeping (sans-IO): window, queue, acknowledgements, resends
+with DUP after a reconnect, and the persistent session store that keeps it between
+connections. A hypothesis model plays a client that acknowledges, vanishes and returns."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from servers.heartbeat.outbox import Message, Outbox
+from servers.heartbeat.persistent import SessionStore
+
+from .mqtt_wire import parse_server_packets
+
+
+def _msg(n: int, qos: int = 1) -> Message:
+    return Message(f"t/{n}", f"m{n}".encode(), qos)
+
+
+def test_window_then_queue_then_acks_release_in_order() -> None:
+    box = Outbox(window=2, max_queued=10)
+    sent = [p for n in range(5) for p in box.push(_msg(n))]
+    assert [x.topic for x in parse_server_packets(sent)] == ["t/0", "t/1"]  # the window is full
+    assert len(box) == 5 and len(box.queued()) == 3
+    first, second = (m.packet_id for m in box.inflight())
+    assert [x.topic for x in parse_server_packets(box.puback(second))] == ["t/2"]
+    assert [x.topic for x in parse_server_packets(box.puback(first))] == ["t/3"]
+    assert box.puback(first) == []  # acknowledged twice: nothing more
+    assert box.puback(9999) == []
+
+
+def test_qos2_pubrec_gives_pubrel_and_pubcomp_completes() -> None:
+    box = Outbox(window=1)
+    [publish] = box.push(_msg(0, qos=2))
+    [pkt] = parse_server_packets([publish])
+    assert pkt.qos == 2 and not pkt.dup
+    assert box.puback(pkt.packet_id) == []  # a PUBACK is not what QoS 2 waits for
+    assert box.pubcomp(pkt.packet_id) == []  # nor a PUBCOMP before PUBREC
+    assert box.pubrec(pkt.packet_id) == [bytes((0x62, 2, 0, pkt.packet_id))]
+    box.push(_msg(1, qos=2))  # queued behind the one in flight
+    [nxt] = parse_server_packets(box.pubcomp(pkt.packet_id))
+    assert nxt.topic == "t/1"
+
+
+def test_reconnect_resends_with_dup_and_pubrel_in_order() -> None:
+    box = Outbox(window=3)
+    for n in range(3):
+        box.push(_msg(n, qos=2))
+    ids = [m.packet_id for m in box.inflight()]
+    box.pubrec(ids[1])  # the second one is past PUBREC
+    box.detach()
+    assert box.push(_msg(3)) == []  # away: queued
+    resent = box.attach()
+    assert resent[1] == bytes((0x62, 2, 0, ids[1]))  # PUBREL again, not the PUBLISH
+    pkts = parse_server_packets([resent[0], resent[2]])
+    assert [(p.topic, p.dup, p.packet_id) for p in pkts] == [("t/0", True, ids[0]), ("t/2", True, ids[2])]
+    assert len(resent) == 3  # the window is full: t/3 waits
+    assert [p.topic for p in parse_server_packets(box.pubcomp(ids[1]))] == ["t/3"]
+
+
+def test_queue_bounds_drop_the_newest_and_count() -> None:
+    box = Outbox(window=1, max_queued=2, max_queued_bytes=1000, attached=False)
+    for n in range(4):
+        box.push(_msg(n))
+    assert [m.topic for m in box.queued()] == ["t/0", "t/1"] and box.dropped == 2
+    small = Outbox(window=1, max_queued=100, max_queued_bytes=10, attached=False)
+    small.push(Message("a", b"12345678", 1))
+    small.push(Message("b", b"12345678", 1))  # 9 + 9 bytes > 10
+    assert len(small) == 1 and small.dropped == 1 and small.queued_bytes == 9
+    with pytest.raises(ValueError):
+        box.push(_msg(9, qos=0))
+
+
+def test_packet_ids_skip_those_in_flight() -> None:
+    box = Outbox(window=3)
+    for n in range(3):
+        box.push(_msg(n))
+    ids = [m.packet_id for m in box.inflight()]
+    assert len(set(ids)) == 3 and all(1 <= i <= 65535 for i in ids)
+    box.puback(ids[0])
+    box.push(_msg(3))
+    assert len({m.packet_id for m in box.inflight()}) == 3
+
+
+# -- the client model ---------------------------------------------------------------
+
+
+@dataclass
+class _Client:
+    """What a well-behaved client sees: it acknowledges any in-flight message it holds."""
+
+    received: list[str] = field(default_factory=list)  # topics whose exchange completed, in order
+    holding: dict[int, tuple[str, int]] = field(default_factory=dict)  # id -> (topic, qos) not yet acked
+    released: set[int] = field(default_factory=set)
+    firsts: list[str] = field(default_factory=list)  # topics seen without DUP, in order
+
+    def take(self, packets: list[bytes]) -> None:
+        for data in packets:
+            if data[0] & 0xF0 == 0x60:  # PUBREL
+                self.released.add(int.from_bytes(data[2:4], "big"))
+                continue
+            [p] = parse_server_packets([data])
+            assert p.packet_id not in self.holding or p.dup, "an id reused while in flight"
+            if not p.dup:
+                self.firsts.append(p.topic)
+            self.holding[p.packet_id] = (p.topic, p.qos)
+
+
+ops = st.lists(
+    st.one_of(
+        st.tuples(st.just("push"), st.integers(1, 2)),
+        st.tuples(st.just("ack"), st.integers(0, 30)),
+        st.tuples(st.sampled_from(["detach", "attach"]), st.just(0)),
+    ),
+    max_size=80,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(ops, st.integers(1, 4), st.integers(0, 6))
+def test_every_message_is_delivered_once_in_order_whatever_the_client_does(
+    steps: list[tuple[str, int]], window: int, max_queued: int
+) -> None:
+    box = Outbox(window=window, max_queued=max_queued)
+    client = _Client()
+    connected = True
+    pushed: list[str] = []
+    for n, (op, arg) in enumerate(steps):
+        if op == "push":
+            before = box.dropped
+            out = box.push(Message(f"t/{n}", b"x", arg))
+            if box.dropped == before:
+                pushed.append(f"t/{n}")
+            if connected:
+                client.take(out)
+        elif op == "ack" and connected and client.holding:
+            pid = sorted(client.holding)[arg % len(client.holding)]
+            topic, qos = client.holding[pid]
+            if qos == 1:
+                out = box.puback(pid)
+                done = True
+            elif pid in client.released:
+                out = box.pubcomp(pid)
+                client.released.discard(pid)
+                done = True
+            else:
+                out = box.pubrec(pid)
+                done = False
+            if done:
+                del client.holding[pid]
+                client.received.append(topic)
+            client.take(out)
+        elif op == "detach" and connected:
+            box.detach()
+            connected = False
+        elif op == "attach" and not connected:
+            connected = True
+            client.take(box.attach())
+        assert len(box.inflight()) <= window
+        if connected:
+            assert {m.packet_id for m in box.inflight()} == set(client.holding)
+    # Drain: the client acknowledges everything left.
+    if not connected:
+        client.take(box.attach())
+    for _ in range(3 * len(pushed) + 3):
+        if not client.holding:
+            break
+        pid = min(client.holding, key=lambda i: [m.packet_id for m in box.inflight()].index(i))
+        topic, qos = client.holding[pid]
+        if qos == 2 and pid not in client.released:
+            client.take(box.pubrec(pid))
+            continue
+        out = box.puback(pid) if qos == 1 else box.pubcomp(pid)
+        client.released.discard(pid)
+        del client.holding[pid]
+        client.received.append(topic)
+        client.take(out)
+    assert client.firsts == pushed  # first sends in publish order
+    assert sorted(client.received) == sorted(pushed) and len(client.received) == len(set(client.received))
+    assert len(box) == 0
+
+
+# -- the store ---------------------------------------------------------------------------
+
+
+def test_store_keeps_a_persistent_session_and_clean_discards_it() -> None:
+    store = SessionStore(window=2)
+    assert not store.open("dev", clean=False).present
+    store.subscribe("dev", "cmd/dev", 1)
+    store.attach("dev", "e1")
+    store.detach("dev", "e1", now=10.0)
+    assert store.route("cmd/dev", b"a", 1) == []  # away: queued
+    assert store.route("cmd/dev", b"z", 0) == []  # QoS 0 is not queued
+    again = store.open("dev", clean=False)
+    assert again.present and again.subscriptions == {"cmd/dev": 1}
+    delivery = store.attach("dev", "e2")
+    assert delivery is not None and [p.payload for p in parse_server_packets(delivery.packets)] == [b"a"]
+    assert not store.open("dev", clean=True).present
+    assert store.get("dev") is None and store.route("cmd/dev", b"b", 1) == []
+
+
+def test_store_ignores_a_superseded_connection_and_expires_absent_sessions() -> None:
+    store = SessionStore(expiry=100.0)
+    store.open("dev", clean=False)
+    store.subscribe("dev", "cmd/#", 2)
+    store.attach("dev", "old")
+    [d] = store.route("cmd/x", b"1", 2)
+    pid = parse_server_packets(d.packets)[0].packet_id
+    store.attach("dev", "new")  # reconnected before the old one's end was reported
+    assert store.acknowledge("dev", "old", "pubrec", pid) is None
+    store.detach("dev", "old", now=5.0)  # late report of the old connection: ignored
+    assert store.get("dev") is not None and store.get("dev").holder == "new"  # type: ignore[union-attr]
+    store.detach("dev", "new", now=10.0)
+    assert store.expire(109.0) == []
+    store.open("dev", clean=False)
+    store.attach("dev", "newer")
+    assert store.expire(200.0) == []  # back before its expiry
+    store.detach("dev", "newer", now=300.0)
+    assert store.expire(400.0) == ["dev"] and len(store) == 0 and store.expired == 1
+
+
+def test_store_total_bound_drops_and_names_each_session_once() -> None:
+    store = SessionStore(total_queued_bytes=30)
+    for dev in ("a", "b"):
+        store.open(dev, clean=False)
+        store.subscribe(dev, "t", 1)
+    for _ in range(4):
+        store.route("t", b"0123456789", 1)  # 11 bytes per copy
+    assert store.queued_bytes <= 30 and store.dropped > 0
+    assert sorted(store.newly_dropping) == ["a", "b"]
+
+
+def test_store_qos2_inbound_ids_survive_in_the_session() -> None:
+    store = SessionStore()
+    store.open("dev", clean=False)
+    store.hold_inbound("dev", 7)
+    assert store.open("dev", clean=False).inbound == frozenset({7})
+    store.release_inbound("dev", 7)
+    assert store.open("dev", clean=False).inbound == frozenset()
+
+
+def test_a_message_carries_dup_only_once_it_was_written() -> None:
+    box = Outbox(window=1)
+    [first] = box.push(Message("a/b", b"p", 1))
+    box.detach()
+    [again] = box.attach()
+    one, two = parse_server_packets([first, again])
+    assert (one.dup, two.dup) == (False, True) and one.packet_id == two.packet_id
