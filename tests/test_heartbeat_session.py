@@ -8,6 +8,7 @@ from servers.heartbeat import encoders, packets
 from servers.heartbeat.packets import ProtocolError
 from servers.heartbeat.reader import PacketReader
 from servers.heartbeat.session import (
+    MAX_INBOUND_QOS2,
     Accept,
     Acknowledged,
     AddSubscription,
@@ -141,3 +142,11 @@ def test_permissions_refuse_a_subscription_and_drop_a_publish() -> None:
         Send(encoders.encode_puback(2)),
     ]
     assert s.denied_publishes == 1
+
+
+def test_a_client_cannot_make_the_server_hold_qos2_ids_without_bound() -> None:
+    s = _connected()
+    for packet_id in range(1, MAX_INBOUND_QOS2 + 1):
+        s.receive(packets.Publish("a", b"x", qos=2, packet_id=packet_id))
+    with pytest.raises(ProtocolError, match="qos2-window"):
+        s.receive(packets.Publish("a", b"x", qos=2, packet_id=MAX_INBOUND_QOS2 + 1))

@@ -168,6 +168,8 @@ class Permissions(Protocol):
 
 DEFAULT_MAX_QOS = 2
 """The highest QoS a session grants and routes at unless told otherwise."""
+MAX_INBOUND_QOS2 = 1000
+"""QoS 2 messages a client may have taken (PUBREC sent) without releasing (PUBREL)."""
 SUBACK_FAILURE = 0x80
 """The SUBACK return code of a refused subscription (MQTT-3.9.3)."""
 DEFAULT_PRESENCE_PREFIX = "presence/"
@@ -332,6 +334,9 @@ class Session:
                 inbound = self.inbound = set()
             elif packet_id in inbound:
                 return [Send(encoders.encode_pubrec(packet_id))]  # a duplicate: taken already
+            elif len(inbound) >= MAX_INBOUND_QOS2:
+                # Each held id is memory the client makes us keep; no honest client needs this many.
+                raise ProtocolError("qos2-window", detail=f"more than {MAX_INBOUND_QOS2} QoS 2 messages without PUBREL")
             inbound.add(packet_id)
             effects.append(HoldInbound(packet_id))
         topic = packet.topic
