@@ -24,7 +24,7 @@ from .coordination import Coordinator
 from .coordination.authority import Authority
 from .coordination.local import BusCoordinator
 from .presence import PresenceLog, PresenceSink
-from .server import ENGINES, HeartbeatConfig, HeartbeatServer, mqtt_state
+from .server import ENGINES, HeartbeatConfig, HeartbeatServer, mqtt_state, session_store
 from .worker import serve_heartbeat
 
 DESCRIPTION = """\
@@ -201,7 +201,20 @@ def coordinator_for(args: argparse.Namespace, config: HeartbeatConfig) -> tuple[
         # Each worker is a node of the fleet; it writes the events it publishes itself.
         own: list[PresenceSink] = [PresenceLog(args.presence_log)] if args.presence_log else []
         fleet = RedisCoordinator(
-            args.cluster, config.node, sinks=own, presence_prefix=config.presence_prefix, lease=args.lease
+            args.cluster,
+            config.node,
+            sinks=own,
+            presence_prefix=config.presence_prefix,
+            lease=args.lease,
+            max_qos=config.max_qos,
+            max_inflight=config.max_inflight,
+            max_queued=config.max_queued,
+            max_queued_bytes=config.max_queued_bytes,
+            session_expiry=config.session_expiry,
+            may_read=session_store(config).may_read,
+            retain_presence=config.retain_presence,
+            presence_offline_ttl=config.presence_offline_ttl,
+            max_retained_bytes=config.max_retained_bytes,
         )
         return fleet, own
     if not args.bus:

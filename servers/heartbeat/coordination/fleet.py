@@ -19,6 +19,56 @@ Keys, under ``prefix`` (default ``idlekeeper:``)::
                           (bounded, expires when idle; deleted with a dead node)
     filters-changed       stream: ids of nodes whose filters just changed
 
+Persistent sessions (CleanSession=0), by client id (see :mod:`.fleet_sessions`)::
+
+    ps:<client-id>        hash: holder (the epoch holding its connection, '' while
+                          away), hnode (the holder's node), was (the last holder),
+                          left (ms, Redis's clock), user, lastid (the last packet id
+                          given), seq (send order), qb (bytes queued), dropping
+    psub:<client-id>      hash: topic filter -> granted QoS
+    pin:<client-id>       set: QoS 2 packet ids received whose PUBREL has not come
+    pfl:<client-id>       hash: packet id -> a message in flight (msgpack: seq, qos,
+                          retain, stage, topic, payload)
+    pq:<client-id>        list: the messages queued behind the window (msgpack)
+    psessions             sorted set: client id -> when it expires (ms; +inf while held)
+    pheld:<node>          set: client ids whose connection the node holds
+    pf:<filter>           hash: client id -> QoS, every persistent session subscribed to it
+    pfilters              hash: topic filter -> how many persistent sessions hold it
+    pfilters-version      counter: the number of the last ``pfilters-changed`` notice
+    pfilters-changed      stream: a filter gained its first session or lost its last
+                          (f filter, on 1/0, v number)
+    pstats                hash: queued_bytes (over every session), dropped, expired
+
+Retained messages::
+
+    retained              hash: topic -> QoS digit followed by the payload
+    retained-index        sorted set: every retained topic (score 0, paged by ZRANGEBYLEX)
+    retained-stats        hash: bytes (topics and payloads), refused
+
+**Persistent sessions** follow :class:`~..persistent.SessionStore`'s rules, each
+change one call of the session script. A message for a connected client goes into
+its holder node's route stream (``c`` client id, ``e`` epoch, ``p`` packets) and
+that node's reader writes it to the connection (``Host.transmit``); one for an
+absent client waits in the queue within its bounds (drops counted in ``pstats``).
+A node publishing at QoS 1 or 2 calls Redis only if its cache of ``pfilters``
+(kept from ``pfilters-changed``) matches the topic. A session expires
+``session_expiry`` after its client left: every node's sweeper discards those
+due in ``psessions`` (rather than Redis TTLs, which would leave ``pf:`` and the
+byte count behind). A node declared lost has its sessions detached by the sweep
+(``pheld:<node>``), unacknowledged messages kept for the resend. ``open_session``
+goes through the same queue as the node's reports (so it sees them applied) and
+answers None after ``open_timeout``: the CONNECT is refused (3) rather than given
+an empty session that would lose the stored one. After a resynchronisation a node
+attaches again the sessions it was declared lost with and still holds; one whose
+session is gone (Redis restarted without its data) is closed, so that its client
+learns it from CONNACK (session-present 0) and subscribes again. A batch whose
+reply was lost is applied again: every session change is compare-and-set, but a
+message routed twice is held twice (as a routed QoS 0 message is delivered twice).
+
+**Retained messages** are stored by a script within ``max_retained_bytes``;
+retained presence is read from the ``dev:`` records (SCAN), offline ones older
+than ``presence_offline_ttl`` skipped.
+
 **The presence stream** ``<prefix>presence`` is the fleet's presence feed. Each
 entry has the fields ``event`` (the event's JSON, as :meth:`PresenceEvent.to_dict`),
 ``origin`` (the node that emitted it) and ``evict`` (for a takeover: the node that
@@ -33,10 +83,12 @@ same goes for routed messages: a node reads the presence stream, its own route
 stream and ``filters-changed`` in one blocking ``XREAD``.
 
 **Nothing blocks the worker.** :meth:`RedisCoordinator.online`, ``offline``,
-``route``, ``note`` and ``filters_changed`` return at once: reports go into a
-bounded queue that one task flushes in order; while Redis is unreachable the
-queue holds them (past ``queue_limit`` new ones are dropped and counted, and a
-resynchronisation is scheduled so the registry heals anyway).
+``route``, ``note``, ``filters_changed``, ``session``, ``discard_session`` and
+``retain`` return at once: reports go into a bounded queue that one task flushes
+in order; while Redis is unreachable the queue holds them (past ``queue_limit``
+new ones are dropped and counted, and a resynchronisation is scheduled so the
+registry heals anyway). Only ``lookup``, ``open_session`` and ``retained`` wait,
+each bounded by a timeout.
 
 **Resynchronisation.** When a node finds its lease gone (Redis restarted empty,
 or the node was cut off longer than its lease and declared lost), it registers
@@ -70,10 +122,27 @@ import coredis
 import trio
 
 from ...prometheus import Families, Metric
-from ..broker import matches_any
+from ..broker import matches_any, topic_matches
+from ..outbox import DEFAULT_MAX_QUEUED, DEFAULT_MAX_QUEUED_BYTES, DEFAULT_WINDOW
+from ..persistent import DEFAULT_EXPIRY, DEFAULT_TOTAL_QUEUED_BYTES, Attach, Detach, Discard, Opened, Report
 from ..presence import Offline, PresenceEvent, PresenceSink
+from ..retained import DEFAULT_MAX_BYTES, DEFAULT_MAX_COUNT
 from . import Coordinator, Health, Host, publish_to_sinks
+from .fleet_sessions import (
+    EXPIRE_BATCH,
+    NOTICE_MAXLEN,
+    RETAIN_SCRIPT,
+    SESSION_SCRIPT,
+    FilterCache,
+    FleetRetained,
+    opened_from,
+    retained_message,
+    session_call,
+    username_arg,
+    username_of,
+)
 from .registry import takeover_of
+from .retention import RetainedMessage
 
 __all__ = ["RedisCoordinator"]
 
@@ -177,6 +246,7 @@ return n
 _FINISH = """
 local owned, lease, members, filters, lock = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 if redis.call('EXISTS', lease) == 1 or redis.call('SCARD', owned) > 0 then return 0 end
+if redis.call('SCARD', KEYS[7]) > 0 then return 0 end  -- persistent sessions it still holds
 redis.call('DEL', owned)
 redis.call('SREM', members, ARGV[1])
 redis.call('HDEL', filters, ARGV[1])
@@ -219,18 +289,37 @@ ROUTE_TTL_MS = 60_000
 """A route stream nobody writes to for this long goes (its node is gone or has no remote senders)."""
 FLUSH_BATCH = 256
 """Reports in flight at once: applied concurrently, each device's (and the routes) in order."""
+STATS_EVERY = 5.0
+"""Seconds between reads of the fleet-wide session and retained figures (for /metrics)."""
+
+
+class _Question:
+    """An ``open_session`` waiting in the queue for its answer."""
+
+    __slots__ = ("client_id", "username", "answer", "done", "abandoned")
+
+    def __init__(self, client_id: str, username: str | None) -> None:
+        self.client_id = client_id
+        self.username = username
+        self.answer: Opened | None = None
+        self.done = trio.Event()
+        self.abandoned = False
+        """Its CONNECT was refused meanwhile: nobody waits for the answer any more."""
 
 
 @dataclass(frozen=True, slots=True)
 class _Report:
-    """One queued report: an online/offline event, or a message to route."""
+    """One queued report: an online/offline event, a message to route or retain, a
+    persistent session's change, or the opening of one."""
 
-    kind: str  # "online" | "offline" | "route"
+    kind: str  # "online" | "offline" | "route" | "retain" | "session" | "open"
     event: PresenceEvent | None = None
     forget: bool = False
     topic: str = ""
     payload: bytes = b""
     qos: int = 0
+    report: Report | None = None
+    question: _Question | None = None
 
 
 def _stream_id(raw: bytes | str) -> tuple[int, int]:
@@ -282,6 +371,16 @@ class RedisCoordinator(Coordinator):
     long the node counts as alive without renewing; it renews every ``renew``
     seconds and checks the other members' leases as often. ``offline_ttl``: how
     long an offline device's record is kept (0: forever).
+
+    Persistent sessions and retained messages take the options of
+    :class:`~.inprocess.InProcessCoordinator`'s store and retention: ``max_qos``,
+    ``max_inflight`` (the window), ``max_queued`` and ``max_queued_bytes`` per
+    session, ``total_queued_bytes`` over all, ``session_expiry`` (seconds),
+    ``may_read`` (the ACL per message, as :attr:`SessionStore.may_read`; None lets
+    everything through), ``retain_presence``, ``presence_offline_ttl`` (None: while
+    the record is kept), ``max_retained_bytes`` and ``max_retained_count``. Every node
+    of a fleet should be given the same. ``open_timeout``: how long a CONNECT with
+    CleanSession=0 waits for its stored session before it is refused (3).
     """
 
     def __init__(
@@ -298,9 +397,23 @@ class RedisCoordinator(Coordinator):
         queue_limit: int = 100_000,
         offline_ttl: float = 7 * 86400.0,
         timeout: float = 2.0,
+        max_qos: int = 2,
+        max_inflight: int = DEFAULT_WINDOW,
+        max_queued: int = DEFAULT_MAX_QUEUED,
+        max_queued_bytes: int = DEFAULT_MAX_QUEUED_BYTES,
+        total_queued_bytes: int = DEFAULT_TOTAL_QUEUED_BYTES,
+        session_expiry: float = DEFAULT_EXPIRY,
+        may_read: Callable[[str | None, str, str], bool] | None = None,
+        retain_presence: bool = True,
+        presence_offline_ttl: float | None = None,
+        max_retained_bytes: int = DEFAULT_MAX_BYTES,
+        max_retained_count: int = DEFAULT_MAX_COUNT,
+        open_timeout: float = 1.0,
     ) -> None:
         if renew >= lease:
             raise ValueError("renew must be shorter than lease")
+        if max_inflight < 1:
+            raise ValueError("the window (max_inflight) must hold at least one message")
         self.url = url
         self.node = node
         self.sinks = list(sinks)
@@ -322,6 +435,26 @@ class RedisCoordinator(Coordinator):
         self.k_filters = prefix + "filters"
         self.k_routes = prefix + "route:" + node
         self.k_changed = prefix + "filters-changed"
+        self.k_held = prefix + "pheld:" + node
+        self.k_pchanged = prefix + "pfilters-changed"
+
+        self.max_qos = max_qos
+        self.session_expiry = session_expiry
+        self.may_read = may_read
+        self.max_retained_bytes = max_retained_bytes
+        self.max_retained_count = max_retained_count
+        self.open_timeout = open_timeout
+        # The session script's fixed arguments after (prefix, node, op).
+        self._bounds = [
+            str(max_inflight), str(max_queued), str(max_queued_bytes), str(total_queued_bytes),
+            str(int(session_expiry * 1000)), str(ROUTE_MAXLEN), str(ROUTE_TTL_MS), str(NOTICE_MAXLEN),
+        ]  # fmt: skip
+        self._attached: dict[str, str] = {}  # client id -> epoch, of the persistent sessions held here
+        self.persistent_filters = FilterCache()
+        """The fleet's persistent sessions' filters, as this node last heard them."""
+        self.retention = FleetRetained(
+            prefix, presence_prefix, presence=retain_presence, offline_ttl=presence_offline_ttl
+        )
 
         self._host: Host | None = None
         self._redis: coredis.Redis[bytes] | None = None
@@ -358,6 +491,14 @@ class RedisCoordinator(Coordinator):
         self.delivered = 0
         self.rtt_last = 0.0
         self.rtt_avg = 0.0
+        self.persistent_routed = 0
+        self.persistent_dropped = 0
+        self.persistent_expired = 0
+        self.persistent_detached = 0
+        self.retained_refused = 0
+        self.opens_refused = 0
+        # Fleet-wide, read every STATS_EVERY seconds: sessions, queued bytes, retained count and bytes.
+        self.fleet_figures = (0, 0, 0, 0)
 
     # ----------------------------------------------------------------- reports
 
@@ -378,11 +519,54 @@ class RedisCoordinator(Coordinator):
         publish_to_sinks(self.sinks, event)
 
     def route(self, topic: str, payload: bytes, qos: int) -> None:
-        """Queue ``topic`` for the other nodes whose subscribers' filters match it (if any)."""
-        if not any(n != self.node and matches_any(f, topic) for n, f in self._remote.items()):
+        """Queue ``topic`` for the other nodes whose subscribers' filters match it, and (QoS 1
+        and 2) for the persistent sessions whose filters match it, if any."""
+        persistent = qos > 0 and bool(self.persistent_filters.matching(topic))
+        if not persistent and not any(n != self.node and matches_any(f, topic) for n, f in self._remote.items()):
             self.route_skipped += 1
             return
         self._enqueue(_Report("route", topic=topic, payload=payload, qos=qos))
+
+    async def open_session(self, client_id: str, username: str | None = None) -> Opened | None:
+        """The stored session (or a new one), in order with this node's reports; None if
+        Redis does not answer within ``open_timeout`` (see :meth:`Coordinator.open_session`)."""
+        question = _Question(client_id, username)
+        if self._enqueue(_Report("open", question=question)):
+            with trio.move_on_after(self.open_timeout):
+                await question.done.wait()
+        if question.answer is None:
+            question.abandoned = True
+            self.opens_refused += 1
+        return question.answer
+
+    def discard_session(self, client_id: str) -> None:
+        """Queue the discarding of any stored session (CleanSession=1)."""
+        self.session(Discard(client_id))
+
+    def session(self, report: Report) -> None:
+        """Queue a change to a persistent session; applied in order with this node's other reports."""
+        # Which persistent sessions this node's connections hold, for a resynchronisation.
+        if isinstance(report, Attach):
+            self._attached[report.client_id] = report.epoch
+        elif isinstance(report, Detach) and self._attached.get(report.client_id) == report.epoch:
+            del self._attached[report.client_id]
+        self._enqueue(_Report("session", report=report))
+
+    def retain(self, topic: str, payload: bytes, qos: int) -> None:
+        """Queue a retained message (an empty payload clears the topic's)."""
+        self._enqueue(_Report("retain", topic=topic, payload=payload, qos=qos))
+
+    async def retained(self, topic_filter: str, cursor: str | None) -> tuple[list[RetainedMessage], str | None]:
+        """A page of the retained messages ``topic_filter`` matches, then of the devices'
+        retained presence; nothing more if Redis does not answer."""
+        if self._redis is None:
+            return [], None
+        try:
+            with trio.fail_after(self.timeout * 2):
+                return await self._retained_page(topic_filter, cursor)
+        except (Exception, trio.TooSlowError) as exc:
+            self._failed(exc)
+            return [], None
 
     def filters_changed(self, filters: set[str]) -> None:
         """Republish this node's filters (by the renewer, within a moment)."""
@@ -390,18 +574,20 @@ class RedisCoordinator(Coordinator):
         self._filters_dirty = True
         self._filters_event.set()
 
-    def _enqueue(self, report: _Report) -> None:
+    def _enqueue(self, report: _Report) -> bool:
         if len(self._queue) >= self.queue_limit:
             # Dropping the newest keeps the order of what is kept; a resync later
-            # re-claims live sessions and ends the ones whose offline was dropped.
+            # re-claims live sessions and ends the ones whose offline was dropped
+            # (and detaches the persistent sessions this node no longer holds).
             self.dropped += 1
-            if report.kind != "route":
+            if report.kind not in ("route", "retain", "open"):
                 self._resync = self._reconcile = True
-            return
+            return False
         if not self._queue:
             self._queued_since = time.monotonic()
         self._queue.append(report)
         self._wakeup.set()
+        return True
 
     # ------------------------------------------------------------------ reads
 
@@ -456,6 +642,48 @@ class RedisCoordinator(Coordinator):
             self.renew_gap_max,
         )
         f.gauge("heartbeat_fleet_members", "Nodes whose filters this node knows.", len(self._remote))
+        # Gauges of what the fleet keeps (the same on every node, read every few seconds);
+        # counters of what this node did, which add up over the fleet.
+        sessions, queued_bytes, retained, retained_bytes = self.fleet_figures
+        f.gauge("heartbeat_persistent_sessions", "Persistent sessions kept fleet-wide (CleanSession=0).", sessions)
+        f.gauge("heartbeat_persistent_queued_bytes", "Bytes queued for persistent sessions, fleet-wide.", queued_bytes)
+        f.counter(
+            "heartbeat_persistent_dropped_total",
+            "Messages this node's publishes dropped for a full persistent session queue or the total bound.",
+            self.persistent_dropped,
+        )
+        f.counter(
+            "heartbeat_persistent_expired_total",
+            "Persistent sessions this node expired after their client stayed away.",
+            self.persistent_expired,
+        )
+        f.counter(
+            "heartbeat_persistent_routed_total",
+            "QoS 1 and 2 copies this node's publishes gave persistent sessions (sent or queued).",
+            self.persistent_routed,
+        )
+        f.counter(
+            "heartbeat_persistent_detached_total",
+            "Persistent sessions this node detached because the node holding them was lost or left.",
+            self.persistent_detached,
+        )
+        f.counter(
+            "heartbeat_persistent_open_refused_total",
+            "CONNECTs with CleanSession=0 refused (3): Redis did not answer in time.",
+            self.opens_refused,
+        )
+        f.gauge(
+            "heartbeat_fleet_persistent_filters",
+            "Persistent sessions' filters this node knows.",
+            len(self.persistent_filters),
+        )
+        f.gauge("heartbeat_retained_messages", "Retained messages kept fleet-wide (presence not included).", retained)
+        f.gauge("heartbeat_retained_bytes", "Bytes of retained topics and payloads, fleet-wide.", retained_bytes)
+        f.counter(
+            "heartbeat_retained_refused_total",
+            "Retained messages of this node refused by the bound on retained bytes.",
+            self.retained_refused,
+        )
         return f.families
 
     # -------------------------------------------------------------------- run
@@ -475,6 +703,8 @@ class RedisCoordinator(Coordinator):
         self._s_renew = redis.register_script(_RENEW)
         self._s_dead = redis.register_script(_DEAD)
         self._s_route = redis.register_script(_ROUTE)
+        self._s_session = redis.register_script(SESSION_SCRIPT)
+        self._s_retain = redis.register_script(RETAIN_SCRIPT)
         try:
             async with redis, trio.open_nursery() as nursery:
                 nursery.start_soon(self._reader)
@@ -539,7 +769,13 @@ class RedisCoordinator(Coordinator):
                     await self._resynchronise()
                 else:
                     self._busy = True
-                    batch = list(itertools.islice(self._queue, FLUSH_BATCH))
+                    batch: list[_Report] = []
+                    for report in itertools.islice(self._queue, FLUSH_BATCH):
+                        if self._two_steps(report):
+                            # Its second step depends on the first's answer: it goes alone.
+                            batch = batch or [report]
+                            break
+                        batch.append(report)
                     await self._apply_batch(batch)
                     # Only now are they taken off: a report whose reply was lost is sent
                     # again, which the scripts make harmless (compare-and-set on the epoch).
@@ -573,9 +809,7 @@ class RedisCoordinator(Coordinator):
             with trio.fail_after(self.timeout * 2):
                 async with redis.pipeline(transaction=False) as pipe:
                     for report in batch:
-                        step = self._request(report, pipe)
-                        if step is not None:
-                            pending.append(step)
+                        pending += self._request(report, pipe)
                 for request, done in pending:
                     done(await request)
             self._ok(started)
@@ -587,25 +821,35 @@ class RedisCoordinator(Coordinator):
                 await self._apply(report)
 
     async def _apply(self, report: _Report) -> None:
-        step = self._request(report, self._redis_())
-        if step is not None:
-            request, done = step
+        for request, done in self._request(report, self._redis_()):
             done(await self._call(request))
+        if self._two_steps(report):
+            await self._route_checked(report)
 
-    def _request(self, report: _Report, client: Any) -> tuple[Any, Callable[[Any], None]] | None:
-        """The script call that applies ``report`` (on ``client``: a connection or a pipeline),
-        and what to do with its reply; None if there is nothing to send."""
+    def _request(self, report: _Report, client: Any) -> list[tuple[Any, Callable[[Any], None]]]:
+        """The script calls that apply ``report`` (on ``client``: a connection or a pipeline),
+        each with what to do with its reply; none if there is nothing to send."""
         if report.kind == "route":
-            targets = [n for n, f in self._remote.items() if n != self.node and matches_any(f, report.topic)]
-            if not targets:
-                return None
-            data = _encode_route(report.topic, report.payload, report.qos)
-            keys = [self.prefix + "route:" + n for n in targets]
+            return self._route_requests(report, client)
+        if report.kind == "session":
+            assert report.report is not None
+            return self._session_request(report.report, client)
+        if report.kind == "open":
+            question = report.question
+            assert question is not None
+            if question.abandoned:
+                return []  # refused already: a session made now would only wait to expire
 
-            def routed(_: Any) -> None:
-                self.routed += len(targets)
+            def opened(out: Any) -> None:
+                question.answer = opened_from(out)
+                if int(out[3]):
+                    self.persistent_expired += 1
+                question.done.set()
 
-            return self._s_route(keys, [data, str(ROUTE_MAXLEN), str(ROUTE_TTL_MS)], client=client), routed
+            args = [question.client_id, username_arg(question.username)]
+            return [(self._session_script("open", args, client), opened)]
+        if report.kind == "retain":
+            return [(self._retain_request(report, client), self._retained_done(report.topic))]
         event = report.event
         assert event is not None and event.client_id is not None
         if report.kind == "online":
@@ -616,8 +860,97 @@ class RedisCoordinator(Coordinator):
                     # It crossed a newer session's claim from another node: that one holds the device.
                     self._host.evict(client_id, event.epoch, "a newer session holds this client id")
 
-            return self._claim_request(event, "claim", client), claimed
-        return self._offline_request(event, report.forget, client), self._offline_done
+            return [(self._claim_request(event, "claim", client), claimed)]
+        return [(self._offline_request(event, report.forget, client), self._offline_done)]
+
+    def _route_requests(self, report: _Report, client: Any) -> list[tuple[Any, Callable[[Any], None]]]:
+        out: list[tuple[Any, Callable[[Any], None]]] = []
+        targets = [n for n, f in self._remote.items() if n != self.node and matches_any(f, report.topic)]
+        if targets:
+            data = _encode_route(report.topic, report.payload, report.qos)
+            keys = [self.prefix + "route:" + n for n in targets]
+
+            def routed(_: Any) -> None:
+                self.routed += len(targets)
+
+            out.append((self._s_route(keys, [data, str(ROUTE_MAXLEN), str(ROUTE_TTL_MS)], client=client), routed))
+        if report.qos > 0 and self.may_read is None:
+            filters = self.persistent_filters.matching(report.topic)
+            if filters:
+                args: list[str | bytes] = [report.topic, report.payload, str(report.qos), "f", *filters]
+                out.append((self._session_script("route", args, client), self._persistent_routed))
+        return out
+
+    def _two_steps(self, report: _Report) -> bool:
+        """Whether ``report`` routes to persistent sessions under an ACL: who may read the
+        topic is decided here, between asking Redis who the sessions are and routing."""
+        return (
+            report.kind == "route"
+            and report.qos > 0
+            and self.may_read is not None
+            and bool(self.persistent_filters.matching(report.topic))
+        )
+
+    async def _route_checked(self, report: _Report) -> None:
+        may_read = self.may_read
+        assert may_read is not None
+        filters = self.persistent_filters.matching(report.topic)
+        redis = self._redis_()
+        args: list[str | bytes] = [report.topic, report.payload, str(report.qos), "q", *filters]
+        found = await self._call(self._session_script("route", args, redis))
+        allowed: list[str | bytes] = []
+        for i in range(0, len(found), 3):
+            client_id = _text(found[i])
+            if may_read(username_of(found[i + 2]), client_id, report.topic):
+                allowed += [client_id, str(int(found[i + 1]))]
+        if allowed:
+            args = [report.topic, report.payload, str(report.qos), "t", *allowed]
+            self._persistent_routed(await self._call(self._session_script("route", args, redis)))
+
+    def _persistent_routed(self, out: Any) -> None:
+        self.persistent_routed += int(out[0])
+        self.persistent_dropped += int(out[1])
+        for client_id in out[2] or []:
+            logger.warning(
+                "node %s: persistent session %r is full: messages for it are dropped (counted)",
+                self.node,
+                _text(client_id),
+            )
+
+    def _session_script(self, op: str, args: Sequence[str | bytes], client: Any) -> Any:
+        """A call of the session script (see :mod:`.fleet_sessions`)."""
+        return self._s_session([], [self.prefix, self.node, op, *self._bounds, *args], client=client)
+
+    def _session_request(self, report: Report, client: Any) -> list[tuple[Any, Callable[[Any], None]]]:
+        call = session_call(report, self.max_qos)
+        if call is None:
+            return []
+        op, args = call
+
+        def pushed(out: Any) -> None:
+            if int(out) < 0:
+                self.persistent_dropped += 1
+                if int(out) == -1:
+                    logger.warning(
+                        "node %s: persistent session %r is full: messages for it are dropped (counted)",
+                        self.node,
+                        args[0],
+                    )
+
+        return [(self._session_script(op, args, client), pushed if op == "push" else _ignore)]
+
+    def _retain_request(self, report: _Report, client: Any) -> Any:
+        args: list[str | bytes] = [self.prefix, report.topic, report.payload, str(report.qos)]
+        args += [str(self.max_retained_bytes), str(self.max_retained_count)]
+        return self._s_retain([], args, client=client)
+
+    def _retained_done(self, topic: str) -> Callable[[Any], None]:
+        def done(out: Any) -> None:
+            if int(out) == 0:
+                self.retained_refused += 1
+                logger.warning("node %s: retained message on %r refused: the retained store is full", self.node, topic)
+
+        return done
 
     def _claim_request(self, event: PresenceEvent, mode: str, client: Any) -> Any:
         assert event.client_id is not None
@@ -671,6 +1004,8 @@ class RedisCoordinator(Coordinator):
                 if not await self._claim(event, "reclaim"):
                     # A later session of this device is online elsewhere: ours is stale.
                     self._host.evict(event.client_id, event.epoch, "a newer session holds this client id")
+                else:
+                    await self._reattach(event.client_id, event.epoch)
             if reconcile:
                 live = {e.client_id for e in sessions}
                 # Devices with a report still queued are settled by that report (with its reason).
@@ -678,11 +1013,27 @@ class RedisCoordinator(Coordinator):
                 owned = await self._call(self._redis_().smembers(self.k_owned))
                 gone = sorted(c for c in (_text(m) for m in owned) if c not in live)
                 await self._lose(self.node, gone, Offline.CONNECTION_LOST, "its offline report was dropped", False)
+                # Persistent sessions whose Detach may have been dropped wait for their clients.
+                live |= {r.report.client_id for r in self._queue if r.report is not None}
+                held = await self._call(self._redis_().smembers(self.k_held))
+                await self._detach_lost(self.node, sorted(c for c in map(_text, held) if c not in live), False)
         except BaseException:
             self._resync = True
             self._reconcile = self._reconcile or reconcile
             raise
         self.resyncs += 1
+
+    async def _reattach(self, client_id: str, epoch: str) -> None:
+        """After this node registered again: a persistent session detached when it was
+        declared lost is attached again (its messages resent), unless its client came back
+        elsewhere; one Redis lost (restarted empty) is closed, so that its client
+        reconnects, learns from CONNACK that the session is gone, and subscribes again."""
+        args = [client_id, epoch]
+        if int(await self._call(self._session_script("reattach", args, self._redis_()))) >= 0:
+            return
+        if self._attached.get(client_id) == epoch and self._host is not None:
+            del self._attached[client_id]
+            self._host.evict(client_id, epoch, "its persistent session was lost with Redis's data")
 
     def _redis_(self) -> coredis.Redis[bytes]:
         if self._redis is None:
@@ -696,7 +1047,7 @@ class RedisCoordinator(Coordinator):
         positioned = False
         attempt = 0
         block_ms = max(100, int(self.renew * 1000))
-        keys = [self.k_stream, self.k_routes, self.k_changed]
+        keys = [self.k_stream, self.k_routes, self.k_changed, self.k_pchanged]
         positions = dict.fromkeys(keys, (0, 0))
         while True:
             try:
@@ -712,6 +1063,8 @@ class RedisCoordinator(Coordinator):
                             # back empty. Everything in the new stream is new to us.
                             positions[key] = (0, 0)
                     self._read_pos = positions[self.k_stream]
+                    # After the positions: a change made meanwhile is in both, applied twice, harmlessly.
+                    await self._load_persistent_filters()
                     positioned = True
                     self._reader_ready.set()
                 asked = {key: f"{ms}-{seq}" for key, (ms, seq) in positions.items()}
@@ -726,7 +1079,12 @@ class RedisCoordinator(Coordinator):
                             self._read_pos = positions[key]
                             self._handle_entry(entry.field_values)
                         elif key == self.k_routes:
-                            self._deliver_routed(_bytes(entry.field_values.get(b"m", b"")))
+                            if b"c" in entry.field_values:
+                                self._transmit(entry.field_values)
+                            else:
+                                self._deliver_routed(_bytes(entry.field_values.get(b"m", b"")))
+                        elif key == self.k_pchanged:
+                            await self._persistent_filter_notice(entry.field_values)
                         else:
                             node = _text(entry.field_values.get(b"node", b""))
                             if node and node != self.node:
@@ -832,6 +1190,43 @@ class RedisCoordinator(Coordinator):
         table = await self._call(redis.hgetall(self.k_filters))
         self._remote = {_text(k): frozenset(json.loads(v)) for k, v in table.items()}
 
+    def _transmit(self, fields: Any) -> None:
+        """A persistent session's packets for the connection this node holds (if it still does)."""
+        assert self._host is not None
+        try:
+            client_id, epoch, packets = _text(fields[b"c"]), _text(fields[b"e"]), _bytes(fields[b"p"])
+        except KeyError:
+            logger.warning("node %s: malformed session packets", self.node)
+            return
+        try:
+            self._host.transmit(client_id, epoch, [packets])
+        except Exception:
+            logger.exception("node %s: transmit raised", self.node)
+
+    async def _persistent_filter_notice(self, fields: Any) -> None:
+        cache = self.persistent_filters
+        version = int(fields.get(b"v", 0))
+        if version <= cache.version:
+            return  # already in what was read
+        if version != cache.version + 1:
+            await self._load_persistent_filters()  # notices were trimmed away unread
+            return
+        cache.set(_text(fields.get(b"f", b"")), fields.get(b"on") == b"1")
+        cache.version = version
+
+    async def _load_persistent_filters(self) -> None:
+        """Read the fleet's persistent filters afresh (at start, after an outage, after a gap)."""
+        redis = self._redis_()
+        version = int(await self._call(redis.get(self.prefix + "pfilters-version")) or 0)
+        filters: list[str] = []
+        cursor: int | None = 0
+        while True:
+            cursor, chunk = await self._call(redis.hscan(self.prefix + "pfilters", cursor, count=1000))
+            filters += [_text(f) for f in chunk]
+            if not cursor:
+                break
+        self.persistent_filters.replace(filters, version)
+
     def _deliver_routed(self, data: bytes) -> None:
         assert self._host is not None
         try:
@@ -847,14 +1242,20 @@ class RedisCoordinator(Coordinator):
     # ---------------------------------------------------------------- sweeper
 
     async def _sweeper(self) -> None:
-        """Every ``renew`` seconds: declare the sessions of members whose lease lapsed lost."""
+        """Every ``renew`` seconds: declare the sessions of members whose lease lapsed lost,
+        discard the persistent sessions that expired; every few seconds, read the figures."""
         attempt = 0
+        next_figures = 0.0
         while True:
             try:
                 await trio.sleep(self.renew)
                 dead = await self._call(self._s_dead([self.k_members], [self.prefix, self.node]))
                 for raw in dead or []:
                     await self.sweep(_text(raw))
+                await self.expire_sessions()
+                if time.monotonic() >= next_figures:
+                    next_figures = time.monotonic() + STATS_EVERY
+                    await self.refresh_figures()
                 attempt = 0
             except (Exception, trio.TooSlowError) as exc:
                 self._failed(exc)
@@ -877,6 +1278,7 @@ class RedisCoordinator(Coordinator):
                 return 0
         owned_key = self.prefix + "owned:" + dead
         total = 0
+        held_key = self.prefix + "pheld:" + dead
         while True:
             members = sorted(_text(m) for m in await self._call(redis.smembers(owned_key)))
             for i in range(0, len(members), batch):
@@ -884,11 +1286,16 @@ class RedisCoordinator(Coordinator):
                 if n < 0:
                     return total  # it renewed its lease: alive after all
                 total += n
+            # Its persistent sessions wait for their clients, unacknowledged messages kept.
+            held = sorted(_text(m) for m in await self._call(redis.smembers(held_key)))
+            for i in range(0, len(held), batch):
+                if await self._detach_lost(dead, held[i : i + batch], True) < 0:
+                    return total
             keys = [owned_key, self.prefix + "node:" + dead, self.k_members, self.k_filters, k_lock]
-            keys.append(self.prefix + "route:" + dead)
+            keys += [self.prefix + "route:" + dead, held_key]
             if await self._call(self._s_finish(keys, [dead, self.node])) == 1:
                 break
-            if not await self._call(redis.scard(owned_key)):
+            if not await self._call(redis.scard(owned_key)) and not await self._call(redis.scard(held_key)):
                 break  # the lease is back (finish refused): leave the rest to the node itself
         self._remote.pop(dead, None)
         return total
@@ -906,7 +1313,100 @@ class RedisCoordinator(Coordinator):
         owned = sorted(_text(m) for m in await self._call(self._redis_().smembers(self.k_owned)))
         for start in range(0, len(owned), 1000):
             await self._lose(self.node, owned[start : start + 1000], Offline.SHUTDOWN, "the gateway stopped", False)
+        held = sorted(_text(m) for m in await self._call(self._redis_().smembers(self.k_held)))
+        for start in range(0, len(held), 1000):
+            await self._detach_lost(self.node, held[start : start + 1000], False)
         await self._call(self._redis_().delete([self.k_lease]))  # the others finish our keys at once
+
+    async def _detach_lost(self, owner: str, client_ids: list[str], check_lease: bool) -> int:
+        """Detach the persistent sessions of ``client_ids`` that ``owner`` holds; -1 if its
+        lease is back (with ``check_lease``)."""
+        if not client_ids:
+            return 0
+        args = [owner, "1" if check_lease else "0", *client_ids]
+        n = int(await self._call(self._session_script("lose", args, self._redis_())))
+        if n > 0:
+            self.persistent_detached += n
+        return n
+
+    async def expire_sessions(self) -> int:
+        """Discard the persistent sessions whose clients stayed away past ``session_expiry``;
+        returns how many this call discarded. Every node runs it (a script: never twice)."""
+        total = 0
+        while True:
+            expired, examined = await self._call(self._session_script("expire", [str(EXPIRE_BATCH)], self._redis_()))
+            total += int(expired)
+            if int(examined) < EXPIRE_BATCH:
+                break
+        if total:
+            self.persistent_expired += total
+            logger.info("node %s: %d persistent sessions expired (their clients stayed away)", self.node, total)
+        return total
+
+    async def refresh_figures(self) -> None:
+        """Read the fleet-wide figures of persistent sessions and retained messages."""
+        redis = self._redis_()
+        async with redis.pipeline(transaction=False) as pipe:
+            requests = [
+                pipe.zcard(self.prefix + "psessions"),
+                pipe.hget(self.prefix + "pstats", "queued_bytes"),
+                pipe.hlen(self.prefix + "retained"),
+                pipe.hget(self.prefix + "retained-stats", "bytes"),
+            ]
+        with trio.fail_after(self.timeout):
+            sessions, queued, retained, retained_bytes = [await r for r in requests]
+        self.fleet_figures = (int(sessions or 0), int(queued or 0), int(retained or 0), int(retained_bytes or 0))
+
+    async def _retained_page(self, topic_filter: str, cursor: str | None) -> tuple[list[RetainedMessage], str | None]:
+        """See :meth:`retained`: the store first (``s:`` cursors), then presence (``p:``)."""
+        redis = self._redis_()
+        rt = self.retention
+        out: list[RetainedMessage] = []
+        if cursor is None or cursor.startswith("s:"):
+            after = None if cursor is None else cursor[2:]
+            if "+" not in topic_filter and "#" not in topic_filter:
+                if after is None:
+                    value = await self._call(redis.hget(rt.k_retained, topic_filter))
+                    if value is not None:
+                        out.append(retained_message(topic_filter, value))
+            else:
+                low, high, parent = rt.store_range(topic_filter, after)
+                if parent is not None and after is None:
+                    value = await self._call(redis.hget(rt.k_retained, parent))
+                    if value is not None:
+                        out.append(retained_message(parent, value))
+                found = await self._call(
+                    redis.zrange(rt.k_index, low, high, sortby=coredis.PureToken.BYLEX, offset=0, count=rt.page + 1)
+                )
+                walked = [_text(t) for t in found]
+                page = walked[: rt.page]
+                matched = [t for t in page if topic_matches(topic_filter, t)]
+                if matched:
+                    values = await self._call(redis.hmget(rt.k_retained, matched))
+                    out += [retained_message(t, v) for t, v in zip(matched, values, strict=True) if v is not None]
+                if len(walked) > rt.page:
+                    return out, "s:" + page[-1]
+            if not rt.presence_possible(topic_filter):
+                return out, None
+            exact = rt.exact_presence(topic_filter)
+            if exact is not None:
+                status, raw = await self._call(redis.hmget(self._dev(exact), ["status", "event"]))
+                message = rt.presence_message(exact, status, raw, time.time())
+                return out + ([message] if message is not None else []), None
+            return out, "p:0"
+        if not cursor.startswith("p:"):
+            return [], None
+        scan_cursor, keys = await self._call(
+            redis.scan(int(cursor[2:]), match=rt.scan_pattern(topic_filter), count=rt.page)
+        )
+        records: list[Any] = []
+        if keys:
+            async with redis.pipeline(transaction=False) as pipe:
+                requests = [pipe.hmget(k, ["status", "event"]) for k in keys]
+            with trio.fail_after(self.timeout):
+                records = [await r for r in requests]
+        out = rt.presence_page(topic_filter, keys, records)
+        return out, (f"p:{scan_cursor}" if scan_cursor else None)
 
     async def _lose(self, owner: str, client_ids: list[str], reason: Offline, detail: str, check_lease: bool) -> int:
         """End the online sessions of ``client_ids`` that ``owner`` holds; -1 if its lease is back."""
@@ -933,3 +1433,7 @@ class RedisCoordinator(Coordinator):
 
 def _json(event: PresenceEvent) -> str:
     return json.dumps(event.to_dict(), separators=(",", ":"))
+
+
+def _ignore(_: Any) -> None:
+    return

@@ -34,8 +34,12 @@ __all__ = [
     "SESSION_SCRIPT",
     "FilterCache",
     "FleetRetained",
+    "glob_escape",
     "opened_from",
+    "retained_message",
     "session_call",
+    "username_arg",
+    "username_of",
 ]
 
 NOTICE_MAXLEN = 100_000
@@ -308,9 +312,12 @@ if op == 'open' then
   return {0, {}, {}, expired}
 elseif op == 'attach' or op == 'reattach' then
   -- ARGV[13] the epoch. A reattach (a node that was declared lost and still holds the
-  -- connection) applies only if nobody attached since.
+  -- connection) applies only if nobody attached since; -1: there is no such session.
   local cur = redis.call('HMGET', s, 'holder', 'hnode', 'was')
-  if not cur[1] then return 0 end
+  if not cur[1] then
+    if op == 'reattach' then return -1 end
+    return 0
+  end
   if op == 'reattach' and (cur[1] ~= '' or cur[3] ~= ARGV[13]) then return 0 end
   return attach(cid, ARGV[13], s, cur[2])
 elseif op == 'detach' then
@@ -592,7 +599,7 @@ class FleetRetained:
         strip = len(self.prefix) + len("dev:")
         everything = topic_filter in ("#", self.presence_prefix + "#")
         now = time.time()
-        for key, (status, raw) in zip(keys, records):
+        for key, (status, raw) in zip(keys, records, strict=True):
             client_id = _text(key)[strip:]
             if everything or topic_matches(topic_filter, self.presence_prefix + client_id):
                 message = self.presence_message(client_id, status, raw, now)
