@@ -3,6 +3,7 @@
 python -m loadtest devices --devices 200000 --stall     MQTT devices against servers.heartbeat
 python -m loadtest http --slowloris 500                  HTTP load with slowloris and slow readers
 python -m loadtest compare                               the same workloads against the peers
+python -m loadtest qos                                   QoS 1 throughput and queued-message memory vs Mosquitto
 python -m loadtest demo                                  the main job (also: make demo)
 python -m loadtest fleet --nodes 3 --kill-node           gateways sharing presence through Redis
 """
@@ -19,6 +20,7 @@ COMMANDS = {
     "compare": "loadtest.compare",
     "demo": "loadtest.demo",
     "fleet": "loadtest.fleet",
+    "qos": "loadtest.qos",
 }
 
 

@@ -1,6 +1,6 @@
 """``python -m loadtest compare``: the same workloads against idlekeeper's servers and their peers.
 
-    python -m loadtest compare [--devices 10000] [--keepalive 10] [--only devices|http]
+    python -m loadtest compare [--devices 10000] [--keepalive 10] [--only devices|http|qos]
 
 **Devices**, one server process each, in turn: ``servers.heartbeat`` (idlekeeper) on
 its default dense engine and on the streams engine (a task per connection), the
@@ -11,6 +11,11 @@ the same fleet: keep-alive K, a share going silent, and a SIGSTOP stall of 2 x K
 **HTTP**: ``servers.http`` against hypercorn (trio worker) and uvicorn serving a
 trivial ASGI app, each under keep-alive load alone and then with slowloris
 attackers and slow readers (:mod:`loadtest.http_load`).
+
+**QoS**: ``servers.heartbeat`` (one worker, dense engine) against Mosquitto: QoS 1
+throughput from several publishers to one acknowledging subscriber, exactly once,
+and server memory per message queued for an absent persistent session
+(:mod:`loadtest.qos`).
 
 The result is one table (Markdown, also written to ``--out``): each figure with its
 unit and its ratio to idlekeeper's. The machine is shared and noisy, so only ratios
@@ -179,7 +184,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """``python -m loadtest compare``."""
     p = argparse.ArgumentParser(prog="python -m loadtest compare", description=__doc__.split("\n\n")[0])
     a = p.add_argument
-    a("--only", choices=("devices", "http"), default=None, help="run one half only")
+    a("--only", choices=("devices", "http", "qos"), default=None, help="run one part only")
     a("--mqtt-targets", default=",".join(MQTT_TARGETS), help="comma-separated (default: all five)")
     a("--http-targets", default=",".join(HTTP_TARGETS), help="comma-separated (default: all three)")
     a("--devices", type=int, default=10_000, help="devices per target: one process each (default: 10,000)")
@@ -188,6 +193,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     a("--no-stall", action="store_true", help="skip the 2 x K SIGSTOP of each server")
     a("--tick", type=float, default=0.1, help="idlekeeper's tick in seconds (default: 0.1)")
     HttpLoad.add_arguments(p, prefix="http-")
+    # Imported here: loadtest.qos builds its table with this module's.
+    from .qos import QOS_TARGETS, QosLoad, headline, qos_row, qos_table, run_qos
+
+    a("--qos-targets", default=",".join(QOS_TARGETS), help=f"comma-separated (default: {','.join(QOS_TARGETS)})")
+    QosLoad.add_arguments(p, prefix="qos-")
     a("--out", default="results/compare.json", help="JSON results; the table goes next to it as .md")
     a("--quiet", action="store_true", help="no live progress")
     a("--render", default=None, metavar="JSON", help="only print the tables of an earlier run's JSON")
@@ -199,12 +209,22 @@ def main(argv: Sequence[str] | None = None) -> int:
             if half in out:
                 rows = {name: row(r) for name, r in out[half]["runs"].items()}
                 print(table(rows, columns, out[half]["missing"]) + "\n")
+        if "qos" in out:
+            rows = {name: qos_row(r) for name, r in out["qos"]["runs"].items()}
+            print(qos_table(rows, out["qos"]["missing"]) + "\n")
         return 0
+    try:
+        # Checked before the other parts run for many minutes.
+        qos_load = QosLoad.from_args(args, prefix="qos-")
+    except ValueError as exc:
+        p.error(str(exc))
     if args.only in (None, "devices"):
         load = DeviceLoad(devices=args.devices, keepalive=args.keepalive, silent=args.silent, stall=not args.no_stall)
         out["devices"] = compare_devices(load, args.mqtt_targets.split(","), args.tick, args.quiet)
     if args.only in (None, "http"):
         out["http"] = compare_http(HttpLoad.from_args(args, prefix="http-"), args.http_targets.split(","))
+    if args.only in (None, "qos"):
+        out["qos"] = run_qos(qos_load, args.qos_targets.split(","), quiet=args.quiet)
     path = Path(args.out)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(out, indent=1, default=float))
@@ -221,6 +241,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"HTTP: {args.http_connections} keep-alive connections for {args.http_duration:g} s, then the same with "
             f"{args.slowloris} slowloris and {args.slow_readers} slow readers\n\n" + out["http"]["table"]
         )
+    if "qos" in out:
+        tables.append(headline(qos_load) + "\n\n" + out["qos"]["table"])
     text = "\n\n".join(tables)
     path.with_suffix(".md").write_text(text + "\n")
     print("\n" + text)

@@ -1,0 +1,120 @@
+"""``python -m loadtest qos``, small: QoS 1 throughput delivered exactly once, and a persistent
+session's queued messages delivered on return, all of them, in order; against our server,
+and against Mosquitto when it is installed. On the wall clock, a few seconds per target.
+
+Mosquitto's throughput is checked as ``mosquitto-inflight0``: with its default in-flight
+window, 2.0.11 reorders and strands messages that queue behind it (see loadtest.qos),
+which the measurement reports and a test here would only restate."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from loadtest import qos
+from loadtest.__main__ import main
+from loadtest.mqtt_targets import mosquitto_binary
+from servers.heartbeat.encoders import encode_puback, encode_publish
+
+SMALL = qos.QosLoad(publishers=2, duration=1.0, warmup=0.2, queued=2000)
+
+needs_mosquitto = pytest.mark.skipif(
+    mosquitto_binary() is None,
+    reason="mosquitto is not installed (apt-get install mosquitto): only our server is measured",
+)
+BOTH = ("throughput", "queued")
+TARGETS = [
+    pytest.param("idlekeeper", BOTH, id="idlekeeper"),
+    pytest.param("mosquitto-inflight0", ("throughput",), id="mosquitto-inflight0", marks=needs_mosquitto),
+    pytest.param("mosquitto", ("queued",), id="mosquitto", marks=needs_mosquitto),
+]
+# The table's figures each kind of run fills in.
+FIGURES = {
+    BOTH: [key for key, _, _, _ in qos.QOS_COLUMNS],
+    ("throughput",): ["msgs_per_s", "latency_p50_ms", "latency_p99_ms", "lost", "duplicates", "out_of_order"],
+    ("queued",): ["bytes_per_queued", "queued_lost", "queued_out_of_order", "drain_msgs_per_s"],
+}
+
+
+def test_publish_prefix_is_the_encoders_framing() -> None:
+    payload = qos.PAYLOAD_HEADER.pack(3, 7, 123) + bytes(48)
+    built = qos.publish_prefix("bench/3", len(payload)) + (8).to_bytes(2, "big") + payload
+    assert built == encode_publish("bench/3", payload, qos=1, packet_id=8)
+
+
+def test_frames_take_whole_packets_only() -> None:
+    big = encode_publish("q/m", bytes(300), qos=1, packet_id=2)  # a two-byte remaining length
+    packets = [encode_publish("bench/0", b"x" * 20, qos=1, packet_id=1), encode_puback(5), big]
+    wire = b"".join(packets)
+    ends = [sum(len(p) for p in packets[: k + 1]) for k in range(len(packets))]
+    for cut in range(len(wire) + 1):
+        found, used = qos.frames(wire[:cut])
+        whole = [end for end in ends if end <= cut]
+        assert used == (whole[-1] if whole else 0)
+        assert [first for first, _, _ in found] == [p[0] for p in packets[: len(whole)]]
+    found, _ = qos.frames(wire)
+    _, start, end = found[2]
+    assert wire[start:end] == big[3:]
+
+
+def test_the_ratio_row_is_ours_over_mosquitto() -> None:
+    rows = {
+        "idlekeeper": {key: 1000.0 for key, _, _, _ in qos.QOS_COLUMNS},
+        "mosquitto": {key: 4000.0 for key, _, _, _ in qos.QOS_COLUMNS},
+    }
+    rows["mosquitto"]["lost"] = 0.0
+    last = qos.qos_table(rows, {}).splitlines()[-1]
+    assert last.startswith("| idlekeeper / mosquitto | 0.25× |")
+    assert "—" in last  # lost: no ratio to a zero
+
+
+@pytest.mark.parametrize(("name", "parts"), TARGETS)
+def test_qos_delivers_exactly_once_and_queues_in_order(name: str, parts: tuple[str, ...]) -> None:
+    out = qos.run_qos(SMALL, [name], parts, quiet=True)
+    assert out["missing"] == {}
+    run = out["runs"][name]
+    assert set(run) == {"target", *parts}
+    if "throughput" in parts:
+        check_throughput(run["throughput"])
+    if "queued" in parts:
+        check_queued(run["queued"])
+    row = out["rows"][name]
+    for key in FIGURES[parts]:
+        assert not math.isnan(row[key]), key
+    assert f"| {name} |" in out["table"]
+
+
+def check_throughput(t: dict[str, Any]) -> None:
+    assert t["errors"] == []
+    assert t["exactly_once"]
+    assert t["published"] == t["publish_acked"] == t["received"] == t["unique"] > 0
+    assert (t["lost"], t["duplicates"], t["out_of_order"], t["dup_flagged"], t["foreign"]) == (0, 0, 0, 0, 0)
+    assert t["msgs_per_s"] > 0
+    assert t["latency_ms"]["n"] > 0 and t["latency_ms"]["p50"] > 0
+    assert t["latency_ms"]["p99"] >= t["latency_ms"]["p50"]
+    assert t["client_cpu_pct"] > 0 and t["server_cpu_pct"] > 0 and t["machine_cpu_pct"] > 0
+
+
+def check_queued(q: dict[str, Any]) -> None:
+    assert q["granted_qos"] == 1
+    assert q["session_present"]
+    assert q["received"] == q["unique"] == SMALL.queued
+    assert (q["lost"], q["duplicates"], q["out_of_order"]) == (0, 0, 0)
+    assert q["in_order"] and q["ok"]
+    assert q["bytes_per_queued"] > 0
+    assert q["drain_msgs_per_s"] > 0
+
+
+def test_the_command_writes_json_and_a_table(tmp_path: Path) -> None:
+    path = tmp_path / "qos.json"
+    argv = ["qos", "--targets", "idlekeeper", "--parts", "throughput", "--publishers", "1"]
+    argv += ["--duration", "0.5", "--warmup", "0", "--json", str(path), "--quiet"]
+    assert main(argv) == 0
+    data = json.loads(path.read_text())
+    assert data["runs"]["idlekeeper"]["throughput"]["exactly_once"]
+    assert "queued" not in data["runs"]["idlekeeper"]
+    assert "| idlekeeper |" in path.with_suffix(".md").read_text()
