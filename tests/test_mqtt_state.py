@@ -443,3 +443,21 @@ def test_retained_messages_and_presence_reach_subscribers_on_every_worker(start_
             break
     assert workers == {"0", "1"}
     pub.close()
+
+
+@pytest.mark.skipif(shutil.which("mosquitto_sub") is None and not IN_CI, reason="mosquitto-clients not installed")
+def test_mosquitto_clients_persistent_session_and_retain_flag(start_server: object) -> None:
+    server: Server = start_server()  # type: ignore[operator]
+    port = ["-h", "127.0.0.1", "-p", str(server.port), "-V", "mqttv311"]
+    # mosquitto_sub -c: a persistent session; it subscribes, takes nothing and leaves.
+    sub = ["mosquitto_sub", *port, "-c", "-i", "mosq-persistent", "-q", "1", "-t", "jobs/#", "-v"]
+    subprocess.run([*sub, "-W", "1"], capture_output=True, timeout=10)  # times out by design: nothing yet
+    for job in ("one", "two"):
+        pub = ["mosquitto_pub", *port, "-q", "1", "-t", f"jobs/{job}", "-m", job]
+        subprocess.run(pub, check=True, timeout=10)
+    subprocess.run(["mosquitto_pub", *port, "-r", "-t", "state/boiler", "-m", "on"], check=True, timeout=10)
+    queued = subprocess.run([*sub, "-C", "2", "-W", "5"], capture_output=True, text=True, timeout=10, check=True)
+    assert queued.stdout.splitlines() == ["jobs/one one", "jobs/two two"]  # waited for it, in order
+    kept = [*("mosquitto_sub", *port, "-t", "state/#", "-v", "--retained-only", "-C", "1", "-W", "5")]
+    retained = subprocess.run(kept, capture_output=True, text=True, timeout=10, check=True)
+    assert retained.stdout.splitlines() == ["state/boiler on"]
