@@ -218,6 +218,12 @@ def parser(prog: str = "python -m loadtest devices") -> argparse.ArgumentParser:
         default="dense",
         help="the server's engine: dense (no task per connection) or streams (default: dense)",
     )
+    a(
+        "--coalesce",
+        type=float,
+        default=0.0,
+        help="the server's --coalesce: seconds the dense engine gathers packets per pass (default: 0)",
+    )
     a("--port", type=int, default=None, help="drive an already running server on this port instead of starting one")
     a("--pid", type=int, action="append", default=[], help="with --port: a server PID to sample (and to stall)")
     a("--json", default="results/devices.json", help="JSON results (default: results/devices.json)")
@@ -258,7 +264,9 @@ def main_with(args: argparse.Namespace) -> int:
     else:
         if not args.quiet:
             print(f"starting servers.heartbeat for {load.devices:,} devices ...", flush=True)
-        started = HeartbeatTarget.start(load.devices, tick=args.tick, workers=args.workers, engine=args.engine)
+        started = HeartbeatTarget.start(
+            load.devices, tick=args.tick, workers=args.workers, engine=args.engine, coalesce=args.coalesce
+        )
         server = started
     try:
         with Live(enabled=not args.quiet) as live:

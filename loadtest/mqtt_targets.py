@@ -175,9 +175,16 @@ class HeartbeatTarget:
 
     @classmethod
     def start(
-        cls, devices: int, tick: float = 0.1, workers: int | None = None, engine: str = "dense"
+        cls,
+        devices: int,
+        tick: float = 0.1,
+        workers: int | None = None,
+        engine: str = "dense",
+        coalesce: float = 0.0,
     ) -> HeartbeatTarget:
         """Enough workers for ``devices`` (or ``workers``), each with /metrics and a shared presence log.
+
+        ``coalesce`` is the dense engine's ``--coalesce`` (0: a pass per wake-up).
 
         ``engine`` is the server's ``--engine``; a streams server is named ``idlekeeper-streams``.
         """
@@ -187,6 +194,8 @@ class HeartbeatTarget:
         status = free_port(run=workers)
         log = Path(tempfile.mkdtemp(prefix="ik-devices-")) / "presence.jsonl"
         extra = ["--tick", str(tick), "--status-port", str(status), "--presence-log", str(log), "--engine", engine]
+        if coalesce:
+            extra += ["--coalesce", str(coalesce)]
         proc = start_heartbeat(port, workers, extra, timeout=60 + workers * 5)
         urls = [f"http://127.0.0.1:{status + i}/metrics" for i in range(workers)]
         name = "idlekeeper" if engine == "dense" else f"idlekeeper-{engine}"

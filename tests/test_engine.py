@@ -825,3 +825,67 @@ async def test_leaving_open_engine_tells_every_protocol(keeper: idlekeeper.Keepe
         assert await read_until_eof(client) == (b"", trio.current_time())
     with listening_socket() as spare, pytest.raises(RuntimeError):
         engine.serve([spare], Probe)
+
+
+# -- coalescing: fewer wake-ups while traffic trickles in --------------------------------
+
+
+class Stamped(Probe):
+    """Records the (mock) time of every read."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reads: list[float] = []
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        self.reads.extend([trio.current_time()] * len(data))
+
+
+async def test_coalescing_serves_trickled_packets_in_fewer_passes_within_its_window(clock: MockClock) -> None:
+    async with idlekeeper.open_keeper(tick=0.1) as keeper:
+        probes, factory = collecting(Stamped)
+        async with idlekeeper.open_engine(keeper, coalesce=0.25) as engine:
+            [listener] = engine.serve([listening_socket()], factory, receive=60.0)
+            socks = [await connect(listener.getsockname()) for _ in range(4)]
+            await trio.sleep(1.0)  # accepted (the accepts are gathered too)
+            assert len(probes) == 4
+            before = engine.passes
+            sent: list[float] = []
+            for _ in range(10):  # 40 one-byte packets, one every 50 ms
+                for sock in socks:
+                    sent.append(trio.current_time())
+                    await sock.send(b"x")
+                    await trio.sleep(0.05)
+            await trio.sleep(1.0)
+            reads = sorted(t for p in probes if isinstance(p, Stamped) for t in p.reads)
+            assert len(reads) == 40
+            delays = [r - s for r, s in zip(reads, sorted(sent), strict=True)]
+            assert min(delays) >= 0 and max(delays) <= 0.25 + 1e-6  # never later than the window
+            during = engine.passes - before
+            assert during <= 12  # 2 s of traffic in passes of 0.25 s (a pass per packet would be 40)
+            await trio.sleep(10)  # idle: back to waiting on epoll, no polling
+            assert engine.passes - before == during
+            for sock in socks:
+                sock.close()
+
+
+async def test_coalescing_never_costs_a_device_whose_bytes_wait_in_the_kernel(clock: MockClock) -> None:
+    """Bytes that arrived before the deadline but are read a window later spare the
+    connection (the keeper's stall check), so a coarse window is safe."""
+    async with idlekeeper.open_keeper(tick=0.1) as keeper:
+        probes, factory = collecting(Probe)
+        async with idlekeeper.open_engine(keeper, coalesce=0.5) as engine:
+            [listener] = engine.serve([listening_socket()], factory, receive=1.0)
+            sock = await connect(listener.getsockname())
+            await trio.sleep(0.6)
+            assert len(probes) == 1
+            await sock.send(b"a")  # starts the engine's gathering: the next pass is 0.5 s away
+            for _ in range(4):
+                await trio.sleep(0.45)
+                await sock.send(b"b")  # just in time each time; read up to 0.5 s later
+            assert not probes[0].lost
+            assert bytes(probes[0].received).startswith(b"ab")
+            sock.close()
+            await trio.sleep(2.0)  # its EOF is read on a pass a window later
+            assert probes[0].lost_once[1] is None

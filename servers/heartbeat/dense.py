@@ -227,7 +227,7 @@ async def serve_dense(
     task_status: trio.TaskStatus[idlekeeper.Engine] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve ``listeners`` with a dense engine until cancelled; ``nursery.start`` returns it."""
-    async with idlekeeper.open_engine(server.keeper) as engine:
+    async with idlekeeper.open_engine(server.keeper, coalesce=server.config.coalesce) as engine:
         engine.serve(listeners, lambda: DenseConnection(server))
         server.stop_accepting = engine.close_listeners
         server.engine = engine

@@ -110,6 +110,8 @@ class HeartbeatConfig(WorkerConfig):
     """Bytes of retained topics and payloads kept, presence not included; beyond, new ones are refused."""
     engine: str = "dense"
     """``dense`` (one task serves every connection) or ``streams`` (a task per connection)."""
+    coalesce: float = 0.0
+    """Dense engine: seconds packets are gathered per pass while they keep coming (CPU for latency)."""
     max_device_records: int = 1_000_000
     """Presence records kept for /devices; the longest-offline are forgotten first."""
     auth: PasswordFile | None = None

@@ -1,0 +1,180 @@
+"""CPU per heartbeat when heartbeats trickle in, with and without the engine's coalescing.
+
+    python -m benchmarks.wakeups [--devices 4000] [--rate 56] [--seconds 40] [--coalesce 0,0.1,0.25]
+
+At 500,000 devices over 29 workers (the 20,000-file limit), each worker sees about
+56 PINGREQs a second, evenly spread: every one wakes the process on its own. This
+starts one ``servers.heartbeat`` worker per ``--coalesce`` value, one after the
+other, connects ``--devices`` raw MQTT devices (keep-alive 3600 s, so nothing
+expires), sends PINGREQs from random devices at ``--rate`` per second for
+``--seconds``, checks every one is answered, and reads the server's CPU time
+(psutil) over that window. It also measures the floor of one wake-up on this
+machine: a plain ``epoll`` loop and a trio loop, each woken by a socketpair at the
+same rate. Loopback only; each server is stopped by its PID.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import resource
+import select
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import psutil
+import trio
+
+from loadtest.processes import free_port, start_heartbeat
+from servers.heartbeat import encoders
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _connect_all(port: int, n: int) -> list[socket.socket]:
+    socks = []
+    for i in range(n):
+        sock = socket.socket()
+        sock.bind((f"127.0.3.{2 + i // 15_000}", 0))  # ports per source address are finite
+        sock.connect(("127.0.0.1", port))
+        sock.sendall(encoders.encode_connect(f"wake-{i}", keep_alive=3600))
+        socks.append(sock)
+    for sock in socks:
+        sock.settimeout(10)
+        if sock.recv(4)[:1] != b"\x20":
+            raise RuntimeError("no CONNACK")
+        sock.setblocking(False)
+    return socks
+
+
+def _ping(socks: list[socket.socket], rate: float, seconds: float) -> tuple[int, int]:
+    """PINGREQs from random devices at ``rate``/s, evenly spaced; returns (sent, answered)."""
+    poller = select.epoll()
+    by_fd = {s.fileno(): s for s in socks}
+    for fd in by_fd:
+        poller.register(fd, select.EPOLLIN)
+    rng = random.Random(1)
+    sent = answered = 0
+    start = next_at = time.monotonic()
+    while (now := time.monotonic()) - start < seconds or answered < sent:
+        if now - start > seconds + 5:
+            break
+        while next_at <= now and now - start < seconds:
+            rng.choice(socks).send(encoders.encode_pingreq())
+            sent += 1
+            next_at += 1 / rate
+        for fd, _ in poller.poll(max(0.0, min(next_at - time.monotonic(), 0.5))):
+            answered += len(by_fd[fd].recv(4096)) // 2  # PINGRESP is 2 bytes
+    poller.close()
+    return sent, answered
+
+
+def measure_server(devices: int, rate: float, seconds: float, coalesce: float) -> dict[str, float]:
+    """One worker at ``coalesce``: its CPU per 1,000 heartbeats/s."""
+    port = free_port()
+    proc = start_heartbeat(port, 1, ["--coalesce", str(coalesce)], cwd=str(ROOT))
+    try:
+        socks = _connect_all(port, devices)
+        time.sleep(2)
+        server = psutil.Process(proc.pid)
+        before, t0 = server.cpu_times(), time.monotonic()
+        sent, answered = _ping(socks, rate, seconds)
+        after, t1 = server.cpu_times(), time.monotonic()
+        for sock in socks:
+            sock.close()
+    finally:
+        proc.terminate()  # by PID
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    core = (after.user + after.system - before.user - before.system) / (t1 - t0)
+    per_s = sent / seconds
+    return {
+        "coalesce": coalesce,
+        "heartbeats_per_s": per_s,
+        "answered": answered / sent if sent else 0.0,
+        "cpu_pct": 100 * core,
+        "cpu_pct_per_1k": 100 * core / (per_s / 1000),
+    }
+
+
+def _thread_cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_THREAD)
+    return r.ru_utime + r.ru_stime
+
+
+def _waker(sock: socket.socket, rate: float, stop: threading.Event) -> None:
+    while not stop.wait(1 / rate):
+        sock.send(b"x")
+
+
+def _epoll_loop(sock: socket.socket, seconds: float) -> tuple[float, int]:
+    poller = select.epoll()
+    poller.register(sock.fileno(), select.EPOLLIN)
+    c0, t0, n = _thread_cpu(), time.monotonic(), 0
+    while time.monotonic() - t0 < seconds:
+        poller.poll(1.0)
+        sock.recv(64)
+        n += 1
+    poller.close()
+    return _thread_cpu() - c0, n
+
+
+async def _trio_loop(sock: socket.socket, seconds: float) -> tuple[float, int]:
+    c0, t0, n = _thread_cpu(), time.monotonic(), 0
+    while time.monotonic() - t0 < seconds:
+        await trio.lowlevel.wait_readable(sock)
+        sock.recv(64)
+        n += 1
+    return _thread_cpu() - c0, n
+
+
+def wakeup_floor(rate: float, seconds: float = 5.0) -> dict[str, float]:
+    """CPU per wake-up of a plain epoll loop and of a trio loop (this thread only)."""
+    out: dict[str, float] = {}
+    for kind in ("epoll", "trio"):
+        a, b = socket.socketpair()
+        a.setblocking(False)
+        stop = threading.Event()
+        threading.Thread(target=_waker, args=(b, rate, stop), daemon=True).start()
+        cpu, n = _epoll_loop(a, seconds) if kind == "epoll" else trio.run(_trio_loop, a, seconds)
+        stop.set()
+        a.close()
+        b.close()
+        out[f"{kind}_us_per_wakeup"] = 1e6 * cpu / max(n, 1)
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the sweep and print a table; exit 1 if a heartbeat went unanswered."""
+    p = argparse.ArgumentParser(prog="python -m benchmarks.wakeups", description=__doc__.split("\n\n")[0])
+    p.add_argument("--devices", type=int, default=4000)
+    p.add_argument("--rate", type=float, default=56.0, help="PINGREQs per second (default: 56)")
+    p.add_argument("--seconds", type=float, default=40.0)
+    p.add_argument("--coalesce", default="0,0.1,0.25", help="comma-separated --coalesce values (default: 0,0.1,0.25)")
+    args = p.parse_args(argv)
+    floor = wakeup_floor(args.rate)
+    epoll_us, trio_us = floor["epoll_us_per_wakeup"], floor["trio_us_per_wakeup"]
+    print(f"one wake-up here: plain epoll {epoll_us:.0f} µs, trio {trio_us:.0f} µs of CPU")
+    rows = [measure_server(args.devices, args.rate, args.seconds, float(c)) for c in args.coalesce.split(",")]
+    base = rows[0]["cpu_pct_per_1k"]
+    print(f"{args.devices:,} devices, {args.rate:g} PINGREQ/s for {args.seconds:g} s, one worker")
+    print("| --coalesce | heartbeats/s | answered | server CPU | per 1,000 heartbeats/s | vs the first |")
+    print("|---|---|---|---|---|---|")
+    for r in rows:
+        print(
+            f"| {r['coalesce']:g} s | {r['heartbeats_per_s']:.0f} | {100 * r['answered']:.0f}% | "
+            f"{r['cpu_pct']:.2f}% | {r['cpu_pct_per_1k']:.1f}% | {r['cpu_pct_per_1k'] / base:.2f}× |"
+        )
+    return 0 if all(r["answered"] >= 1.0 for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
