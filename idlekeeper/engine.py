@@ -132,6 +132,7 @@ class Engine:
         self._fds[self._wake_r.fileno()] = self._wake_r
         self._epoll.register(self._wake_r.fileno(), _IN)
         self._woken = False
+        self._backlog = False
         self._in_pass = False
         self._closed = False
         self.accepted = 0
@@ -233,7 +234,12 @@ class Engine:
             # per packet costs far more than the packet; gather for ``coalesce`` seconds
             # and serve what came in one pass, until a pass finds nothing.
             while coalesce and handled:
-                await trio.sleep(coalesce)
+                if self._backlog:
+                    # A listener had more waiting than a pass accepts: accepting must not
+                    # be paced by the window (a ramp would queue in the kernel's backlog).
+                    await trio.lowlevel.checkpoint()
+                else:
+                    await trio.sleep(coalesce)
                 handled = self._guarded_pass()
 
     def _guarded_pass(self) -> int:
@@ -262,8 +268,10 @@ class Engine:
             elif entry is not None:
                 self._drain_wakeups()
         self._deliver_lost()
+        backlog = False
         for listener in ready:
-            self._accept(listener)
+            backlog |= self._accept(listener)
+        self._backlog = backlog
         self._deliver_lost()
         return len(polled)
 
@@ -292,13 +300,14 @@ class Engine:
             logger.exception("idlekeeper: protocol %r raised; closing its connection", protocol)
             self._drop(t, exc)
 
-    def _accept(self, listener: _Listener) -> None:
+    def _accept(self, listener: _Listener) -> bool:
+        """Accept up to a batch; True if the batch ran out before the backlog did."""
         sock = listener.sock
         for _ in range(self.accept_batch):
             try:
                 conn, _addr = sock.accept()
             except (BlockingIOError, InterruptedError):
-                return
+                return False
             except OSError as exc:
                 if exc.errno in _HARMLESS_ACCEPT_ERRNOS:
                     continue
@@ -308,7 +317,7 @@ class Engine:
                 else:
                     logger.warning("idlekeeper: accept failed: %s; pausing accepts for %ss", exc, _ACCEPT_PAUSE)
                 self._pause_listener(listener)
-                return
+                return False
             self.accepted += 1
             conn.setblocking(False)
             if conn.family != socket.AF_UNIX:
@@ -323,6 +332,7 @@ class Engine:
             self._start(
                 conn, protocol, listener.idle, listener.receive, listener.send, listener.max_age, listener.on_expire
             )
+        return True
 
     def _start(
         self,

@@ -889,3 +889,16 @@ async def test_coalescing_never_costs_a_device_whose_bytes_wait_in_the_kernel(cl
             sock.close()
             await trio.sleep(2.0)  # its EOF is read on a pass a window later
             assert probes[0].lost_once[1] is None
+
+
+async def test_coalescing_does_not_pace_accepts(clock: MockClock) -> None:
+    """More connections waiting than a pass accepts are taken at once, not a window apart."""
+    async with idlekeeper.open_keeper(tick=0.1) as keeper:
+        probes, factory = collecting(Probe)
+        async with idlekeeper.open_engine(keeper, coalesce=1.0, accept_batch=16) as engine:
+            [listener] = engine.serve([listening_socket(backlog=256)], factory)
+            socks = [await connect(listener.getsockname()) for _ in range(100)]
+            await trio.sleep(1.5)  # one window: the first accept started it
+            assert len(probes) == 100  # 7 batches of 16 in a row, not a window apart
+            for sock in socks:
+                sock.close()
