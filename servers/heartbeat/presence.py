@@ -3,6 +3,20 @@
 Pure data and sinks; the server decides when events happen. Each event reaches
 MQTT subscribers (``presence/<client-id>``), a JSON-lines log and any Python
 callbacks registered by an embedding program.
+
+An event's ``status`` is one of:
+
+- ``"online"`` and ``"offline"``: presence. They name the device (``client_id``), go
+  through the coordinator's registry (``/devices/<client-id>``, retained presence)
+  and reach MQTT subscribers.
+- ``"refused"``: not presence. A CONNECT was refused (bad password, connection cap,
+  no stored session to be had), so the connection never was the device it named.
+  The id it asked for is only a claim, anyone can type it, and it is kept apart in
+  ``claimed_client_id``; ``client_id`` is None, so whoever reads the log by client
+  id (or by status) never takes an attempt on a device's id for the device going
+  offline. Refusals reach the sinks (the log) only: never the registry, retained
+  presence or subscribers, so a flood of them neither displaces nor invents devices.
+  ``reason`` is :attr:`Offline.REFUSED` and ``detail`` names the CONNACK code.
 """
 
 from __future__ import annotations
@@ -14,7 +28,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import IO, Any
 
-__all__ = ["Offline", "PresenceEvent", "PresenceLog", "PresenceSink"]
+__all__ = ["OFFLINE", "ONLINE", "REFUSED", "Offline", "PresenceEvent", "PresenceLog", "PresenceSink"]
+
+ONLINE = "online"
+"""Status of a session's start: the device is online."""
+OFFLINE = "offline"
+"""Status of a session's end (or of a socket that never identified itself)."""
+REFUSED = "refused"
+"""Status of a refused CONNECT: a security record, not presence (see the module docs)."""
 
 
 class Offline(str, enum.Enum):
@@ -49,12 +70,12 @@ class Offline(str, enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class PresenceEvent:
-    """One device coming online or going offline."""
+    """One device coming online or going offline, or a refused CONNECT (not presence)."""
 
     status: str
-    """``"online"`` or ``"offline"``."""
+    """:data:`ONLINE`, :data:`OFFLINE` or :data:`REFUSED`."""
     client_id: str | None
-    """None for a socket that never identified itself."""
+    """None for a socket that never identified itself, and for a refusal."""
     peer: str
     """``host:port`` of the device."""
     reason: Offline | None
@@ -74,6 +95,8 @@ class PresenceEvent:
     """The gateway that held the connection (empty on a lone machine)."""
     keep_alive: int = 0
     """The keep-alive the device asked for (after the server's cap), in seconds."""
+    claimed_client_id: str = ""
+    """A refusal's client id, as the refused CONNECT asked for it: a claim, not the device."""
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict."""
@@ -92,8 +115,10 @@ class PresenceEvent:
             out["epoch"] = self.epoch
         if self.node:
             out["node"] = self.node
-        if self.status == "online":
+        if self.status == ONLINE:
             out["keep_alive"] = self.keep_alive
+        if self.claimed_client_id:
+            out["claimed_client_id"] = self.claimed_client_id
         return out
 
     @classmethod
@@ -112,10 +137,11 @@ class PresenceEvent:
             epoch=str(data.get("epoch", "")),
             node=str(data.get("node", "")),
             keep_alive=int(data.get("keep_alive", 0)),
+            claimed_client_id=str(data.get("claimed_client_id", "")),
         )
 
     def payload(self) -> bytes:
-        """The MQTT message body published on ``presence/<client-id>``."""
+        """The MQTT message body published on ``presence/<client-id>`` (presence only)."""
         return json.dumps(self.to_dict(), separators=(",", ":")).encode()
 
 

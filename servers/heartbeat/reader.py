@@ -12,6 +12,8 @@ the packets that come back.
 
 from __future__ import annotations
 
+import re
+
 from .packets import (
     PINGREQ_WIRE,
     Connect,
@@ -111,15 +113,34 @@ def _binary(src: bytes, pos: int, end: int) -> tuple[bytes, int]:
     return src[start:stop], stop
 
 
-def _string(src: bytes, pos: int, end: int) -> tuple[str, int]:
+# Code points no client id, topic, filter, username or Will topic may hold. U+0000 is
+# forbidden outright (MQTT-1.5.3-2); C0 and C1 controls and the Unicode non-characters
+# are the ones MQTT 1.5.3 lets a server refuse, and refusing them keeps subscribers
+# (terminals, JSON and C-string consumers of presence topics) from choking on them.
+# Surrogates never get this far: the UTF-8 decoder refuses them (MQTT-1.5.3-1).
+_NONCHARACTERS = "\\ufdd0-\\ufdef" + "".join(f"\\U{p:04x}fffe\\U{p:04x}ffff" for p in range(17))
+_FORBIDDEN = re.compile(f"[\\x00-\\x1f\\x7f-\\x9f{_NONCHARACTERS}]")
+
+
+def _string(
+    src: bytes, pos: int, end: int, what: str = "a string", reason: str = "forbidden-character", code: int | None = None
+) -> tuple[str, int]:
+    """A UTF-8 string field; one holding a :data:`_FORBIDDEN` code point raises ``reason``
+    (with CONNACK ``code``), U+0000 always ``invalid-utf8`` without a CONNACK."""
     raw, pos = _binary(src, pos, end)
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
         raise ProtocolError("invalid-utf8", detail=f"{raw[:32]!r}") from None
-    # MQTT-1.5.3-2; the decoder has already refused surrogates (MQTT-1.5.3-1).
-    if "\x00" in text:
-        raise ProtocolError("invalid-utf8", detail="U+0000 in a string")
+    # Every PUBLISH topic comes through here: printable ASCII, the usual case, is judged
+    # by two C-level scans; only other strings pay for the regex.
+    if not (text.isascii() and text.isprintable()):
+        bad = _FORBIDDEN.search(text)
+        if bad is not None:
+            char = bad.group()
+            if char == "\x00":
+                raise ProtocolError("invalid-utf8", detail=f"U+0000 in {what}")  # MQTT-1.5.3-2: close
+            raise ProtocolError(reason, connack_code=code, detail=f"U+{ord(char):04X} in {what}")
     return text, pos
 
 
@@ -154,7 +175,7 @@ def _check_filter(topic_filter: str) -> None:
 
 
 def _parse_publish(flags: int, src: bytes, pos: int, end: int) -> Publish:
-    topic, pos = _string(src, pos, end)
+    topic, pos = _string(src, pos, end, "a topic")
     _check_topic(topic)
     qos = (flags >> 1) & 0x03
     packet_id = None
@@ -169,7 +190,7 @@ def _parse_subscribe(src: bytes, pos: int, end: int) -> Subscribe:
     pos += 2
     topics: list[tuple[str, int]] = []
     while pos < end:
-        topic_filter, pos = _string(src, pos, end)
+        topic_filter, pos = _string(src, pos, end, "a topic filter")
         _check_filter(topic_filter)
         if pos >= end:
             raise ProtocolError("truncated-packet", detail="filter without its QoS byte")
@@ -188,7 +209,7 @@ def _parse_unsubscribe(src: bytes, pos: int, end: int) -> Unsubscribe:
     pos += 2
     filters: list[str] = []
     while pos < end:
-        topic_filter, pos = _string(src, pos, end)
+        topic_filter, pos = _string(src, pos, end, "a topic filter")
         _check_filter(topic_filter)
         filters.append(topic_filter)
     if not filters:
@@ -197,7 +218,7 @@ def _parse_unsubscribe(src: bytes, pos: int, end: int) -> Unsubscribe:
 
 
 def _parse_connect(src: bytes, pos: int, end: int) -> Connect:
-    name, pos = _string(src, pos, end)
+    name, pos = _string(src, pos, end, "the protocol name")
     if pos >= end:
         raise ProtocolError("truncated-packet", detail="CONNECT without a protocol level")
     level = src[pos]
@@ -229,17 +250,18 @@ def _parse_connect(src: bytes, pos: int, end: int) -> Connect:
         raise ProtocolError("password-without-username")
     keep_alive = _u16(src, pos, end)
     pos += 2
-    client_id, pos = _string(src, pos, end)
+    # MQTT-3.1.3-9 lets a server refuse an id it does not like: 2, identifier rejected.
+    client_id, pos = _string(src, pos, end, "the client id", "identifier-rejected", 2)
     will_topic: str | None = None
     will_message: bytes | None = None
     if will_flag:
-        will_topic, pos = _string(src, pos, end)
+        will_topic, pos = _string(src, pos, end, "the Will topic")
         _check_topic(will_topic)
         will_message, pos = _binary(src, pos, end)
     username: str | None = None
     password: bytes | None = None
     if has_username:
-        username, pos = _string(src, pos, end)
+        username, pos = _string(src, pos, end, "the username")
     if has_password:
         password, pos = _binary(src, pos, end)
     if pos != end:

@@ -18,6 +18,7 @@ route, end), which both engines share: the dense engine's protocol callbacks
 from __future__ import annotations
 
 import collections
+import dataclasses
 import itertools
 import logging
 import math
@@ -44,7 +45,7 @@ from .encoders import encode_publish
 from .outbox import DEFAULT_MAX_QUEUED, DEFAULT_MAX_QUEUED_BYTES, DEFAULT_WINDOW, Message, Outbox
 from .packets import ProtocolError
 from .persistent import DEFAULT_EXPIRY, Acked, Attach, Detach, Inbound, Opened, Push, SessionStore, Subscribed
-from .presence import Offline, PresenceEvent, PresenceSink
+from .presence import REFUSED, Offline, PresenceEvent, PresenceSink
 from .retained import DEFAULT_MAX_BYTES, RetainedStore
 from .session import (
     DEFAULT_MAX_QOS,
@@ -70,6 +71,15 @@ ENGINES = ("dense", "streams")
 Exchange = Acknowledged | HoldInbound | ReleaseInbound | Denied
 """Session effects both engines hand to :meth:`HeartbeatServer.exchanged` as they are."""
 """How connections are served: see :mod:`.dense` and :mod:`.streams`."""
+
+# The refusal CONNACK codes (MQTT-3.2.2-3), by name, for a refusal's record.
+REFUSALS = {
+    1: "unacceptable-protocol-version",
+    2: "identifier-rejected",
+    3: "server-unavailable",
+    4: "bad-credentials",
+    5: "not-authorized",
+}
 
 # A refused or misbehaving client gets this long to read its CONNACK before the close.
 GOODBYE_TIMEOUT = 1.0
@@ -192,7 +202,7 @@ class Connection:
     Subclasses say how bytes reach a subscriber (:meth:`push`).
     """
 
-    __slots__ = ("ended_by", "finished", "held", "online", "peer", "persistent", "session", "stream")
+    __slots__ = ("ended_by", "finished", "held", "online", "peer", "persistent", "refusal", "session", "stream")
 
     def __init__(self, stream: idlekeeper.Watch, peer: str, session: Session) -> None:
         self.stream = stream
@@ -207,6 +217,8 @@ class Connection:
         (a clean session's; a persistent session's live in the coordinator's store)."""
         self.persistent = False
         """CleanSession=0: the session outlives the connection, in the coordinator."""
+        self.refusal = 0
+        """The CONNACK code its CONNECT was refused with (0: not refused by admission)."""
 
     def silent_for(self, now: float | None = None) -> float:
         """Seconds since the client last sent anything (since accept, if nothing yet)."""
@@ -323,8 +335,13 @@ class HeartbeatServer:
             self.counters["refused_capacity"] += 1
         if not code:
             return None
+        return self._refuse(conn, code)
+
+    def _refuse(self, conn: Connection, code: int) -> bytes:
+        """Refuse the CONNECT with ``code``: counted, and :meth:`ended` records it as a refusal."""
         self.counters[f"refused_{code}"] += 1
         conn.ended_by = Offline.REFUSED
+        conn.refusal = code
         return conn.session.refused(code)
 
     def waits(self, request: Accept) -> bool:
@@ -340,9 +357,7 @@ class HeartbeatServer:
             return refusal, None
         opened = await self.coordinator.open_session(request.client_id, request.username)
         if opened is None:
-            self.counters["refused_3"] += 1
-            conn.ended_by = Offline.REFUSED
-            return conn.session.refused(3), None  # rather than a new session that loses the stored one
+            return self._refuse(conn, 3), None  # rather than a new session that loses the stored one
         return None, opened
 
     def admit(self, conn: Connection, request: Accept, opened: Opened | None = None) -> bytes:
@@ -562,8 +577,20 @@ class HeartbeatServer:
             event = self._event(conn, "offline", reason, detail, epoch=conn.online.epoch)
             # Exactly once, fleet-wide: the coordinator drops it if the session was already ended.
             self.coordinator.offline(event, forget=session.assigned)
-        elif client_id is None or reason is Offline.REFUSED:
+        elif reason is Offline.REFUSED:
+            # Not the device's presence: the id was only asked for, by whoever knew it.
+            self.coordinator.note(self._refused_event(conn, detail))
+        elif client_id is None:
             self.coordinator.note(self._event(conn, "offline", reason, detail))
+
+    def _refused_event(self, conn: Connection, detail: str) -> PresenceEvent:
+        """The record of a refused CONNECT: status ``refused``, no client id (only the one
+        claimed), so no reader takes it for the named device's presence; see :mod:`.presence`."""
+        session = conn.session
+        code = REFUSALS.get(conn.refusal, f"code-{conn.refusal}")
+        claimed = "" if session.assigned or session.client_id is None else session.client_id
+        event = self._event(conn, REFUSED, Offline.REFUSED, f"{code}: {detail}" if detail else code)
+        return dataclasses.replace(event, client_id=None, claimed_client_id=claimed)
 
     def _event(
         self, conn: Connection, status: str, reason: Offline | None, detail: str = "", epoch: str = ""
