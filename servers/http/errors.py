@@ -15,7 +15,9 @@ _REASONS = {
     413: "Content Too Large",
     431: "Request Header Fields Too Large",
     500: "Internal Server Error",
+    501: "Not Implemented",
     503: "Service Unavailable",
+    505: "HTTP Version Not Supported",
 }
 
 

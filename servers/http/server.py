@@ -16,6 +16,12 @@ response              ``send_timeout`` without write progress     close
 
 ``max_connection_age`` and ``max_requests`` end a connection politely: the next
 response carries ``Connection: close``.
+
+Requests whose framing is ambiguous (RFC 9112 §6.3: ``Content-Length`` beside
+``Transfer-Encoding``, differing lengths, a last coding other than chunked) get 400,
+any major version but 1 gets 505, and a malformed chunked body gets 400 whether or
+not the app read it; each is logged on one line at INFO and closes its connection
+only. ``Expect: 100-continue`` is answered when the app first reads the body.
 """
 
 from __future__ import annotations
@@ -161,7 +167,14 @@ class HttpServer:
             try:
                 event = await self._next(conn)
             except h11.RemoteProtocolError as exc:
-                await send_error(stream, exc.error_status_hint)
+                status = exc.error_status_hint
+                if status == 501 and "Transfer-Encoding" in str(exc):
+                    # h11 answers 501 for any coding but a lone "chunked", before we can
+                    # see the header. When chunked is not last, RFC 9112 §6.3 requires
+                    # 400, and 400 (rather than 501) is also fine for "gzip, chunked":
+                    # either way the body's length is unknown and the connection closes.
+                    status = 400
+                await _refuse(stream, status, f"bad request head: {exc}")
                 return
             if isinstance(event, h11.ConnectionClosed) or event is h11.PAUSED:
                 return
@@ -175,6 +188,10 @@ class HttpServer:
                 # single read is measured here.
                 await send_error(stream, 431)
                 return
+            refusal = _refusal(event)
+            if refusal is not None:
+                await _refuse(stream, *refusal)
+                return
             conn.requests += 1
             self.requests_total += 1
             length = _content_length(event.headers)
@@ -182,10 +199,16 @@ class HttpServer:
                 await send_error(stream, 413)
                 return
             conn.phase = _Phase.APP
+            target, authority = _origin_form(event.target.decode("latin-1"))
+            headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in event.headers]
+            if authority:
+                # RFC 9112 §3.2.2: with an absolute-form target the Host header is
+                # ignored and the target's authority stands in for it.
+                headers = [(k, authority if k == "host" else v) for k, v in headers]
             request = Request(
                 method=event.method.decode("latin-1"),
-                target=event.target.decode("latin-1"),
-                headers=[(k.decode("latin-1"), v.decode("latin-1")) for k, v in event.headers],
+                target=target,
+                headers=headers,
                 http_version=event.http_version.decode("latin-1"),
                 _chunks=partial(self._body, conn),
             )
@@ -195,11 +218,18 @@ class HttpServer:
                 await send_error(stream, 413)
                 return
             except h11.RemoteProtocolError as exc:
-                await send_error(stream, exc.error_status_hint)
+                await _refuse(stream, exc.error_status_hint, f"bad request body: {exc}")
                 return
             except Exception:
                 logger.exception("http app raised on %s %s", request.method, request.target)
                 response = Response(500, [("content-type", "text/plain")], b"internal server error\n")
+            if h.they_are_waiting_for_100_continue:
+                # The app did not want the body and the client has not sent it: answer
+                # at once rather than invite a body only to discard it, and close, as
+                # the client may send the body anyway (RFC 9110 §10.1.1).
+                conn.phase = _Phase.SEND
+                await self._respond(conn, response, head_only=request.method == "HEAD", close=True)
+                return
             # Whatever body the app left unread is drained (bounded by the limits) so
             # the connection can carry the next request.
             try:
@@ -207,6 +237,9 @@ class HttpServer:
                     pass
             except BodyTooLarge:
                 await send_error(stream, 413)
+                return
+            except h11.RemoteProtocolError as exc:
+                await _refuse(stream, exc.error_status_hint, f"bad request body: {exc}")
                 return
             conn.phase = _Phase.SEND
             await self._respond(conn, response, head_only=request.method == "HEAD")
@@ -226,6 +259,10 @@ class HttpServer:
         while h.their_state is h11.SEND_BODY:
             event = h.next_event()
             if event is h11.NEED_DATA:
+                if h.they_are_waiting_for_100_continue:
+                    # The client holds the body back until it hears 100 Continue (or
+                    # its own timeout); without it both sides wait out body_timeout.
+                    await stream.send_all(h.send(h11.InformationalResponse(status_code=100, headers=[])) or b"")
                 conn.phase = _Phase.BODY  # if the body timeout fires now, the answer is 408
                 stream.receive_timeout = self.config.body_timeout
                 event = await self._next(conn)
@@ -247,13 +284,13 @@ class HttpServer:
             return True
         return cfg.max_connection_age is not None and trio.current_time() - conn.started >= cfg.max_connection_age
 
-    async def _respond(self, conn: _Conn, response: Response, *, head_only: bool = False) -> None:
+    async def _respond(self, conn: _Conn, response: Response, *, head_only: bool = False, close: bool = False) -> None:
         h = conn.h11
         headers = [(k.lower(), v) for k, v in response.headers]
         body = response.body
         if isinstance(body, bytes | bytearray):
             headers.append(("content-length", str(len(body))))
-        if self._must_close(conn):
+        if close or self._must_close(conn):
             headers.append(("connection", "close"))
         head = h.send(h11.Response(status_code=response.status, headers=headers)) or b""
         if head_only:
@@ -294,6 +331,48 @@ class HttpServer:
                 await trio.sleep(0.01)
         for conn in list(self.connections):
             conn.stream.cancel_scope.cancel()
+
+
+async def _refuse(stream: idlekeeper.WatchedStream, status: int, why: str) -> None:
+    # One INFO line, no traceback: bad input is the client's doing, not a server fault,
+    # and a client sending it in bulk must not be able to flood the log with stacks.
+    # h11's messages quote the offending bytes (escaped by repr): cut to keep lines short.
+    logger.info("http: %d for %s", status, why if len(why) <= 200 else why[:200] + "...")
+    await send_error(stream, status)
+
+
+def _refusal(request: h11.Request) -> tuple[int, str] | None:
+    """(status, reason) for a parsed head that must not be served, or None."""
+    if not request.http_version.startswith(b"1."):
+        # h11 parses any "HTTP/d.d" as if it were 1.1; another major version is
+        # another protocol, whose framing we cannot assume (RFC 9110 §15.6.6).
+        return 505, f"HTTP/{request.http_version.decode()}"
+    names = {name for name, _ in request.headers}
+    if b"content-length" in names and b"transfer-encoding" in names:
+        # h11 lets chunked win, as RFC 9112 §6.3 allows; but a front end that went
+        # by Content-Length would see a different request boundary (smuggling), so
+        # the request is refused and its connection closed instead.
+        return 400, "Content-Length with Transfer-Encoding"
+    return None
+
+
+def _origin_form(target: str) -> tuple[str, str | None]:
+    """``(origin-form target, authority)``: an absolute-form target
+    (``http://host/path?q``, RFC 9112 §3.2.2) is routed by its path and query;
+    any other target is returned as is, with no authority."""
+    if target.startswith("/"):
+        return target, None  # the usual case, decided without parsing
+    scheme, sep, rest = target.partition("://")
+    if not sep or scheme.lower() not in ("http", "https"):
+        return target, None  # asterisk-form, authority-form, or not a URI we serve
+    end = len(rest)
+    for delimiter in "/?#":
+        found = rest.find(delimiter)
+        if found != -1:
+            end = min(end, found)
+    authority = rest[:end].rpartition("@")[2]  # userinfo is not part of the host
+    path = rest[end:].partition("#")[0]
+    return (path if path.startswith("/") else "/" + path), authority
 
 
 def _head_size(request: h11.Request) -> int:
