@@ -119,7 +119,11 @@ def run(devices: int, workers: int, subscribers: int) -> dict[str, object]:
             time.sleep(0.2)
         epochs = {str(e["client_id"]): str(e["epoch"]) for e in online.values()}
         by_worker = collections.Counter(int(str(e["worker"])) for e in online.values())
-        victim = by_worker.most_common(1)[0][0]
+        sub_workers = {int(str(online[f"sub-{i}"]["worker"])) for i in range(len(listeners))}
+        # The kernel may put every subscriber on one worker: the victim must leave one
+        # listening elsewhere, or nobody is there to hear the worker-lost events.
+        candidates = [w for w, _ in by_worker.most_common() if sub_workers - {w}] or [by_worker.most_common(1)[0][0]]
+        victim = candidates[0]
         pid = int(next(ep for ep in epochs.values() if ep.startswith(f"{victim}.")).split(".")[1])
         lost = {c for c, e in online.items() if int(str(e["worker"])) == victim}
         others = [li for li in listeners if int(str(online[f"sub-{listeners.index(li)}"]["worker"])) != victim]
@@ -132,9 +136,13 @@ def run(devices: int, workers: int, subscribers: int) -> dict[str, object]:
             # subscriber threads' time (one GIL) and inflate what they measure.
             if in_log != in_log and log.read_bytes().count(b'"worker-lost"') >= len(lost):
                 in_log = time.monotonic()
-            if in_log == in_log and all(
-                len({str(e["client_id"]) for _, e in li.events if e.get("reason") == "worker-lost"}) >= len(lost)
-                for li in others
+            if (
+                in_log == in_log
+                and others
+                and all(
+                    len({str(e["client_id"]) for _, e in li.events if e.get("reason") == "worker-lost"}) >= len(lost)
+                    for li in others
+                )
             ):
                 heard_all = max(max(t for t, e in li.events if e.get("reason") == "worker-lost") for li in others)
                 break
