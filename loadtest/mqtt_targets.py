@@ -111,18 +111,10 @@ def start_mqtt_target(name: str, port: int) -> MqttTarget:
     """
     if name == "baseline":
         return MqttTarget(name, start_server("baseline", port, 1, (), module="loadtest.baseline"), port)
-    workdir = Path(tempfile.mkdtemp(prefix=f"ik-{name}-"))
     if name == "mosquitto":
-        binary = mosquitto_binary()
-        if binary is None:
-            raise PeerUnavailable("mosquitto is not installed (apt-get install mosquitto)")
-        config = workdir / "mosquitto.conf"
-        config.write_text(
-            f"listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\n"
-            "log_dest stderr\nlog_type error\nlog_type warning\nmax_keepalive 65535\n"
-        )
-        proc = subprocess.Popen([binary, "-c", str(config)], stderr=subprocess.DEVNULL, text=True)
-    elif name == "amqtt":
+        return start_mosquitto(name, port)
+    workdir = Path(tempfile.mkdtemp(prefix=f"ik-{name}-"))
+    if name == "amqtt":
         exe = ensure_amqtt_venv()
         config = workdir / "config.yaml"
         # Only the anonymous-auth plugin: the default set also logs every packet and
@@ -140,6 +132,26 @@ def start_mqtt_target(name: str, port: int) -> MqttTarget:
         proc = subprocess.Popen([str(exe), "-c", str(config)], stderr=subprocess.DEVNULL, text=True, cwd=workdir)
     else:
         raise PeerUnavailable(f"unknown MQTT target {name!r}")
+    return _listening(name, proc, port, workdir)
+
+
+def start_mosquitto(name: str, port: int, extra_config: str = "") -> MqttTarget:
+    """Mosquitto on ``127.0.0.1:port`` (anonymous, no persistence, errors only logged),
+    with ``extra_config`` lines appended; returns once it accepts connections."""
+    binary = mosquitto_binary()
+    if binary is None:
+        raise PeerUnavailable("mosquitto is not installed (apt-get install mosquitto)")
+    workdir = Path(tempfile.mkdtemp(prefix=f"ik-{name}-"))
+    config = workdir / "mosquitto.conf"
+    config.write_text(
+        f"listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\n"
+        "log_dest stderr\nlog_type error\nlog_type warning\nmax_keepalive 65535\n" + extra_config
+    )
+    proc = subprocess.Popen([binary, "-c", str(config)], stderr=subprocess.DEVNULL, text=True)
+    return _listening(name, proc, port, workdir)
+
+
+def _listening(name: str, proc: subprocess.Popen[str], port: int, workdir: Path) -> MqttTarget:
     try:
         wait_listening(port, proc)
     except RuntimeError:

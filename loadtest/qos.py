@@ -56,12 +56,9 @@ import gc
 import json
 import math
 import select
-import shutil
 import socket
 import struct
-import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
@@ -79,8 +76,8 @@ from servers.heartbeat.encoders import (
 )
 
 from .compare import table
-from .mqtt_targets import MqttTarget, PeerUnavailable, mosquitto_binary
-from .processes import free_port, start_heartbeat, stop, wait_listening
+from .mqtt_targets import MqttTarget, PeerUnavailable, start_mosquitto
+from .processes import free_port, start_heartbeat
 from .stats import summary_ms
 
 __all__ = [
@@ -327,24 +324,7 @@ def start_qos_target(name: str, queued: int, inflight: int = 20, queued_bytes: i
         # 0 is "no maximum": a connected subscriber's messages never wait in Mosquitto's
         # queue, whose 2.0.11 code reorders and strands QoS 1 messages (see the module doc).
         inflight = 0
-    binary = mosquitto_binary()
-    if binary is None:
-        raise PeerUnavailable("mosquitto is not installed (apt-get install mosquitto)")
-    workdir = Path(tempfile.mkdtemp(prefix="ik-qos-mosquitto-"))
-    config = workdir / "mosquitto.conf"
-    config.write_text(
-        f"listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\n"
-        "log_dest stderr\nlog_type error\nlog_type warning\nmax_keepalive 65535\n"
-        f"max_inflight_messages {inflight}\nmax_queued_messages {queued}\n"
-    )
-    proc = subprocess.Popen([binary, "-c", str(config)], stderr=subprocess.DEVNULL, text=True)
-    try:
-        wait_listening(port, proc)
-    except RuntimeError:
-        stop(proc)
-        shutil.rmtree(workdir, ignore_errors=True)
-        raise
-    return MqttTarget(name, proc, port, workdir)
+    return start_mosquitto(name, port, f"max_inflight_messages {inflight}\nmax_queued_messages {queued}\n")
 
 
 # -- throughput ---------------------------------------------------------------------------------

@@ -10,12 +10,10 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import coredis
-import pytest
 import trio
 
 from loadtest.processes import free_port, start_heartbeat
@@ -25,19 +23,13 @@ from servers.heartbeat.packets import Packet, Publish, Pubrel
 from servers.heartbeat.persistent import Acked, Attach, Detach, Inbound, Opened, Push, Subscribed
 from servers.heartbeat.reader import PacketReader
 
-from .redis_server import RedisServer, require_binary
-from .test_fleet import LEASE, PREFIX, Node, RecordingHost, cut_off, drain, fleet, until
+from .redis_server import RedisServer
+from .test_fleet import LEASE, PREFIX, Node, RecordingHost, cut_off, drain, fleet, redis_server, until
 from .test_mqtt_state import Raw, publish
 
 ROOT = Path(__file__).resolve().parent.parent
 
-
-@pytest.fixture
-def redis_server() -> Iterator[RedisServer]:
-    server = RedisServer(binary=require_binary())
-    server.start()
-    yield server
-    server.stop()
+__all__ = ["redis_server"]  # the fixture, shared with tests/test_fleet.py
 
 
 def packets(host: RecordingHost, client_id: str, epoch: str | None = None) -> list[Packet]:

@@ -129,6 +129,9 @@ class _Rules:
     def may_publish(self, topic: str) -> bool:
         return topic.startswith("mine/")
 
+    def may_read(self, topic: str) -> bool:
+        return topic.startswith("mine/")
+
 
 def test_permissions_refuse_a_subscription_and_drop_a_publish() -> None:
     s = _connected()

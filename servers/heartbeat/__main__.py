@@ -24,7 +24,7 @@ from .coordination import Coordinator
 from .coordination.authority import Authority
 from .coordination.local import BusCoordinator
 from .presence import PresenceLog, PresenceSink
-from .server import ENGINES, HeartbeatConfig, HeartbeatServer, mqtt_state, session_store
+from .server import ENGINES, HeartbeatConfig, HeartbeatServer, acl_reader, mqtt_state
 from .worker import serve_heartbeat
 
 DESCRIPTION = """\
@@ -219,7 +219,7 @@ def coordinator_for(args: argparse.Namespace, config: HeartbeatConfig) -> tuple[
             max_queued=config.max_queued,
             max_queued_bytes=config.max_queued_bytes,
             session_expiry=config.session_expiry,
-            may_read=session_store(config).may_read,
+            may_read=acl_reader(config),
             retain_presence=config.retain_presence,
             presence_offline_ttl=config.presence_offline_ttl,
             max_retained_bytes=config.max_retained_bytes,

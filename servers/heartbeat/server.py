@@ -151,20 +151,28 @@ def mqtt_state(config: HeartbeatConfig) -> MqttState:
     )
 
 
-def session_store(config: HeartbeatConfig) -> SessionStore:
-    """The persistent sessions' store, bounded as ``config`` says, reading the ACL in force."""
+def acl_reader(config: HeartbeatConfig) -> Callable[[str | None, str, str], bool] | None:
+    """Whether (username, client id) may read a topic under the ACL in force, for the
+    stores that route to absent clients; None when there is no ACL."""
+    if config.acl is None:
+        return None
 
     def may_read(username: str | None, client_id: str, topic: str) -> bool:
         acl = config.acl  # looked up each time: a SIGHUP reload replaces it
         return acl is None or acl.can_read(username, client_id, topic)
 
+    return may_read
+
+
+def session_store(config: HeartbeatConfig) -> SessionStore:
+    """The persistent sessions' store, bounded as ``config`` says, reading the ACL in force."""
     return SessionStore(
         max_qos=config.max_qos,
         window=config.max_inflight,
         max_queued=config.max_queued,
         max_queued_bytes=config.max_queued_bytes,
         expiry=config.session_expiry,
-        may_read=may_read if config.acl is not None else None,
+        may_read=acl_reader(config),
     )
 
 
@@ -251,7 +259,7 @@ class Connection:
     def may_read(self, topic: str) -> bool:
         """Whether the ACL lets a message on ``topic`` reach this client."""
         rules = self.session.permissions
-        return rules is None or not isinstance(rules, ClientRules) or rules.may_read(topic)
+        return rules is None or rules.may_read(topic)
 
     def stop_writing(self) -> None:
         """The connection ended: stop whatever sends its queue."""

@@ -165,6 +165,10 @@ class Permissions(Protocol):
         """Whether the client may publish on ``topic``."""
         ...
 
+    def may_read(self, topic: str) -> bool:
+        """Whether a message on ``topic`` may be delivered to the client."""
+        ...
+
 
 DEFAULT_MAX_QOS = 2
 """The highest QoS a session grants and routes at unless told otherwise."""

@@ -31,7 +31,15 @@ from ..persistent import Opened, Report, SessionStore
 from ..presence import PresenceEvent, PresenceSink
 from .retention import RetainedMessage, Retention
 
-__all__ = ["Coordinator", "Health", "Host", "publish_to_sinks", "retained_figures", "session_figures"]
+__all__ = [
+    "Coordinator",
+    "Health",
+    "Host",
+    "log_session_drops",
+    "publish_to_sinks",
+    "retained_figures",
+    "session_figures",
+]
 
 logger = logging.getLogger("servers.heartbeat.coordination")
 
@@ -80,6 +88,13 @@ def publish_to_sinks(sinks: Iterable[PresenceSink], event: PresenceEvent) -> Non
             sink(event)
         except Exception:
             logger.exception("presence sink %r raised", sink)
+
+
+def log_session_drops(store: SessionStore) -> None:
+    """Log, once per session, each persistent session that began to drop messages."""
+    dropping = store.newly_dropping
+    while dropping:
+        logger.warning("persistent session %r is full: messages for it are dropped (counted)", dropping.popleft())
 
 
 def session_figures(store: SessionStore) -> list[Metric]:

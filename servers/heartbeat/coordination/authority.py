@@ -20,7 +20,7 @@ from ...bus import Link
 from ..broker import matches_any
 from ..persistent import Delivery, Discard, Subscribed
 from ..presence import Offline, PresenceEvent, PresenceSink
-from . import publish_to_sinks
+from . import log_session_drops, publish_to_sinks
 from .frames import (
     Ack,
     Claimed,
@@ -206,7 +206,7 @@ class Authority:
             self._deliver(Deliver(frame.topic, frame.payload, frame.qos), skip=peer)
             for delivery in self.store.route(frame.topic, frame.payload, frame.qos):
                 self._transmit(delivery)
-            self._log_drops()
+            log_session_drops(self.store)
         elif isinstance(frame, Noted):
             publish_to_sinks(self.sinks, frame.event)
         elif isinstance(frame, Filters):
@@ -242,11 +242,6 @@ class Authority:
                 peer.link.send(encode(Transmit(delivery.client_id, epoch, delivery.packets)))
                 return
         # Not linked now (a stall): what was sent stays unacknowledged and is resent on reconnect.
-
-    def _log_drops(self) -> None:
-        dropping = self.store.newly_dropping
-        while dropping:
-            logger.warning("authority: persistent session %r is full: messages dropped (counted)", dropping.popleft())
 
     def _online(self, event: PresenceEvent) -> None:
         claim = self.registry.online(event)

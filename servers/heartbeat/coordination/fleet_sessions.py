@@ -25,7 +25,7 @@ from typing import Any
 from ..broker import topic_matches
 from ..persistent import Acked, Attach, Detach, Discard, Inbound, Opened, Push, Report, Subscribed
 from ..presence import PresenceEvent
-from .retention import RETAINED_PAGE, RetainedMessage
+from .retention import RETAINED_PAGE, RetainedMessage, exact_presence, presence_possible
 
 __all__ = [
     "EXPIRE_BATCH",
@@ -554,19 +554,11 @@ class FleetRetained:
 
     def presence_possible(self, topic_filter: str) -> bool:
         """Whether ``topic_filter`` may match a presence topic (and presence is retained)."""
-        if not self.presence:
-            return False
-        prefix = self.presence_prefix
-        head = topic_filter.split("/", 1)[0]
-        return head in ("#", "+") or topic_filter.startswith(prefix) or prefix.startswith(topic_filter.rstrip("#"))
+        return self.presence and presence_possible(topic_filter, self.presence_prefix)
 
     def exact_presence(self, topic_filter: str) -> str | None:
         """The client id ``topic_filter`` names if it is one presence topic, else None."""
-        prefix = self.presence_prefix
-        rest = topic_filter[len(prefix) :] if topic_filter.startswith(prefix) else None
-        if rest is None or "+" in rest or "#" in rest:
-            return None
-        return rest
+        return exact_presence(topic_filter, self.presence_prefix)
 
     def scan_pattern(self, topic_filter: str) -> str:
         """The SCAN MATCH pattern of the device records whose presence ``topic_filter`` may match."""

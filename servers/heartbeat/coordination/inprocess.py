@@ -11,7 +11,7 @@ import trio
 from ...prometheus import Families, Metric
 from ..persistent import Delivery, Opened, Report
 from ..presence import PresenceEvent, PresenceSink
-from . import Coordinator, Health, Host, publish_to_sinks, retained_figures, session_figures
+from . import Coordinator, Health, Host, log_session_drops, publish_to_sinks, retained_figures, session_figures
 from .registry import Registry
 from .retention import MqttState, RetainedMessage
 
@@ -79,7 +79,7 @@ class InProcessCoordinator(Coordinator):
         """No other worker to route to; persistent sessions take their QoS 1 and 2 copies."""
         for delivery in self.store.route(topic, payload, qos):
             self._transmit(delivery)
-        self._log_drops()
+        log_session_drops(self.store)
 
     async def open_session(self, client_id: str, username: str | None = None) -> Opened:
         """See :meth:`Coordinator.open_session`."""
@@ -107,11 +107,6 @@ class InProcessCoordinator(Coordinator):
     def _transmit(self, delivery: Delivery) -> None:
         if self._host is not None:
             self._host.transmit(delivery.client_id, str(delivery.holder), delivery.packets)
-
-    def _log_drops(self) -> None:
-        dropping = self.store.newly_dropping
-        while dropping:
-            logger.warning("persistent session %r is full: messages for it are dropped (counted)", dropping.popleft())
 
     def filters_changed(self, filters: set[str]) -> None:
         """Nobody else to tell."""

@@ -26,7 +26,7 @@ from ..persistent import SessionStore
 from ..retained import RetainedStore
 from .registry import Registry
 
-__all__ = ["RETAINED_PAGE", "MqttState", "RetainedMessage", "Retention"]
+__all__ = ["RETAINED_PAGE", "MqttState", "RetainedMessage", "Retention", "exact_presence", "presence_possible"]
 
 RETAINED_PAGE = 500
 """Entries examined per page."""
@@ -34,6 +34,24 @@ RETAINED_PAGE = 500
 # Snapshots of client ids kept for paging; a subscriber that never asks for the next
 # page must not pin one forever.
 _MAX_SNAPSHOTS = 64
+
+
+def presence_possible(topic_filter: str, presence_prefix: str) -> bool:
+    """Whether ``topic_filter`` may match a presence topic (``<presence_prefix><client-id>``)."""
+    head = topic_filter.split("/", 1)[0]
+    return (
+        head in ("#", "+")
+        or topic_filter.startswith(presence_prefix)
+        or presence_prefix.startswith(topic_filter.rstrip("#"))
+    )
+
+
+def exact_presence(topic_filter: str, presence_prefix: str) -> str | None:
+    """The client id ``topic_filter`` names if it is one presence topic, else None."""
+    if not topic_filter.startswith(presence_prefix):
+        return None
+    rest = topic_filter[len(presence_prefix) :]
+    return None if "+" in rest or "#" in rest else rest
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,9 +127,9 @@ class Retention:
             out = [RetainedMessage(r.topic, r.payload, r.qos) for r in page.messages]
             if page.cursor is not None:
                 return out, "s:" + page.cursor
-            if not self._presence_possible(topic_filter):
+            if not self.presence or not presence_possible(topic_filter, self.presence_prefix):
                 return out, None
-            exact = self._exact_presence(topic_filter)
+            exact = exact_presence(topic_filter, self.presence_prefix)
             if exact is not None:
                 message = self._presence_message(exact)
                 return out + ([message] if message is not None else []), None
@@ -134,20 +152,6 @@ class Retention:
             del self._snapshots[int(number)]
             return out, None
         return out, f"p:{number}:{end}"
-
-    def _presence_possible(self, topic_filter: str) -> bool:
-        if not self.presence:
-            return False
-        prefix = self.presence_prefix
-        head = topic_filter.split("/", 1)[0]
-        return head in ("#", "+") or topic_filter.startswith(prefix) or prefix.startswith(topic_filter.rstrip("#"))
-
-    def _exact_presence(self, topic_filter: str) -> str | None:
-        prefix = self.presence_prefix
-        rest = topic_filter[len(prefix) :] if topic_filter.startswith(prefix) else None
-        if rest is None or "+" in rest or "#" in rest:
-            return None
-        return rest
 
     def _matches_every_presence_topic(self, topic_filter: str) -> bool:
         # Client ids may hold "/", so only these match every presence topic whatever the id.
