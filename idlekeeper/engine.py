@@ -36,6 +36,8 @@ from typing import NoReturn
 
 import trio
 
+from . import arrival as _arrival
+from .epochs import Epoch
 from .keeper import Keeper
 from .protocol import EngineClosed, Protocol
 from .transport import CLOSED, EOF_SENT, NO_READ, PEER_EOF, Transport
@@ -113,6 +115,11 @@ class Engine:
         self.keeper = keeper
         self.coalesce = coalesce
         """Seconds traffic is gathered between passes while it keeps coming (0: a pass per wake-up)."""
+        # A gathered packet is read up to a window after it came; stamping it then
+        # would move its receive deadline out by as much, so it is stamped with when
+        # the kernel received it.
+        self.arrivals: _arrival.ArrivalClock | None = _arrival.ArrivalClock(trio.current_time) if coalesce else None
+        """Turns kernel receive stamps into keeper time (only while coalescing)."""
         self.read_size = read_size
         self.max_events = max_events
         self.accept_batch = accept_batch
@@ -132,6 +139,7 @@ class Engine:
         self._fds[self._wake_r.fileno()] = self._wake_r
         self._epoll.register(self._wake_r.fileno(), _IN)
         self._woken = False
+        self._dropped: trio.Event | None = None  # set while gathering: a drop ends the wait
         self._backlog = False
         self._in_pass = False
         self._closed = False
@@ -239,8 +247,26 @@ class Engine:
                     # be paced by the window (a ramp would queue in the kernel's backlog).
                     await trio.lowlevel.checkpoint()
                 else:
-                    await trio.sleep(coalesce)
+                    await self._gather(coalesce)
                 handled = self._guarded_pass()
+
+    async def _gather(self, seconds: float) -> None:
+        """Wait out a coalescing window, but tell protocols of drops as they happen.
+
+        A drop from outside a pass is an expiry or a takeover; its protocol must hear
+        at once, not a window later: that is when a presence server says "offline".
+        """
+        end = trio.current_time() + seconds
+        while trio.current_time() < end:
+            self._dropped = dropped = trio.Event()
+            with trio.move_on_at(end):
+                await dropped.wait()
+            self._dropped = None
+            self._in_pass = True
+            try:
+                self._deliver_lost()
+            finally:
+                self._in_pass = False
 
     def _guarded_pass(self) -> int:
         self._in_pass = True
@@ -251,6 +277,8 @@ class Engine:
 
     def _pass(self) -> int:
         self.passes += 1
+        if self.arrivals is not None:
+            self.arrivals.calibrate()
         fds = self._fds
         ready: list[_Listener] = []
         polled = self._epoll.poll(0, self.max_events)
@@ -276,14 +304,20 @@ class Engine:
         return len(polled)
 
     def _read(self, t: Transport) -> None:
+        arrivals = self.arrivals
         try:
-            data = t._socket.recv(self.read_size)
+            if arrivals is None:
+                data = t._socket.recv(self.read_size)
+                at = None
+            else:
+                data, ancillary, _flags, _addr = t._socket.recvmsg(self.read_size, _arrival.ANCILLARY_SIZE)
+                at = arrivals.arrival(ancillary)
         except (BlockingIOError, InterruptedError):
             return
         except OSError as exc:
             self._drop(t, exc)
             return
-        t.rx = t._epochs.current
+        t.rx = t._epochs.current if at is None else Epoch(at)
         protocol = t._protocol
         if protocol is None:
             return
@@ -348,6 +382,8 @@ class Engine:
         t = Transport(keeper, self, sock, stall_check=keeper._stall_check, on_expire=on_expire)
         keeper._configure(t, idle, receive, send, None, max_age)
         t._protocol = protocol
+        if self.arrivals is not None:
+            _arrival.enable(sock)
         fd = sock.fileno()
         self._fds[fd] = t
         self._epoll.register(fd, _IN)
@@ -416,7 +452,11 @@ class Engine:
         t.sending = False
         t.stop()
         self._lost.append((t, exc))
-        if not self._in_pass and not self._woken:
+        if self._in_pass:
+            return
+        if self._dropped is not None:
+            self._dropped.set()
+        elif not self._woken:
             self._woken = True
             with contextlib.suppress(BlockingIOError):  # already full of wake-ups
                 self._wake_w.send(b"\0")
@@ -470,7 +510,10 @@ async def open_engine(
     ``accept_batch`` the most connections one pass accepts per listener.
     ``coalesce`` (seconds, default 0) trades latency for CPU: while packets keep
     arriving, the engine serves them in one pass every ``coalesce`` seconds instead
-    of one wake-up of trio's loop each; every reply waits up to that long.
+    of one wake-up of trio's loop each; every reply waits up to that long. Receive
+    deadlines do not move with it: each read is stamped with when the kernel received
+    its bytes (:mod:`idlekeeper.arrival`), so a silent peer is found as soon as
+    without coalescing.
     """
     engine = Engine(
         keeper,

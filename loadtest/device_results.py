@@ -211,7 +211,8 @@ def report(r: dict[str, Any]) -> str:
     if sv.get("n"):
         lines.append(
             f"  by server's stamps   p50 {sv['p50']:.0f} / p99 {sv['p99']:.0f} / max {sv['max']:.0f} ms "
-            f"(min {sv['min']:.0f}; from the loop pass that read the last packet)"
+            f"(min {sv['min']:.0f}; from the server's stamp of the last packet: "
+            "its read, or its arrival when coalescing)"
         )
     lines.append(f"false expiries         {r['false_expiries']} healthy devices dropped")
     if r["generator_late"]:

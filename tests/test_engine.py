@@ -902,3 +902,27 @@ async def test_coalescing_does_not_pace_accepts(clock: MockClock) -> None:
             assert len(probes) == 100  # 7 batches of 16 in a row, not a window apart
             for sock in socks:
                 sock.close()
+
+
+async def test_coalescing_tells_an_expired_connection_at_once_not_a_window_later(clock: MockClock) -> None:
+    """The reaper drops a connection while the engine gathers traffic: its protocol
+    hears within the tick (when a presence server says offline), not at the next pass."""
+    async with idlekeeper.open_keeper(tick=0.1) as keeper:
+        probes, factory = collecting(Probe)
+        async with idlekeeper.open_engine(keeper, coalesce=1.0) as engine:
+            [listener] = engine.serve([listening_socket()], factory, receive=3.0)
+            chatty = await connect(listener.getsockname())
+            silent = await connect(listener.getsockname())
+            await trio.sleep(1.5)  # both accepted (the accepts may fall in two windows)
+            assert len(probes) == 2
+            silent_probe = next(p for p in probes if p.t.get_extra_info("peername") == silent.getsockname())
+            deadline = silent_probe.made_at + 3.0
+            for _ in range(15):  # keeps the engine gathering in windows of 1 s throughout
+                await chatty.send(b"x")
+                await trio.sleep(0.4)
+            when, exc = silent_probe.lost_once
+            assert isinstance(exc, Expired) and exc.reason is Reason.RECEIVE
+            assert deadline <= when <= deadline + 0.1 + 1e-6
+            assert len(engine) == 1
+            chatty.close()
+            silent.close()
