@@ -214,24 +214,36 @@ async def test_engine_stamps_a_gathered_packet_with_its_arrival_not_its_read() -
         sent_by = trio.current_time()
         await probe.next_news()
         assert probe.received == b"ab"
-        assert probe.last_rx_at - sent_at >= window / 2  # it was read a window later
         rx = probe.t.rx.end
-        assert sent_at + MARGIN - 1e-5 <= rx <= sent_by + MARGIN + 1e-5
-        assert engine.arrivals.stamped >= 1
+        seen = (sent_at, sent_by, rx, probe.last_rx_at, engine.arrivals.stamped, engine.arrivals.declined)
+        # Stamped with its arrival, although it was read up to a window later (a
+        # read's own stamp would be at or after the read).
+        assert sent_at + MARGIN - 1e-5 <= rx <= sent_by + MARGIN + 1e-5, seen
+        assert probe.last_rx_at > rx, seen
+        assert engine.arrivals.stamped >= 1, seen
         client.close()
 
 
 def test_wall_clock_helper_matches_the_kernel() -> None:
-    """The stamp decoding above matches what Linux really sends."""
+    """The stamp decoding above matches what Linux really sends.
+
+    The kernel turns receive stamping on for the whole system asynchronously when the
+    first socket asks, so the first packets after that may come unstamped (the engine
+    then stamps the read): try a few packets, and check the first stamped one.
+    """
     with socket.create_server(("127.0.0.1", 0)) as server:
         client = socket.create_connection(server.getsockname())
         conn, _ = server.accept()
         with client, conn:
             conn.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
-            before = time.time()
-            client.send(b"x")
-            after = time.time()
-            _data, ancillary, _flags, _addr = conn.recvmsg(16, socket.CMSG_SPACE(16))
+            for _ in range(200):
+                before = time.time()
+                client.send(b"x")
+                after = time.time()
+                _data, ancillary, _flags, _addr = conn.recvmsg(16, socket.CMSG_SPACE(16))
+                if ancillary:
+                    break
+                time.sleep(0.005)
             [(level, kind, raw)] = ancillary
             sec, nsec = struct.unpack("@qq", raw)
             assert (level, kind) == (socket.SOL_SOCKET, SO_TIMESTAMPNS)
