@@ -14,13 +14,15 @@ from .epochs import Epoch, EpochClock
 from .keeper import Keeper, open_keeper
 from .protocol import EngineClosed, Expired, Protocol
 from .serve import Handler, serve_listeners, serve_tcp
-from .stats import KeeperStats, LagHistogram
+from .stats import HandshakeFailure, KeeperStats, LagHistogram
 from .timers import TimerHandle, Timers
+from .tls import DEFAULT_HANDSHAKE_TIMEOUT, peer_certificate, peer_common_name
 from .transport import Transport
 from .watch import ExpireHook, Watch, WatchedStream, WatchState
 from .wheel import TimingWheel, WheelEntry
 
 __all__ = [
+    "DEFAULT_HANDSHAKE_TIMEOUT",
     "ConnectionDeadlines",
     "Engine",
     "EngineClosed",
@@ -28,6 +30,7 @@ __all__ = [
     "EpochClock",
     "Expired",
     "ExpireHook",
+    "HandshakeFailure",
     "Handler",
     "Keeper",
     "KeeperStats",
@@ -44,6 +47,8 @@ __all__ = [
     "WheelEntry",
     "open_engine",
     "open_keeper",
+    "peer_certificate",
+    "peer_common_name",
     "serve_listeners",
     "serve_protocol",
     "serve_tcp",

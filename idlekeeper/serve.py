@@ -1,14 +1,20 @@
-"""``serve_tcp`` / ``serve_listeners``: trio's serving helpers, with every connection watched."""
+"""``serve_tcp`` / ``serve_listeners``: trio's serving helpers, with every connection watched.
+
+Given an ``ssl_context`` they serve TLS, the handshake under a deadline of its own
+(see :mod:`idlekeeper.tls`).
+"""
 
 from __future__ import annotations
 
 import logging
+import ssl
 from collections.abc import Awaitable, Callable
 from typing import NoReturn
 
 import trio
 
 from .keeper import Keeper
+from .tls import DEFAULT_HANDSHAKE_TIMEOUT, serve_tls
 from .watch import ExpireHook, WatchedStream
 
 __all__ = ["Handler", "serve_listeners", "serve_tcp"]
@@ -30,6 +36,9 @@ async def serve_listeners(
     max_age: float | None = None,
     close: bool = True,
     on_expire: ExpireHook | None = None,
+    ssl_context: ssl.SSLContext | None = None,
+    https_compatible: bool = False,
+    handshake_timeout: float = DEFAULT_HANDSHAKE_TIMEOUT,
     handler_nursery: trio.Nursery | None = None,
     task_status: trio.TaskStatus[list[trio.SocketListener]] = trio.TASK_STATUS_IGNORED,
 ) -> NoReturn:
@@ -40,10 +49,33 @@ async def serve_listeners(
     cancels the handler, which may then say goodbye (an HTTP 408, say) from a
     shielded, time-bounded scope before the connection is closed. An exception from
     one handler is logged and ends only that connection, never the server.
+
+    With an ``ssl_context`` (server side: ``ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)``
+    with ``load_cert_chain``) each connection is TLS, and the handler's stream carries
+    plaintext. The handshake must complete within ``handshake_timeout`` seconds of
+    accept, or the connection is cut then (logged, and counted in
+    ``keeper.stats.handshake_failures``); ``idle``, ``receive`` and ``send`` start when
+    it completes. ``https_compatible`` is :class:`trio.SSLStream`'s (True for HTTPS).
     """
 
     async def watched(raw: trio.abc.Stream) -> None:
         try:
+            if ssl_context is not None:
+                await serve_tls(
+                    raw,
+                    handler,
+                    keeper=keeper,
+                    ssl_context=ssl_context,
+                    https_compatible=https_compatible,
+                    handshake_timeout=handshake_timeout,
+                    idle=idle,
+                    receive=receive,
+                    send=send,
+                    max_age=max_age,
+                    close=close,
+                    on_expire=on_expire,
+                )
+                return
             with keeper.watch(
                 raw, idle=idle, receive=receive, send=send, max_age=max_age, close=close, on_expire=on_expire
             ) as conn:
@@ -67,13 +99,18 @@ async def serve_tcp(
     max_age: float | None = None,
     close: bool = True,
     on_expire: ExpireHook | None = None,
+    ssl_context: ssl.SSLContext | None = None,
+    https_compatible: bool = False,
+    handshake_timeout: float = DEFAULT_HANDSHAKE_TIMEOUT,
     handler_nursery: trio.Nursery | None = None,
     task_status: trio.TaskStatus[list[trio.SocketListener]] = trio.TASK_STATUS_IGNORED,
 ) -> NoReturn:
     """Like :func:`trio.serve_tcp`, handing each handler a watched stream.
 
     Compatible with ``nursery.start``, which returns the listeners (port 0 picks a
-    free port: read it from ``listeners[0].socket.getsockname()``).
+    free port: read it from ``listeners[0].socket.getsockname()``). With an
+    ``ssl_context``, TLS (as :func:`trio.serve_ssl_over_tcp`), the handshake under
+    its own deadline: see :func:`serve_listeners`.
     """
     listeners = await trio.open_tcp_listeners(port, host=host, backlog=backlog)
     await serve_listeners(
@@ -86,6 +123,9 @@ async def serve_tcp(
         max_age=max_age,
         close=close,
         on_expire=on_expire,
+        ssl_context=ssl_context,
+        https_compatible=https_compatible,
+        handshake_timeout=handshake_timeout,
         handler_nursery=handler_nursery,
         task_status=task_status,
     )

@@ -3,12 +3,29 @@
 from __future__ import annotations
 
 import bisect
+import enum
 import math
 from collections.abc import Callable, Iterator
 
 from .deadlines import Reason
 
-__all__ = ["KeeperStats", "LagHistogram"]
+__all__ = ["HandshakeFailure", "KeeperStats", "LagHistogram"]
+
+
+class HandshakeFailure(str, enum.Enum):
+    """Why a TLS handshake on a watched connection did not complete."""
+
+    TIMEOUT = "timeout"
+    """The handshake deadline passed (a client that stalled mid-handshake, or never began)."""
+    ERROR = "error"
+    """The peer sent something that is not an acceptable handshake: not TLS at all, no
+    shared protocol version or cipher, or a certificate that failed verification."""
+    CLOSED = "closed"
+    """The peer closed or reset the connection before the handshake completed."""
+
+    def __str__(self) -> str:
+        return self.value
+
 
 DEFAULT_LAG_BOUNDS: tuple[float, ...] = (
     0.0005,
@@ -85,6 +102,8 @@ class KeeperStats:
         "timers_fired",
         "busy_seconds",
         "lag",
+        "handshakes",
+        "handshake_failures",
         "_filed",
     )
 
@@ -107,6 +126,11 @@ class KeeperStats:
         """Wall time (``perf_counter``) the reaper spent working, sleeps excluded."""
         self.lag = LagHistogram()
         """How far past its deadline each expiry happened."""
+        self.handshakes = 0
+        """TLS handshakes completed on connections served with an ``ssl_context``."""
+        self.handshake_failures: dict[HandshakeFailure, int] = {failure: 0 for failure in HandshakeFailure}
+        """TLS handshakes that did not complete, by why (a timeout is also an
+        :attr:`Reason.ABSOLUTE <idlekeeper.Reason.ABSOLUTE>` expiry)."""
         self._filed = filed
 
     @property
@@ -131,6 +155,8 @@ class KeeperStats:
             "hook_errors": self.hook_errors,
             "timers_fired": self.timers_fired,
             "busy_seconds": self.busy_seconds,
+            "handshakes": self.handshakes,
+            "handshake_failures": {str(k): v for k, v in self.handshake_failures.items()},
             "lag": {
                 "count": self.lag.count,
                 "sum": self.lag.sum,

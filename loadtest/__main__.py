@@ -6,6 +6,8 @@ python -m loadtest compare                               the same workloads agai
 python -m loadtest qos                                   QoS 1 throughput and queued-message memory vs Mosquitto
 python -m loadtest demo                                  the main job (also: make demo)
 python -m loadtest fleet --nodes 3 --kill-node           gateways sharing presence through Redis
+python -m loadtest tls                                   MQTT over TLS: memory per connection, handshakes/s vs Mosquitto
+python -m loadtest fuzz --target both --inputs 200000    hostile input against both servers, judged
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ COMMANDS = {
     "demo": "loadtest.demo",
     "fleet": "loadtest.fleet",
     "qos": "loadtest.qos",
+    "tls": "loadtest.tls_load",
+    "fuzz": "loadtest.fuzz",
 }
 
 

@@ -6,6 +6,8 @@ import argparse
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from .tls import TLSOptions, tls_options
+
 __all__ = ["WorkerConfig", "add_worker_arguments"]
 
 
@@ -25,12 +27,15 @@ class WorkerConfig:
     """The keeper's tick: no expiry runs more than this late."""
     worker: int = 0
     """This worker's index among those sharing the port (0 for a lone server)."""
+    tls: TLSOptions | None = None
+    """Serve TLS with these settings (None: plain TCP); see :mod:`servers.tls`."""
 
     @classmethod
     def from_args(cls: type[C], args: argparse.Namespace, worker: int, **own: Any) -> C:
         """A worker's configuration: the shared settings from a command line parsed
-        with :func:`add_worker_arguments`, and the server's ``own`` settings."""
-        return cls(host=args.host, port=args.port, tick=args.tick, worker=worker, **own)
+        with :func:`add_worker_arguments` (and :func:`~servers.tls.add_tls_arguments`),
+        and the server's ``own`` settings."""
+        return cls(host=args.host, port=args.port, tick=args.tick, worker=worker, tls=tls_options(args), **own)
 
 
 def add_worker_arguments(parser: argparse.ArgumentParser, *, port: int, tick_help: str = "") -> None:

@@ -112,6 +112,9 @@ class KeeperCollector(Collector):
         f.counter(f"{p}_stall_saves_total", "Expiries skipped: the peer's bytes were unread.", stats.stall_saves)
         f.counter(f"{p}_hook_errors_total", "on_expire hooks that failed.", stats.hook_errors)
         f.counter(f"{p}_reaper_busy_seconds_total", "Time the reaper spent working.", stats.busy_seconds)
+        f.counter(f"{p}_tls_handshakes_total", "TLS handshakes completed.", stats.handshakes)
+        failures = {str(failure): n for failure, n in stats.handshake_failures.items()}
+        f.counter_by(f"{p}_tls_handshake_failures_total", "TLS handshakes cut or failed, by why.", "reason", failures)
         lag = stats.lag
         f.histogram(f"{p}_reaper_lag_seconds", "How far past its deadline each expiry ran.", lag.cumulative(), lag.sum)
         yield from f.families

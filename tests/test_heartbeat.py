@@ -461,3 +461,82 @@ async def test_dense_devices_arm_a_send_timeout_only_while_they_lag(clock: MockC
         assert dense.stream.send_timeout is None
         await device.send(encoders.encode_pingreq())
         assert await device.read(2) == encoders.encode_pingresp()
+
+
+async def test_a_takeover_during_the_connack_send_still_tells_both_sessions(
+    clock: MockClock, engine: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by ``python -m loadtest fuzz`` on the streams engine: a session was made,
+    its CONNACK sent and only then announced; a takeover while the send yielded ended
+    it unannounced, and neither its online nor its offline event was told."""
+    import socket
+
+    if engine == "streams":
+        # A send that takes a moment (a slow link, TLS): the takeover lands inside it.
+        from servers.heartbeat.streams import StreamConnection
+
+        send = StreamConnection._send
+
+        async def slow_send(self: StreamConnection, data: bytes) -> None:
+            await trio.sleep(0.01)
+            await send(self, data)
+
+        monkeypatch.setattr(StreamConnection, "_send", slow_send)
+    async with running() as (server, events):
+        first = socket.create_connection(("127.0.0.1", server.port))
+        second = socket.create_connection(("127.0.0.1", server.port))
+        connect = encoders.encode_connect("twin", keep_alive=30)
+        # Back to back, before the server runs: both CONNECTs are read in one pass.
+        first.sendall(connect)
+        second.sendall(connect)
+        await trio.sleep(1)
+        first.setblocking(False)
+        got = b""
+        with contextlib.suppress(BlockingIOError):
+            while chunk := first.recv(64):
+                got += chunk
+        first.close()
+        second.close()
+        await trio.sleep(1)
+    # The first may or may not have read its CONNACK before it was taken over.
+    assert got in (b"", encoders.encode_connack(False, 0)), got
+    twins = [(e.status, e.reason) for e in events if e.client_id == "twin"]
+    # Each session the server made is told online once and offline once.
+    assert twins.count(("online", None)) == 2, twins
+    assert sorted(reason.value for status, reason in twins if status == "offline" and reason) == [
+        "connection-lost",
+        "takeover",
+    ], twins
+
+
+async def test_a_subscribe_read_before_a_takeover_does_not_outlive_the_session(
+    clock: MockClock, engine: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by ``python -m loadtest fuzz`` on the streams engine: a connection taken
+    over while it was sending went on with the rest of its read, and a SUBSCRIBE in it
+    left a dead subscriber in the broker for good."""
+    if engine == "streams":
+        from servers.heartbeat.streams import StreamConnection
+
+        send = StreamConnection._send
+
+        async def slow_send(self: StreamConnection, data: bytes) -> None:
+            await send(self, data)
+            if data == encoders.encode_pingresp():
+                # trio's send_all ends in a shielded checkpoint: a takeover landing
+                # there does not cancel the send, and the task goes on with its read.
+                with trio.CancelScope(shield=True):
+                    await trio.sleep(1.0)
+
+        monkeypatch.setattr(StreamConnection, "_send", slow_send)
+    async with running() as (server, _events):
+        first = await Client.connect(server.port, "twin", keep_alive=30)
+        taken = server.online["twin"]
+        # One write: the PINGREQ's reply is being sent when the takeover comes.
+        await first.send(encoders.encode_pingreq() + encoders.encode_subscribe(1, [("t/#", 0)]))
+        second = await Client.connect(server.port, "twin", keep_alive=30)
+        await trio.sleep(5)  # the first has gone on with its read, if it would
+        assert server.online["twin"] is not taken
+        assert taken.finished
+        assert not server.broker.subscriptions.has(taken)
+        await second.send(encoders.encode_disconnect())

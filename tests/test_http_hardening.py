@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import shutil
 import signal
+import struct
 import subprocess
 import time
 from pathlib import Path
@@ -163,3 +164,42 @@ async def test_absolute_form_target_routes_by_its_path(clock: MockClock) -> None
             assert (await read_response(client, buf)).startswith(b"HTTP/1.1 200")
     # RFC 9112 §3.2.2: the target's authority replaces the Host header.
     assert seen == [("/healthz", "a=1", "example.org:8080"), ("/", "", "example.org"), ("/plain", "", "other")]
+
+
+async def test_a_client_that_resets_mid_body_is_one_log_line_not_an_app_error(
+    clock: MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Found by ``python -m loadtest fuzz``: the reset reached the app as an exception
+    from its body iterator and was logged as "http app raised", with a traceback."""
+    caplog.set_level(logging.INFO, logger="servers.http")
+    async with running() as (_, port):
+        sock = trio.socket.socket()
+        await sock.connect(("127.0.0.1", port))
+        await sock.send(b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\nfirst part")
+        await trio.sleep(0.5)  # the app is reading the body, waiting for the rest
+        sock.setsockopt(trio.socket.SOL_SOCKET, trio.socket.SO_LINGER, struct.pack("ii", 1, 0))
+        sock.close()  # RST
+        await trio.sleep(0.5)
+        await still_serves(port)
+    records = [r for r in caplog.records if r.name == "servers.http"]
+    assert not [r for r in records if r.exc_info or "raised" in r.getMessage()], records
+    assert [r for r in records if "went away" in r.getMessage() and "POST /echo" in r.getMessage()]
+
+
+async def test_a_client_that_resets_before_its_100_continue_is_one_log_line(
+    clock: MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Found by the full fuzz run: the reset surfaced in the ``100 Continue`` send."""
+    caplog.set_level(logging.INFO, logger="servers.http")
+    async with running() as (_, port):
+        sock = trio.socket.socket()
+        await sock.connect(("127.0.0.1", port))
+        sock.setsockopt(trio.socket.SOL_SOCKET, trio.socket.SO_LINGER, struct.pack("ii", 1, 0))
+        # The head and the RST in one go: the server reads the head, then answers
+        # 100 Continue into a connection that is already gone.
+        await sock.send(b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nExpect: 100-continue\r\n\r\n")
+        sock.close()
+        await trio.sleep(0.5)
+        await still_serves(port)
+    records = [r for r in caplog.records if r.name == "servers.http"]
+    assert not [r for r in records if r.exc_info or "raised" in r.getMessage()], records

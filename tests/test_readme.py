@@ -36,6 +36,9 @@ def test_readme_example_runs(code: str, tmp_path: Path) -> None:
     if "serve_http" in code:
         assert "b'hello, trio\\n'" in done.stdout
         assert "b'HTTP/1.1 408 Request Timeout'" in done.stdout
+    if "hello over TLS" in code:
+        assert "b'hello over TLS\\n'\nb''\n1 " in done.stdout
+        assert "<HandshakeFailure.TIMEOUT: 'timeout'>: 1" in done.stdout
     if "KeeperCollector" in code:
         assert 'idlekeeper_expired_total{reason="idle",worker="0"} 1.0' in done.stdout
     if "call_every" in code:

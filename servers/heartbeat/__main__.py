@@ -17,6 +17,7 @@ from ..config import add_worker_arguments
 from ..gcpolicy import freeze_long_lived
 from ..listeners import open_listeners
 from ..readiness import Ready
+from ..tls import add_tls_arguments, check_tls_arguments
 from ..workers import supervisor_pid
 from .acl import AclFile
 from .auth import PasswordFile
@@ -25,6 +26,7 @@ from .coordination.authority import Authority
 from .coordination.local import BusCoordinator
 from .presence import PresenceLog, PresenceSink
 from .server import ENGINES, HeartbeatConfig, HeartbeatServer, acl_reader, mqtt_state
+from .throttle import ThrottlePolicy
 from .worker import serve_heartbeat
 
 DESCRIPTION = """\
@@ -87,7 +89,28 @@ def parser() -> argparse.ArgumentParser:
         help="HTTP status port (/healthz, /metrics, /devices/<id>); worker i serves on this port + i",
     )
     a("--status-host", default="127.0.0.1", help="status endpoint address (default: loopback only)")
-    a("--auth-file", default=None, help="password file of salted hashes (python -m servers.heartbeat.auth add ...)")
+    a(
+        "--auth-file",
+        default=None,
+        help="password file: our PBKDF2 entries (python -m servers.heartbeat.auth add ...) and Mosquitto's "
+        "$7$ and $6$ (mosquitto_passwd), mixed as you like",
+    )
+    a(
+        "--auth-free-failures",
+        type=int,
+        default=5,
+        help="failed password checks a source address, or a username, may make before its checks are "
+        "delayed (default: 5)",
+    )
+    a(
+        "--auth-max-delay",
+        type=float,
+        default=60.0,
+        help="longest delay, in seconds, between checks of a source address or username that keeps failing "
+        "(1 s after the last free failure, doubling); meanwhile its CONNECTs are refused unchecked; "
+        "0 disables throttling (default: 60)",
+    )
+    a("--auth-threads", type=int, default=1, help="passwords hashed at once, each in a thread (default: 1)")
     a(
         "--acl-file",
         default=None,
@@ -139,6 +162,22 @@ def parser() -> argparse.ArgumentParser:
         help="bytes queued per client likewise (default: 16 MiB)",
     )
     a(
+        "--max-subscriber-bytes",
+        type=int,
+        default=16 * 1024 * 1024,
+        help="bytes queued for one subscriber's socket; beyond, its QoS 0 messages are dropped and counted, "
+        "and a subscriber that stays beyond for --send-timeout or falls behind by twice this is "
+        "disconnected (send-overflow) (default: 16 MiB)",
+    )
+    a(
+        "--max-outbox-bytes",
+        type=int,
+        default=256 * 1024 * 1024,
+        help="bytes queued for all subscribers' sockets in one worker; beyond, QoS 0 messages are dropped "
+        "and counted, and the subscriber holding the most is disconnected if it is behind by more than "
+        "its own bound (default: 256 MiB)",
+    )
+    a(
         "--session-expiry",
         type=float,
         default=86400.0,
@@ -163,6 +202,7 @@ def parser() -> argparse.ArgumentParser:
         help="bytes of retained topics and payloads kept (presence not included); beyond, new ones are "
         "refused and counted (default: 512 MiB)",
     )
+    add_tls_arguments(p, client_certificates=True)  # TLS runs on the streams engine
     a("--bus", default=None, help=argparse.SUPPRESS)
     a("--bus-buffer", type=int, default=64 * 1024 * 1024, help=argparse.SUPPRESS)
     return p
@@ -182,11 +222,15 @@ def config_from(args: argparse.Namespace, worker: int) -> HeartbeatConfig:
         engine=args.engine,
         coalesce=args.coalesce,
         auth=PasswordFile.load(args.auth_file) if args.auth_file else None,
+        auth_throttle=auth_throttle(args),
+        auth_threads=args.auth_threads,
         acl=AclFile.load(args.acl_file) if args.acl_file else None,
         max_qos=args.max_qos,
         max_inflight=args.max_inflight,
         max_queued=args.max_queued,
         max_queued_bytes=args.max_queued_bytes,
+        max_subscriber_bytes=args.max_subscriber_bytes,
+        max_outbox_bytes=args.max_outbox_bytes,
         session_expiry=args.session_expiry,
         retain_presence=not args.no_retain_presence,
         presence_offline_ttl=args.presence_offline_ttl or None,
@@ -199,6 +243,14 @@ def config_from(args: argparse.Namespace, worker: int) -> HeartbeatConfig:
     if args.presence_log and not args.bus and not args.cluster:
         cfg.extra_sinks.append(PresenceLog(args.presence_log))
     return cfg
+
+
+def auth_throttle(args: argparse.Namespace) -> ThrottlePolicy | None:
+    """The throttling of failed password checks the command line asks for (None: off)."""
+    cap = args.auth_max_delay
+    if cap <= 0:
+        return None
+    return ThrottlePolicy(free=args.auth_free_failures, base=min(1.0, cap), cap=cap, forget=max(900.0, cap))
 
 
 def coordinator_for(args: argparse.Namespace, config: HeartbeatConfig) -> tuple[Coordinator | None, list[PresenceSink]]:
@@ -297,7 +349,9 @@ async def run_worker(args: argparse.Namespace, worker: int, reuse_port: bool) ->
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point: a single worker, or a supervisor of ``--workers`` workers."""
-    args = parser().parse_args(argv)
+    cli = parser()
+    args = cli.parse_args(argv)
+    check_tls_arguments(cli, args)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     # In a fleet the workers share through Redis, so the supervisor needs no authority.
     hub = None if args.cluster else (lambda: authority_hub(args))

@@ -11,10 +11,11 @@ from __future__ import annotations
 from collections.abc import Collection, Hashable
 from typing import Generic, Protocol, TypeVar
 
+from .budget import SUBSCRIBER_BYTES, TOTAL_BYTES, Offer, SendBudget
 from .encoders import encode_publish
 from .outbox import DEFAULT_MAX_QUEUED, DEFAULT_WINDOW, Message, Outbox
 
-__all__ = ["Broker", "Subscriber", "Subscriptions", "matches_any", "topic_matches"]
+__all__ = ["MAX_QUEUED", "Broker", "Subscriber", "Subscriptions", "matches_any", "topic_matches"]
 
 K = TypeVar("K", bound=Hashable)
 
@@ -119,9 +120,15 @@ class Subscriber(Hashable, Protocol):
     held: Outbox | None
     """Its QoS 1 and 2 messages in flight and queued (made on the first one)."""
 
-    def push(self, data: bytes, limit: int, *, held: bool = False) -> bool:
-        """Queue ``data`` to be written; False if it was dropped (more than ``limit``
-        queued). ``held`` bytes are never dropped: the outbox already bounds them."""
+    def push(self, data: bytes, *, held: bool = False) -> None:
+        """Queue ``data`` to be written (the broker's budget already let it in).
+        ``held``: it may come before any subscription (a resumed session's resends)."""
+
+    def queued(self) -> int:
+        """Bytes queued for the socket and not yet taken by the kernel."""
+
+    def overflow(self, detail: str) -> None:
+        """It fell too far behind what it is sent: end its connection (send-overflow)."""
 
     def may_read(self, topic: str) -> bool:
         """Whether access rules let a message on ``topic`` reach this subscriber."""
@@ -130,33 +137,56 @@ class Subscriber(Hashable, Protocol):
 S = TypeVar("S", bound=Subscriber)
 
 
+MAX_QUEUED = "max-queued"
+"""Why a QoS 1 or 2 message was dropped: its subscriber's outbox queue was full."""
+
+
 class Broker(Generic[S]):
     """This process's subscribers: who gets a message, encoded once, queued per subscriber.
 
     Writing the queues out is the server's job (a writer task per subscriber, or
     the dense engine's write queue); the broker only decides and queues, so it
-    stays free of I/O. QoS 0 messages beyond ``outbox_limit`` queued for one
-    subscriber are dropped; QoS 1 and 2 go through the subscriber's outbox, whose
-    window and queue bounds (``window``, ``max_queued``) hold them until acknowledged.
-    Both kinds of loss are counted.
+    stays free of I/O. What is queued for subscribers' sockets is bounded in bytes
+    by ``budget`` (per subscriber and per worker, :mod:`.budget`): QoS 0 messages
+    beyond are dropped, and a subscriber too far behind is cut off. QoS 1 and 2 go
+    through the subscriber's outbox, whose window and queue bounds (``window``,
+    ``max_queued``) hold them until acknowledged; what an outbox releases, and the
+    replies to a client's own packets, are never dropped. Every loss is counted, by
+    reason (:attr:`dropped_by`).
     """
 
     def __init__(
         self,
         max_qos: int,
-        outbox_limit: int = 50_000,
+        budget: SendBudget[S],
         window: int = DEFAULT_WINDOW,
         max_queued: int = DEFAULT_MAX_QUEUED,
     ) -> None:
         self.subscriptions: Subscriptions[S] = Subscriptions(max_qos=max_qos)
-        self.outbox_limit = outbox_limit
+        self.budget = budget
         self.window = window
         self.max_queued = max_queued
         self.delivered = 0
-        self.dropped = 0
         self.denied = 0
+        self.held_dropped = 0
+        """QoS 1 and 2 messages dropped: the subscriber's outbox queue was full."""
         self.checks_reads = False
         """Ask each subscriber whether it may read a message's topic (an ACL is in force)."""
+
+    @property
+    def dropped(self) -> int:
+        """Messages dropped, whatever the reason."""
+        return self.held_dropped + sum(self.budget.dropped.values())
+
+    @property
+    def dropped_by(self) -> dict[str, int]:
+        """Messages dropped, by reason: the subscriber's bytes, the worker's bytes, a full outbox."""
+        dropped = self.budget.dropped
+        return {
+            SUBSCRIBER_BYTES: dropped[SUBSCRIBER_BYTES],
+            TOTAL_BYTES: dropped[TOTAL_BYTES],
+            MAX_QUEUED: self.held_dropped,
+        }
 
     def deliver(self, topic: str, payload: bytes, qos: int, retain: bool = False) -> int:
         """Queue a message for every local subscriber of ``topic``; returns how many.
@@ -194,14 +224,34 @@ class Broker(Generic[S]):
         lost = box.dropped
         self.write(sub, box.push(message))
         if box.dropped != lost:
-            self.dropped += 1
+            self.held_dropped += 1
 
     def write(self, sub: S, packets: list[bytes]) -> None:
-        """Queue packets an outbox released (never dropped: the outbox bounds them)."""
+        """Queue packets that must not be dropped: what an outbox released (it bounds
+        those), or replies to the client's own packets. One that would take the
+        subscriber past its hard cap cuts it off instead."""
+        budget = self.budget
         for data in packets:
-            sub.push(data, self.outbox_limit, held=True)
+            if budget.offer(sub, sub.queued(), len(data), held=True) is not Offer.QUEUE:
+                break
+            sub.push(data, held=True)
+            budget.settle(sub, sub.queued())
+        if budget.cutting:
+            self._cut()
 
     def enqueue(self, sub: S, data: bytes) -> None:
-        """Queue bytes for one subscriber."""
-        if not sub.push(data, self.outbox_limit):
-            self.dropped += 1
+        """Queue a QoS 0 message for one subscriber, if its budget and the worker's allow."""
+        budget = self.budget
+        if budget.offer(sub, sub.queued(), len(data)) is Offer.QUEUE:
+            sub.push(data)
+            budget.settle(sub, sub.queued())
+        elif budget.cutting:
+            self._cut()
+
+    def forget(self, sub: S) -> None:
+        """The subscriber's connection ended: what was queued for it no longer counts."""
+        self.budget.forget(sub)
+
+    def _cut(self) -> None:
+        for sub, detail in self.budget.take_cut():
+            sub.overflow(detail)

@@ -15,6 +15,7 @@ import trio
 
 import idlekeeper
 
+from .budget import CONGESTED_BYTES
 from .encoders import encode_pingresp
 from .packets import PINGREQ_WIRE, Packet, ProtocolError
 from .persistent import Opened
@@ -33,11 +34,6 @@ from .session import (
 
 __all__ = ["DenseConnection", "serve_dense"]
 
-# Bytes queued for one subscriber beyond which new messages are dropped (counted),
-# as Mosquitto's max_queued_bytes does; its send timeout ends it if it never reads.
-OUTBOX_BYTES = 16 * 1024 * 1024
-# Bulk sends (retained messages for a new subscription) wait while this much is queued.
-CONGESTED_BYTES = 256 * 1024
 _PINGRESP = encode_pingresp()
 
 
@@ -194,6 +190,9 @@ class DenseConnection(Connection, idlekeeper.Protocol):
         pending, which for every idle device of a million is a cost for nothing."""
         if not self.has_subscribed:
             self.stream.send_timeout = None
+        else:
+            # The transport drained without a push: the worker's byte total learns it now.
+            self.server.broker.budget.settle(self, self.stream.get_write_buffer_size())
 
     # -- as a subscriber -------------------------------------------------------------
 
@@ -210,15 +209,16 @@ class DenseConnection(Connection, idlekeeper.Protocol):
         """More than the transport's high-water mark is queued."""
         return self.stream.get_write_buffer_size() > CONGESTED_BYTES
 
-    def push(self, data: bytes, limit: int, *, held: bool = False) -> bool:
-        """Queue on the transport; beyond :data:`OUTBOX_BYTES` queued a QoS 0 message is dropped."""
+    def push(self, data: bytes, *, held: bool = False) -> None:
+        """Queue on the transport, behind the replies already there (the broker's
+        budget bounds what is queued)."""
         stream = self.stream
-        if stream.is_closing():
-            return True
-        if not held and stream.get_write_buffer_size() > OUTBOX_BYTES:
-            return False
-        stream.write(data)
-        return True
+        if not stream.is_closing():
+            stream.write(data)
+
+    def queued(self) -> int:
+        """Bytes on the transport's queue (replies included), not yet taken by the kernel."""
+        return self.stream.get_write_buffer_size()
 
 
 async def serve_dense(

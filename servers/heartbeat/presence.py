@@ -57,6 +57,8 @@ class Offline(str, enum.Enum):
     """Its TCP connection ended (EOF or reset) without DISCONNECT."""
     SEND_TIMEOUT = "send-timeout"
     """It stopped reading what the server sends it (a stalled subscriber)."""
+    SEND_OVERFLOW = "send-overflow"
+    """It fell too far behind what it is sent: past its byte bound for too long or by too much."""
     REFUSED = "refused"
     """CONNECT was refused (bad credentials, client id, connection cap)."""
     WORKER_LOST = "worker-lost"
@@ -97,6 +99,9 @@ class PresenceEvent:
     """The keep-alive the device asked for (after the server's cap), in seconds."""
     claimed_client_id: str = ""
     """A refusal's client id, as the refused CONNECT asked for it: a claim, not the device."""
+    username: str = ""
+    """The identity of the session's client certificate (its CN), when clients are
+    identified by certificate (``--use-identity-as-username``); empty otherwise."""
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict."""
@@ -119,6 +124,8 @@ class PresenceEvent:
             out["keep_alive"] = self.keep_alive
         if self.claimed_client_id:
             out["claimed_client_id"] = self.claimed_client_id
+        if self.username:
+            out["username"] = self.username
         return out
 
     @classmethod
@@ -138,6 +145,7 @@ class PresenceEvent:
             node=str(data.get("node", "")),
             keep_alive=int(data.get("keep_alive", 0)),
             claimed_client_id=str(data.get("claimed_client_id", "")),
+            username=str(data.get("username", "")),
         )
 
     def payload(self) -> bytes:

@@ -355,7 +355,11 @@ class PacketReader:
         try:
             out, pos = self._scan(src)
         except ProtocolError as exc:
-            self._error = exc  # the buffer is already empty: its bytes moved into src
+            # Kept without its traceback: the traceback's frames hold this reader, and
+            # the cycle would outlive the connection once gc.freeze() (servers.gcpolicy)
+            # had moved the reader out of the collector's sight. (The buffer is already
+            # empty: its bytes moved into src.)
+            self._error = ProtocolError(exc.reason, exc.connack_code, exc.detail)
             raise
         if pos < len(src):
             buf += memoryview(src)[pos:]

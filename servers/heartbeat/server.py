@@ -23,6 +23,7 @@ import itertools
 import logging
 import math
 import os
+import select
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -37,6 +38,7 @@ from ..prometheus import Families, Metric, render, worker_registry
 from .acl import AclFile, AclFileError
 from .auth import AuthResult, PasswordFile
 from .broker import Broker
+from .budget import DEFAULT_MAX_OUTBOX_BYTES, DEFAULT_MAX_SUBSCRIBER_BYTES, SendBudget
 from .coordination import Coordinator
 from .coordination.authority import epoch_of
 from .coordination.inprocess import InProcessCoordinator
@@ -61,6 +63,7 @@ from .session import (
     Session,
     State,
 )
+from .throttle import Admission, AuthGate, Hold, ThrottlePolicy, source_key
 
 __all__ = ["Connection", "Exchange", "HeartbeatConfig", "HeartbeatServer", "mqtt_state"]
 
@@ -84,8 +87,8 @@ REFUSALS = {
 # A refused or misbehaving client gets this long to read its CONNACK before the close.
 GOODBYE_TIMEOUT = 1.0
 
-# A subscriber that falls this far behind loses its oldest queued messages.
-OUTBOX_LIMIT = 50_000
+# What is queued for subscribers' sockets is bounded in bytes (``max_subscriber_bytes``,
+# ``max_outbox_bytes``): see :mod:`.budget`.
 _WRITE_BATCH = 64 * 1024
 
 
@@ -110,6 +113,10 @@ class HeartbeatConfig(WorkerConfig):
     """QoS 1 and 2 messages queued per client behind those in flight (while it is away, too)."""
     max_queued_bytes: int = DEFAULT_MAX_QUEUED_BYTES
     """Bytes queued per client behind those in flight."""
+    max_subscriber_bytes: int = DEFAULT_MAX_SUBSCRIBER_BYTES
+    """Bytes queued for one subscriber's socket; beyond, its QoS 0 messages are dropped (see :mod:`.budget`)."""
+    max_outbox_bytes: int = DEFAULT_MAX_OUTBOX_BYTES
+    """Bytes queued for all subscribers' sockets in this worker; beyond, QoS 0 messages are dropped."""
     session_expiry: float = DEFAULT_EXPIRY
     """Seconds a persistent session (CleanSession=0) is kept after its client left."""
     retain_presence: bool = True
@@ -125,6 +132,11 @@ class HeartbeatConfig(WorkerConfig):
     max_device_records: int = 1_000_000
     """Presence records kept for /devices; the longest-offline are forgotten first."""
     auth: PasswordFile | None = None
+    auth_throttle: ThrottlePolicy | None = field(default_factory=ThrottlePolicy)
+    """How failed password checks are throttled per source address and per username
+    (see :mod:`.throttle`); None: not at all."""
+    auth_threads: int = 1
+    """Password checks hashed at once, each in a worker thread (the event loop never hashes)."""
     acl: AclFile | None = None
     """Who may subscribe to and publish on what (Mosquitto's ``acl_file`` format); None: anyone."""
     node: str = ""
@@ -139,6 +151,14 @@ class HeartbeatConfig(WorkerConfig):
             raise ValueError(f"max_inflight must be at least 1, not {self.max_inflight}")
         if self.engine not in ENGINES:
             raise ValueError(f"engine must be one of {', '.join(ENGINES)}, not {self.engine!r}")
+        if self.auth_threads < 1:
+            raise ValueError(f"auth_threads must be at least 1, not {self.auth_threads}")
+        if self.max_subscriber_bytes < 1 or self.max_outbox_bytes < 1:
+            raise ValueError("max_subscriber_bytes and max_outbox_bytes must be at least 1")
+        if self.tls is not None and self.engine == "dense":
+            # TLS runs on trio's SSLStream, a stream per connection: the streams engine.
+            logger.warning("TLS is served by the streams engine (a task per connection): engine streams selected")
+            self.engine = "streams"
 
 
 def mqtt_state(config: HeartbeatConfig) -> MqttState:
@@ -251,10 +271,22 @@ class Connection:
         """Whether the client's queue is long enough that bulk sends should wait."""
         raise NotImplementedError
 
-    def push(self, data: bytes, limit: int, *, held: bool = False) -> bool:
-        """Queue a message for the client; False if it was dropped. ``held``: an
-        outbox's packet, never dropped (the outbox bounds those)."""
+    def push(self, data: bytes, *, held: bool = False) -> None:
+        """Queue bytes for the client (the broker's budget let them in). ``held``: they
+        may come before any subscription (a resumed session's resends)."""
         raise NotImplementedError
+
+    def queued(self) -> int:
+        """Bytes queued for the client's socket and not yet taken by the kernel."""
+        raise NotImplementedError
+
+    def overflow(self, detail: str) -> None:
+        """It fell too far behind what it is sent (see :mod:`.budget`): end it with
+        ``send-overflow``, like any other end (one offline event, its Will)."""
+        if self.ended_by is not None or self.finished:
+            return
+        logger.warning("subscriber %s (%s) cut off: send-overflow, %s", self.peer, self.session.client_id, detail)
+        self.end(Offline.SEND_OVERFLOW)
 
     def may_read(self, topic: str) -> bool:
         """Whether the ACL lets a message on ``topic`` reach this client."""
@@ -263,6 +295,29 @@ class Connection:
 
     def stop_writing(self) -> None:
         """The connection ended: stop whatever sends its queue."""
+
+
+def source_of(stream: idlekeeper.Watch) -> str:
+    """The client's address, without the port (``?`` if unknown)."""
+    try:
+        return str(stream.socket.getpeername()[0])  # type: ignore[union-attr]
+    except (OSError, AttributeError, IndexError):
+        return "?"
+
+
+def peer_closed(stream: idlekeeper.Watch) -> bool:
+    """Whether the client has closed its side (a FIN or a reset is waiting), without
+    reading: a password check queued for a client that gave up is not worth hashing."""
+    sock = stream.socket
+    flags = getattr(select, "POLLRDHUP", 0)
+    if sock is None or not flags or not hasattr(select, "poll"):
+        return False
+    poller = select.poll()
+    try:
+        poller.register(sock.fileno(), flags)
+    except (OSError, ValueError):
+        return True
+    return bool(poller.poll(0))
 
 
 def peer_of(stream: idlekeeper.Watch) -> str:
@@ -304,10 +359,23 @@ class HeartbeatServer:
         )
         self.online: dict[str, Connection] = {}
         self.connections: set[Connection] = set()
-        self.broker: Broker[Connection] = Broker(config.max_qos, OUTBOX_LIMIT, config.max_inflight, config.max_queued)
+        budget: SendBudget[Connection] = SendBudget(
+            lambda conn: conn.queued(),
+            trio.current_time,
+            config.max_subscriber_bytes,
+            config.max_outbox_bytes,
+            grace=config.send_timeout,
+        )
+        self.broker: Broker[Connection] = Broker(config.max_qos, budget, config.max_inflight, config.max_queued)
         self.broker.checks_reads = config.acl is not None
         self.offline_by_reason: collections.Counter[str] = collections.Counter()
         self.counters: collections.Counter[str] = collections.Counter()
+        self.auth_gate = AuthGate(config.auth_throttle) if config.auth_throttle is not None else None
+        """Failed password checks per source address and per username, and their delays."""
+        # Checks wait their turn here; the second limiter only gives the threads their
+        # own pool (never contended: the first admits as many).
+        self.auth_turns = trio.CapacityLimiter(config.auth_threads)
+        self._auth_threads = trio.CapacityLimiter(config.auth_threads)
         self.port = 0
         self._announced: set[str] = set()
         self._epochs = itertools.count(1)
@@ -360,13 +428,33 @@ class HeartbeatServer:
         """The slow part of admission: the password check, then (CleanSession=0) the
         stored session from the coordinator. Returns the refusal CONNACK, or the session
         to resume (None for a clean one); then :meth:`admit`."""
-        refusal = self.admission(conn, request, await self.authenticate(request))
+        if self.identified_by_certificate:
+            # The certificate was the credential, checked at the handshake (Mosquitto's
+            # use_identity_as_username: no password file); without a CN, no username.
+            code = 0 if self.username(conn, request) is not None else 4
+        else:
+            code = await self.authenticate(conn, request)
+        refusal = self.admission(conn, request, code)
         if refusal is not None or request.clean_session:
             return refusal, None
-        opened = await self.coordinator.open_session(request.client_id, request.username)
+        opened = await self.coordinator.open_session(request.client_id, self.username(conn, request))
         if opened is None:
             return self._refuse(conn, 3), None  # rather than a new session that loses the stored one
         return None, opened
+
+    @property
+    def identified_by_certificate(self) -> bool:
+        """Clients are named by their TLS certificate's CN (``--use-identity-as-username``)."""
+        tls = self.config.tls
+        return tls is not None and tls.use_identity_as_username
+
+    def username(self, conn: Connection, request: Accept) -> str | None:
+        """Who the client is, for ACLs and presence: its certificate's CN when clients
+        are identified by certificate (the CONNECT's username is then ignored), else
+        the CONNECT's username."""
+        if self.identified_by_certificate:
+            return idlekeeper.peer_common_name(conn.stream.stream)
+        return request.username
 
     def admit(self, conn: Connection, request: Accept, opened: Opened | None = None) -> bytes:
         """Make ``conn`` the device's session; returns the CONNACK to send.
@@ -384,7 +472,7 @@ class HeartbeatServer:
         self.online[request.client_id] = conn
         if cfg.acl is not None:
             # Read from the config on every check, so a reload (SIGHUP) applies at once.
-            conn.session.permissions = ClientRules(self, request.username, request.client_id)
+            conn.session.permissions = ClientRules(self, self.username(conn, request), request.client_id)
         stream = conn.stream
         keep_alive = min(request.keep_alive, cfg.max_keepalive) if request.keep_alive else 0
         stream.receive_timeout = 1.5 * keep_alive if keep_alive else cfg.max_idle
@@ -392,7 +480,11 @@ class HeartbeatServer:
         # reading it, so a later session always carries a later time (the registry
         # orders crossing claims by it).
         conn.online = self._event(
-            conn, "online", None, epoch=epoch_of(cfg.worker, self._pid, next(self._epochs), cfg.node)
+            conn,
+            "online",
+            None,
+            epoch=epoch_of(cfg.worker, self._pid, next(self._epochs), cfg.node),
+            username=(self.username(conn, request) or "") if self.identified_by_certificate else "",
         )
         if opened is None:
             self.coordinator.discard_session(request.client_id)
@@ -407,14 +499,22 @@ class HeartbeatServer:
             return []
         return [AddSubscription(topic_filter, qos) for topic_filter, qos in opened.subscriptions.items()]
 
-    def announce(self, conn: Connection) -> None:
-        """The CONNACK of an admitted session is out: the coordinator ends the device's
-        session on any other worker or gateway and publishes it online."""
+    def announce(self, conn: Connection, *, attach: bool = True) -> None:
+        """Publish an admitted session online: the coordinator ends the device's
+        session on any other worker or gateway. Call it before anything can end the
+        session (a takeover must find it announced, or its offline event is lost).
+        With ``attach`` (its CONNACK is out) it also :meth:`attach`-es."""
         online = conn.online
         assert online is not None
         self.coordinator.online(online)
-        if conn.persistent:
-            # Resends and what queued while it was away come after the CONNACK.
+        if attach:
+            self.attach(conn)
+
+    def attach(self, conn: Connection) -> None:
+        """The CONNACK is out: a persistent session's resends and what queued while it
+        was away may follow it (not if the session ended meanwhile)."""
+        online = conn.online
+        if conn.persistent and online is not None and not conn.finished:
             self.coordinator.session(Attach(online.client_id or "", online.epoch))
 
     def published(self, message: Route) -> None:
@@ -427,6 +527,8 @@ class HeartbeatServer:
 
     def subscribed(self, conn: Connection, effect: AddSubscription) -> None:
         """The client subscribed: from now on it is sent what matches (within ``send_timeout``)."""
+        if conn.finished:
+            return  # its end has been dealt with: nothing would ever drop this subscription
         self.broker.subscriptions.subscribe(conn, effect.topic_filter, effect.qos)
         conn.stream.send_timeout = self.config.send_timeout
         if conn.persistent:
@@ -510,16 +612,74 @@ class HeartbeatServer:
         logger.warning("ACL file reloaded: %d rules", len(self.config.acl.rules))
         return True
 
-    async def authenticate(self, request: Accept) -> int:
-        """The password check, in a worker thread (it is slow on purpose); 0 if accepted."""
+    async def authenticate(self, conn: Connection, request: Accept) -> int:
+        """The password check; 0 if accepted, else the CONNACK refusal code.
+
+        Credentials verified before are accepted without hashing (the file's cache);
+        others are hashed in a worker thread, ``auth_threads`` at a time, so the event
+        loop never hashes. The throttle (:mod:`.throttle`) refuses, unchecked and with
+        the same code as a wrong password, what comes from a source address or for a
+        username that failed too often; it is asked again when a queued check's turn
+        comes, so a burst queued before the first failures were counted is not hashed
+        either, nor is the check of a client that has hung up meanwhile.
+        """
         auth = self.config.auth
         if auth is None:
             return 0
-        result = await trio.to_thread.run_sync(auth.check, request.username, request.password)
-        if result is AuthResult.ACCEPTED:
+        username, password = request.username, request.password
+        if username is None:
+            self.counters["auth_failures"] += 1
+            return int(AuthResult.NOT_AUTHORIZED)
+        source = source_key(source_of(conn.stream))
+        verdict = self._admit_credentials(source, username, password)
+        if verdict is not None:
+            return verdict
+        gate = self.auth_gate
+        async with self.auth_turns:
+            verdict = self._admit_credentials(source, username, password)
+            if verdict is not None:
+                return verdict
+            if peer_closed(conn.stream):
+                self.counters["auth_abandoned"] += 1
+                return int(AuthResult.BAD_CREDENTIALS)
+            hold = gate.begin(source, username, trio.current_time()) if gate is not None else Hold(False, False)
+            self.counters["auth_checks"] += 1
+            try:
+                result = await trio.to_thread.run_sync(auth.verify, username, password, limiter=self._auth_threads)
+            except BaseException:
+                if gate is not None:
+                    gate.abandon(source, username, hold)
+                raise
+        accepted = result is AuthResult.ACCEPTED
+        if gate is not None:
+            gate.outcome(source, username, trio.current_time(), accepted, hold)
+        if accepted:
             return 0
         self.counters["auth_failures"] += 1
+        if gate is not None:
+            now = trio.current_time()
+            delay = max(gate.sources.wait(source, now), gate.users.wait(username, now))
+            if delay > 0:
+                logger.info("password of %r from %s refused: more checks wait %.1f s", username, source, delay)
         return int(result)
+
+    def _admit_credentials(self, source: str, username: str, password: bytes | None) -> int | None:
+        """Before hashing: 0 to accept (verified before), a refusal code (throttled), or
+        None to check the password."""
+        auth = self.config.auth
+        assert auth is not None
+        known = auth.cached(username, password)
+        gate = self.auth_gate
+        verdict = (
+            Admission.CHECK if gate is None else gate.admit(source, username, trio.current_time(), known_good=known)
+        )
+        if known and verdict is not Admission.REFUSE_SOURCE:
+            self.counters["auth_cache_hits"] += 1
+            return 0
+        if verdict is Admission.CHECK:
+            return None
+        self.counters["auth_throttled"] += 1
+        return int(AuthResult.BAD_CREDENTIALS)
 
     def reason(self, conn: Connection, outcome: Offline | None) -> Offline:
         """Why a connection ended: who ended it, else which deadline, else ``outcome``."""
@@ -563,6 +723,7 @@ class HeartbeatServer:
         conn.finished = True
         self.connections.discard(conn)
         conn.stop_writing()
+        self.broker.forget(conn)
         if self.broker.subscriptions.has(conn):
             self.broker.subscriptions.drop(conn)
             self._announce()
@@ -582,7 +743,7 @@ class HeartbeatServer:
         if was_online and conn.online is not None and conn.persistent and client_id is not None:
             self.coordinator.session(Detach(client_id, conn.online.epoch))
         if was_online and conn.online is not None:
-            event = self._event(conn, "offline", reason, detail, epoch=conn.online.epoch)
+            event = self._event(conn, "offline", reason, detail, epoch=conn.online.epoch, username=conn.online.username)
             # Exactly once, fleet-wide: the coordinator drops it if the session was already ended.
             self.coordinator.offline(event, forget=session.assigned)
         elif reason is Offline.REFUSED:
@@ -601,7 +762,13 @@ class HeartbeatServer:
         return dataclasses.replace(event, client_id=None, claimed_client_id=claimed)
 
     def _event(
-        self, conn: Connection, status: str, reason: Offline | None, detail: str = "", epoch: str = ""
+        self,
+        conn: Connection,
+        status: str,
+        reason: Offline | None,
+        detail: str = "",
+        epoch: str = "",
+        username: str = "",
     ) -> PresenceEvent:
         cfg = self.config
         return PresenceEvent(
@@ -616,6 +783,7 @@ class HeartbeatServer:
             epoch=epoch,
             node=cfg.node,
             keep_alive=conn.session.keep_alive,
+            username=username,
         )
 
     # -- the coordinator's host -------------------------------------------------------------
@@ -715,16 +883,59 @@ class HeartbeatServer:
         """Prometheus exposition text for this worker: its figures, its keeper's, its process's."""
         return render(self._registry)
 
+    def _auth_figures(self, f: Families) -> None:
+        if self.config.auth is None:
+            return
+        f.gauge(
+            "heartbeat_auth_queue",
+            "Password checks waiting for a thread (--auth-threads).",
+            self.auth_turns.statistics().tasks_waiting,
+        )
+        gate = self.auth_gate
+        if gate is None:
+            return
+        now = trio.current_time()
+        for kind, throttle in (("source", gate.sources), ("user", gate.users)):
+            delayed, longest = throttle.delayed(now)
+            f.gauge(f"heartbeat_auth_delayed_{kind}s", f"{kind.capitalize()} keys whose delay runs now.", delayed)
+            f.gauge(f"heartbeat_auth_{kind}_delay_seconds", f"The longest delay a {kind} key has left.", longest)
+            f.gauge(
+                f"heartbeat_auth_tracked_{kind}s", f"{kind.capitalize()} keys with failures remembered.", len(throttle)
+            )
+
     def figures(self) -> list[Metric]:
         """This worker's live presence figures, as Prometheus families."""
         f = Families({"worker": str(self.config.worker)})
         f.gauge("heartbeat_devices_online", "Devices with a live, accepted MQTT connection.", len(self.online))
         f.gauge("heartbeat_connections", "Open client connections, handshaking ones included.", len(self.connections))
         f.counter("heartbeat_messages_out_total", "Messages delivered to subscribers.", self.broker.delivered)
-        f.counter(
+        f.counter_by(
             "heartbeat_messages_dropped_total",
-            "Messages dropped for subscribers that fell too far behind.",
-            self.broker.dropped,
+            "Messages dropped for subscribers, by reason: subscriber-bytes and total-bytes (QoS 0 beyond "
+            "--max-subscriber-bytes or --max-outbox-bytes), max-queued (QoS 1/2 beyond the outbox's queue).",
+            "reason",
+            self.broker.dropped_by,
+        )
+        budget = self.broker.budget
+        f.gauge(
+            "heartbeat_outbox_bytes",
+            "Bytes queued for subscribers' sockets in this worker (at most; exact after a recount).",
+            budget.total,
+        )
+        f.gauge(
+            "heartbeat_outbox_bytes_peak",
+            "The most bytes queued for subscribers' sockets at once.",
+            budget.peak_total,
+        )
+        f.gauge(
+            "heartbeat_subscriber_bytes_peak",
+            "The most bytes queued for one subscriber's socket.",
+            budget.peak_subscriber,
+        )
+        f.gauge(
+            "heartbeat_subscribers_behind",
+            "Subscribers losing messages with over half their bound queued.",
+            budget.behind,
         )
         f.counter(
             "heartbeat_denied_deliveries_total",
@@ -739,6 +950,7 @@ class HeartbeatServer:
         )
         for name, help_text in _COUNTERS:
             f.counter(f"heartbeat_{name}_total", help_text, self.counters.get(name, 0))
+        self._auth_figures(f)
         engine = self.engine
         if engine is not None:
             f.counter("heartbeat_engine_passes_total", "Passes of the dense engine's loop.", engine.passes)
@@ -760,7 +972,11 @@ _COUNTERS: Iterable[tuple[str, str]] = (
     ("packets_in", "MQTT control packets received."),
     ("messages_in", "PUBLISH messages received and routed."),
     ("protocol_errors", "Connections closed for violating MQTT 3.1.1."),
-    ("auth_failures", "CONNECTs refused for bad or missing credentials."),
+    ("auth_failures", "CONNECTs refused for bad or missing credentials (after a check)."),
+    ("auth_throttled", "CONNECTs refused unchecked: their source address or username failed too often."),
+    ("auth_checks", "Passwords hashed (each in a worker thread)."),
+    ("auth_cache_hits", "CONNECTs accepted without hashing: credentials verified before."),
+    ("auth_abandoned", "Password checks skipped: the client hung up while its check waited its turn."),
     ("refused_capacity", "CONNECTs refused because the worker was at its connection cap."),
     ("wills_published", "Will messages published for devices that died."),
     ("denied_publishes", "PUBLISHes dropped: the ACL (or the presence prefix) does not let the client write there."),

@@ -17,6 +17,7 @@ import trio
 
 import idlekeeper
 
+from .budget import CONGESTED_BYTES
 from .packets import ProtocolError
 from .presence import Offline
 from .reader import PacketReader
@@ -33,15 +34,12 @@ from .session import (
 
 __all__ = ["StreamConnection", "serve_streams"]
 
-# Bulk sends (retained messages for a new subscription) wait while this many are queued.
-CONGESTED_MESSAGES = 1000
-
 
 class StreamConnection(Connection):
     """A connection served by a task of its own over a watched stream; a
     subscriber gets a writer task that sends its queue."""
 
-    __slots__ = ("outbox", "server", "wake", "writer")
+    __slots__ = ("outbox", "pending", "server", "wake", "writer")
     stream: idlekeeper.WatchedStream
 
     def __init__(self, server: HeartbeatServer, stream: idlekeeper.WatchedStream) -> None:
@@ -49,6 +47,8 @@ class StreamConnection(Connection):
         super().__init__(stream, peer_of(stream), Session(max_qos=cfg.max_qos, presence_prefix=cfg.presence_prefix))
         self.server = server
         self.outbox: collections.deque[bytes] | None = None
+        self.pending = 0
+        """Bytes in the outbox and in the batch being sent."""
         self.wake: trio.Event | None = None
         self.writer: trio.CancelScope | None = None
 
@@ -63,23 +63,25 @@ class StreamConnection(Connection):
 
     def congested(self) -> bool:
         """The writer has a backlog (bulk sends wait for it)."""
-        return self.outbox is not None and len(self.outbox) > CONGESTED_MESSAGES
+        return self.pending > CONGESTED_BYTES
 
-    def push(self, data: bytes, limit: int, *, held: bool = False) -> bool:
-        """Queue for the writer task; past ``limit`` messages a QoS 0 message is dropped
-        (the newest, as on the dense engine: the queue may hold packets an outbox
-        counts on)."""
+    def push(self, data: bytes, *, held: bool = False) -> None:
+        """Queue for the writer task (the broker's budget bounds what is queued)."""
+        if self.ended_by is not None:
+            return  # being closed (cut off, taken over): nobody will send it
         outbox = self.outbox
         if outbox is None:
             if not held:
-                return True
+                return
             outbox = self._start_writer()  # a resumed session's resends before any SUBSCRIBE
-        if not held and len(outbox) >= limit:
-            return False
         outbox.append(data)
+        self.pending += len(data)
         if self.wake is not None:
             self.wake.set()
-        return True
+
+    def queued(self) -> int:
+        """Bytes queued for the writer and being sent (none once the connection is being closed)."""
+        return 0 if self.ended_by is not None else self.pending
 
     def stop_writing(self) -> None:
         """Cancel the writer task, if there is one."""
@@ -121,6 +123,11 @@ class StreamConnection(Connection):
             server.ended(self, server.reason(self, outcome), detail)
 
     async def _apply(self, effect: object) -> None:
+        if self.finished:
+            # Ended from outside (a takeover) while this task was at an await: the rest
+            # of what it had read is not the device's any more; a SUBSCRIBE applied now
+            # would leave a dead subscriber in the broker.
+            return
         server = self.server
         if isinstance(effect, Send):
             await self._send(effect.data)
@@ -144,10 +151,16 @@ class StreamConnection(Connection):
         if refusal is not None:
             await self._goodbye(refusal)
             return
-        await self._send(server.admit(self, request, opened))
+        connack = server.admit(self, request, opened)
+        # Announced before the CONNACK's send yields: a takeover during the send would
+        # otherwise end a session nobody had heard of, and neither event would be told.
+        server.announce(self, attach=False)
+        await self._send(connack)
+        if self.finished:
+            return
         for effect in server.restored(opened):
             await self._apply(effect)
-        server.announce(self)
+        server.attach(self)
 
     async def _goodbye(self, connack: bytes) -> None:
         """Send a refusal, briefly: a refused client must not hold its connection open."""
@@ -157,7 +170,8 @@ class StreamConnection(Connection):
 
     async def _send(self, data: bytes) -> None:
         if self.outbox is not None:
-            self.server.broker.enqueue(self, data)
+            # A reply (PINGRESP, SUBACK, PUBACK...) behind the subscriber's queue: never dropped.
+            self.server.broker.write(self, [data])
         else:
             await self.stream.send_all(data)
 
@@ -173,6 +187,7 @@ class StreamConnection(Connection):
         outbox = self.outbox
         assert outbox is not None and self.writer is not None
         stream = self.stream
+        budget = self.server.broker.budget
         with self.writer:
             try:
                 while True:
@@ -187,6 +202,8 @@ class StreamConnection(Connection):
                         batch.append(item)
                         size += len(item)
                     await stream.send_all(b"".join(batch))
+                    self.pending -= size
+                    budget.settle(self, self.queued())
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 pass
 
@@ -203,9 +220,17 @@ async def serve_streams(
     async def handle(stream: idlekeeper.WatchedStream) -> None:
         await StreamConnection(server, stream).serve()
 
+    tls = server.config.tls
     with accepting:
         await idlekeeper.serve_listeners(
-            handle, listeners, keeper=server.keeper, handler_nursery=server.nursery, task_status=task_status
+            handle,
+            listeners,
+            keeper=server.keeper,
+            handler_nursery=server.nursery,
+            task_status=task_status,
+            # MQTT over TLS (8883): the handshake first, under its own deadline; CONNECT's follows.
+            ssl_context=None if tls is None else tls.context(),
+            handshake_timeout=idlekeeper.DEFAULT_HANDSHAKE_TIMEOUT if tls is None else tls.handshake_timeout,
         )
     for listener in listeners:  # refuse new connections at once, not after the shutdown
         await listener.aclose()

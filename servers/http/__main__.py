@@ -13,13 +13,15 @@ from ..config import add_worker_arguments
 from ..listeners import open_listeners
 from ..prometheus import render, worker_registry
 from ..readiness import Ready
+from ..tls import add_tls_arguments, check_tls_arguments
 from .builtin import builtin_app
 from .server import HttpConfig, HttpServer, serve_http
 
 DESCRIPTION = """\
 HTTP/1.1 server on h11 and trio. Every timeout is kept by idlekeeper's timing
 wheel and one reaper task per worker: no cancel scope or timer per request.
-Serves the built-in app: /, /healthz, /metrics, /echo (POST a body), /download?size=N."""
+Serves the built-in app: /, /healthz, /metrics, /echo (POST a body), /download?size=N.
+With --tls-cert and --tls-key it serves HTTPS."""
 
 
 def parser() -> argparse.ArgumentParser:
@@ -37,6 +39,7 @@ def parser() -> argparse.ArgumentParser:
     a("--max-body-size", type=int, default=16 * 1024 * 1024, help="bytes of request body (413 beyond; 16 MiB)")
     a("--max-connections", type=int, default=16_000, help="connections per worker; beyond it 503 (default 16000)")
     a("--grace", type=float, default=10.0, help="seconds requests in flight get at shutdown (default: 10)")
+    add_tls_arguments(p, client_certificates=False)
     return p
 
 
@@ -80,7 +83,9 @@ async def run_worker(args: argparse.Namespace, worker: int, reuse_port: bool) ->
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point: a single worker, or a supervisor of ``--workers`` workers."""
-    args = parser().parse_args(argv)
+    cli = parser()
+    args = cli.parse_args(argv)
+    check_tls_arguments(cli, args)
     return runner.main("servers.http", args, argv, run_worker, grace=args.grace + 5)
 
 

@@ -44,7 +44,10 @@ async def linger(conn: idlekeeper.WatchedStream, seconds: float = 1.0, limit: in
     reset can destroy the error response before the client reads it."""
     with trio.move_on_after(seconds):
         try:
-            await conn.send_eof()
+            # TLS has no half-close (trio's SSLStream cannot send_eof): the response's
+            # Content-Length and "Connection: close" tell the client it is complete.
+            if isinstance(conn.transport_stream, trio.abc.HalfCloseableStream):
+                await conn.send_eof()
             drained = 0
             while drained < limit:
                 data = await conn.receive_some(65536)

@@ -17,6 +17,10 @@ response              ``send_timeout`` without write progress     close
 ``max_connection_age`` and ``max_requests`` end a connection politely: the next
 response carries ``Connection: close``.
 
+With ``config.tls`` the server speaks HTTPS: the TLS handshake comes before all of
+the above, under ``tls.handshake_timeout`` from accept (see :mod:`idlekeeper.tls`),
+and every phase's deadline then works as over plain TCP.
+
 Requests whose framing is ambiguous (RFC 9112 §6.3: ``Content-Length`` beside
 ``Transfer-Encoding``, differing lengths, a last coding other than chunked) get 400,
 any major version but 1 gets 505, and a malformed chunked body gets 400 whether or
@@ -44,13 +48,22 @@ from ..prometheus import Families, Metric
 from .app import App, BodyTooLarge, Request, Response
 from .errors import send_error
 
-__all__ = ["HttpConfig", "HttpServer", "serve_http"]
+__all__ = ["ClientGone", "HttpConfig", "HttpServer", "serve_http"]
 
 logger = logging.getLogger("servers.http")
 
 TIMEOUT_LINGER = 0.25
 """Seconds a connection cut for a header or body timeout lingers after its 408:
 enough for the bytes in flight to drain, not enough to be worth attacking."""
+
+
+class ClientGone(trio.BrokenResourceError):
+    """The client reset or closed its connection while the app was reading the body.
+
+    Raised through the app's body iterator so that the server can tell it from an
+    error of the app's own (which is a 500 and a traceback); anywhere else it ends
+    the connection quietly, as any broken stream does.
+    """
 
 
 @dataclass
@@ -220,6 +233,9 @@ class HttpServer:
             except h11.RemoteProtocolError as exc:
                 await _refuse(stream, exc.error_status_hint, f"bad request body: {exc}")
                 return
+            except ClientGone:
+                logger.info("http: client went away while %s %s read its body", request.method, target)
+                return
             except Exception:
                 logger.exception("http app raised on %s %s", request.method, request.target)
                 response = Response(500, [("content-type", "text/plain")], b"internal server error\n")
@@ -259,13 +275,16 @@ class HttpServer:
         while h.their_state is h11.SEND_BODY:
             event = h.next_event()
             if event is h11.NEED_DATA:
-                if h.they_are_waiting_for_100_continue:
-                    # The client holds the body back until it hears 100 Continue (or
-                    # its own timeout); without it both sides wait out body_timeout.
-                    await stream.send_all(h.send(h11.InformationalResponse(status_code=100, headers=[])) or b"")
-                conn.phase = _Phase.BODY  # if the body timeout fires now, the answer is 408
-                stream.receive_timeout = self.config.body_timeout
-                event = await self._next(conn)
+                try:
+                    if h.they_are_waiting_for_100_continue:
+                        # The client holds the body back until it hears 100 Continue (or
+                        # its own timeout); without it both sides wait out body_timeout.
+                        await stream.send_all(h.send(h11.InformationalResponse(status_code=100, headers=[])) or b"")
+                    conn.phase = _Phase.BODY  # if the body timeout fires now, the answer is 408
+                    stream.receive_timeout = self.config.body_timeout
+                    event = await self._next(conn)
+                except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+                    raise ClientGone(f"client went away mid-body: {exc!r}") from exc
                 stream.receive_timeout = None
                 conn.phase = _Phase.APP
             if isinstance(event, h11.Data):
@@ -426,10 +445,23 @@ async def _serve(
         server.port = port_of(listeners)
         bound = listeners
 
+        tls = config.tls
+        # One context per worker: its session cache and loaded certificate are shared.
+        ssl_context = None if tls is None else tls.context()
+
         async def accept() -> None:
             with server.accepting:
                 await idlekeeper.serve_listeners(
-                    server.handle, bound, keeper=keeper, close=False, handler_nursery=nursery
+                    server.handle,
+                    bound,
+                    keeper=keeper,
+                    close=False,
+                    handler_nursery=nursery,
+                    ssl_context=ssl_context,
+                    # HTTP frames its own messages, and clients often close without a
+                    # close_notify: an EOF is an EOF (trio's advice for HTTPS).
+                    https_compatible=True,
+                    handshake_timeout=idlekeeper.DEFAULT_HANDSHAKE_TIMEOUT if tls is None else tls.handshake_timeout,
                 )
             for listener in bound:
                 await listener.aclose()
