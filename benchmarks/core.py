@@ -42,24 +42,16 @@ import trio.testing
 
 import idlekeeper
 from idlekeeper.watch import Watch, WatchedStream
+from loadtest.sampler import cpu_model
 
 # -- helpers --------------------------------------------------------------------
 
 
 def machine() -> dict[str, Any]:
     """What the figures were measured on."""
-    cpu = platform.processor() or "unknown"
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
     return {
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "cpu": cpu,
+        "cpu": cpu_model(),
         "cores": os.cpu_count(),
         "python": platform.python_version(),
         "trio": trio.__version__,

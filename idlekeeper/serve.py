@@ -14,7 +14,7 @@ from typing import NoReturn
 import trio
 
 from .keeper import Keeper
-from .tls import DEFAULT_HANDSHAKE_TIMEOUT, serve_tls
+from .tls import DEFAULT_HANDSHAKE_TIMEOUT, check_handshake_timeout, serve_tls
 from .watch import ExpireHook, WatchedStream
 
 __all__ = ["Handler", "serve_listeners", "serve_tcp"]
@@ -57,6 +57,9 @@ async def serve_listeners(
     ``keeper.stats.handshake_failures``); ``idle``, ``receive`` and ``send`` start when
     it completes. ``https_compatible`` is :class:`trio.SSLStream`'s (True for HTTPS).
     """
+
+    if ssl_context is not None:
+        check_handshake_timeout(handshake_timeout)
 
     async def watched(raw: trio.abc.Stream) -> None:
         try:

@@ -107,6 +107,12 @@ def _peer(stream: trio.abc.Stream) -> str:
     return f"{host}:{port}"
 
 
+def check_handshake_timeout(handshake_timeout: float) -> None:
+    """Refuse a handshake timeout that is not a positive number of seconds."""
+    if not handshake_timeout > 0:
+        raise ValueError(f"handshake_timeout must be a positive number of seconds, not {handshake_timeout!r}")
+
+
 async def serve_tls(
     raw: trio.abc.Stream,
     handler: Callable[[WatchedStream], Awaitable[object]],
@@ -124,12 +130,11 @@ async def serve_tls(
 ) -> None:
     """One accepted connection: the TLS handshake under its own deadline, then ``handler``.
 
-    Used by :func:`~idlekeeper.serve_listeners`; see the module's docs. The caller
+    Used by :func:`~idlekeeper.serve_listeners` (which has checked ``handshake_timeout``
+    with :func:`check_handshake_timeout`); see the module's docs. The caller
     closes ``raw`` afterwards (as :func:`trio.serve_listeners` does); a handshake
     that failed or timed out leaves nothing else to close.
     """
-    if not handshake_timeout > 0:
-        raise ValueError(f"handshake_timeout must be a positive number of seconds, not {handshake_timeout!r}")
     tls = trio.SSLStream(raw, ssl_context, server_side=True, https_compatible=https_compatible)
     stats = keeper.stats
     # Read now: once the keeper has closed the socket, the address is gone.

@@ -40,6 +40,7 @@ import psutil
 
 from .fuzz_judge import Limits, Observation, Verdict, first_fault, judge
 from .fuzz_runner import HTTP_SERVER_ARGS, MQTT_SERVER_ARGS, FuzzOptions, ServerSpec, http_spec, mqtt_spec, run_target
+from .sampler import cpu_model
 
 __all__ = ["main", "machine", "render", "run"]
 
@@ -48,16 +49,8 @@ ENGINES = ("dense", "streams")
 
 def machine() -> dict[str, Any]:
     """What the run ran on, for the record."""
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
     return {
-        "cpu": cpu,
+        "cpu": cpu_model(),
         "cores": os.cpu_count(),
         "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
         "python": platform.python_version(),

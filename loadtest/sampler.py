@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import platform
 import threading
 import time
 import urllib.request
@@ -19,7 +20,19 @@ from dataclasses import dataclass, field
 import psutil
 from prometheus_client.parser import text_string_to_metric_families
 
-__all__ = ["Metrics", "Sample", "Sampler", "histogram_quantile", "parse_metrics", "process_tree"]
+__all__ = ["Metrics", "Sample", "Sampler", "cpu_model", "histogram_quantile", "parse_metrics", "process_tree"]
+
+
+def cpu_model() -> str:
+    """The CPU's model name (from /proc/cpuinfo), for the record of a run."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"
 
 
 def process_tree(pid: int) -> list[psutil.Process]:

@@ -274,3 +274,17 @@ async def test_client_certificate_required_and_its_common_name(
 
 def test_peer_common_name_of_a_plain_stream_is_none() -> None:
     assert idlekeeper.peer_common_name(trio.testing.memory_stream_pair()[0]) is None
+
+
+@pytest.mark.parametrize("seconds", [0.0, -1.0, float("nan")])
+async def test_a_bad_handshake_timeout_is_refused_at_start_not_per_connection(
+    clock: MockClock, server_ctx: ssl.SSLContext, seconds: float
+) -> None:
+    async with idlekeeper.open_keeper(tick=0.05) as keeper:
+        serve = partial(idlekeeper.serve_tcp, echo_upper, 0, host="127.0.0.1", keeper=keeper, ssl_context=server_ctx)
+        refused = pytest.RaisesGroup(
+            pytest.RaisesExc(ValueError, match="handshake_timeout must be a positive number"), flatten_subgroups=True
+        )
+        with refused:
+            async with trio.open_nursery() as nursery:
+                await nursery.start(partial(serve, handshake_timeout=seconds))
