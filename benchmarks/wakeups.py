@@ -1,16 +1,19 @@
 """CPU per heartbeat when heartbeats trickle in, with and without the engine's coalescing.
 
     python -m benchmarks.wakeups [--devices 4000] [--rate 56] [--seconds 40] [--coalesce 0,0.1,0.25]
+                                 [--keepalive 3600] [--server-args "..."]
 
 At 500,000 devices over 29 workers (the 20,000-file limit), each worker sees about
 56 PINGREQs a second, evenly spread: every one wakes the process on its own. This
 starts one ``servers.heartbeat`` worker per ``--coalesce`` value, one after the
-other, connects ``--devices`` raw MQTT devices (keep-alive 3600 s, so nothing
-expires), sends PINGREQs from random devices at ``--rate`` per second for
-``--seconds``, checks every one is answered, and reads the server's CPU time
-(psutil) over that window. It also measures the floor of one wake-up on this
-machine: a plain ``epoll`` loop and a trio loop, each woken by a socketpair at the
-same rate. Loopback only; each server is stopped by its PID.
+other, connects ``--devices`` raw MQTT devices (keep-alive ``--keepalive``, 3600 s
+by default), sends PINGREQs at ``--rate`` per second for ``--seconds``, the devices
+in a shuffled round (so each pings every devices/rate seconds: give a keep-alive
+whose 1.5 times is longer), checks every one is answered, and reads the server's
+CPU time over that window. A keep-alive near the round's length has the keeper
+re-file each device's deadline about once a round, as at 500,000 devices. It also
+measures the floor of one wake-up on this machine: a plain ``epoll`` loop and a trio
+loop, each woken by a socketpair at the same rate. Loopback only; each server is stopped by its PID.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import argparse
 import random
 import resource
 import select
+import shlex
 import socket
 import subprocess
 import sys
@@ -36,13 +40,13 @@ from servers.heartbeat import encoders
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _connect_all(port: int, n: int) -> list[socket.socket]:
+def _connect_all(port: int, n: int, keepalive: int = 3600) -> list[socket.socket]:
     socks = []
     for i in range(n):
         sock = socket.socket()
         sock.bind((f"127.0.3.{2 + i // 15_000}", 0))  # ports per source address are finite
         sock.connect(("127.0.0.1", port))
-        sock.sendall(encoders.encode_connect(f"wake-{i}", keep_alive=3600))
+        sock.sendall(encoders.encode_connect(f"wake-{i}", keep_alive=keepalive))
         socks.append(sock)
     for sock in socks:
         sock.settimeout(10)
@@ -53,19 +57,20 @@ def _connect_all(port: int, n: int) -> list[socket.socket]:
 
 
 def _ping(socks: list[socket.socket], rate: float, seconds: float) -> tuple[int, int]:
-    """PINGREQs from random devices at ``rate``/s, evenly spaced; returns (sent, answered)."""
+    """PINGREQs at ``rate``/s, evenly spaced, the devices in a shuffled round; returns (sent, answered)."""
     poller = select.epoll()
     by_fd = {s.fileno(): s for s in socks}
     for fd in by_fd:
         poller.register(fd, select.EPOLLIN)
-    rng = random.Random(1)
+    order = list(socks)
+    random.Random(1).shuffle(order)
     sent = answered = 0
     start = next_at = time.monotonic()
     while (now := time.monotonic()) - start < seconds or answered < sent:
         if now - start > seconds + 5:
             break
         while next_at <= now and now - start < seconds:
-            rng.choice(socks).send(encoders.encode_pingreq())
+            order[sent % len(order)].send(encoders.encode_pingreq())
             sent += 1
             next_at += 1 / rate
         for fd, _ in poller.poll(max(0.0, min(next_at - time.monotonic(), 0.5))):
@@ -95,12 +100,14 @@ def _cpu_seconds(process: psutil.Process) -> float:
     return float(times.user + times.system)
 
 
-def measure_server(devices: int, rate: float, seconds: float, coalesce: float) -> dict[str, float]:
+def measure_server(
+    devices: int, rate: float, seconds: float, coalesce: float, keepalive: int = 3600, extra: Sequence[str] = ()
+) -> dict[str, float]:
     """One worker at ``coalesce``: its CPU per 1,000 heartbeats/s."""
     port = free_port()
-    proc = start_heartbeat(port, 1, ["--coalesce", str(coalesce)], cwd=str(ROOT))
+    proc = start_heartbeat(port, 1, ["--coalesce", str(coalesce), *extra], cwd=str(ROOT))
     try:
-        socks = _connect_all(port, devices)
+        socks = _connect_all(port, devices, keepalive)
         time.sleep(2)
         server = psutil.Process(proc.pid)
         before, t0 = _cpu_seconds(server), time.monotonic()
@@ -180,11 +187,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--rate", type=float, default=56.0, help="PINGREQs per second (default: 56)")
     p.add_argument("--seconds", type=float, default=40.0)
     p.add_argument("--coalesce", default="0,0.1,0.25", help="comma-separated --coalesce values (default: 0,0.1,0.25)")
+    p.add_argument("--keepalive", type=int, default=3600, help="the devices' keep-alive, seconds (default: 3600)")
+    p.add_argument("--server-args", default="", help="more options for the server, as one string")
     args = p.parse_args(argv)
     floor = wakeup_floor(args.rate)
     epoll_us, trio_us = floor["epoll_us_per_wakeup"], floor["trio_us_per_wakeup"]
     print(f"one wake-up here: plain epoll {epoll_us:.0f} µs, trio {trio_us:.0f} µs of CPU")
-    rows = [measure_server(args.devices, args.rate, args.seconds, float(c)) for c in args.coalesce.split(",")]
+    extra = shlex.split(args.server_args)
+    rows = [
+        measure_server(args.devices, args.rate, args.seconds, float(c), args.keepalive, extra)
+        for c in args.coalesce.split(",")
+    ]
     base = rows[0]["cpu_pct_per_1k"]
     print(f"{args.devices:,} devices, {args.rate:g} PINGREQ/s for {args.seconds:g} s, one worker")
     print("| --coalesce | heartbeats/s | answered | server CPU | per 1,000 heartbeats/s | vs the first |")

@@ -117,6 +117,22 @@ async def test_messages_are_routed_only_where_a_filter_matches(make_cluster: Fac
         assert c.host.delivered == [] and a.host.delivered == []  # no match; never back to the sender
 
 
+async def test_once_settled_every_other_member_routes_by_the_new_filters(make_cluster: Factory) -> None:
+    async with make_cluster(3) as cluster:
+        a, b, c = cluster.members
+        await trio.sleep(0.2)  # every member has joined
+        for i in range(5):
+            a.host.subscribed.add(f"reply/{i}")
+            a.coordinator.filters_changed(a.host.filters())
+            assert a.coordinator.settles()
+            assert await a.coordinator.settle()
+            # No wait: b and c route by the new filter as soon as settle returns.
+            b.coordinator.route(f"reply/{i}", b"from-b", 1)
+            c.coordinator.route(f"reply/{i}", b"from-c", 1)
+        await until(lambda: len(a.host.delivered) == 10, "every reply at a")
+        assert sorted(p for _, p, _ in a.host.delivered) == [b"from-b"] * 5 + [b"from-c"] * 5
+
+
 async def test_a_lost_member_s_sessions_go_offline_exactly_once(make_cluster: Factory) -> None:
     async with make_cluster(2) as cluster:
         await subscribe_all(cluster)

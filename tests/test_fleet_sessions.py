@@ -25,7 +25,7 @@ from servers.heartbeat.reader import PacketReader
 
 from .redis_server import RedisServer
 from .test_fleet import LEASE, PREFIX, Node, RecordingHost, cut_off, drain, fleet, redis_server, until
-from .test_mqtt_state import Raw, publish
+from .test_mqtt_state import Raw, publish, unanswered
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -406,23 +406,32 @@ async def members_down_to(url: str, count: int, limit: float = 15.0) -> None:
                 await trio.sleep(0.05)
 
 
+def start_gateways(redis_server: RedisServer, gateways: list[Any], *extra: str) -> list[int]:
+    """Two gateways on ``redis_server`` (appended to ``gateways``, for the caller to
+    kill by PID); their ports."""
+    ports = []
+    for i in range(2):
+        port = free_port()
+        args = ["--cluster", redis_server.url, "--node", f"gw{i}", "--tick", "0.05", *extra]
+        gateways.append(start_heartbeat(port, 1, args, cwd=str(ROOT)))
+        ports.append(port)
+    return ports
+
+
 def test_a_persistent_session_roams_between_gateways_and_outlives_a_killed_one(
     redis_server: RedisServer, tmp_path: Path
 ) -> None:
     gateways: list[Any] = []
     try:
-        ports = []
-        for i in range(2):
-            port = free_port()
-            args = ["--cluster", redis_server.url, "--node", f"gw{i}", "--lease", "2", "--tick", "0.05"]
-            gateways.append(start_heartbeat(port, 1, args, cwd=str(ROOT)))
-            ports.append(port)
-        port_a, port_b = ports
+        port_a, port_b = start_gateways(redis_server, gateways, "--lease", "2")
         dev = Raw(port_a, "roamer", clean=False)
         assert dev.connack == encoders.encode_connack(False, 0)
         assert dev.subscribe("cmd/roamer", 1) == encoders.encode_suback(1, [1])
         dev.close()
-        time.sleep(0.3)  # gateway B hears of the persistent filter
+        # The SUBACK waited until gateway B knew of the persistent filter; the wait is for
+        # A's Detach to reach Redis (else the message goes to A's connection, in flight,
+        # and comes again with DUP, as it should).
+        time.sleep(0.3)
         publish(port_b, "cmd/roamer", [b"while-away"])
         back = Raw(port_b, "roamer", clean=False)
         assert back.connack == encoders.encode_connack(True, 0)
@@ -464,3 +473,19 @@ def test_a_persistent_session_roams_between_gateways_and_outlives_a_killed_one(
             if proc.poll() is None:
                 proc.kill()  # by PID
                 proc.wait()
+
+
+def test_a_message_published_on_another_gateway_just_after_the_suback_is_delivered(
+    redis_server: RedisServer,
+) -> None:
+    # Subscribe, then have the reply published at once through the other gateway: its
+    # filters used to reach that gateway only when its renewer and reader came round,
+    # and every one of these was lost.
+    gateways: list[Any] = []
+    try:
+        ports = start_gateways(redis_server, gateways)
+        assert unanswered(ports[0], ports[1], 12) == []
+    finally:
+        for proc in gateways:
+            proc.kill()  # by PID
+            proc.wait()

@@ -240,11 +240,40 @@ def subscriber(port: int, name: str, topic_filter: str) -> tuple[socket.socket, 
     sock = raw_connect(port, name, keep_alive=0)
     sock.sendall(encoders.encode_subscribe(1, [(topic_filter, 0)]))
     got: list[tuple[str, dict[str, object]]] = []
-    assert sock.recv(5)[0] == 0x90  # SUBACK
+    # PUBLISH has the same layout both ways, so the server's parser reads them.
+    reader = PacketReader(max_packet_size=1 << 20)
+    pending = bytearray()
+
+    def take(data: bytes) -> bool:
+        """Collect the PUBLISHes in ``data``; whether a SUBACK was among the packets."""
+        subacked = False
+        pending.extend(data)
+        while len(pending) >= 2:
+            length, shift, i = 0, 0, 1
+            while i < len(pending):
+                length |= (pending[i] & 0x7F) << shift
+                shift += 7
+                i += 1
+                if not pending[i - 1] & 0x80:
+                    break
+            else:
+                break
+            if len(pending) < i + length:
+                break
+            packet, pending[:] = bytes(pending[: i + length]), pending[i + length :]
+            # MQTT-3.8.4: matching messages may come before the SUBACK (it waits for the
+            # other workers to route by the new filter; their messages need not).
+            if packet[0] == 0x90:
+                subacked = True
+            for parsed in reader.feed(packet) if packet[0] >> 4 == 3 else []:
+                if isinstance(parsed, packets.Publish):
+                    got.append((parsed.topic, json.loads(parsed.payload)))
+        return subacked
+
+    while not take(sock.recv(65536)):
+        pass
 
     def collect() -> None:
-        # PUBLISH has the same layout both ways, so the server's parser reads them.
-        reader = PacketReader(max_packet_size=1 << 20)
         sock.settimeout(None)
         while True:
             try:
@@ -253,9 +282,7 @@ def subscriber(port: int, name: str, topic_filter: str) -> tuple[socket.socket, 
                 return
             if not data:
                 return
-            for packet in reader.feed(data):
-                if isinstance(packet, packets.Publish):
-                    got.append((packet.topic, json.loads(packet.payload)))
+            take(data)
 
     threading.Thread(target=collect, daemon=True).start()
     return sock, got

@@ -150,6 +150,13 @@ def test_a_stalled_worker_is_dropped_then_resynchronises(start_server: object) -
     os.kill(pids[stalled], signal.SIGSTOP)
     try:
         publisher = devices[busy]
+        # A new subscription waits for every worker to route by it, but not for ever:
+        # the stalled worker never answers, and the SUBACK goes after the lookup timeout.
+        publisher.sendall(encoders.encode_subscribe(7, [("cmd/during-stall", 0)]))
+        publisher.settimeout(5)
+        asked = time.monotonic()
+        assert publisher.recv(5) == encoders.encode_suback(7, [0])
+        assert time.monotonic() - asked < 4
         for i in range(300):  # ~300 KB for the stalled worker's subscribers: past its 64 KiB link
             body = json.dumps({"n": i, "pad": "x" * 1000}).encode()
             publisher.sendall(encoders.encode_publish("data/burst", body))
@@ -157,6 +164,9 @@ def test_a_stalled_worker_is_dropped_then_resynchronises(start_server: object) -
     finally:
         os.kill(pids[stalled], signal.SIGCONT)
     assert server.status_port is not None
+    with urllib.request.urlopen(f"http://127.0.0.1:{server.status_port + placed[busy]}/metrics", timeout=5) as r:
+        timeouts = [x for x in r.read().decode().splitlines() if x.startswith("heartbeat_subscribe_settle_timeouts")]
+    assert float(timeouts[0].split()[-1]) >= 1
     metrics_url = f"http://127.0.0.1:{server.status_port + stalled}/metrics"
 
     def reconnected() -> bool:

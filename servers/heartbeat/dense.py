@@ -25,6 +25,7 @@ from .server import GOODBYE_TIMEOUT, Connection, Exchange, HeartbeatServer, peer
 from .session import (
     Accept,
     AddSubscription,
+    Effect,
     RemoveSubscription,
     Route,
     Send,
@@ -102,7 +103,11 @@ class DenseConnection(Connection, idlekeeper.Protocol):
         try:
             for i, packet in enumerate(packets):
                 server.counters["packets_in"] += 1
-                for effect in session.receive(packet):
+                effects = session.receive(packet)
+                for j, effect in enumerate(effects):
+                    if type(effect) is Send and self in server.unsettled:
+                        self._settle(effects[j:], packets[i + 1 :])  # the SUBACK waits
+                        return
                     self._apply(effect)
                 if self.waiting is not None:  # a password check began: the rest waits for it
                     self.waiting.extend(packets[i + 1 :])
@@ -151,6 +156,23 @@ class DenseConnection(Connection, idlekeeper.Protocol):
         if self.session.state is State.CONNECTED:
             self.stream.resume_reading()
             self._handle(waiting or [])
+
+    def _settle(self, effects: list[Effect], rest: list[Packet]) -> None:
+        """Hold ``effects`` (a SUBACK first) and what follows until the server has settled
+        the subscription with the other workers; reading pauses meanwhile."""
+        self.stream.pause_reading()
+        self.waiting = list(rest)
+        self.server.nursery.start_soon(self._settled, effects)
+
+    async def _settled(self, effects: list[Effect]) -> None:
+        await self.server.settle(self)
+        waiting, self.waiting = self.waiting, None
+        if self.finished:
+            return
+        for effect in effects:
+            self._apply(effect)
+        self.stream.resume_reading()
+        self._handle(waiting or [])
 
     def _admit(self, request: Accept, refusal: bytes | None, opened: Opened | None) -> None:
         server = self.server

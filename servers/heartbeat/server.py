@@ -359,6 +359,10 @@ class HeartbeatServer:
         )
         self.online: dict[str, Connection] = {}
         self.connections: set[Connection] = set()
+        self.unsettled: dict[Connection, list[AddSubscription]] = {}
+        """Connections whose next reply (the SUBACK) waits for :meth:`settle`, with the
+        subscriptions whose retained messages follow it."""
+        self._settle_failing = False
         budget: SendBudget[Connection] = SendBudget(
             lambda conn: conn.queued(),
             trio.current_time,
@@ -533,9 +537,35 @@ class HeartbeatServer:
         conn.stream.send_timeout = self.config.send_timeout
         if conn.persistent:
             self.coordinator.session(Subscribed(conn.session.client_id or "", effect.topic_filter, effect.qos))
-        self._announce()
-        # After the SUBACK, which the session's effects put after this one.
-        self.nursery.start_soon(self._send_retained, conn, effect)
+        if ((self._announce() or conn.persistent) and self.coordinator.settles()) or conn in self.unsettled:
+            self.unsettled.setdefault(conn, []).append(effect)  # retained ones go after the SUBACK
+        else:
+            # After the SUBACK, which the session's effects put after this one.
+            self.nursery.start_soon(self._send_retained, conn, effect)
+
+    async def settle(self, conn: Connection) -> None:
+        """Hold the SUBACK of a subscription others did not route to yet until they do.
+
+        Without it a message published on another worker just after the SUBACK could
+        miss the subscriber: filters reach other workers a few milliseconds later. Costs
+        a round trip to every worker, only when a filter is new here or the session
+        persistent; a stalled worker holds it up for at most the lookup timeout."""
+        subscriptions = self.unsettled.pop(conn, [])
+        self.counters["subscribe_settles"] += 1
+        settled = await self.coordinator.settle()
+        for effect in subscriptions:  # they start once the caller has written the SUBACK
+            self.nursery.start_soon(self._send_retained, conn, effect)
+        if settled:
+            self._settle_failing = False
+            return
+        self.counters["subscribe_settle_timeouts"] += 1
+        if not self._settle_failing:  # once per spell, not once per SUBSCRIBE of a stall
+            self._settle_failing = True
+            logger.warning(
+                "a SUBACK to %s went before every worker confirmed its subscription (one stalled?);"
+                " heartbeat_subscribe_settle_timeouts_total counts them",
+                conn.peer,
+            )
 
     async def _send_retained(self, conn: Connection, effect: AddSubscription) -> None:
         """The retained messages the new subscription matches, page by page, with the
@@ -722,6 +752,7 @@ class HeartbeatServer:
             return
         conn.finished = True
         self.connections.discard(conn)
+        self.unsettled.pop(conn, None)
         conn.stop_writing()
         self.broker.forget(conn)
         if self.broker.subscriptions.has(conn):
@@ -813,11 +844,14 @@ class HeartbeatServer:
         """Every filter this worker's subscribers hold."""
         return self.broker.subscriptions.filters()
 
-    def _announce(self) -> None:
+    def _announce(self) -> bool:
+        """Tell the coordinator if this worker's filters changed; returns whether they did."""
         filters = self.filters()
-        if filters != self._announced:
-            self._announced = filters
-            self.coordinator.filters_changed(filters)
+        if filters == self._announced:
+            return False
+        self._announced = filters
+        self.coordinator.filters_changed(filters)
+        return True
 
     # -- control -----------------------------------------------------------------------------
 
@@ -981,4 +1015,6 @@ _COUNTERS: Iterable[tuple[str, str]] = (
     ("wills_published", "Will messages published for devices that died."),
     ("denied_publishes", "PUBLISHes dropped: the ACL (or the presence prefix) does not let the client write there."),
     ("acl_reloads", "ACL file reloads (SIGHUP)."),
+    ("subscribe_settles", "SUBACKs held until every other worker routed by the new subscription."),
+    ("subscribe_settle_timeouts", "SUBACKs sent before every other worker confirmed (one stalled or gone)."),
 )

@@ -130,6 +130,10 @@ class StreamConnection(Connection):
             return
         server = self.server
         if isinstance(effect, Send):
+            if self in server.unsettled:
+                await server.settle(self)  # a SUBACK: see HeartbeatServer.settle
+                if self.finished:
+                    return
             await self._send(effect.data)
         elif isinstance(effect, Route):
             server.published(effect)

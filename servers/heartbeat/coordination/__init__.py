@@ -158,6 +158,20 @@ class Coordinator(abc.ABC):
     def filters_changed(self, filters: set[str]) -> None:
         """This worker's subscribers now hold exactly ``filters``."""
 
+    def settles(self) -> bool:
+        """Whether :meth:`settle` can wait: other workers or nodes route by this one's
+        filters, so a new subscription reaches them some time after it is made."""
+        return False
+
+    async def settle(self) -> bool:
+        """Return once every other worker or node routes by the filters and session
+        reports made here so far; False if that could not be confirmed in time.
+
+        A SUBACK waits for it: a client that subscribes, is answered, and then has a
+        message published (say, a request whose reply comes on the topic) must get the
+        reply, wherever the publisher is connected."""
+        return True
+
     @abc.abstractmethod
     async def lookup(self, client_id: str) -> PresenceEvent | None:
         """The device's last presence event, from whichever worker or node held it."""

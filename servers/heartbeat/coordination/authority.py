@@ -11,6 +11,7 @@ last reports, still in the socket, are applied first.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -38,6 +39,8 @@ from .frames import (
     Lookup,
     Noted,
     OpenSession,
+    Probe,
+    Probed,
     RemoteFilters,
     Reported,
     Resync,
@@ -45,6 +48,8 @@ from .frames import (
     RetainedQuery,
     Routed,
     SessionOpened,
+    Settle,
+    Settled,
     Transmit,
     decode,
     encode,
@@ -72,6 +77,15 @@ def _held_by(worker: int, pid: int) -> Callable[[PresenceEvent], bool]:
 
 # Seconds between sweeps for persistent sessions and retained messages that expired.
 _SWEEP_EVERY = 60.0
+
+
+@dataclass
+class _Settling:
+    """A :class:`Settle` being answered: the links whose :class:`Probed` it waits for."""
+
+    requester: int
+    request: int
+    waiting: set[int]
 
 
 @dataclass
@@ -110,6 +124,8 @@ class Authority:
         self._swept = clock()
         self._peers: dict[int, _Peer] = {}
         self._workers: dict[int, int] = {}  # pid -> worker index, for every pid that said hello
+        self._settling: dict[int, _Settling] = {}  # by probe token
+        self._tokens = itertools.count(1)
         self.published = 0
         self.lost = 0
         self.dropped_links = 0
@@ -153,6 +169,12 @@ class Authority:
             )
         self._filters_changed()
         self._check_drained()
+        for token, settling in list(self._settling.items()):
+            settling.waiting.discard(link.number)
+            if settling.requester == link.number:
+                del self._settling[token]
+            elif not settling.waiting:
+                self._settled(token)
 
     def process_exited(self, pid: int, code: int | None) -> list[PresenceEvent]:
         """A worker process died: every session it held goes offline, ``worker-lost``."""
@@ -220,6 +242,14 @@ class Authority:
             self._send_remote_filters(peer)
         elif isinstance(frame, Resync):
             self._resync(peer, frame.sessions)
+        elif isinstance(frame, Settle):
+            self._settle(peer, frame.request)
+        elif isinstance(frame, Probed):
+            settling = self._settling.get(frame.token)
+            if settling is not None:
+                settling.waiting.discard(peer.link.number)
+                if not settling.waiting:
+                    self._settled(frame.token)
         elif isinstance(frame, Drained):
             peer.drained = True
             self._check_drained()
@@ -231,6 +261,26 @@ class Authority:
             if self.store.expire(now):
                 self._filters_changed()
             self.retention.store.prune(now)
+
+    def _settle(self, peer: _Peer, request: int) -> None:
+        """Probe every other worker: links deliver in order, so once each has answered,
+        each has applied the filters this peer's earlier frames changed (they were sent
+        to it before the probe, as those frames were applied before this one)."""
+        others = [p for p in self._peers.values() if p is not peer and p.worker >= 0]
+        token = next(self._tokens)
+        self._settling[token] = _Settling(peer.link.number, request, {p.link.number for p in others})
+        if not others:
+            self._settled(token)
+            return
+        line = encode(Probe(token))
+        for other in others:
+            other.link.send(line)
+
+    def _settled(self, token: int) -> None:
+        settling = self._settling.pop(token)
+        requester = self._peers.get(settling.requester)
+        if requester is not None:
+            requester.link.send(encode(Settled(settling.request)))
 
     def _transmit(self, delivery: Delivery | None) -> None:
         """Send a persistent session's packets to the worker that holds its connection."""

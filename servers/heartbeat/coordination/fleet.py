@@ -287,6 +287,12 @@ ROUTE_MAXLEN = 10_000
 """Messages kept in a node's route stream: a node that falls this far behind loses the oldest."""
 ROUTE_TTL_MS = 60_000
 """A route stream nobody writes to for this long goes (its node is gone or has no remote senders)."""
+_TRIM_NOTICES: dict[str, Any] = {
+    "trim_strategy": coredis.PureToken.MAXLEN,
+    "threshold": 1000,
+    "trim_operator": coredis.PureToken.APPROXIMATELY,
+}
+_TRIM_ROUTES: dict[str, Any] = {**_TRIM_NOTICES, "threshold": ROUTE_MAXLEN}
 FLUSH_BATCH = 256
 """Reports in flight at once: applied concurrently, each device's (and the routes) in order."""
 STATS_EVERY = 5.0
@@ -305,6 +311,14 @@ class _Question:
         self.done = trio.Event()
         self.abandoned = False
         """Its CONNECT was refused meanwhile: nobody waits for the answer any more."""
+
+
+@dataclass
+class _Probe:
+    """A :meth:`RedisCoordinator.settle` waiting for the nodes it probed to answer."""
+
+    waiting: set[str]
+    done: trio.Event
 
 
 @dataclass(frozen=True, slots=True)
@@ -466,6 +480,12 @@ class RedisCoordinator(Coordinator):
         self._filters: set[str] = set()
         self._filters_dirty = True
         self._filters_event = trio.Event()
+        self._filters_version = 0  # bumped by each filters_changed
+        self._filters_written = 0  # the version the renewer last wrote to Redis
+        self._enqueued = 0  # reports queued, ever
+        self._applied = 0  # reports the flusher has confirmed, ever
+        self._probes: dict[str, _Probe] = {}
+        self._probe_numbers = itertools.count(1)
         self._registered = False
         self._remote: dict[str, frozenset[str]] = {}
         self._reader_ready = trio.Event()
@@ -571,8 +591,56 @@ class RedisCoordinator(Coordinator):
     def filters_changed(self, filters: set[str]) -> None:
         """Republish this node's filters (by the renewer, within a moment)."""
         self._filters = set(filters)
+        self._filters_version += 1
         self._filters_dirty = True
         self._filters_event.set()
+
+    def settles(self) -> bool:
+        """See :meth:`Coordinator.settles`: other nodes route by this one's filters."""
+        return True
+
+    async def settle(self) -> bool:
+        """See :meth:`Coordinator.settle`.
+
+        Waits until this node's reports and filters so far are in Redis, then adds a
+        probe to ``filters-changed``; every other live node answers it in this node's
+        route stream once it has applied all it read with it (notices of filters and
+        of persistent filters alike: one ``XREAD`` sees both streams at one instant).
+        False if that takes longer than ``open_timeout`` (a node stalled, or Redis down).
+        """
+        with trio.move_on_after(self.open_timeout):
+            reports, filters = self._enqueued, self._filters_version
+            while self._applied < reports or self._filters_written < filters:
+                await self._progress.wait()
+            redis = self._redis_()
+            members = {_text(m) for m in await self._call(redis.smembers(self.k_members))}
+            dead = {_text(m) for m in await self._call(self._s_dead([self.k_members], [self.prefix, self.node]))}
+            others = members - dead - {self.node}
+            if not others:
+                return True
+            token = f"{self.node}#{next(self._probe_numbers)}"
+            probe = self._probes[token] = _Probe(others, trio.Event())
+            try:
+                await self._call(redis.xadd(self.k_changed, {"node": self.node, "probe": token}, **_TRIM_NOTICES))
+                await probe.done.wait()
+                return True
+            finally:
+                del self._probes[token]
+        return False
+
+    def _probed(self, fields: Any) -> None:
+        probe = self._probes.get(_text(fields.get(b"probed", b"")))
+        if probe is not None:
+            probe.waiting.discard(_text(fields.get(b"node", b"")))
+            if not probe.waiting:
+                probe.done.set()
+
+    async def _answer_probes(self, probes: list[tuple[str, str]]) -> None:
+        redis = self._redis_()
+        for node, token in probes:
+            key = self.prefix + "route:" + node
+            await self._call(redis.xadd(key, {"probed": token, "node": self.node}, **_TRIM_ROUTES))
+            await self._call(redis.pexpire(key, ROUTE_TTL_MS))
 
     def _enqueue(self, report: _Report) -> bool:
         if len(self._queue) >= self.queue_limit:
@@ -585,6 +653,7 @@ class RedisCoordinator(Coordinator):
             return False
         if not self._queue:
             self._queued_since = time.monotonic()
+        self._enqueued += 1
         self._queue.append(report)
         self._wakeup.set()
         return True
@@ -781,6 +850,7 @@ class RedisCoordinator(Coordinator):
                     # again, which the scripts make harmless (compare-and-set on the epoch).
                     for _ in batch:
                         self._queue.popleft()
+                    self._applied += len(batch)
                     self._busy = False
                     self._queued_since = time.monotonic() if self._queue else None
                 attempt = 0
@@ -1071,6 +1141,7 @@ class RedisCoordinator(Coordinator):
                 with trio.fail_after(self.timeout + block_ms / 1000):
                     res = await redis.xread(asked, count=1000, block=block_ms)
                 attempt = 0
+                probes: list[tuple[str, str]] = []
                 for raw_key, entries in (res or {}).items():
                     key = _text(raw_key)
                     for entry in entries:
@@ -1081,14 +1152,22 @@ class RedisCoordinator(Coordinator):
                         elif key == self.k_routes:
                             if b"c" in entry.field_values:
                                 self._transmit(entry.field_values)
+                            elif b"probed" in entry.field_values:
+                                self._probed(entry.field_values)
                             else:
                                 self._deliver_routed(_bytes(entry.field_values.get(b"m", b"")))
                         elif key == self.k_pchanged:
                             await self._persistent_filter_notice(entry.field_values)
                         else:
                             node = _text(entry.field_values.get(b"node", b""))
-                            if node and node != self.node:
+                            probe = entry.field_values.get(b"probe")
+                            if probe is not None:
+                                if node and node != self.node:
+                                    probes.append((node, _text(probe)))
+                            elif node and node != self.node:
                                 await self._refresh_filters(node)
+                # Answered once all of the read is applied, whichever stream held it.
+                await self._answer_probes(probes)
                 self._moved_on()
             except (Exception, trio.TooSlowError) as exc:
                 self._failed(exc)
@@ -1153,20 +1232,15 @@ class RedisCoordinator(Coordinator):
                     self._wakeup.set()
                 if self._filters_dirty:
                     self._filters_dirty = False
+                    version = self._filters_version
                     try:
                         await self._call(redis.hset(self.k_filters, {self.node: json.dumps(sorted(self._filters))}))
-                        await self._call(
-                            redis.xadd(
-                                self.k_changed,
-                                {"node": self.node},
-                                trim_strategy=coredis.PureToken.MAXLEN,
-                                threshold=1000,
-                                trim_operator=coredis.PureToken.APPROXIMATELY,
-                            )
-                        )
+                        await self._call(redis.xadd(self.k_changed, {"node": self.node}, **_TRIM_NOTICES))
                     except BaseException:
                         self._filters_dirty = True
                         raise
+                    self._filters_written = version
+                    self._moved_on()
                 await self._refresh_filters()
                 attempt = 0
                 with trio.move_on_after(self.renew):

@@ -40,8 +40,12 @@ __all__ = [
     "Lookup",
     "Noted",
     "RemoteFilters",
+    "Probe",
+    "Probed",
     "Resync",
     "Routed",
+    "Settle",
+    "Settled",
     "decode",
     "encode",
 ]
@@ -120,6 +124,21 @@ class Lookup(Frame):
 
     request: int
     client_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Settle(Frame):
+    """Answer (:class:`Settled`) once every other worker has applied the filters this
+    worker's earlier frames changed."""
+
+    request: int
+
+
+@dataclass(frozen=True, slots=True)
+class Probed(Frame):
+    """The answer to :class:`Probe`: every frame sent before it has been applied here."""
+
+    token: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -207,6 +226,20 @@ class RemoteFilters(Frame):
 
 
 @dataclass(frozen=True, slots=True)
+class Probe(Frame):
+    """Answer :class:`Probed` with ``token`` (a barrier: links deliver in order)."""
+
+    token: int
+
+
+@dataclass(frozen=True, slots=True)
+class Settled(Frame):
+    """The answer to :class:`Settle`."""
+
+    request: int
+
+
+@dataclass(frozen=True, slots=True)
 class CloseSubscribers(Frame):
     """Shutting down: every worker has drained; subscribers may now be closed."""
 
@@ -244,9 +277,9 @@ _TYPES: dict[str, type[Frame]] = {
     cls.__name__: cls
     for cls in (
         *(Hello, Claimed, Ended, Noted, Routed, Filters, Resync, Lookup, Drained),
-        *(OpenSession, Reported, Kept, RetainedQuery),
+        *(OpenSession, Reported, Kept, RetainedQuery, Settle, Probed),
         *(Ack, Deliver, Evict, Found, RemoteFilters, CloseSubscribers),
-        *(SessionOpened, Transmit, RetainedPage),
+        *(SessionOpened, Transmit, RetainedPage, Probe, Settled),
     )
 }
 

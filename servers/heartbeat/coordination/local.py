@@ -49,6 +49,8 @@ from .frames import (
     Lookup,
     Noted,
     OpenSession,
+    Probe,
+    Probed,
     RemoteFilters,
     Reported,
     Resync,
@@ -56,6 +58,8 @@ from .frames import (
     RetainedQuery,
     Routed,
     SessionOpened,
+    Settle,
+    Settled,
     Transmit,
     decode,
     encode,
@@ -204,6 +208,17 @@ class BusCoordinator(Coordinator):
             return self._alone.get(client_id)
         answer = await self._ask(lambda request: Lookup(request, client_id))
         return answer.event if isinstance(answer, Found) else None
+
+    def settles(self) -> bool:
+        """See :meth:`Coordinator.settles`: while linked to the supervisor."""
+        return self._alone is None and self.connected
+
+    async def settle(self) -> bool:
+        """See :meth:`Coordinator.settle`: asks the authority, which probes every other
+        worker; False after ``lookup_timeout`` (a stalled worker holds it up)."""
+        if not self.settles():
+            return True
+        return isinstance(await self._ask(Settle), Settled)
 
     async def _ask(self, question: Callable[[int], Frame]) -> Frame | None:
         """Send a numbered question and wait up to ``lookup_timeout`` for its answer."""
@@ -355,7 +370,9 @@ class BusCoordinator(Coordinator):
             self._remote = frame.filters
         elif isinstance(frame, Transmit):
             host.transmit(frame.client_id, frame.epoch, frame.packets)
-        elif isinstance(frame, Found | SessionOpened | RetainedPage):
+        elif isinstance(frame, Probe):
+            self._send(Probed(frame.token))
+        elif isinstance(frame, Found | SessionOpened | RetainedPage | Settled):
             pending = self._lookups.get(frame.request)
             if pending is not None:
                 pending.answer = frame
