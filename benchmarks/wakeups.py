@@ -10,8 +10,9 @@ other, connects ``--devices`` raw MQTT devices (keep-alive ``--keepalive``, 3600
 by default), sends PINGREQs at ``--rate`` per second for ``--seconds``, the devices
 in a shuffled round (so each pings every devices/rate seconds: give a keep-alive
 whose 1.5 times is longer), checks every one is answered, and reads the server's
-CPU time over that window. A keep-alive near the round's length has the keeper
-re-file each device's deadline about once a round, as at 500,000 devices. It also
+CPU time over that window, after ``--warmup`` seconds of the same. A keep-alive
+near the round's length has the keeper re-file each device's deadline about once a
+round, as at 500,000 devices; a warm-up past 1.5 keep-alives has that under way. It also
 measures the floor of one wake-up on this machine: a plain ``epoll`` loop and a trio
 loop, each woken by a socketpair at the same rate. Loopback only; each server is stopped by its PID.
 """
@@ -56,8 +57,9 @@ def _connect_all(port: int, n: int, keepalive: int = 3600) -> list[socket.socket
     return socks
 
 
-def _ping(socks: list[socket.socket], rate: float, seconds: float) -> tuple[int, int]:
-    """PINGREQs at ``rate``/s, evenly spaced, the devices in a shuffled round; returns (sent, answered)."""
+def _ping(socks: list[socket.socket], rate: float, seconds: float, offset: int = 0) -> tuple[int, int]:
+    """PINGREQs at ``rate``/s, evenly spaced, the devices in a shuffled round (from its
+    ``offset``-th); returns (sent, answered)."""
     poller = select.epoll()
     by_fd = {s.fileno(): s for s in socks}
     for fd in by_fd:
@@ -70,7 +72,7 @@ def _ping(socks: list[socket.socket], rate: float, seconds: float) -> tuple[int,
         if now - start > seconds + 5:
             break
         while next_at <= now and now - start < seconds:
-            order[sent % len(order)].send(encoders.encode_pingreq())
+            order[(offset + sent) % len(order)].send(encoders.encode_pingreq())
             sent += 1
             next_at += 1 / rate
         for fd, _ in poller.poll(max(0.0, min(next_at - time.monotonic(), 0.5))):
@@ -101,7 +103,13 @@ def _cpu_seconds(process: psutil.Process) -> float:
 
 
 def measure_server(
-    devices: int, rate: float, seconds: float, coalesce: float, keepalive: int = 3600, extra: Sequence[str] = ()
+    devices: int,
+    rate: float,
+    seconds: float,
+    coalesce: float,
+    keepalive: int = 3600,
+    extra: Sequence[str] = (),
+    warmup: float = 0.0,
 ) -> dict[str, float]:
     """One worker at ``coalesce``: its CPU per 1,000 heartbeats/s."""
     port = free_port()
@@ -109,9 +117,10 @@ def measure_server(
     try:
         socks = _connect_all(port, devices, keepalive)
         time.sleep(2)
+        warmed, _ = _ping(socks, rate, warmup)  # past the first deadlines: re-filing has begun
         server = psutil.Process(proc.pid)
         before, t0 = _cpu_seconds(server), time.monotonic()
-        sent, answered = _ping(socks, rate, seconds)
+        sent, answered = _ping(socks, rate, seconds, warmed)
         after, t1 = _cpu_seconds(server), time.monotonic()
         for sock in socks:
             sock.close()
@@ -189,13 +198,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--coalesce", default="0,0.1,0.25", help="comma-separated --coalesce values (default: 0,0.1,0.25)")
     p.add_argument("--keepalive", type=int, default=3600, help="the devices' keep-alive, seconds (default: 3600)")
     p.add_argument("--server-args", default="", help="more options for the server, as one string")
+    p.add_argument("--warmup", type=float, default=0.0, help="seconds of PINGREQs before measuring (default: 0)")
     args = p.parse_args(argv)
     floor = wakeup_floor(args.rate)
     epoll_us, trio_us = floor["epoll_us_per_wakeup"], floor["trio_us_per_wakeup"]
     print(f"one wake-up here: plain epoll {epoll_us:.0f} µs, trio {trio_us:.0f} µs of CPU")
     extra = shlex.split(args.server_args)
     rows = [
-        measure_server(args.devices, args.rate, args.seconds, float(c), args.keepalive, extra)
+        measure_server(args.devices, args.rate, args.seconds, float(c), args.keepalive, extra, args.warmup)
         for c in args.coalesce.split(",")
     ]
     base = rows[0]["cpu_pct_per_1k"]

@@ -23,11 +23,12 @@ import trio
 from . import _loop_epochs
 from .deadlines import Reason
 from .epochs import EpochClock
+from .lookahead import LookaheadWheel
 from .stall import SocketLike, send_would_progress, unread_bytes
 from .stats import KeeperStats
 from .timers import TimerHandle, Timers
 from .watch import STALL_CHECK, ExpireHook, Watch, WatchedStream, WatchState, find_socket
-from .wheel import TimingWheel, WheelEntry
+from .wheel import WheelEntry
 
 __all__ = ["Keeper", "open_keeper"]
 
@@ -57,13 +58,14 @@ class Keeper:
         stall_check: bool,
         hook_timeout: float | None,
         hook_threads: int,
+        lookahead: float = 0.0,
     ) -> None:
         self._nursery = nursery
         self._tick = tick
         # The wheel rounds deadlines up to its slots, so its resolution is half the
         # promised lateness: rounding takes at most half a tick, and the other half is
         # left for the reaper's wake-up and the loop pass that stamped the activity.
-        self._wheel: TimingWheel[WheelEntry] = TimingWheel(tick / 2, trio.current_time())
+        self._wheel: LookaheadWheel[WheelEntry] = LookaheadWheel(tick / 2, trio.current_time(), lookahead)
         self._timers = Timers(trio.current_time, wheel=self._wheel, on_error=self._timer_error, on_schedule=self._poke)
         self._epochs = _loop_epochs.acquire()
         self._stall_check = stall_check
@@ -84,6 +86,11 @@ class Keeper:
         """The lateness budget: no expiry runs more than one tick after its deadline
         (the wheel's slots are half a tick)."""
         return self._tick
+
+    @property
+    def lookahead(self) -> float:
+        """How far ahead the reaper visits entries when it wakes (see :func:`open_keeper`)."""
+        return self._wheel.lookahead
 
     @property
     def epochs(self) -> EpochClock:
@@ -355,6 +362,7 @@ async def open_keeper(
     stall_check: bool = True,
     hook_timeout: float | None = 30.0,
     hook_threads: int = 4,
+    lookahead: float | None = None,
 ) -> AsyncIterator[Keeper]:
     """Start a keeper and its reaper task; stop them when the block exits.
 
@@ -365,12 +373,28 @@ async def open_keeper(
     ``stall_check`` looks for unread bytes (and a drained send buffer) before an
     inactivity expiry. Async ``on_expire`` hooks are cut off after
     ``hook_timeout``; plain ones run in up to ``hook_threads`` worker threads.
+
+    ``lookahead`` (seconds; default the larger of 1 s and ``tick``) batches the
+    reaper's work: when it wakes, it also visits what is filed up to ``lookahead``
+    ahead. Most of what it visits is alive and only filed again further on (activity
+    does not move an entry), and a visit costs far less than the wake-up it would
+    otherwise need; an entry whose deadline is within the batch is filed back at it,
+    exact to the tick. So the reaper wakes for re-filing about once a ``lookahead``
+    rather than at every tick, and for real expiries on time. 0 visits each entry at
+    its own tick.
     """
     if hook_threads < 1:
         raise ValueError("hook_threads must be at least 1")
+    if lookahead is None:
+        lookahead = max(1.0, tick)
     async with trio.open_nursery() as nursery:
         keeper = Keeper(
-            nursery, tick=tick, stall_check=stall_check, hook_timeout=hook_timeout, hook_threads=hook_threads
+            nursery,
+            tick=tick,
+            stall_check=stall_check,
+            hook_timeout=hook_timeout,
+            hook_threads=hook_threads,
+            lookahead=lookahead,
         )
         try:
             await nursery.start(keeper._reap)

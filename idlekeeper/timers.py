@@ -12,6 +12,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+from .lookahead import LookaheadWheel
 from .wheel import TimingWheel, WheelEntry
 
 __all__ = ["TimerHandle", "Timers"]
@@ -77,12 +78,12 @@ class Timers:
         clock: Callable[[], float],
         tick: float = 0.01,
         *,
-        wheel: TimingWheel[Any] | None = None,
+        wheel: TimingWheel[Any] | LookaheadWheel[Any] | None = None,
         on_error: Callable[[TimerHandle, BaseException], None] = _log_error,
         on_schedule: Callable[[float], None] | None = None,
     ) -> None:
         self._clock = clock
-        self._wheel: TimingWheel[Any] = wheel if wheel is not None else TimingWheel(tick, clock())
+        self._wheel: TimingWheel[Any] | LookaheadWheel[Any] = wheel if wheel is not None else TimingWheel(tick, clock())
         self._on_error = on_error
         self._on_schedule = on_schedule
         self.fired = 0
@@ -136,14 +137,19 @@ class Timers:
             now = self._clock()
         ran = 0
         for handle in self._wheel.advance(now):
-            self.fire(handle, now)
-            ran += 1
+            ran += self.fire(handle, now)
         return ran
 
-    def fire(self, handle: TimerHandle, now: float) -> None:
-        """Run one due handle and re-arm it if it repeats. Errors go to ``on_error``."""
+    def fire(self, handle: TimerHandle, now: float) -> bool:
+        """Run one handle the wheel handed out and re-arm it if it repeats; returns
+        whether it ran. A handle handed out before its time (a
+        :class:`~idlekeeper.lookahead.LookaheadWheel` does that) is filed again instead.
+        Errors go to ``on_error``."""
         if handle._timers is None:
-            return
+            return False
+        if handle.when > now:
+            self._file(handle)
+            return False
         interval = handle.interval
         if interval is None:
             handle._timers = None
@@ -156,3 +162,4 @@ class Timers:
             handle.callback(*handle.args)
         except Exception as exc:
             self._on_error(handle, exc)
+        return True

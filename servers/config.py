@@ -25,6 +25,8 @@ class WorkerConfig:
     port: int = 0
     tick: float = 0.1
     """The keeper's tick: no expiry runs more than this late."""
+    lookahead: float | None = None
+    """How far ahead the reaper visits when it wakes (None: the keeper's default)."""
     worker: int = 0
     """This worker's index among those sharing the port (0 for a lone server)."""
     tls: TLSOptions | None = None
@@ -35,7 +37,15 @@ class WorkerConfig:
         """A worker's configuration: the shared settings from a command line parsed
         with :func:`add_worker_arguments` (and :func:`~servers.tls.add_tls_arguments`),
         and the server's ``own`` settings."""
-        return cls(host=args.host, port=args.port, tick=args.tick, worker=worker, tls=tls_options(args), **own)
+        return cls(
+            host=args.host,
+            port=args.port,
+            tick=args.tick,
+            lookahead=args.lookahead,
+            worker=worker,
+            tls=tls_options(args),
+            **own,
+        )
 
 
 def add_worker_arguments(parser: argparse.ArgumentParser, *, port: int, tick_help: str = "") -> None:
@@ -50,5 +60,13 @@ def add_worker_arguments(parser: argparse.ArgumentParser, *, port: int, tick_hel
         type=float,
         default=0.1,
         help=f"keeper tick in seconds: expiries run at most this late{tick_help} (default: 0.1)",
+    )
+    a(
+        "--lookahead",
+        type=float,
+        default=None,
+        help="seconds ahead the keeper's reaper visits when it wakes, so that re-filing live"
+        " connections costs a wake-up a lookahead rather than one a tick; 0 visits each at its"
+        " own tick (default: the larger of 1 s and the tick)",
     )
     a("--worker-index", type=int, default=None, help=argparse.SUPPRESS)

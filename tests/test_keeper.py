@@ -44,6 +44,37 @@ async def test_activity_is_lazy_and_defers_expiry(keeper: idlekeeper.Keeper, clo
     assert keeper.stats.refiles == 2
 
 
+async def _staggered_heartbeats(lookahead: float) -> tuple[int, float, int]:
+    """300 watches (idle 9 s) stamped every 6 s at staggered times, one silent, for 60 s:
+    the reaper's wake-ups, how late the silent one expired, and how many expired."""
+    async with idlekeeper.open_keeper(tick=0.1, lookahead=lookahead) as keeper:
+        watches = [keeper.watch(idle=9) for _ in range(300)]
+        for w in watches:
+            w.start()
+        silent = watches[150]
+        start = trio.current_time()
+        for step in range(3000):  # one stamp every 20 ms, the watches in turn
+            await trio.sleep_until(start + step * 0.02)
+            w = watches[step % 300]
+            if w is not silent:
+                w.mark_received()
+        expired = [w for w in watches if w.expired]
+        for w in watches:
+            w.stop()
+        return keeper.stats.wakeups, silent.lag if silent.expired else math.inf, len(expired)
+
+
+async def test_lookahead_batches_refiles_and_keeps_expiries_on_time(clock: MockClock) -> None:
+    batched, late, expired = await _staggered_heartbeats(1.0)
+    assert expired == 1 and 0 <= late < 0.1  # the silent one, never early, within a tick
+    one_by_one, late0, expired0 = await _staggered_heartbeats(0.0)
+    assert expired0 == 1 and 0 <= late0 < 0.1
+    # Without lookahead the reaper wakes at nearly every half-tick slot (about 20 a
+    # second); with it, about once a second plus the expiry.
+    assert batched <= 60 * 1.2 + 5
+    assert one_by_one >= 8 * batched
+
+
 async def test_zero_wakeups_while_nothing_is_watched(keeper: idlekeeper.Keeper, clock: MockClock) -> None:
     await trio.sleep(24 * 3600)
     assert keeper.stats.wakeups == 0

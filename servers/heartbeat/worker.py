@@ -38,7 +38,8 @@ async def serve_heartbeat(
     offline); cancelling alone ends every connection at once, each with reason
     ``shutdown`` and its TCP close.
     """
-    async with idlekeeper.open_keeper(tick=config.tick) as keeper, trio.open_nursery() as nursery:
+    keeping = idlekeeper.open_keeper(tick=config.tick, lookahead=config.lookahead)
+    async with keeping as keeper, trio.open_nursery() as nursery:
         server = HeartbeatServer(config, keeper, nursery, coordinator)
         # Started before the first connection, so that no report finds it unattached.
         await nursery.start(partial(server.coordinator.run, server))

@@ -425,7 +425,7 @@ async def serve_http(
     for a graceful stop; cancelling alone is abrupt.
     """
     if keeper is None:
-        async with idlekeeper.open_keeper(tick=config.tick) as own:
+        async with idlekeeper.open_keeper(tick=config.tick, lookahead=config.lookahead) as own:
             await _serve(app, config, listeners, own, task_status)
     else:
         await _serve(app, config, listeners, keeper, task_status)
