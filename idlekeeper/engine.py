@@ -296,7 +296,9 @@ class Engine:
             elif entry is not None:
                 self._drain_wakeups()
         self._deliver_lost()
-        backlog = False
+        # A full batch of events means more may be ready: like a listener's backlog,
+        # that is served now, not a coalescing window later (where it would pile up).
+        backlog = len(polled) >= self.max_events
         for listener in ready:
             backlog |= self._accept(listener)
         self._backlog = backlog

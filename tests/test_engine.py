@@ -904,6 +904,28 @@ async def test_coalescing_does_not_pace_accepts(clock: MockClock) -> None:
                 sock.close()
 
 
+async def test_coalescing_does_not_pace_reads_past_a_full_batch_of_events(clock: MockClock) -> None:
+    """More sockets ready than one epoll batch holds are all read in the window, not one
+    batch a window (at 1,000 heartbeats/s and ``coalesce=1`` the backlog grew by seconds)."""
+    async with idlekeeper.open_keeper(tick=0.1) as keeper:
+        probes, factory = collecting(Stamped)
+        async with idlekeeper.open_engine(keeper, coalesce=1.0, max_events=8) as engine:
+            [listener] = engine.serve([listening_socket()], factory, receive=60.0)
+            socks = [await connect(listener.getsockname()) for _ in range(50)]
+            await trio.sleep(2.0)
+            assert len(probes) == 50
+            for _ in range(3):  # three windows' worth: 50 sockets ready at once, 8 a batch
+                sent = trio.current_time()
+                for sock in socks:
+                    await sock.send(b"x")
+                await trio.sleep(1.5)
+                reads = [t for p in probes if isinstance(p, Stamped) for t in p.reads if t >= sent]
+                assert len(reads) == 50
+                assert max(reads) - sent <= 1.0 + 1e-6  # within the window it fell in
+            for sock in socks:
+                sock.close()
+
+
 async def test_coalescing_tells_an_expired_connection_at_once_not_a_window_later(clock: MockClock) -> None:
     """The reaper drops a connection while the engine gathers traffic: its protocol
     hears within the tick (when a presence server says offline), not at the next pass."""
