@@ -17,8 +17,11 @@ when it cannot be sure:
 
 - the difference moved since the previous pass by more than :data:`SLACK` (a
   step of the wall clock, or a test's mock clock);
-- the stamp is older than the previous pass (a step could fall between the
-  packet and the first measurement that saw it);
+- the stamp is older than the passes whose measurements have all agreed since
+  (within ``SLACK / 2`` of the first of them): a step could fall between the packet
+  and the first measurement that saw it. A packet left unread across a pass (its
+  pass's batch of events was full) is still stamped when it came, as long as the
+  clocks held steady meanwhile;
 - the stamp is newer than this pass's measurement (it arrived during the pass,
   so only the read's own stamp is known to be late enough).
 
@@ -66,12 +69,13 @@ class ArrivalClock:
     the reads it stamps.
     """
 
-    __slots__ = ("_now", "_wall", "_offset", "_at", "_floor", "usable", "stamped", "declined")
+    __slots__ = ("_now", "_wall", "_offset", "_anchor", "_at", "_floor", "usable", "stamped", "declined")
 
     def __init__(self, now: Callable[[], float], wall: Callable[[], float] = time.time) -> None:
         self._now = now
         self._wall = wall
         self._offset = float("nan")  # the first pass has nothing to compare with
+        self._anchor = float("nan")  # the offset when the current run of agreeing passes began
         self._at = -float("inf")
         self._floor = float("inf")
         self.usable = False
@@ -90,9 +94,14 @@ class ArrivalClock:
             after = now()
             if after - before <= _SPREAD:
                 offset = (before + after) / 2 - w
-                self.usable = abs(offset - self._offset) <= SLACK
+                steady = abs(offset - self._offset) <= SLACK
+                if not (steady and abs(offset - self._anchor) <= SLACK / 2):
+                    # A new run of agreeing passes: stamps are trusted from the last
+                    # measurement this one agrees with (none before a step).
+                    self._anchor = offset
+                    self._floor = self._at if steady else before
+                self.usable = steady
                 self._offset = offset
-                self._floor = self._at
                 self._at = before
                 return
         # Preempted between the reads every time: nothing trustworthy this pass, and
