@@ -16,14 +16,14 @@ from __future__ import annotations
 import argparse
 import socket
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-from loadtest.processes import free_port, start_heartbeat
+from loadtest.processes import free_port, start_heartbeat, stop
+from loadtest.qos import frames
 from loadtest.redis_server import RedisServer, redis_server_binary
 from servers.heartbeat import encoders
 
@@ -43,17 +43,11 @@ class _Client:
 
     def packet(self) -> bytes:
         while True:
-            if len(self.pending) >= 2:
-                length, shift, i = 0, 0, 1
-                while i < len(self.pending):
-                    byte = self.pending[i]
-                    length |= (byte & 0x7F) << shift
-                    shift, i = shift + 7, i + 1
-                    if not byte & 0x80:
-                        break
-                if len(self.pending) >= i + length:
-                    out, self.pending = self.pending[: i + length], self.pending[i + length :]
-                    return out
+            found, _ = frames(self.pending)
+            if found:
+                end = found[0][2]
+                out, self.pending = self.pending[:end], self.pending[end:]
+                return out
             chunk = self.sock.recv(65536)
             if not chunk:
                 raise ConnectionError("closed by the server")
@@ -99,12 +93,7 @@ def _server(workers: int, extra: Sequence[str]) -> Iterator[int]:
         time.sleep(0.5)
         yield port
     finally:
-        proc.terminate()  # by PID
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop(proc)  # by PID
 
 
 def main(argv: Sequence[str] | None = None) -> int:

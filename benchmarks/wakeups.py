@@ -25,7 +25,6 @@ import resource
 import select
 import shlex
 import socket
-import subprocess
 import sys
 import threading
 import time
@@ -35,7 +34,7 @@ from pathlib import Path
 import psutil
 import trio
 
-from loadtest.processes import free_port, start_heartbeat
+from loadtest.processes import free_port, start_heartbeat, stop
 from servers.heartbeat import encoders
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -125,12 +124,7 @@ def measure_server(
         for sock in socks:
             sock.close()
     finally:
-        proc.terminate()  # by PID
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop(proc)  # by PID
     core = (after - before) / (t1 - t0)
     per_s = sent / seconds
     return {

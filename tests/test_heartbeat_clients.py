@@ -26,6 +26,7 @@ import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
 from loadtest.processes import free_port, start_heartbeat
+from loadtest.qos import frames
 from servers.heartbeat import encoders, packets
 from servers.heartbeat.reader import PacketReader
 from servers.listeners import check_port_free
@@ -248,26 +249,17 @@ def subscriber(port: int, name: str, topic_filter: str) -> tuple[socket.socket, 
         """Collect the PUBLISHes in ``data``; whether a SUBACK was among the packets."""
         subacked = False
         pending.extend(data)
-        while len(pending) >= 2:
-            length, shift, i = 0, 0, 1
-            while i < len(pending):
-                length |= (pending[i] & 0x7F) << shift
-                shift += 7
-                i += 1
-                if not pending[i - 1] & 0x80:
-                    break
-            else:
-                break
-            if len(pending) < i + length:
-                break
-            packet, pending[:] = bytes(pending[: i + length]), pending[i + length :]
+        found, used = frames(pending)
+        start = 0
+        for first, _body, end in found:
             # MQTT-3.8.4: matching messages may come before the SUBACK (it waits for the
             # other workers to route by the new filter; their messages need not).
-            if packet[0] == 0x90:
-                subacked = True
-            for parsed in reader.feed(packet) if packet[0] >> 4 == 3 else []:
+            subacked |= first == 0x90
+            for parsed in reader.feed(bytes(pending[start:end])) if first >> 4 == 3 else []:
                 if isinstance(parsed, packets.Publish):
                     got.append((parsed.topic, json.loads(parsed.payload)))
+            start = end
+        del pending[:used]
         return subacked
 
     while not take(sock.recv(65536)):

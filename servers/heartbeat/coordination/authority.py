@@ -170,11 +170,10 @@ class Authority:
         self._filters_changed()
         self._check_drained()
         for token, settling in list(self._settling.items()):
-            settling.waiting.discard(link.number)
             if settling.requester == link.number:
                 del self._settling[token]
-            elif not settling.waiting:
-                self._settled(token)
+            else:
+                self._probe_answered(token, link.number)  # a gone worker routes nothing
 
     def process_exited(self, pid: int, code: int | None) -> list[PresenceEvent]:
         """A worker process died: every session it held goes offline, ``worker-lost``."""
@@ -245,11 +244,7 @@ class Authority:
         elif isinstance(frame, Settle):
             self._settle(peer, frame.request)
         elif isinstance(frame, Probed):
-            settling = self._settling.get(frame.token)
-            if settling is not None:
-                settling.waiting.discard(peer.link.number)
-                if not settling.waiting:
-                    self._settled(frame.token)
+            self._probe_answered(frame.token, peer.link.number)
         elif isinstance(frame, Drained):
             peer.drained = True
             self._check_drained()
@@ -275,6 +270,13 @@ class Authority:
         line = encode(Probe(token))
         for other in others:
             other.link.send(line)
+
+    def _probe_answered(self, token: int, number: int) -> None:
+        settling = self._settling.get(token)
+        if settling is not None:
+            settling.waiting.discard(number)
+            if not settling.waiting:
+                self._settled(token)
 
     def _settled(self, token: int) -> None:
         settling = self._settling.pop(token)
