@@ -1,7 +1,7 @@
 """CPU per heartbeat when heartbeats trickle in, with and without the engine's coalescing.
 
     python -m benchmarks.wakeups [--devices 4000] [--rate 56] [--seconds 40] [--coalesce 0,0.1,0.25]
-                                 [--keepalive 3600] [--server-args "..."]
+                                 [--keepalive 3600] [--server-args "..."] [--mosquitto]
 
 At 500,000 devices over 29 workers (the 20,000-file limit), each worker sees about
 56 PINGREQs a second, evenly spread: every one wakes the process on its own. This
@@ -14,7 +14,8 @@ CPU time over that window, after ``--warmup`` seconds of the same. A keep-alive
 near the round's length has the keeper re-file each device's deadline about once a
 round, as at 500,000 devices; a warm-up past 1.5 keep-alives has that under way. It also
 measures the floor of one wake-up on this machine: a plain ``epoll`` loop and a trio
-loop, each woken by a socketpair at the same rate. Loopback only; each server is stopped by its PID.
+loop, each woken by a socketpair at the same rate. ``--mosquitto`` adds Mosquitto, driven and
+measured the same way, as the last row. Loopback only; each server is stopped by its PID.
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ from pathlib import Path
 import psutil
 import trio
 
-from loadtest.processes import free_port, start_heartbeat, stop
+from loadtest.mqtt_targets import MqttTarget, PeerUnavailable, start_mosquitto
+from loadtest.processes import free_port, start_heartbeat
 from servers.heartbeat import encoders
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -52,6 +54,13 @@ def _connect_all(port: int, n: int, keepalive: int = 3600) -> list[socket.socket
         sock.settimeout(10)
         if sock.recv(4)[:1] != b"\x20":
             raise RuntimeError("no CONNACK")
+    # Connecting can take long (a full accept queue drops SYNs, retried a second or
+    # more later): one heartbeat each now, so the round starts with every deadline fresh.
+    for sock in socks:
+        sock.send(encoders.encode_pingreq())
+    for sock in socks:
+        if sock.recv(2) != encoders.encode_pingresp():
+            raise RuntimeError("no PINGRESP")
         sock.setblocking(False)
     return socks
 
@@ -105,14 +114,19 @@ def measure_server(
     devices: int,
     rate: float,
     seconds: float,
-    coalesce: float,
+    coalesce: float | None,
     keepalive: int = 3600,
     extra: Sequence[str] = (),
     warmup: float = 0.0,
 ) -> dict[str, float]:
-    """One worker at ``coalesce``: its CPU per 1,000 heartbeats/s."""
+    """One worker at ``coalesce`` (or Mosquitto, for ``coalesce`` None): its CPU per 1,000 heartbeats/s."""
     port = free_port()
-    proc = start_heartbeat(port, 1, ["--coalesce", str(coalesce), *extra], cwd=str(ROOT))
+    if coalesce is None:
+        peer = start_mosquitto("mosquitto", port)
+    else:
+        proc = start_heartbeat(port, 1, ["--coalesce", str(coalesce), *extra], cwd=str(ROOT))
+        peer = MqttTarget("idlekeeper", proc, port)
+    proc = peer.proc
     try:
         socks = _connect_all(port, devices, keepalive)
         time.sleep(2)
@@ -124,11 +138,11 @@ def measure_server(
         for sock in socks:
             sock.close()
     finally:
-        stop(proc)  # by PID
+        peer.stop()  # by PID
     core = (after - before) / (t1 - t0)
     per_s = sent / seconds
     return {
-        "coalesce": coalesce,
+        "coalesce": -1.0 if coalesce is None else coalesce,
         "heartbeats_per_s": per_s,
         "answered": answered / sent if sent else 0.0,
         "cpu_pct": 100 * core,
@@ -193,6 +207,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--keepalive", type=int, default=3600, help="the devices' keep-alive, seconds (default: 3600)")
     p.add_argument("--server-args", default="", help="more options for the server, as one string")
     p.add_argument("--warmup", type=float, default=0.0, help="seconds of PINGREQs before measuring (default: 0)")
+    p.add_argument("--mosquitto", action="store_true", help="add a row for Mosquitto driven the same way, if installed")
     args = p.parse_args(argv)
     floor = wakeup_floor(args.rate)
     epoll_us, trio_us = floor["epoll_us_per_wakeup"], floor["trio_us_per_wakeup"]
@@ -202,13 +217,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         measure_server(args.devices, args.rate, args.seconds, float(c), args.keepalive, extra, args.warmup)
         for c in args.coalesce.split(",")
     ]
+    if args.mosquitto:
+        try:
+            rows.append(measure_server(args.devices, args.rate, args.seconds, None, args.keepalive, (), args.warmup))
+        except PeerUnavailable as exc:
+            print(f"no Mosquitto row: {exc}")
     base = rows[0]["cpu_pct_per_1k"]
     print(f"{args.devices:,} devices, {args.rate:g} PINGREQ/s for {args.seconds:g} s, one worker")
     print("| --coalesce | heartbeats/s | answered | server CPU | per 1,000 heartbeats/s | vs the first |")
     print("|---|---|---|---|---|---|")
     for r in rows:
+        name = "Mosquitto" if r["coalesce"] < 0 else f"{r['coalesce']:g} s"
         print(
-            f"| {r['coalesce']:g} s | {r['heartbeats_per_s']:.0f} | {100 * r['answered']:.0f}% | "
+            f"| {name} | {r['heartbeats_per_s']:.0f} | {100 * r['answered']:.0f}% | "
             f"{r['cpu_pct']:.2f}% | {r['cpu_pct_per_1k']:.1f}% | {r['cpu_pct_per_1k'] / base:.2f}× |"
         )
     return 0 if all(r["answered"] >= 1.0 for r in rows) else 1

@@ -128,7 +128,15 @@ class Engine:
         self.low_water = low_water
         """Queued bytes at or below which reading resumes (and ``resume_writing``)."""
         self._epoll = select.epoll()
-        self._fds: dict[int, Transport | _Listener | socket.socket] = {}
+        # What must not wait out a coalescing window (listeners, the wake-up socket) is
+        # in a set of its own, itself a member of the main set: while gathering, the
+        # engine waits on this one alone. A ramp of connections paced by the window
+        # would overflow the kernel's accept queue, and dropped SYNs come back only
+        # after the client's retransmission timeout (1 s, then 3, 7...).
+        self._urgent = select.epoll()
+        self._fds: dict[int, Transport | select.epoll] = {}
+        self._fds[self._urgent.fileno()] = self._urgent
+        self._epoll.register(self._urgent.fileno(), _IN)
         self._listeners: list[_Listener] = []
         self._lost: list[tuple[Transport, BaseException | None]] = []
         # Wakes the engine when a connection is dropped from outside its pass (an
@@ -136,10 +144,8 @@ class Engine:
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
         self._wake_w.setblocking(False)
-        self._fds[self._wake_r.fileno()] = self._wake_r
-        self._epoll.register(self._wake_r.fileno(), _IN)
+        self._urgent.register(self._wake_r.fileno(), _IN)
         self._woken = False
-        self._dropped: trio.Event | None = None  # set while gathering: a drop ends the wait
         self._backlog = False
         self._in_pass = False
         self._closed = False
@@ -180,8 +186,7 @@ class Engine:
             sock.setblocking(False)
             entry = _Listener(sock, factory, idle, receive, send, max_age, on_expire)
             self._listeners.append(entry)
-            self._fds[sock.fileno()] = entry
-            self._epoll.register(sock.fileno(), _IN)
+            self._urgent.register(sock.fileno(), _IN)
             out.append(sock)
         return out
 
@@ -190,9 +195,8 @@ class Engine:
         for entry in self._listeners:
             fd = entry.sock.fileno()
             if fd >= 0:
-                self._fds.pop(fd, None)
                 if not entry.paused:
-                    self._epoll.unregister(fd)
+                    self._urgent.unregister(fd)
                 entry.sock.close()
         self._listeners.clear()
 
@@ -203,7 +207,7 @@ class Engine:
 
     def __len__(self) -> int:
         """Open connections."""
-        return len(self._fds) - len(self._listeners) - 1  # the wake-up socket
+        return len(self._fds) - 1  # the urgent set
 
     def transports(self) -> Iterator[Transport]:
         """Every open connection (a snapshot)."""
@@ -251,22 +255,19 @@ class Engine:
                 handled = self._guarded_pass()
 
     async def _gather(self, seconds: float) -> None:
-        """Wait out a coalescing window, but tell protocols of drops as they happen.
+        """Wait out a coalescing window; end it early for a connection to accept.
 
-        A drop from outside a pass is an expiry or a takeover; its protocol must hear
-        at once, not a window later: that is when a presence server says "offline".
+        Drops from outside a pass (an expiry, a takeover) are told to their protocols
+        as they happen, not a window later: that is when a presence server says
+        "offline".
         """
         end = trio.current_time() + seconds
+        urgent = self._urgent.fileno()
         while trio.current_time() < end:
-            self._dropped = dropped = trio.Event()
             with trio.move_on_at(end):
-                await dropped.wait()
-            self._dropped = None
-            self._in_pass = True
-            try:
-                self._deliver_lost()
-            finally:
-                self._in_pass = False
+                await trio.lowlevel.wait_readable(urgent)
+            if self._urgent_pass():
+                return
 
     def _guarded_pass(self) -> int:
         self._in_pass = True
@@ -274,6 +275,27 @@ class Engine:
             return self._pass()
         finally:
             self._in_pass = False
+
+    def _urgent_pass(self) -> bool:
+        """While gathering: tell drops; True if a listener is ready (the window ends)."""
+        self._in_pass = True
+        try:
+            ready = self._poll_urgent()
+            self._deliver_lost()
+        finally:
+            self._in_pass = False
+        return bool(ready)
+
+    def _poll_urgent(self) -> list[_Listener]:
+        """Drain wake-ups and return the listeners with connections waiting."""
+        ready: list[_Listener] = []
+        wake = self._wake_r.fileno()
+        for fd, _events in self._urgent.poll(0):
+            if fd == wake:
+                self._drain_wakeups()
+            else:
+                ready.extend(entry for entry in self._listeners if entry.sock.fileno() == fd)
+        return ready
 
     def _pass(self) -> int:
         self.passes += 1
@@ -289,12 +311,10 @@ class Engine:
                     entry._flush()
                 if events & ~_OUT and not entry._io & NO_READ:
                     self._read(entry)
-            elif isinstance(entry, _Listener):
-                # After the reads, so that a descriptor freed in this pass and reused
-                # by an accept cannot be handed an event meant for the old socket.
-                ready.append(entry)
             elif entry is not None:
-                self._drain_wakeups()
+                # Accepts come after the reads, so that a descriptor freed in this pass
+                # and reused by an accept cannot be handed an event meant for the old socket.
+                ready = self._poll_urgent()
         self._deliver_lost()
         # A full batch of events means more may be ready: like a listener's backlog,
         # that is served now, not a coalescing window later (where it would pile up).
@@ -403,13 +423,13 @@ class Engine:
         if listener.paused:
             return
         listener.paused = True
-        self._epoll.unregister(listener.sock.fileno())
+        self._urgent.unregister(listener.sock.fileno())
         self.keeper.call_later(_ACCEPT_PAUSE, self._resume_listener, listener)
 
     def _resume_listener(self, listener: _Listener) -> None:
         if listener.paused and listener.sock.fileno() >= 0:
             listener.paused = False
-            self._epoll.register(listener.sock.fileno(), _IN)
+            self._urgent.register(listener.sock.fileno(), _IN)
 
     # -- called by transports ----------------------------------------------------------
 
@@ -456,9 +476,7 @@ class Engine:
         self._lost.append((t, exc))
         if self._in_pass:
             return
-        if self._dropped is not None:
-            self._dropped.set()
-        elif not self._woken:
+        if not self._woken:
             self._woken = True
             with contextlib.suppress(BlockingIOError):  # already full of wake-ups
                 self._wake_w.send(b"\0")
@@ -489,6 +507,7 @@ class Engine:
             self._drop(t, EngineClosed())
         self._deliver_lost()
         self._epoll.close()
+        self._urgent.close()
         self._wake_r.close()
         self._wake_w.close()
 

@@ -232,6 +232,22 @@ class Watch(ConnectionDeadlines):
         self.set_receive_timeout(seconds, trio.current_time())
         self._owner._changed(self)
 
+    def receive_timeout_since(self, seconds: float | None, since: float) -> None:
+        """Set the receive timeout counting from ``since`` instead of from now.
+
+        For a protocol whose keep-alive counts from a packet already received (MQTT's
+        counts from the CONNECT): that packet may have been handled a while after it
+        came, and counting from then would find a peer that falls silent after it
+        late by as much. ``since`` is clamped to no earlier than the last receive (or
+        than watching began, if nothing was received) and no later than now, so the
+        deadline is never earlier than the timeout allows.
+        """
+        now = trio.current_time()
+        base = self.rx if self.rx is not NEVER else self._entered
+        since = now if base is NEVER else min(max(since, latest(base, now)), now)
+        self.set_receive_timeout(seconds, since)
+        self._owner._changed(self)
+
     @property
     def send_timeout(self) -> float | None:
         """Seconds a pending send may go without progress, or None."""

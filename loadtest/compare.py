@@ -3,7 +3,8 @@
     python -m loadtest compare [--devices 10000] [--keepalive 10] [--only devices|http|qos]
 
 **Devices**, one server process each, in turn: ``servers.heartbeat`` (idlekeeper) on
-its default dense engine and on the streams engine (a task per connection), the
+its default dense engine, on the same with ``--coalesce`` (``idlekeeper-coalesced``)
+and on the streams engine (a task per connection), the
 trio-native baseline in :mod:`loadtest.baseline` (one ``move_on_after`` per
 read), amqtt (its own virtualenv) and Mosquitto (when installed). Every target gets
 the same fleet: keep-alive K, a share going silent, and a SIGSTOP stall of 2 x K.
@@ -43,7 +44,7 @@ from .workload import DeviceLoad
 
 __all__ = ["main"]
 
-MQTT_TARGETS = ("idlekeeper", "idlekeeper-streams", "baseline", "amqtt", "mosquitto")
+MQTT_TARGETS = ("idlekeeper", "idlekeeper-coalesced", "idlekeeper-streams", "baseline", "amqtt", "mosquitto")
 
 
 def _num(value: Any) -> float:
@@ -118,8 +119,10 @@ def table(
     return "\n".join(lines)
 
 
-def compare_devices(load: DeviceLoad, targets: Sequence[str], tick: float, quiet: bool) -> dict[str, Any]:
-    """Run ``load`` against each MQTT target in turn."""
+def compare_devices(
+    load: DeviceLoad, targets: Sequence[str], tick: float, quiet: bool, coalesce: float = 1.0
+) -> dict[str, Any]:
+    """Run ``load`` against each MQTT target in turn (``idlekeeper-coalesced`` at ``coalesce``)."""
     from .mqtt_targets import PeerUnavailable, start_mqtt_target
 
     results: dict[str, Any] = {}
@@ -128,9 +131,11 @@ def compare_devices(load: DeviceLoad, targets: Sequence[str], tick: float, quiet
         print(f"\n== devices: {name} ==", flush=True)
         stop: Callable[[], None]
         try:
-            if name in ("idlekeeper", "idlekeeper-streams"):
-                engine = "dense" if name == "idlekeeper" else "streams"
-                ours = HeartbeatTarget.start(load.devices, tick=tick, workers=1, engine=engine)
+            if name.startswith("idlekeeper"):
+                engine = "streams" if name == "idlekeeper-streams" else "dense"
+                window = coalesce if name == "idlekeeper-coalesced" else 0.0
+                ours = HeartbeatTarget.start(load.devices, tick=tick, workers=1, engine=engine, coalesce=window)
+                ours.name = name
                 server: Any = ours
                 stop = ours.stop
             else:
@@ -185,13 +190,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m loadtest compare", description=__doc__.split("\n\n")[0])
     a = p.add_argument
     a("--only", choices=("devices", "http", "qos"), default=None, help="run one part only")
-    a("--mqtt-targets", default=",".join(MQTT_TARGETS), help="comma-separated (default: all five)")
+    a("--mqtt-targets", default=",".join(MQTT_TARGETS), help="comma-separated (default: all six)")
     a("--http-targets", default=",".join(HTTP_TARGETS), help="comma-separated (default: all three)")
     a("--devices", type=int, default=10_000, help="devices per target: one process each (default: 10,000)")
     a("--keepalive", type=int, default=10, help="device keep-alive K in seconds (default: 10)")
     a("--silent", type=float, default=0.05, help="share of devices that go silent (default: 0.05)")
     a("--no-stall", action="store_true", help="skip the 2 x K SIGSTOP of each server")
     a("--tick", type=float, default=0.1, help="idlekeeper's tick in seconds (default: 0.1)")
+    a("--coalesce", type=float, default=1.0, help="idlekeeper-coalesced's --coalesce, seconds (default: 1)")
     HttpLoad.add_arguments(p, prefix="http-")
     # Imported here: loadtest.qos builds its table with this module's.
     from .qos import QOS_TARGETS, QosLoad, headline, qos_row, qos_table, run_qos
@@ -220,7 +226,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.error(str(exc))
     if args.only in (None, "devices"):
         load = DeviceLoad(devices=args.devices, keepalive=args.keepalive, silent=args.silent, stall=not args.no_stall)
-        out["devices"] = compare_devices(load, args.mqtt_targets.split(","), args.tick, args.quiet)
+        out["devices"] = compare_devices(load, args.mqtt_targets.split(","), args.tick, args.quiet, args.coalesce)
     if args.only in (None, "http"):
         out["http"] = compare_http(HttpLoad.from_args(args, prefix="http-"), args.http_targets.split(","))
     if args.only in (None, "qos"):

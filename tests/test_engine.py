@@ -904,6 +904,31 @@ async def test_coalescing_does_not_pace_accepts(clock: MockClock) -> None:
                 sock.close()
 
 
+async def test_coalescing_accepts_a_new_connection_at_once_not_a_window_later(clock: MockClock) -> None:
+    """A connection arriving while the engine gathers traffic is accepted then, not at
+    the window's end: in a ramp, the kernel's accept queue would overflow meanwhile and
+    each dropped SYN costs the client a retransmission timeout (1 s, then 3, 7...)."""
+    async with idlekeeper.open_keeper(tick=0.1) as keeper:
+        probes, factory = collecting(Probe)
+        async with idlekeeper.open_engine(keeper, coalesce=1.0) as engine:
+            [listener] = engine.serve([listening_socket()], factory, receive=60.0)
+            chatty = await connect(listener.getsockname())
+            await trio.sleep(1.5)
+            await chatty.send(b"x")  # the engine is gathering from here on
+            late = []
+            for _ in range(5):
+                await trio.sleep(0.3)
+                await chatty.send(b"x")
+                asked = trio.current_time()
+                late.append(await connect(listener.getsockname()))
+                await trio.sleep(0.05)
+                assert len(probes) == 1 + len(late)
+                assert probes[-1].made_at - asked <= 0.01
+            assert bytes(probes[0].received) == b"x" * 6
+            for sock in (chatty, *late):
+                sock.close()
+
+
 async def test_coalescing_does_not_pace_reads_past_a_full_batch_of_events(clock: MockClock) -> None:
     """More sockets ready than one epoll batch holds are all read in the window, not one
     batch a window (at 1,000 heartbeats/s and ``coalesce=1`` the backlog grew by seconds)."""

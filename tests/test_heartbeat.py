@@ -178,6 +178,28 @@ async def test_silent_device_expires_at_one_and_a_half_keepalive_with_will(clock
     assert server.offline_by_reason["keepalive-timeout"] == 1
 
 
+@pytest.mark.parametrize(("vetting", "expires_after"), [(2.0, 15.0), (5.0, 17.5)])
+async def test_keepalive_counts_from_the_connect_not_from_when_it_was_handled(
+    clock: MockClock, monkeypatch: pytest.MonkeyPatch, vetting: float, expires_after: float
+) -> None:
+    """A CONNECT handled late (a password check, or a coalescing engine's window) does
+    not move a silent device's deadline: 1.5 K from the CONNECT, as MQTT says. Only a
+    quarter of K back, though: a client that times its first PINGREQ from a CONNACK
+    delayed longer (a stall) still gets 1.25 K after it."""
+
+    async def slow_check(self: HeartbeatServer, conn: object, request: object) -> int:
+        await trio.sleep(vetting)
+        return 0
+
+    monkeypatch.setattr(HeartbeatServer, "authenticate", slow_check)
+    async with running(HeartbeatConfig(auth=PasswordFile())) as (server, _):
+        sent = trio.current_time()
+        device = await Client.connect(server.port, "late", keep_alive=10)
+        assert trio.current_time() - sent >= vetting
+        assert await device.closed()
+        assert sent + expires_after <= trio.current_time() < sent + expires_after + TICK
+
+
 async def test_keepalive_zero_is_capped_by_max_idle(clock: MockClock) -> None:
     cfg = HeartbeatConfig(max_idle=50)
     async with running(cfg) as (server, _):

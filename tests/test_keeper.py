@@ -99,6 +99,36 @@ async def test_receive_timeout_ignores_sends(keeper: idlekeeper.Keeper, clock: M
     assert trio.current_time() == pytest.approx(4, abs=keeper.tick)
 
 
+async def test_receive_timeout_since_counts_back_to_the_last_receive_and_no_further(
+    keeper: idlekeeper.Keeper, clock: MockClock
+) -> None:
+    with keeper.watch() as w:
+        await trio.sleep(2)
+        w.mark_received()
+        heard = trio.current_time()
+        await trio.sleep(3)
+        w.receive_timeout_since(4, heard - 100)  # before the last receive: from it
+        await trio.sleep(10)
+    assert w.reason is Reason.RECEIVE
+    assert heard + 4 <= trio.current_time() < heard + 4 + keeper.tick
+
+
+async def test_receive_timeout_since_counts_from_watching_if_nothing_came_and_never_from_later(
+    keeper: idlekeeper.Keeper, clock: MockClock
+) -> None:
+    with keeper.watch() as quiet:
+        began = trio.current_time()
+        await trio.sleep(1)
+        quiet.receive_timeout_since(3, began - 50)
+        await trio.sleep(10)
+    assert began + 3 <= trio.current_time() < began + 3 + keeper.tick
+    with keeper.watch() as early:
+        asked = trio.current_time()
+        early.receive_timeout_since(3, asked + 50)  # a time to come counts as now
+        await trio.sleep(10)
+    assert asked + 3 <= trio.current_time() < asked + 3 + keeper.tick
+
+
 async def test_send_timeout_only_counts_while_sending(keeper: idlekeeper.Keeper, clock: MockClock) -> None:
     with keeper.watch(send=3) as w:
         await trio.sleep(20)  # nothing pending: no send deadline
