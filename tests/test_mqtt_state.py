@@ -425,6 +425,26 @@ def test_a_message_published_just_after_the_suback_reaches_the_subscriber_on_any
     assert settles >= 40  # every one of them had a new filter or a persistent session
 
 
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_resumed_session_gets_its_retained_messages_at_once_on_any_worker(start_server: object, engine: str) -> None:
+    """A resumed subscription is applied like a new one, retained messages included; with
+    no SUBACK to follow, nothing may hold them until the client's next packet (a SUBACK's
+    hold for the other workers did, with two workers)."""
+    server: Server = start_server("--engine", engine, workers=2)  # type: ignore[operator]
+    setter = Raw(server.port, "setter")
+    setter.send(encoders.encode_publish("state/x", b"on", retain=True))
+    setter.close()
+    first = Raw(server.port, "watcher", clean=False)
+    assert first.subscribe("state/#", 1) == encoders.encode_suback(1, [1])
+    assert [(m.topic, m.payload) for m in first.drain(0.5)] == [("state/x", b"on")]
+    first.close()
+    for _ in range(4):  # SO_REUSEPORT picks the worker: a few resumes land on both
+        back = Raw(server.port, "watcher", clean=False)
+        assert back.connack == encoders.encode_connack(True, 0)
+        assert [(m.topic, m.payload) for m in back.drain(1.0)] == [("state/x", b"on")]
+        back.close()
+
+
 def test_a_persistent_session_follows_its_client_across_workers_and_a_killed_worker(start_server: object) -> None:
     server: Server = start_server(workers=2)  # type: ignore[operator]
     seen: set[str] = set()

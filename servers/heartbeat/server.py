@@ -507,7 +507,7 @@ class HeartbeatServer:
         """The subscriptions a resumed session brings back, to apply like new ones."""
         if opened is None:
             return []
-        return [AddSubscription(topic_filter, qos) for topic_filter, qos in opened.subscriptions.items()]
+        return [AddSubscription(topic_filter, qos, suback=False) for topic_filter, qos in opened.subscriptions.items()]
 
     def announce(self, conn: Connection, *, attach: bool = True) -> None:
         """Publish an admitted session online: the coordinator ends the device's
@@ -543,7 +543,8 @@ class HeartbeatServer:
         conn.stream.send_timeout = self.config.send_timeout
         if conn.persistent:
             self.coordinator.session(Subscribed(conn.session.client_id or "", effect.topic_filter, effect.qos))
-        if ((self._announce() or conn.persistent) and self.coordinator.settles()) or conn in self.unsettled:
+        changed = self._announce()
+        if effect.suback and (conn in self.unsettled or ((changed or conn.persistent) and self.coordinator.settles())):
             self.unsettled.setdefault(conn, []).append(effect)  # retained ones go after the SUBACK
         else:
             # After the SUBACK, which the session's effects put after this one.

@@ -94,6 +94,8 @@ class AddSubscription:
 
     topic_filter: str
     qos: int
+    suback: bool = True
+    """False for a resumed session's subscription: no SUBACK follows, nothing to hold."""
 
 
 @dataclass(frozen=True, slots=True)
