@@ -134,8 +134,7 @@ class Engine:
         # would overflow the kernel's accept queue, and dropped SYNs come back only
         # after the client's retransmission timeout (1 s, then 3, 7...).
         self._urgent = select.epoll()
-        self._fds: dict[int, Transport | select.epoll] = {}
-        self._fds[self._urgent.fileno()] = self._urgent
+        self._fds: dict[int, Transport] = {}
         self._epoll.register(self._urgent.fileno(), _IN)
         self._listeners: list[_Listener] = []
         self._lost: list[tuple[Transport, BaseException | None]] = []
@@ -207,11 +206,11 @@ class Engine:
 
     def __len__(self) -> int:
         """Open connections."""
-        return len(self._fds) - 1  # the urgent set
+        return len(self._fds)
 
     def transports(self) -> Iterator[Transport]:
         """Every open connection (a snapshot)."""
-        return iter([t for t in self._fds.values() if isinstance(t, Transport)])
+        return iter(list(self._fds.values()))
 
     def adopt(
         self,
@@ -302,16 +301,17 @@ class Engine:
         if self.arrivals is not None:
             self.arrivals.calibrate()
         fds = self._fds
+        urgent = self._urgent.fileno()
         ready: list[_Listener] = []
         polled = self._epoll.poll(0, self.max_events)
         for fd, events in polled:
             entry = fds.get(fd)
-            if isinstance(entry, Transport):
+            if entry is not None:
                 if events & _OUT and entry._wbuf is not None:
                     entry._flush()
                 if events & ~_OUT and not entry._io & NO_READ:
                     self._read(entry)
-            elif entry is not None:
+            elif fd == urgent:
                 # Accepts come after the reads, so that a descriptor freed in this pass
                 # and reused by an accept cannot be handed an event meant for the old socket.
                 ready = self._poll_urgent()

@@ -8,7 +8,6 @@ at most one tick late, exactly once, nothing lost. Early means within the lookah
 
 from __future__ import annotations
 
-from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import initialize
 
@@ -49,12 +48,7 @@ class LookaheadMachine(WheelMachine):
 
 # Hypothesis runs every initializer it finds on the class: the plain wheel's goes.
 LookaheadMachine.setup = None  # type: ignore[assignment,method-assign]
-LookaheadMachine.TestCase.settings = settings(
-    max_examples=300,
-    stateful_step_count=60,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
-)
+LookaheadMachine.TestCase.settings = WheelMachine.TestCase.settings
 TestLookaheadModel = LookaheadMachine.TestCase
 
 

@@ -11,6 +11,9 @@ wait for its verdict.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
 import trio
 
 import idlekeeper
@@ -36,6 +39,8 @@ from .session import (
 __all__ = ["DenseConnection", "serve_dense"]
 
 _PINGRESP = encode_pingresp()
+
+T = TypeVar("T")
 
 
 class DenseConnection(Connection, idlekeeper.Protocol):
@@ -143,36 +148,42 @@ class DenseConnection(Connection, idlekeeper.Protocol):
         if not server.waits(request):
             self._admit(request, server.admission(self, request, 0), None)
             return
-        self.stream.pause_reading()
-        self.waiting = []
-        server.nursery.start_soon(self._vet, request)
+        self._pause_for(self._vet, request, [])
 
-    async def _vet(self, request: Accept) -> None:
+    async def _vet(self, request: Accept) -> bool:
         refusal, opened = await self.server.vet(self, request)
-        waiting, self.waiting = self.waiting, None
         if self.finished:
-            return  # the connection ended while its password or session was looked up
+            return False  # the connection ended while its password or session was looked up
         self._admit(request, refusal, opened)
-        if self.session.state is State.CONNECTED:
-            self.stream.resume_reading()
-            self._handle(waiting or [])
+        return self.session.state is State.CONNECTED
 
     def _settle(self, effects: list[Effect], rest: list[Packet]) -> None:
         """Hold ``effects`` (a SUBACK first) and what follows until the server has settled
-        the subscription with the other workers; reading pauses meanwhile."""
-        self.stream.pause_reading()
-        self.waiting = list(rest)
-        self.server.nursery.start_soon(self._settled, effects)
+        the subscription with the other workers."""
+        self._pause_for(self._settled, effects, rest)
 
-    async def _settled(self, effects: list[Effect]) -> None:
+    async def _settled(self, effects: list[Effect]) -> bool:
         await self.server.settle(self)
-        waiting, self.waiting = self.waiting, None
         if self.finished:
-            return
+            return False
         for effect in effects:
             self._apply(effect)
-        self.stream.resume_reading()
-        self._handle(waiting or [])
+        return True
+
+    def _pause_for(self, work: Callable[[T], Awaitable[bool]], arg: T, rest: list[Packet]) -> None:
+        """Stop reading while ``work(arg)`` runs in a task (it awaits, the engine must not).
+        ``rest``, the packets read after the one that began it, wait; if it returns True,
+        reading resumes and they are handled."""
+        self.stream.pause_reading()
+        self.waiting = list(rest)
+        self.server.nursery.start_soon(self._resume_after, work, arg)
+
+    async def _resume_after(self, work: Callable[[T], Awaitable[bool]], arg: T) -> None:
+        go_on = await work(arg)
+        waiting, self.waiting = self.waiting, None
+        if go_on:
+            self.stream.resume_reading()
+            self._handle(waiting or [])
 
     def _admit(self, request: Accept, refusal: bytes | None, opened: Opened | None) -> None:
         server = self.server
