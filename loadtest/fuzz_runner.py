@@ -42,6 +42,7 @@ from typing import Any
 import psutil
 import trio
 
+from servers.prometheus import open_descriptors
 from servers.readiness import find_ready
 
 from .fuzz_canary import CANARY_KEEPALIVE, HTTP_KEEPALIVE_TIMEOUT
@@ -230,8 +231,8 @@ def start_server(
 def _fds(pid: int) -> int:
     total = 0
     for p in process_tree(pid):
-        with contextlib.suppress(psutil.Error):
-            total += p.num_fds()
+        with contextlib.suppress(psutil.Error, OSError):
+            total += open_descriptors(p.pid)
     return total
 
 

@@ -45,6 +45,9 @@ _IN = select.EPOLLIN | select.EPOLLRDHUP
 _OUT = select.EPOLLOUT
 _LINGER_RST = struct.pack("ii", 1, 0)  # close() then sends RST: a device that vanished
 
+# While ramping, the loop looks for connects to start at least this often.
+_RAMP_STEP = 0.02
+
 # Connection phases.
 _CONNECTING, _HANDSHAKE, _ONLINE, _SUPERSEDED = range(4)
 
@@ -447,8 +450,16 @@ class Generator:
             if now >= next_progress:
                 self.progress(now)
                 next_progress = now + 0.5
+            # Sleep until the next thing to do: a timer, a progress line, the end, or
+            # (while ramping) the next connect. A fixed 20 ms poll had 34 generators of a
+            # 500,000-device run waking 1,700 times a second beside the server they measure.
+            wake = min(next_progress, spec.end_at)
+            if self.started < len(order):
+                wake = min(wake, max(now, spec.start_at) + _RAMP_STEP)
             due = self.timers.next_deadline()
-            timeout = 0.02 if due is None else min(0.02, max(0.0, due - now))
+            if due is not None:
+                wake = min(wake, due)
+            timeout = max(0.0, wake - now)
             for fd, mask in self.epoll.poll(timeout, 4096):
                 conn = self.conns.get(fd)
                 if conn is None:

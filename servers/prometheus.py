@@ -167,10 +167,17 @@ class ProcessFigures(Collector):
         yield from f.families
 
 
-def open_descriptors() -> int:
-    """This process's open file descriptors: O(1) on Linux 6.2+, a listing before."""
-    count = os.stat("/proc/self/fd").st_size
-    return count if count > 0 else len(os.listdir("/proc/self/fd"))
+def open_descriptors(pid: int | None = None) -> int:
+    """Open file descriptors of process ``pid`` (this one by default): O(1) on Linux
+    6.2+, a listing before.
+
+    psutil's ``num_fds`` lists the directory: a load tester sampling 29 workers of
+    17,000 sockets each every second spent 63% of a core on it, beside the server it
+    was measuring. Raises ``OSError`` if the process is gone (or not ours to read).
+    """
+    folder = f"/proc/{'self' if pid is None else pid}/fd"
+    count = os.stat(folder).st_size
+    return count if count > 0 else len(os.listdir(folder))
 
 
 def render(registry: CollectorRegistry) -> bytes:
