@@ -103,6 +103,11 @@ class Hub:
         """The open links."""
         return list(self._links.values())
 
+    def fileno(self) -> int:
+        """A descriptor that is readable while :meth:`poll` has something to do (the
+        hub's epoll set), for a caller that waits on other things too."""
+        return self._sel.fileno()
+
     def poll(self, timeout: float) -> None:
         """Move whatever is ready, waiting at most ``timeout`` seconds."""
         for key, events in self._sel.select(timeout):

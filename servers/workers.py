@@ -13,9 +13,13 @@ after the grace period.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import math
 import os
+import selectors
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -69,9 +73,15 @@ def supervise(
     backoff = dict.fromkeys(range(workers), restart_backoff)
     restart_at: dict[int, float] = {}
 
+    waiter = _Waiter(hub)
+
     def start(index: int) -> None:
         env = {**os.environ, SUPERVISOR_PID_ENV: str(os.getpid())}
+        old = procs.get(index)
+        if old is not None:
+            waiter.forget(old.pid)
         procs[index] = subprocess.Popen(list(command(index)), env=env)
+        waiter.watch(procs[index].pid)
         started[index] = time.monotonic()
 
     try:
@@ -80,13 +90,17 @@ def supervise(
         if on_ready is not None:
             on_ready([p.pid for p in procs.values()])
         while not stopping:
-            _poll(hub, 0.05)  # relays between workers while it waits; notices a dead worker soon
+            # Sleeps until a worker exits, a worker's line needs relaying, a signal comes
+            # or a restart is due: no periodic wake-up to look for any of them.
+            soonest = min(restart_at.values(), default=math.inf) - time.monotonic()
+            waiter.wait(max(0.0, min(soonest, _LONGEST_SLEEP)))
             now = time.monotonic()
             for index, proc in list(procs.items()):
                 code = proc.poll()
                 if code is None or stopping:
                     continue
                 if index not in restart_at:
+                    waiter.forget(proc.pid)  # its pidfd stays readable: it would end every sleep
                     if hub is not None:
                         hub.process_exited(proc.pid, code)  # its sessions, before a new worker's
                     # Died young: back off (doubling, up to a minute); lived long: start again soon.
@@ -105,28 +119,111 @@ def supervise(
         deadline = time.monotonic() + grace
         # The hub keeps relaying while workers shut down: their last events must reach
         # the other workers' subscribers (a shutdown's two phases go through it).
-        while time.monotonic() < deadline and any(p.poll() is None for p in procs.values()):
-            _poll(hub, 0.02)
+        while True:
+            for proc in procs.values():
+                if proc.poll() is not None:
+                    waiter.forget(proc.pid)
+            if all(p.returncode is not None for p in procs.values()):
+                break
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            waiter.wait(min(left, _LONGEST_SLEEP))
         for proc in procs.values():
             if proc.poll() is None:
                 proc.kill()
             proc.wait()
             if hub is not None:
                 hub.process_exited(proc.pid, proc.returncode)
+        waiter.close()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
 
 
-def _poll(hub: Hub | None, timeout: float) -> None:
-    if hub is None:
-        time.sleep(timeout)
-        return
-    try:
-        hub.poll(timeout)
-    except Exception:
-        # A fault in the relay must not take the supervisor (and so every worker) down.
-        logger.exception("supervisor: the hub failed; going on")
-        time.sleep(timeout)
+# Even with nothing to wake it, the supervisor looks around this often.
+_LONGEST_SLEEP = 1.0
+# Where a worker's exit cannot be waited for (no pidfd: Linux before 5.3, or not the
+# main thread), the supervisor polls for it this often instead.
+_POLL_INTERVAL = 0.05
+
+
+class _Waiter:
+    """The supervisor's sleep: until a worker exits (a pidfd per worker), the hub has
+    lines to move (its epoll set, nested in ours), or a signal arrives (the wake-up fd).
+
+    A supervisor of 29 workers that polled every 50 ms woke 20 times a second and
+    spent 0.3% of a core doing it with nothing to do. Where pidfds or the wake-up fd
+    are missing it falls back to that polling.
+    """
+
+    def __init__(self, hub: Hub | None) -> None:
+        self._hub = hub
+        self._sel = selectors.DefaultSelector()
+        self._pidfds: dict[int, int] = {}
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
+        self._previous_wakeup: int | None = None
+        # pidfds alone do not end a sleep for SIGTERM: Python retries an interrupted
+        # select after running the handler, so the signal must make a descriptor readable.
+        try:
+            self._previous_wakeup = signal.set_wakeup_fd(self._wake_w.fileno(), warn_on_full_buffer=False)
+            self.exact = hasattr(os, "pidfd_open")
+        except ValueError:  # not the main thread
+            self.exact = False
+        self._sel.register(self._wake_r, selectors.EVENT_READ, None)
+        if hub is not None:
+            self._sel.register(hub.fileno(), selectors.EVENT_READ, hub)
+
+    def watch(self, pid: int) -> None:
+        """Wake when process ``pid`` exits."""
+        if not self.exact:
+            return
+        try:
+            fd = os.pidfd_open(pid)
+        except OSError:
+            self.exact = False  # an old kernel: poll instead
+            return
+        self._pidfds[pid] = fd
+        self._sel.register(fd, selectors.EVENT_READ, None)
+
+    def forget(self, pid: int) -> None:
+        """Stop watching ``pid`` (it was reaped)."""
+        fd = self._pidfds.pop(pid, None)
+        if fd is not None:
+            self._sel.unregister(fd)
+            os.close(fd)
+
+    def wait(self, timeout: float) -> None:
+        """Sleep at most ``timeout`` seconds, relaying the hub's lines if it has some."""
+        if not self.exact:
+            timeout = min(timeout, _POLL_INTERVAL)
+        try:
+            ready = self._sel.select(timeout)
+        except InterruptedError:  # pragma: no cover - PEP 475 retries for us
+            return
+        for key, _events in ready:
+            if key.data is None:
+                if key.fileobj is self._wake_r:
+                    with contextlib.suppress(BlockingIOError):
+                        while self._wake_r.recv(4096):
+                            pass
+                continue
+            try:
+                key.data.poll(0)
+            except Exception:
+                # A fault in the relay must not take the supervisor (and so every worker) down.
+                logger.exception("supervisor: the hub failed; going on")
+
+    def close(self) -> None:
+        """Put the signal wake-up back and close the descriptors."""
+        if self._previous_wakeup is not None:
+            signal.set_wakeup_fd(self._previous_wakeup)
+        for pid in list(self._pidfds):
+            self.forget(pid)
+        self._sel.close()
+        self._wake_r.close()
+        self._wake_w.close()
 
 
 def run_supervised(
