@@ -260,7 +260,10 @@ class Engine:
         as they happen, not a window later: that is when a presence server says
         "offline".
         """
-        end = trio.current_time() + seconds
+        now = trio.current_time()
+        # One wake-up for the window's end and the reaper's: the window may end up to
+        # half of it early (replies only come sooner).
+        end = self.keeper.align_wakeup(now + seconds, now + seconds / 2)
         urgent = self._urgent.fileno()
         while trio.current_time() < end:
             with trio.move_on_at(end):

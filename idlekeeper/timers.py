@@ -21,9 +21,10 @@ logger = logging.getLogger("idlekeeper.timers")
 
 
 class TimerHandle(WheelEntry):
-    """A pending call. ``cancel()`` it to stop it; ``when`` is its due time."""
+    """A pending call. ``cancel()`` it to stop it; ``when`` is its due time, and it
+    runs no later than ``when + slack``."""
 
-    __slots__ = ("when", "interval", "callback", "args", "_timers")
+    __slots__ = ("when", "interval", "callback", "args", "slack", "_timers")
 
     def __init__(
         self,
@@ -32,12 +33,14 @@ class TimerHandle(WheelEntry):
         interval: float | None,
         callback: Callable[..., object],
         args: tuple[Any, ...],
+        slack: float = 0.0,
     ) -> None:
         super().__init__()
         self.when = when
         self.interval = interval
         self.callback = callback
         self.args = args
+        self.slack = slack
         self._timers: Timers | None = timers
 
     @property
@@ -57,6 +60,12 @@ class TimerHandle(WheelEntry):
     def __repr__(self) -> str:
         state = "cancelled" if self._timers is None else f"when={self.when:.3f}"
         return f"<TimerHandle {getattr(self.callback, '__qualname__', self.callback)} {state}>"
+
+
+def _check_slack(slack: float) -> float:
+    if not (slack >= 0 and math.isfinite(slack)):
+        raise ValueError(f"slack must be a finite number >= 0, not {slack!r}")
+    return float(slack)
 
 
 def _log_error(handle: TimerHandle, exc: BaseException) -> None:
@@ -92,9 +101,16 @@ class Timers:
     def __len__(self) -> int:
         return len(self._wheel)
 
-    def call_at(self, when: float, callback: Callable[..., object], *args: Any) -> TimerHandle:
-        """Call ``callback(*args)`` once, no earlier than ``when``."""
-        handle = TimerHandle(self, when, None, callback, args)
+    def call_at(self, when: float, callback: Callable[..., object], *args: Any, slack: float = 0.0) -> TimerHandle:
+        """Call ``callback(*args)`` once, no earlier than ``when``.
+
+        ``slack`` (seconds) lets the call run up to that much later, so that it can
+        share a wake-up its owner makes anyway: the handle is filed at ``when +
+        slack``, and a :class:`~idlekeeper.lookahead.LookaheadWheel` that hands it out
+        early, with whatever else it visits, runs it if ``when`` has come. With a
+        plain wheel it simply runs at ``when + slack``.
+        """
+        handle = TimerHandle(self, when, None, callback, args, _check_slack(slack))
         self._file(handle)
         return handle
 
@@ -108,22 +124,24 @@ class Timers:
         callback: Callable[..., object],
         *args: Any,
         first: float | None = None,
+        slack: float = 0.0,
     ) -> TimerHandle:
         """Call ``callback(*args)`` every ``interval`` until cancelled.
 
         The first call is at ``first`` (default: one interval from now). Calls keep
         to the original grid, so they do not drift; if the loop fell behind by
-        several intervals, the missed ones collapse into a single call.
+        several intervals, the missed ones collapse into a single call. ``slack``
+        lets each call run up to that much after its time, as for :meth:`call_at`.
         """
         if not (interval > 0 and math.isfinite(interval)):
             raise ValueError(f"interval must be positive and finite, not {interval!r}")
         when = self._clock() + interval if first is None else first
-        handle = TimerHandle(self, when, interval, callback, args)
+        handle = TimerHandle(self, when, interval, callback, args, _check_slack(slack))
         self._file(handle)
         return handle
 
     def _file(self, handle: TimerHandle) -> None:
-        due = self._wheel.schedule(handle, handle.when)
+        due = self._wheel.schedule(handle, handle.when + handle.slack)
         if self._on_schedule is not None:
             self._on_schedule(due)
 
@@ -154,6 +172,7 @@ class Timers:
         if interval is None:
             handle._timers = None
         else:
+            # The next grid point after now: calls whose time has come collapse into this one.
             missed = math.floor((now - handle.when) / interval)
             handle.when += interval * (missed + 1)
             self._file(handle)

@@ -20,12 +20,29 @@ import gc
 
 import trio
 
-__all__ = ["freeze_long_lived"]
+import idlekeeper
+
+__all__ = ["freeze_long_lived", "freeze_on_keeper"]
 
 
 async def freeze_long_lived(interval: float = 2.0) -> None:
-    """Every ``interval`` seconds, collect the young generations and freeze the survivors. Runs until cancelled."""
+    """Every ``interval`` seconds, collect the young generations and freeze the
+    survivors. Runs until cancelled; a task of its own, for a server without a keeper."""
     while True:
         await trio.sleep(interval)
-        gc.collect(1)
-        gc.freeze()
+        _freeze()
+
+
+def freeze_on_keeper(keeper: idlekeeper.Keeper, interval: float = 2.0) -> idlekeeper.TimerHandle:
+    """:func:`freeze_long_lived` from ``keeper``'s reaper, every ``interval`` seconds or
+    up to as much again later; cancel the returned handle to stop.
+
+    The slack lets it ride on a wake-up the reaper makes anyway (re-filing visits,
+    about once a second in a busy worker) instead of waking the process on its own.
+    """
+    return keeper.call_every(interval, _freeze, slack=interval)
+
+
+def _freeze() -> None:
+    gc.collect(1)
+    gc.freeze()

@@ -973,3 +973,27 @@ async def test_coalescing_tells_an_expired_connection_at_once_not_a_window_later
             assert len(engine) == 1
             chatty.close()
             silent.close()
+
+
+async def test_a_coalescing_window_ends_with_the_reaper_s_wake_up_in_its_second_half(clock: MockClock) -> None:
+    """Ending the window when the reaper wakes anyway costs no wake-up of its own (one
+    trio wake-up for both); an alarm early in the window does not cut it short."""
+    async with idlekeeper.open_keeper(tick=0.1, lookahead=0) as keeper:
+        probes, factory = collecting(Stamped)
+        async with idlekeeper.open_engine(keeper, coalesce=1.0) as engine:
+            [listener] = engine.serve([listening_socket()], factory, receive=60.0)
+            sock = await connect(listener.getsockname())
+            await trio.sleep(2.0)
+            [probe] = probes
+            assert isinstance(probe, Stamped)
+            for offset, expected in ((0.7, 0.7), (0.3, 1.0)):
+                start = trio.current_time()
+                keeper.call_at(start + offset, lambda: None)  # the reaper's alarm
+                await sock.send(b"a")  # read at once; a window of 1 s begins
+                await trio.sleep(0.1)
+                await sock.send(b"b")  # waits for the window's end
+                await trio.sleep(2.5)
+                read_a, read_b = probe.reads[-2:]
+                assert read_a - start <= 0.01
+                assert abs(read_b - start - expected) <= 0.01, (offset, read_b - start)
+            sock.close()

@@ -397,3 +397,36 @@ async def test_stats_dict_is_json_ready(keeper: idlekeeper.Keeper, clock: MockCl
     assert '"idle": 1' in text
     assert keeper.stats.lag.count == 1
     assert not math.isinf(keeper.stats.lag.quantile(0.99))
+
+
+async def test_align_wakeup_shares_the_reaper_s_wake_up_and_never_expires_early(clock: MockClock) -> None:
+    async with idlekeeper.open_keeper(tick=0.1, lookahead=1.0) as keeper:
+        start = trio.current_time()
+        live = keeper.watch(receive=5.0, stall_check=False)
+        dead = keeper.watch(receive=5.2, stall_check=False)
+        live.start()
+        dead.start()
+        await trio.lowlevel.checkpoint()
+        # The reaper sleeps until 5 s: a wait ending at 1 s is far from it, and both
+        # are left alone.
+        wakeups = keeper.stats.wakeups
+        assert keeper.align_wakeup(start + 1.0, start + 0.5) == start + 1.0
+        await trio.sleep(1.1)
+        assert keeper.stats.wakeups == wakeups
+        await trio.sleep(2.9)
+        live.mark_received()  # at 4 s: due at 5 s for a visit only, 9 s now
+        await trio.sleep(0.5)
+        # A wait that may end between 4.6 and 4.8 s is told to end at 4.8; the reaper,
+        # due a little after, is brought forward to it.
+        assert keeper.align_wakeup(start + 4.8, start + 4.6) == pytest.approx(start + 4.8)
+        await trio.sleep(0.31)
+        assert keeper.stats.wakeups == wakeups + 1  # woke at 4.8, not 5.0
+        assert live.active and dead.active  # the visit came early: nothing expired
+        # Its next alarm is the dead watch's real deadline, 5.2 s, kept exactly: a wait
+        # that may end around it ends with it.
+        assert keeper.align_wakeup(start + 5.5, start + 5.0) == pytest.approx(start + 5.2, abs=0.051)
+        await trio.sleep(1.0)
+        assert dead.expired and 0 <= dead.lag <= keeper.tick
+        assert live.active
+        live.stop()
+        dead.stop()

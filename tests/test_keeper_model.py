@@ -83,13 +83,30 @@ def model(conn: Conn, slot: float) -> tuple[float, Reason | None]:
     return due()
 
 
+# Another task's waits that may end early, aligned with the reaper's (align_wakeup, as
+# the dense engine's coalescing window does): (delay since the previous, its length).
+aligned_waits = st.lists(
+    st.tuples(st.integers(0, 400).map(lambda n: n * GRID), st.integers(1, 128).map(lambda n: n * GRID)),
+    max_size=8,
+)
+
+
 @settings(max_examples=200, deadline=None)
 # Ticks off the 1/64 grid, so that a tick never coincides with an activity.
-@given(st.lists(conns, min_size=1, max_size=8), st.sampled_from([0.0107, 0.107, 0.3]))
-def test_keeper_matches_model(connections: list[Conn], tick: float) -> None:
+@given(st.lists(conns, min_size=1, max_size=8), st.sampled_from([0.0107, 0.107, 0.3]), aligned_waits)
+def test_keeper_matches_model(connections: list[Conn], tick: float, waits: list[tuple[float, float]]) -> None:
     async def main() -> None:
         async with idlekeeper.open_keeper(tick=tick) as keeper:
             start = trio.current_time()
+
+            async def align() -> None:
+                # Each may bring the reaper forward: its visits come early, never its expiries.
+                for delay, length in waits:
+                    await trio.sleep(delay)
+                    now = trio.current_time()
+                    end = keeper.align_wakeup(now + length, now + length / 2)
+                    assert now + length / 2 <= end <= now + length
+                    await trio.sleep_until(end)
 
             async def run(conn: Conn) -> None:
                 with keeper.watch(idle=conn.idle, receive=conn.receive, max_age=conn.max_age) as w:
@@ -102,6 +119,7 @@ def test_keeper_matches_model(connections: list[Conn], tick: float) -> None:
                 conn.ends += 1
 
             async with trio.open_nursery() as nursery:
+                nursery.start_soon(align)
                 for conn in connections:
                     nursery.start_soon(run, conn)
             assert keeper.stats.filed == 0

@@ -95,3 +95,45 @@ def test_on_schedule_hears_when_each_filing_comes_due() -> None:
     # The repeating timer was filed again: its next due time was reported too.
     assert told[-1] == pytest.approx(101.0)
     assert timers.next_deadline() == pytest.approx(101.0)
+
+
+def test_slack_runs_late_alone_and_early_only_with_a_lookahead_visit() -> None:
+    from idlekeeper.lookahead import LookaheadWheel
+
+    clock = FakeClock()
+    plain = Timers(clock, tick=0.01)
+    ran: list[float] = []
+    plain.call_at(101.0, lambda: ran.append(clock.now), slack=2.0)
+    clock.now = 102.99
+    assert plain.run_due() == 0  # a plain wheel hands it out at when + slack
+    clock.now = 103.0
+    assert plain.run_due() == 1 and ran == [103.0]
+
+    wheel: LookaheadWheel[object] = LookaheadWheel(0.01, clock.now, lookahead=1.0)  # type: ignore[type-var]
+    timers = Timers(clock, wheel=wheel)
+    ran.clear()
+    timers.call_at(110.0, lambda: ran.append(clock.now), slack=2.0)
+    clock.now = 109.5  # a visit before its time: filed again, not run
+    assert timers.run_due() == 0 and len(timers) == 1
+    clock.now = 111.2  # a visit within the slack (the batch reaches 112.2): it runs now
+    assert timers.run_due() == 1 and ran == [111.2]
+    with pytest.raises(ValueError):
+        timers.call_at(120.0, print, slack=-1.0)
+
+
+def test_a_repeating_call_within_its_slack_is_on_time() -> None:
+    from idlekeeper.lookahead import LookaheadWheel
+
+    clock = FakeClock()
+    wheel: LookaheadWheel[object] = LookaheadWheel(0.01, clock.now, lookahead=1.0)  # type: ignore[type-var]
+    timers = Timers(clock, wheel=wheel)
+    calls: list[float] = []
+    handle = timers.call_every(2.0, lambda: calls.append(clock.now), slack=2.0)
+    for t in (103.2, 105.5, 107.9):  # visits within a lookahead of grid time + slack
+        clock.now = t
+        timers.run_due()
+    assert calls == [103.2, 105.5, 107.9]
+    assert handle.when == pytest.approx(108.0)  # still on the grid, nothing skipped
+    clock.now = 115.0  # past its time plus the slack: the missed calls collapse into one
+    timers.run_due()
+    assert calls[-1] == 115.0 and handle.when == pytest.approx(116.0)

@@ -14,7 +14,7 @@ import trio
 from .. import runner
 from ..bus import Hub
 from ..config import add_worker_arguments
-from ..gcpolicy import freeze_long_lived
+from ..gcpolicy import freeze_on_keeper
 from ..listeners import open_listeners
 from ..readiness import Ready
 from ..tls import add_tls_arguments, check_tls_arguments
@@ -331,7 +331,7 @@ async def run_worker(args: argparse.Namespace, worker: int, reuse_port: bool) ->
             )
         )
         if args.gc_freeze > 0:
-            nursery.start_soon(freeze_long_lived, args.gc_freeze)
+            freeze_on_keeper(server.keeper, args.gc_freeze)  # ends with the keeper
         nursery.start_soon(reload_on_hangup, server)
         return server
 
