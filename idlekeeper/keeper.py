@@ -245,7 +245,10 @@ class Keeper:
         when = watch.check_time(trio.current_time())
         wheel = self._wheel
         if when == math.inf:
-            wheel.cancel(watch)
+            # Loosened to no deadline at all: an entry already filed stays, and the
+            # reaper drops it when it comes due (one visit, versus a wheel removal now
+            # and an insertion when the next deadline is set, as a server does twice
+            # per request).
             return
         due = wheel.due(watch)
         if due is not None and due <= when:

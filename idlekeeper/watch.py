@@ -220,7 +220,8 @@ class Watch(ConnectionDeadlines):
     @idle_timeout.setter
     def idle_timeout(self, seconds: float | None) -> None:
         self.set_idle_timeout(seconds, trio.current_time())
-        self._owner._changed(self)
+        if seconds is not None:  # None only removes a deadline: the filing stands
+            self._owner._changed(self)
 
     @property
     def receive_timeout(self) -> float | None:
@@ -230,7 +231,8 @@ class Watch(ConnectionDeadlines):
     @receive_timeout.setter
     def receive_timeout(self, seconds: float | None) -> None:
         self.set_receive_timeout(seconds, trio.current_time())
-        self._owner._changed(self)
+        if seconds is not None:  # None only removes a deadline: the filing stands
+            self._owner._changed(self)
 
     def receive_timeout_since(self, seconds: float | None, since: float) -> None:
         """Set the receive timeout counting from ``since`` instead of from now.
@@ -256,7 +258,8 @@ class Watch(ConnectionDeadlines):
     @send_timeout.setter
     def send_timeout(self, seconds: float | None) -> None:
         self.set_send_timeout(seconds, trio.current_time())
-        self._owner._changed(self)
+        if seconds is not None:  # None only removes a deadline: the filing stands
+            self._owner._changed(self)
 
     @property
     def deadline(self) -> float:
