@@ -13,15 +13,16 @@ import select
 import socket as _stdlib_socket
 from typing import Protocol
 
-__all__ = ["SocketLike", "send_would_progress", "unread_bytes"]
+__all__ = ["SocketLike", "send_would_progress", "unacknowledged_bytes", "unread_bytes"]
 
 try:
     import fcntl
     import termios
 
     _FIONREAD: int | None = termios.FIONREAD
+    _TIOCOUTQ: int | None = termios.TIOCOUTQ  # SIOCOUTQ for a socket
 except ImportError:  # pragma: no cover - Windows
-    _FIONREAD = None
+    _FIONREAD = _TIOCOUTQ = None
 
 
 class SocketLike(Protocol):
@@ -40,12 +41,7 @@ def unread_bytes(sock: SocketLike) -> int:
     if fd < 0:
         return 0
     if _FIONREAD is not None:
-        buf = array.array("i", [0])
-        try:
-            fcntl.ioctl(fd, _FIONREAD, buf, True)
-        except OSError:
-            return 0
-        return buf[0]
+        return _queue_size(fd, _FIONREAD)
     probe = _stdlib_socket.socket(fileno=fd)  # pragma: no cover - no FIONREAD
     try:  # pragma: no cover
         return len(probe.recv(1, _stdlib_socket.MSG_PEEK | getattr(_stdlib_socket, "MSG_DONTWAIT", 0)))
@@ -53,6 +49,28 @@ def unread_bytes(sock: SocketLike) -> int:
         return 0
     finally:  # pragma: no cover
         probe.detach()
+
+
+def unacknowledged_bytes(sock: SocketLike) -> int:
+    """Bytes we wrote that the peer has not acknowledged yet (0 if unknown or closed).
+
+    ``SIOCOUTQ``: what the kernel still holds to send or resend. A peer that stops
+    reading leaves up to its whole (autotuned, megabytes) send buffer here, out of
+    sight of any queue of ours.
+    """
+    fd = sock.fileno()
+    if fd < 0 or _TIOCOUTQ is None:
+        return 0
+    return _queue_size(fd, _TIOCOUTQ)
+
+
+def _queue_size(fd: int, request: int) -> int:
+    buf = array.array("i", [0])
+    try:
+        fcntl.ioctl(fd, request, buf, True)
+    except OSError:
+        return 0
+    return buf[0]
 
 
 def send_would_progress(sock: SocketLike) -> bool:

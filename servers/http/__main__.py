@@ -14,21 +14,35 @@ from ..listeners import open_listeners
 from ..prometheus import render, worker_registry
 from ..readiness import Ready
 from ..tls import add_tls_arguments, check_tls_arguments
+from .asgi import ASGIApp, load_app, native_asgi
 from .builtin import builtin_app
-from .server import HttpConfig, HttpServer, serve_http
+from .server import ENGINES, HttpConfig, HttpServer, serve_asgi
 
 DESCRIPTION = """\
-HTTP/1.1 server on h11 and trio. Every timeout is kept by idlekeeper's timing
-wheel and one reaper task per worker: no cancel scope or timer per request.
-Serves the built-in app: /, /healthz, /metrics, /echo (POST a body), /download?size=N.
-With --tls-cert and --tls-key it serves HTTPS."""
+HTTP/1.1 server on h11 and trio for ASGI 3 apps. Every timeout is kept by
+idlekeeper's timing wheel and one reaper task per worker: no cancel scope or timer
+per request. Without an app it serves the built-in one: /, /healthz, /metrics,
+/echo (POST a body), /download?size=N. With --tls-cert and --tls-key it serves HTTPS."""
 
 
 def parser() -> argparse.ArgumentParser:
     """The command line, documented in --help and the README."""
     p = argparse.ArgumentParser(prog="python -m servers.http", description=DESCRIPTION)
-    add_worker_arguments(p, port=8080)
     a = p.add_argument
+    a("app", nargs="?", default=None, metavar="MODULE:APP", help="the ASGI app to serve, e.g. myproject.web:app")
+    add_worker_arguments(p, port=8080)
+    a(
+        "--engine",
+        choices=ENGINES,
+        default="dense",
+        help="dense: no task per connection (default); streams: a task each",
+    )
+    a(
+        "--lifespan",
+        choices=("auto", "off"),
+        default="auto",
+        help="run the app's lifespan protocol (auto: if it has one)",
+    )
     a("--keep-alive-timeout", type=float, default=15.0, help="idle seconds between requests, and before the first")
     a("--header-timeout", type=float, default=10.0, help="seconds from a request's first byte to its complete head")
     a("--body-timeout", type=float, default=30.0, help="seconds allowed between two reads of a request body")
@@ -58,6 +72,7 @@ def config_from(args: argparse.Namespace, worker: int) -> HttpConfig:
         max_body_size=args.max_body_size,
         max_connections=args.max_connections,
         grace=args.grace,
+        engine=args.engine,
     )
 
 
@@ -67,11 +82,13 @@ async def run_worker(args: argparse.Namespace, worker: int, reuse_port: bool) ->
     listeners = open_listeners(args.host, args.port, reuse_port=reuse_port)
 
     async def start(nursery: trio.Nursery) -> HttpServer:
-        # The app's /metrics renders the registry, which is made once the server (and
-        # its keeper) exist: the closure reads it at request time.
-        app = builtin_app(lambda: render(registry))
+        # The built-in app's /metrics renders the registry, which is made once the
+        # server (and its keeper) exist: the closure reads it at request time.
+        app: ASGIApp = load_app(args.app) if args.app else native_asgi(builtin_app(lambda: render(registry)))
         server: HttpServer = await nursery.start(
-            lambda task_status: serve_http(app, config, listeners=listeners, task_status=task_status)
+            lambda task_status: serve_asgi(
+                app, config, listeners=listeners, lifespan=args.lifespan == "auto", task_status=task_status
+            )
         )
         registry = worker_registry(server.keeper.stats, {"worker": str(worker)}, server.figures)
         return server
@@ -86,6 +103,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     cli = parser()
     args = cli.parse_args(argv)
     check_tls_arguments(cli, args)
+    if args.app:
+        try:
+            load_app(args.app)  # a wrong name is told here, once, not by every worker
+        except ValueError as exc:
+            cli.error(str(exc))
     return runner.main("servers.http", args, argv, run_worker, grace=args.grace + 5)
 
 

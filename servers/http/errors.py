@@ -6,10 +6,11 @@ import trio
 
 import idlekeeper
 
-__all__ = ["linger", "send_error"]
+__all__ = ["error_response", "linger", "send_error"]
 
 _REASONS = {
     400: "Bad Request",
+    404: "Not Found",
     405: "Method Not Allowed",
     408: "Request Timeout",
     413: "Content Too Large",
@@ -21,18 +22,23 @@ _REASONS = {
 }
 
 
-async def send_error(stream: idlekeeper.WatchedStream, status: int, linger_for: float = 1.0) -> None:
-    """An error response written directly (h11 may already be in an error state),
-    then a lingering close of ``linger_for`` seconds so that the client reads it
-    rather than a reset."""
+def error_response(status: int) -> bytes:
+    """The bytes of an error answer that closes its connection, written past h11 (which
+    may already be in an error state): a plain-text body naming the status."""
     reason = _REASONS.get(status, "Error")
     body = f"{status} {reason}\n".encode()
     head = (
         f"HTTP/1.1 {status} {reason}\r\n"
         f"Content-Type: text/plain\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n"
     ).encode()
+    return head + body
+
+
+async def send_error(stream: idlekeeper.WatchedStream, status: int, linger_for: float = 1.0) -> None:
+    """:func:`error_response` written to ``stream``, then a lingering close of
+    ``linger_for`` seconds so that the client reads it rather than a reset."""
     try:
-        await stream.send_all(head + body)
+        await stream.send_all(error_response(status))
     except (trio.BrokenResourceError, trio.ClosedResourceError):
         return
     await linger(stream, linger_for)

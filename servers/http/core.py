@@ -1,0 +1,169 @@
+"""What both HTTP drivers share: the configuration, the phases, and the server's
+state and graceful shutdown (:class:`HttpServer`).
+
+The drivers are :mod:`.dense` (idlekeeper's dense engine, no task per connection) and
+:mod:`.streams` (a task per connection over a watched trio stream, and TLS);
+:mod:`.server` starts whichever the configuration asks for.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import trio
+
+import idlekeeper
+
+from ..config import WorkerConfig
+from ..prometheus import Families, Metric
+from .asgi import ASGIApp, Lifespan
+
+__all__ = ["ENGINES", "TIMEOUT_LINGER", "HttpConfig", "HttpServer", "Phase", "address"]
+
+TIMEOUT_LINGER = 0.25
+"""Seconds a connection cut for a header or body timeout lingers after its 408:
+enough for the bytes in flight to drain, not enough to be worth attacking."""
+
+ENGINES = ("dense", "streams")
+
+
+@dataclass
+class HttpConfig(WorkerConfig):
+    """Timeouts and limits. The CLI fills it in; the README compares the defaults."""
+
+    port: int = 8080
+    keep_alive_timeout: float = 15.0
+    header_timeout: float = 10.0
+    body_timeout: float = 30.0
+    send_timeout: float = 30.0
+    max_connection_age: float | None = None
+    max_requests: int | None = None
+    max_header_size: int = 16 * 1024
+    max_body_size: int = 16 * 1024 * 1024
+    max_connections: int = 16_000
+    grace: float = 10.0
+    engine: str = "dense"
+    """``dense`` (no task per connection) or ``streams``; TLS always uses ``streams``."""
+
+
+class Phase:
+    """Where a connection is; a header or body timeout in HEAD or BODY is answered 408."""
+
+    IDLE = "idle"
+    HEAD = "head"
+    BODY = "body"
+    APP = "app"
+    DONE = "done"
+
+
+class HttpServer:
+    """What both drivers share: the app, the limits, the connections, the counters and
+    the graceful shutdown. ``nursery.start(serve_http, ...)`` returns one."""
+
+    def __init__(
+        self, app: ASGIApp, config: HttpConfig, keeper: idlekeeper.Keeper, lifespan: Lifespan | None = None
+    ) -> None:
+        self.app = app
+        self.lifespan = lifespan
+        """The app's lifespan (its shutdown runs at the end of :meth:`shutdown`), if it has one."""
+        self.config = config
+        self.keeper = keeper
+        self.connections: set[Any] = set()
+        self.in_flight = 0
+        """Requests with the app now."""
+        self.closing = False
+        self.requests_total = 0
+        self.refused_total = 0
+        self.unread_cut_total = 0
+        """Connections cut because finished responses sat unacknowledged in the kernel
+        for the send timeout (dense driver)."""
+        self.port = 0
+        """The port it listens on (read it after ``nursery.start``)."""
+        self.state: dict[str, Any] | None = lifespan.state if lifespan is not None and lifespan.supported else None
+        """The lifespan state (ASGI's lifespan-state extension), copied into each scope."""
+        self.scheme = "http" if config.tls is None else "https"
+        self._idle_event: trio.Event | None = None
+
+    @property
+    def engine(self) -> str:
+        """Which driver serves the connections."""
+        raise NotImplementedError
+
+    def must_close(self, started: float, requests: int) -> bool:
+        """Whether the next response of a connection (begun at ``started``, with
+        ``requests`` served) says ``Connection: close``."""
+        cfg = self.config
+        if self.closing:
+            return True
+        if cfg.max_requests is not None and requests >= cfg.max_requests:
+            return True
+        return cfg.max_connection_age is not None and trio.current_time() - started >= cfg.max_connection_age
+
+    def exchange_started(self) -> None:
+        self.in_flight += 1
+        self.requests_total += 1
+
+    def exchange_ended(self) -> None:
+        self.in_flight -= 1
+        if not self.in_flight and self._idle_event is not None:
+            self._idle_event.set()
+
+    def figures(self) -> list[Metric]:
+        """This server's live figures, as Prometheus families (see :mod:`servers.prometheus`)."""
+        f = Families({"worker": str(self.config.worker)})
+        f.gauge("http_connections", "Open connections.", len(self.connections))
+        f.gauge("http_requests_in_flight", "Requests with the app now.", self.in_flight)
+        f.counter("http_requests_total", "Requests served.", self.requests_total)
+        f.counter("http_refused_total", "Connections refused with 503.", self.refused_total)
+        f.counter(
+            "http_unread_responses_cut_total",
+            "Connections cut when the client acknowledged none of its queued responses for the send timeout.",
+            self.unread_cut_total,
+        )
+        return f.families
+
+    async def shutdown(self) -> None:
+        """Graceful shutdown: stop accepting, close idle keep-alive connections now,
+        let requests in flight finish (their responses say ``Connection: close``)
+        for up to ``grace`` seconds, then close whatever is left; then the app's
+        lifespan shutdown."""
+        self.closing = True
+        self._stop_accepting()
+        with trio.move_on_after(self.config.grace):
+            while True:
+                self._close_idle()
+                if not self.in_flight and not self._busy():
+                    break
+                self._idle_event = trio.Event()
+                with trio.move_on_after(0.05):  # idle connections too: a request may just have ended
+                    await self._idle_event.wait()
+        self._idle_event = None
+        self._cut_all()
+        if self.lifespan is not None:
+            await self.lifespan.shutdown()
+
+    # -- what each driver does its own way ---------------------------------------------
+
+    def _stop_accepting(self) -> None:
+        raise NotImplementedError
+
+    def _close_idle(self) -> None:
+        raise NotImplementedError
+
+    def _busy(self) -> bool:
+        raise NotImplementedError
+
+    def _cut_all(self) -> None:
+        raise NotImplementedError
+
+
+def address(sock: object, which: str) -> tuple[str, int] | None:
+    """``sock.getpeername()`` or ``getsockname()`` (``which``) as ASGI's ``(host, port)``, or None."""
+    try:
+        address = getattr(sock, which)()
+    except (OSError, AttributeError):
+        return None
+    if isinstance(address, tuple) and len(address) >= 2:
+        return str(address[0]), int(address[1])
+    return None

@@ -1,0 +1,492 @@
+"""The dense driver: HTTP/1.1 on idlekeeper's dense engine, no task per connection.
+
+Each connection is an :class:`HttpProtocol`: the engine calls it with the bytes it
+reads, it feeds them to h11, and a request head that comes complete is handed to an
+:class:`~.exchange.Exchange` running in a task of its own, only while the app has the
+request. An idle keep-alive connection is a socket, a transport and this object.
+
+The deadlines are the transport's (the same keeper, wheel and guarantees as a watched
+stream), set per phase as in the streams driver: ``idle_timeout`` between requests,
+``send_timeout`` while a response is queued. The two that are answered 408 rather
+than cut silently, the header timeout (absolute, from a head's first byte) and the
+body timeout (between two reads, while the app waits for the body), are keeper timers
+instead, since an expiry closes the socket at once: the timer writes the 408 and
+starts a lingering close, and the transport's absolute deadline ends that linger.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import logging
+import socket
+import struct
+
+import h11
+import outcome
+import trio
+
+import idlekeeper
+from idlekeeper.stall import unacknowledged_bytes
+
+from .asgi import ASGIApp, Lifespan
+from .core import TIMEOUT_LINGER, HttpConfig, HttpServer, Phase, address
+from .errors import error_response
+from .exchange import ClientGone, Exchange, Outcome, bad_head_status, head_refusal, header_list, make_scope
+
+__all__ = ["DenseHttpServer", "HttpProtocol", "run_dense"]
+
+logger = logging.getLogger("servers.http")
+
+# Bytes a lingering close reads and drops before giving up on the client's EOF.
+_LINGER_LIMIT = 256 * 1024
+
+# Bytes of finished responses the kernel may still hold for a client before their
+# delivery is watched by the send timeout. Loopback and LAN clients stay far below it;
+# a client that pipelines and never reads parks up to the kernel's autotuned send
+# buffer (megabytes) there, out of sight of the transport's own queue.
+_KERNEL_BACKLOG = 16 * 1024
+
+
+class HttpProtocol(idlekeeper.Protocol):
+    """One HTTP connection on the dense engine, and the :class:`~.exchange.Channel` of
+    its exchanges."""
+
+    __slots__ = (
+        "server",
+        "t",
+        "h11",
+        "phase",
+        "requests",
+        "started",
+        "exchange",
+        "runner",
+        "timer",
+        "peer",
+        "local",
+        "delivery",
+        "written",
+        "delivered",
+        "clear",
+        "lingered",
+        "gone",
+        "peer_eof",
+        "cancel_armed",
+        "_readable",
+        "_writable",
+        "_gone_event",
+    )
+
+    def __init__(self, server: DenseHttpServer) -> None:
+        self.server = server
+        self.h11 = h11.Connection(h11.SERVER, max_incomplete_event_size=server.config.max_header_size)
+        self.phase = Phase.IDLE
+        self.requests = 0
+        self.started = 0.0
+        self.exchange: Exchange | None = None
+        self.runner: _Runner | None = None
+        self.timer: idlekeeper.TimerHandle | None = None
+        self.delivery: idlekeeper.TimerHandle | None = None
+        self.written = 0  # bytes of responses given to the transport
+        self.delivered = 0  # of them, acknowledged by the client at the last check
+        self.clear = 0  # bytes written when the kernel was last seen holding few
+        self.peer: tuple[str, int] | None = None
+        self.local: tuple[str, int] | None = None
+        self.lingered = -1  # bytes dropped while lingering; -1: not lingering
+        self.gone = False
+        self.peer_eof = False  # the client half-closed while the app had its request
+        self.cancel_armed = False
+        self._readable: trio.Event | None = None
+        self._writable: trio.Event | None = None
+        self._gone_event: trio.Event | None = None
+
+    # -- the engine's callbacks ----------------------------------------------------------
+
+    def connection_made(self, transport: idlekeeper.Transport) -> None:
+        self.t = transport
+        server = self.server
+        self.started = trio.current_time()
+        server.connections.add(self)
+        if len(server.connections) > server.config.max_connections or server.closing:
+            server.refused_total += 1
+            self.refuse(503, "", log=False)
+
+    def data_received(self, data: bytes) -> None:
+        if self.lingered >= 0:
+            self.lingered += len(data)
+            if self.lingered > _LINGER_LIMIT:
+                self.t.abort()
+            return
+        h = self.h11
+        h.receive_data(data)
+        if self.exchange is None:
+            self._heads()
+            return
+        self._wake_reader()
+        if len(h.trailing_data[0]) > self.server.config.max_header_size:
+            # The app has not taken what came (a body it is slow to read, requests
+            # pipelined behind this one): read no more until it does.
+            self.t.pause_reading()
+
+    def eof_received(self) -> bool:
+        if self.lingered >= 0:
+            return False  # the client read the answer and closed: close too
+        self.h11.receive_data(b"")
+        if self.exchange is None:
+            self._heads()
+        else:
+            # The client is done sending while the app has its request: as nginx (and
+            # uvicorn) read it, the client gave up. The app hears http.disconnect, and
+            # may still answer within the grace; then it is cancelled.
+            self._wake_reader()
+            self.peer_eof = True
+            if self._gone_event is not None:
+                self._gone_event.set()
+            self._cancel_app_later()
+        return True  # a response may still be on its way; we close when it is out
+
+    def pause_writing(self) -> None:
+        self._writable = trio.Event()
+
+    def resume_writing(self) -> None:
+        if self._writable is not None:
+            self._writable.set()
+            self._writable = None
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self.gone = True
+        self.phase = Phase.DONE
+        self._cancel_timer()
+        if self.delivery is not None:
+            self.delivery.cancel()
+            self.delivery = None
+        self.server.connections.discard(self)
+        for event in (self._readable, self._writable, self._gone_event):
+            if event is not None:
+                event.set()
+        # The app hears http.disconnect at once; one that goes on regardless is
+        # cancelled after the grace a shutdown gives it.
+        self._cancel_app_later()
+
+    def _cancel_app_later(self) -> None:
+        runner, exchange = self.runner, self.exchange
+        if runner is not None and exchange is not None and not self.cancel_armed:
+            self.cancel_armed = True
+            self.server.keeper.call_later(self.server.config.grace, lambda: runner.cancel(exchange))
+
+    # -- request heads ---------------------------------------------------------------------
+
+    def _heads(self) -> None:
+        """Between requests: parse what came; start an exchange for a complete head."""
+        h = self.h11
+        try:
+            event = h.next_event()
+        except h11.RemoteProtocolError as exc:
+            self.refuse(bad_head_status(exc), f"bad request head: {exc}")
+            return
+        t = self.t
+        if event is h11.NEED_DATA:
+            if self.phase is Phase.IDLE and h.trailing_data[0]:
+                # A head has begun and is not complete: from now on it has a deadline
+                # that more (trickled) bytes do not extend.
+                self.phase = Phase.HEAD
+                t.idle_timeout = None
+                self.timer = self.server.keeper.call_later(self.server.config.header_timeout, self._too_slow)
+            return
+        if isinstance(event, h11.Request):
+            self._request(event)
+            return
+        if isinstance(event, h11.ConnectionClosed):
+            t.close()
+        # PAUSED: a protocol switch we do not make; nothing more to read here.
+
+    def _request(self, event: h11.Request) -> None:
+        server = self.server
+        cfg = server.config
+        self._cancel_timer()
+        t = self.t
+        if self.phase is Phase.IDLE:
+            t.idle_timeout = None
+        headers = header_list(event)
+        refusal = head_refusal(event, headers, cfg.max_header_size, cfg.max_body_size)
+        if refusal is not None:
+            self.refuse(*refusal)
+            return
+        self.phase = Phase.APP
+        self.requests += 1
+        if self.requests == 1:
+            sock = t.socket
+            self.peer = address(sock, "getpeername")
+            self.local = address(sock, "getsockname")
+        scope = make_scope(
+            event, headers, scheme=server.scheme, client=self.peer, server=self.local, state=server.state
+        )
+        self.exchange = Exchange(self, scope, max_body_size=cfg.max_body_size, must_close=self._must_close)
+        server.exchange_started()
+        server.dispatch(self)
+
+    def _must_close(self) -> bool:
+        return self.server.must_close(self.started, self.requests)
+
+    async def run_exchange(self, runner: _Runner) -> None:
+        """Run the exchange just started, in ``runner``'s task, and go on with the
+        connection as it says. A cancellation (the app outlived its client by the
+        grace, or the server is cut) propagates: it ends the runner too."""
+        server = self.server
+        exchange = self.exchange
+        assert exchange is not None
+        self.runner = runner
+        runner.exchange = exchange
+        try:
+            after = await exchange.run(server.app)
+        finally:
+            runner.exchange = None
+            self.runner = None
+            self.cancel_armed = False
+            self.exchange = None
+            server.exchange_ended()
+        if self.gone or self.lingered >= 0:
+            return
+        t = self.t
+        if after is Outcome.NEXT and not server.closing:
+            self.phase = Phase.IDLE
+            t.idle_timeout = server.config.keep_alive_timeout
+            t.resume_reading()
+            self._watch_delivery()
+            self._heads()  # a request pipelined behind this one is already here
+        elif after is Outcome.REFUSE:
+            self.refuse(exchange.refusal, exchange.refusal_reason)
+        elif after is Outcome.ABORT:
+            t.abort()
+        else:
+            self.phase = Phase.DONE
+            t.close()
+
+    # -- timeouts answered 408, and lingering closes ------------------------------------------
+
+    def _too_slow(self) -> None:
+        """The header or body timer: the client did not send its request in time."""
+        self.timer = None
+        if self.phase in (Phase.HEAD, Phase.BODY) and not self.gone and self.lingered < 0:
+            self.refuse(408, "", log=False, linger=TIMEOUT_LINGER)
+            self._wake_reader()
+
+    def refuse(self, status: int, why: str, *, log: bool = True, linger: float = 1.0) -> None:
+        """Answer ``status`` past h11 and close, lingering so that the client reads the
+        answer rather than a reset; the connection's other work stops."""
+        if log:
+            # One INFO line, no traceback: bad input is the client's doing, and a client
+            # sending it in bulk must not be able to flood the log with stacks. h11's
+            # messages quote the offending bytes (escaped by repr): cut to keep lines short.
+            logger.info("http: %d for %s", status, why if len(why) <= 200 else why[:200] + "...")
+        self._cancel_timer()
+        self.phase = Phase.DONE
+        self.lingered = 0
+        t = self.t
+        t.idle_timeout = None
+        t.receive_timeout = None
+        t.write(error_response(status))
+        t.write_eof()
+        t.resume_reading()
+        t.deadline = trio.current_time() + linger  # the linger's end, if the client never closes
+
+    # -- responses the kernel holds -----------------------------------------------------
+
+    def _watch_delivery(self) -> None:
+        """After a response: if the kernel still holds much of what was written, the
+        send timeout watches its delivery (the transport's own only sees its queue)."""
+        if self.delivery is not None or self.written - self.clear <= _KERNEL_BACKLOG:
+            return  # the kernel cannot hold more than was written since it held few
+        backlog = self._backlog()
+        if backlog <= _KERNEL_BACKLOG:
+            self.clear = self.written - backlog
+        else:
+            self.delivered = self._acknowledged()
+            self.delivery = self.server.keeper.call_later(self.server.config.send_timeout, self._delivery_check)
+
+    def _backlog(self) -> int:
+        sock = self.t.socket
+        return 0 if sock is None else unacknowledged_bytes(sock)
+
+    def _acknowledged(self) -> int:
+        return self.written - self.t.get_write_buffer_size() - self._backlog()
+
+    def _delivery_check(self) -> None:
+        """A send timeout after the last progress: cut a client that acknowledged
+        nothing since, as the transport cuts one whose queue does not move."""
+        self.delivery = None
+        if self.gone or self.lingered >= 0:
+            return
+        acknowledged = self._acknowledged()
+        if acknowledged > self.delivered:
+            self.delivered = acknowledged
+            if self._backlog() > _KERNEL_BACKLOG:
+                self.delivery = self.server.keeper.call_later(self.server.config.send_timeout, self._delivery_check)
+            return
+        self.server.unread_cut_total += 1
+        logger.info("http: send timeout, %d bytes of responses unread by the client", self.written - acknowledged)
+        # A reset, not a FIN queued behind the unread bytes: that would leave an orphan
+        # socket holding them in the kernel for minutes of zero-window probes.
+        sock = self.t.socket
+        if isinstance(sock, socket.socket):
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        self.t.abort()
+
+    def _cancel_timer(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+
+    def _wake_reader(self) -> None:
+        if self._readable is not None:
+            self._readable.set()
+            self._readable = None
+
+    # -- the exchange's channel --------------------------------------------------------------
+
+    async def more(self) -> None:
+        """Wait for more of the request body, under the body timeout."""
+        if self.gone or self.lingered >= 0:
+            raise ClientGone("the connection is closed")
+        self.t.resume_reading()
+        self.phase = Phase.BODY
+        self.timer = self.server.keeper.call_later(self.server.config.body_timeout, self._too_slow)
+        event = self._readable = trio.Event()
+        try:
+            await event.wait()
+        finally:
+            self._cancel_timer()
+            if self.phase is Phase.BODY:
+                self.phase = Phase.APP
+        if self.gone or self.lingered >= 0:
+            raise ClientGone("the connection closed while the body was awaited")
+
+    async def write(self, data: bytes) -> None:
+        """Queue ``data``; wait while more than the high-water mark is queued."""
+        if self.gone or self.lingered >= 0:
+            raise ClientGone("the connection is closed")
+        self.t.write(data)
+        self.written += len(data)
+        writable = self._writable
+        if writable is not None:
+            await writable.wait()
+            if self.gone:
+                raise ClientGone("the connection closed while a response was queued")
+
+    async def disconnected(self) -> None:
+        if self.gone or self.peer_eof:
+            return
+        if self._gone_event is None:
+            self._gone_event = trio.Event()
+        await self._gone_event.wait()
+
+
+# Runner tasks kept parked for the next exchange; beyond it they end.
+_IDLE_RUNNERS = 256
+
+
+class _Runner:
+    """A task that runs exchanges one after another, parked between them.
+
+    Handing a parked runner the next exchange is one reschedule, where a task per
+    request costs a spawn, a cancel scope and an exit (a tenth of a small request's
+    CPU). Each exchange gets a fresh copy of the server's context, as a new task
+    would, so context variables an app sets do not leak into the next request."""
+
+    __slots__ = ("task", "scope", "exchange")
+
+    def __init__(self, task: trio.lowlevel.Task, scope: trio.CancelScope) -> None:
+        self.task = task
+        self.scope = scope
+        self.exchange: Exchange | None = None
+
+    def cancel(self, exchange: Exchange) -> None:
+        """Cancel ``exchange``'s app, if this runner is still running it."""
+        if self.exchange is exchange:
+            self.scope.cancel()
+
+
+class DenseHttpServer(HttpServer):
+    """The dense driver's server: one engine, and a nursery for the exchanges."""
+
+    def __init__(
+        self, app: ASGIApp, config: HttpConfig, keeper: idlekeeper.Keeper, lifespan: Lifespan | None = None
+    ) -> None:
+        super().__init__(app, config, keeper, lifespan)
+        self._engine: idlekeeper.Engine | None = None
+        self.exchanges: trio.Nursery
+        self._parked: list[_Runner] = []
+        self._context = contextvars.copy_context()
+
+    def dispatch(self, conn: HttpProtocol) -> None:
+        """Run ``conn``'s new exchange in a parked runner, or in a new one."""
+        if self._parked:
+            runner = self._parked.pop()
+            runner.task.context = self._context.copy()
+            trio.lowlevel.reschedule(runner.task, outcome.Value(conn))
+        else:
+            self.exchanges.start_soon(self._runner, conn)  # in a copy of this context
+
+    async def _runner(self, conn: HttpProtocol) -> None:
+        parked = self._parked
+        with trio.CancelScope() as scope:
+            runner = _Runner(trio.lowlevel.current_task(), scope)
+
+            def unpark(_: object) -> trio.lowlevel.Abort:
+                parked.remove(runner)  # cancelled while parked: the server is cut
+                return trio.lowlevel.Abort.SUCCEEDED
+
+            while True:
+                await conn.run_exchange(runner)
+                if len(parked) >= _IDLE_RUNNERS:
+                    return
+                parked.append(runner)
+                conn = await trio.lowlevel.wait_task_rescheduled(unpark)
+
+    @property
+    def engine(self) -> str:
+        return "dense"
+
+    def _stop_accepting(self) -> None:
+        if self._engine is not None:
+            self._engine.close_listeners()
+
+    def _close_idle(self) -> None:
+        for conn in list(self.connections):
+            if conn.exchange is None and conn.phase is Phase.IDLE:
+                conn.t.close()
+
+    def _busy(self) -> bool:
+        return any(conn.exchange is not None for conn in self.connections)
+
+    def _cut_all(self) -> None:
+        self.exchanges.cancel_scope.cancel()
+        for conn in list(self.connections):
+            conn.t.abort()
+
+
+async def run_dense(
+    app: ASGIApp,
+    config: HttpConfig,
+    listeners: list[trio.SocketListener],
+    keeper: idlekeeper.Keeper,
+    lifespan: Lifespan | None = None,
+    *,
+    task_status: trio.TaskStatus[HttpServer] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve ``app`` on ``listeners`` with a dense engine until cancelled; ``nursery.start``
+    returns the server."""
+    server = DenseHttpServer(app, config, keeper, lifespan)
+    async with idlekeeper.open_engine(keeper) as engine, trio.open_nursery() as exchanges:
+        server._engine = engine
+        server.exchanges = exchanges
+        socks = engine.serve(
+            listeners,
+            lambda: HttpProtocol(server),
+            idle=config.keep_alive_timeout,
+            send=config.send_timeout,
+        )
+        server.port = socks[0].getsockname()[1] if socks and socks[0].family != socket.AF_UNIX else 0
+        task_status.started(server)
+        await trio.sleep_forever()

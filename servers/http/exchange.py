@@ -1,0 +1,500 @@
+"""One request and its response, between an h11 connection and an ASGI app.
+
+:class:`Exchange` builds the ASGI scope from a parsed request head, gives the app its
+``receive`` and ``send``, and turns what the app sends into h11 events and bytes. It
+never touches a socket: a driver hands it a :class:`Channel`, which feeds h11 more of
+the request and writes bytes out (the dense engine's callbacks in :mod:`.dense`, a
+trio stream in :mod:`.server`). So both drivers, and the native interface through
+:func:`~servers.http.asgi.native_asgi`, share one request cycle.
+
+What the exchange decides, and the drivers act on (:class:`Outcome`): whether the
+connection may carry another request, must close once the response is out, or must
+be cut (a response the app started and never finished), and which error answer to
+give when the request body was malformed (400) or too large (413) before any
+response began.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import email.utils
+import enum
+import http
+import logging
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+from urllib.parse import unquote_to_bytes
+
+import h11
+
+from .asgi import ASGI_VERSION, ASGIApp, Message, Scope
+from .whole import whole_response
+
+__all__ = [
+    "BodyTooLarge",
+    "Channel",
+    "ClientDisconnected",
+    "ClientGone",
+    "Exchange",
+    "Outcome",
+    "bad_head_status",
+    "head_refusal",
+    "header_list",
+    "make_scope",
+    "origin_form",
+]
+
+logger = logging.getLogger("servers.http")
+
+# "HTTP/1.1 200 OK" rather than h11's bare "200": some clients log the phrase.
+_PHRASES = {status.value: status.phrase.encode() for status in http.HTTPStatus}
+_NO_BODY_STATUSES = frozenset({204, 304})
+
+_date_second = 0
+_date_value = b""
+
+
+def http_date() -> bytes:
+    """The ``Date`` header's value for now (RFC 9110 §6.6.1), formatted once a second."""
+    global _date_second, _date_value
+    now = int(time.time())
+    if now != _date_second:
+        _date_second = now
+        _date_value = email.utils.formatdate(now, usegmt=True).encode()
+    return _date_value
+
+
+class ClientGone(ConnectionError):
+    """The client reset or closed its connection (or it timed out) while the exchange
+    was reading the request or writing the response."""
+
+
+class ClientDisconnected(OSError):
+    """Raised by ``send()`` once the client is gone, as ASGI asks of a server (an
+    ``OSError``); an app that does not catch it simply ends."""
+
+
+class BodyTooLarge(Exception):
+    """The request body passed the server's limit."""
+
+
+class Outcome(enum.Enum):
+    """What the connection does once an exchange is over."""
+
+    NEXT = "next"
+    """The response is out and the request read: the connection carries the next one."""
+    CLOSE = "close"
+    """The response is out; close politely (``Connection: close`` was sent)."""
+    ABORT = "abort"
+    """Cut the connection: the response was started and cannot be completed."""
+    REFUSE = "refuse"
+    """Nothing was sent; answer :attr:`Exchange.refusal` and close."""
+
+
+class Channel(Protocol):
+    """What an exchange needs from the driver of its connection."""
+
+    h11: h11.Connection
+
+    async def more(self) -> None:
+        """Feed h11 more of the request; return once some came (or the end of input).
+        Raises :class:`ClientGone` if the client went away or the body timed out."""
+        ...
+
+    async def write(self, data: bytes) -> None:
+        """Write ``data``, waiting while too much is queued for the client.
+        Raises :class:`ClientGone` if it is gone."""
+        ...
+
+    async def disconnected(self) -> None:
+        """Return once the client has gone away (for an app listening for it)."""
+        ...
+
+
+def origin_form(target: str) -> tuple[str, str | None]:
+    """``(origin-form target, authority)``: an absolute-form target
+    (``http://host/path?q``, RFC 9112 §3.2.2) is routed by its path and query;
+    any other target is returned as is, with no authority."""
+    if target.startswith("/"):
+        return target, None  # the usual case, decided without parsing
+    scheme, sep, rest = target.partition("://")
+    if not sep or scheme.lower() not in ("http", "https"):
+        return target, None  # asterisk-form, authority-form, or not a URI we serve
+    end = len(rest)
+    for delimiter in "/?#":
+        found = rest.find(delimiter)
+        if found != -1:
+            end = min(end, found)
+    authority = rest[:end].rpartition("@")[2]  # userinfo is not part of the host
+    path = rest[end:].partition("#")[0]
+    return (path if path.startswith("/") else "/" + path), authority
+
+
+def header_list(request: h11.Request) -> list[tuple[bytes, bytes]]:
+    """The request's headers as ``(lowercase name, value)`` pairs, ASGI's form."""
+    items = getattr(request.headers, "_full_items", None)
+    if items is None:  # pragma: no cover - another h11 layout
+        return list(request.headers)
+    # h11 keeps (raw name, lowercase name, value) triples; iterating its Headers goes
+    # through Sequence.__getitem__ one pair at a time, several times slower.
+    return [(name, value) for _, name, value in items]
+
+
+def head_refusal(
+    request: h11.Request, headers: list[tuple[bytes, bytes]], max_header_size: int, max_body_size: int
+) -> tuple[int, str] | None:
+    """``(status, reason)`` for a parsed head that must not reach the app, or None.
+
+    431 for a head over the limit (h11 only bounds one still arriving; one that came
+    whole in a single read is measured here), 505 for another major version, 400 for
+    ambiguous framing (RFC 9112 §6.3), 413 for a declared body over the limit, 404
+    for a WebSocket upgrade (not served).
+    """
+    size = len(request.method) + len(request.target) + 14
+    length: bytes | None = None
+    chunked = upgrade = False
+    for name, value in headers:
+        size += len(name) + len(value) + 4
+        if name == b"content-length":
+            length = value
+        elif name == b"transfer-encoding":
+            chunked = True
+        elif name == b"upgrade" and value.lower() == b"websocket":
+            upgrade = True
+    if size > max_header_size:
+        return 431, "request head too large"
+    if not request.http_version.startswith(b"1."):
+        # h11 parses any "HTTP/d.d" as if it were 1.1; another major version is
+        # another protocol, whose framing we cannot assume (RFC 9110 §15.6.6).
+        return 505, f"HTTP/{request.http_version.decode()}"
+    if length is not None and chunked:
+        # h11 lets chunked win, as RFC 9112 §6.3 allows; but a front end that went
+        # by Content-Length would see a different request boundary (smuggling), so
+        # the request is refused and its connection closed instead.
+        return 400, "Content-Length with Transfer-Encoding"
+    if length is not None and length.isdigit() and int(length) > max_body_size:
+        return 413, "declared request body too large"
+    if upgrade:
+        return 404, "WebSocket is not served"
+    return None
+
+
+def bad_head_status(exc: h11.RemoteProtocolError) -> int:
+    """The answer to a head h11 could not parse."""
+    status = exc.error_status_hint
+    if status == 501 and "Transfer-Encoding" in str(exc):
+        # h11 answers 501 for any coding but a lone "chunked", before we can see the
+        # header. When chunked is not last, RFC 9112 §6.3 requires 400, and 400 (rather
+        # than 501) is also fine for "gzip, chunked": either way the body's length is
+        # unknown and the connection closes.
+        return 400
+    return status
+
+
+def make_scope(
+    request: h11.Request,
+    headers: list[tuple[bytes, bytes]],
+    *,
+    scheme: str,
+    client: tuple[str, int] | None,
+    server: tuple[str, int] | None,
+    state: dict[str, Any] | None,
+) -> Scope:
+    """The ASGI ``http`` scope of a parsed request head."""
+    target = request.target.decode("latin-1")
+    if not target.startswith("/"):
+        target, authority = origin_form(target)
+        if authority:
+            # RFC 9112 §3.2.2: with an absolute-form target the Host header is
+            # ignored and the target's authority stands in for it.
+            headers = [(k, authority.encode("latin-1") if k == b"host" else v) for k, v in headers]
+    raw_path, _, query = target.encode("latin-1").partition(b"?")
+    scope: Scope = {
+        "type": "http",
+        "asgi": ASGI_VERSION,
+        "http_version": request.http_version.decode("latin-1"),
+        "method": request.method.decode("latin-1"),
+        "scheme": scheme,
+        "path": unquote_to_bytes(raw_path).decode("utf-8", "replace") if b"%" in raw_path else raw_path.decode(),
+        "raw_path": raw_path,
+        "query_string": query,
+        "root_path": "",
+        "headers": headers,
+        "client": client,
+        "server": server,
+    }
+    if state is not None:
+        scope["state"] = dict(state)
+    return scope
+
+
+class Exchange:
+    """One request's ASGI cycle on ``channel``; :meth:`run` it in a task of its own
+    (or in the connection's task), then act on the :class:`Outcome` it returns.
+
+    ``must_close()`` is asked when the response head is built: true adds
+    ``Connection: close`` (a graceful shutdown, ``--max-requests``, a connection's age).
+    """
+
+    __slots__ = (
+        "channel",
+        "scope",
+        "head_only",
+        "max_body_size",
+        "must_close",
+        "received",
+        "body_done",
+        "gone",
+        "started",
+        "head_sent",
+        "complete",
+        "status",
+        "headers",
+        "refusal",
+        "refusal_reason",
+        "closing",
+    )
+
+    def __init__(
+        self,
+        channel: Channel,
+        scope: Scope,
+        *,
+        max_body_size: int,
+        must_close: Callable[[], bool],
+    ) -> None:
+        self.channel = channel
+        self.scope = scope
+        self.head_only = scope["method"] == "HEAD"
+        self.max_body_size = max_body_size
+        self.must_close = must_close
+        self.received = 0
+        self.body_done = False
+        self.gone = False
+        self.started = False
+        self.head_sent = False
+        self.complete = False
+        self.status = 0
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.refusal = 0
+        """The error status to answer instead of the app's response (400, 413), if any."""
+        self.refusal_reason = ""
+        self.closing = False
+
+    # -- the app's side ------------------------------------------------------------
+
+    async def receive(self) -> Message:
+        """ASGI ``receive``: the request body in pieces, then ``http.disconnect``."""
+        if self.gone or self.complete:
+            return {"type": "http.disconnect"}
+        if self.body_done:
+            # Nothing more to read: wait for the client to go (Starlette's streaming
+            # responses listen for it) or for the response to end.
+            await self.channel.disconnected()
+            self.gone = True
+            return {"type": "http.disconnect"}
+        return await self._body()
+
+    async def _body(self) -> Message:
+        """The next piece of the request body (``http.disconnect`` if it cannot come)."""
+        h = self.channel.h11
+        chunks: list[bytes] = []
+        while True:
+            try:
+                event = h.next_event()
+            except h11.RemoteProtocolError as exc:
+                self._refuse(exc.error_status_hint, f"bad request body: {exc}")
+                return {"type": "http.disconnect"}
+            if isinstance(event, h11.Data):
+                self.received += len(event.data)
+                if self.received > self.max_body_size:
+                    self._refuse(413, "request body too large")
+                    return {"type": "http.disconnect"}
+                chunks.append(bytes(event.data))
+                continue
+            if isinstance(event, h11.EndOfMessage):
+                self.body_done = True
+                return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+            if event is h11.NEED_DATA:
+                if chunks:
+                    return {"type": "http.request", "body": b"".join(chunks), "more_body": True}
+                try:
+                    if h.they_are_waiting_for_100_continue:
+                        # The client holds the body back until it hears this (or its own
+                        # timeout): answered when the app first asks for the body.
+                        await self.channel.write(h.send(h11.InformationalResponse(status_code=100, headers=[])) or b"")
+                    await self.channel.more()
+                except ClientGone:
+                    self.gone = True
+                    logger.info(
+                        "http: client went away while %s %s read its body",
+                        self.scope["method"],
+                        self.scope["raw_path"].decode("latin-1"),
+                    )
+                    return {"type": "http.disconnect"}
+                continue
+            # ConnectionClosed (the client half-closed mid-body) or PAUSED.
+            self.gone = True
+            return {"type": "http.disconnect"}
+
+    async def send(self, message: Message) -> None:
+        """ASGI ``send``: ``http.response.start``, then ``http.response.body`` pieces."""
+        kind = message["type"]
+        if kind == "http.response.start":
+            if self.started:
+                raise RuntimeError("http.response.start sent twice")
+            self.started = True
+            self.status = int(message["status"])
+            self.headers = [(bytes(k).lower(), bytes(v)) for k, v in message.get("headers", ())]
+            return
+        if kind != "http.response.body":
+            raise RuntimeError(f"unexpected ASGI message {kind!r}")
+        if not self.started:
+            raise RuntimeError("http.response.body before http.response.start")
+        if self.complete:
+            raise RuntimeError("http.response.body after the response was complete")
+        if self.gone and not self.refusal:
+            raise ClientDisconnected("the client went away")
+        if self.refusal:
+            return  # the request was refused (400, 413): its answer replaces the app's
+        body: bytes = message.get("body", b"")
+        more: bool = message.get("more_body", False)
+        h = self.channel.h11
+        if not self.head_sent and not more and not self.body_done and not h.they_are_waiting_for_100_continue:
+            # A whole response to a request whose body is still coming: read the rest of
+            # it first (bounded by the limits and the body timeout), as the native
+            # interface always did, so that a malformed or oversized body gets its 400 or
+            # 413 rather than this answer, and the connection can carry the next request.
+            while not self.body_done and not self.gone:
+                await self._body()
+            if self.refusal:
+                return  # run() answers the refusal instead
+        if self.gone:
+            raise ClientDisconnected("the client went away")
+        out = b""
+        if not self.head_sent:
+            self.head_sent = True
+            if not more:
+                whole = self._whole(body)
+                if whole is not None:
+                    self.complete = True
+                    await self._write(whole)
+                    return
+            out = h.send(self._head(len(body) if not more else None)) or b""
+        if body and not self.head_only and self.status not in _NO_BODY_STATUSES:
+            out += h.send(h11.Data(data=body)) or b""
+        if not more:
+            out += h.send(h11.EndOfMessage()) or b""
+            self.complete = True
+        if out:
+            await self._write(out)
+
+    async def _write(self, data: bytes) -> None:
+        try:
+            await self.channel.write(data)
+        except ClientGone:
+            self.gone = True
+            raise ClientDisconnected("the client went away") from None
+
+    def _whole(self, body: bytes) -> bytes | None:
+        """A complete response in one message, written past h11 when it allows (see
+        :mod:`.whole`)."""
+        h = self.channel.h11
+        if h.they_are_waiting_for_100_continue or self.must_close():
+            return None  # closing: h11's path, which also says so
+        headers = self.headers
+        if not any(name == b"date" for name, _ in headers):
+            headers = [*headers, (b"date", http_date())]
+        return whole_response(
+            h,
+            self.status,
+            _PHRASES.get(self.status, b""),
+            headers,
+            body,
+            send_body=not self.head_only,
+        )
+
+    def _head(self, length: int | None) -> h11.Response:
+        headers = self.headers
+        names = {name for name, _ in headers}
+        if (
+            length is not None
+            and b"content-length" not in names
+            and b"transfer-encoding" not in names
+            and self.status not in _NO_BODY_STATUSES
+            and self.status >= 200
+        ):
+            headers.append((b"content-length", str(length).encode()))
+        if self.channel.h11.they_are_waiting_for_100_continue:
+            # The app answered without reading the body, and the client has not sent it:
+            # do not invite it only to discard it, and close, as the client may send it
+            # anyway (RFC 9110 §10.1.1).
+            self.closing = True
+        elif self.must_close():
+            self.closing = True
+        if b"date" not in names:
+            headers.append((b"date", http_date()))
+        if self.closing and b"connection" not in names:
+            headers.append((b"connection", b"close"))
+        return h11.Response(status_code=self.status, headers=headers, reason=_PHRASES.get(self.status, b""))
+
+    def _refuse(self, status: int, why: str) -> None:
+        self.gone = True  # for the app, the request is over
+        if not self.refusal:
+            self.refusal = status
+            self.refusal_reason = why
+
+    # -- the driver's side ---------------------------------------------------------
+
+    async def run(self, app: ASGIApp) -> Outcome:
+        """Call the app and see its response out; then read what is left of the request
+        body, so the connection can carry the next one. Returns what to do next."""
+        try:
+            await app(self.scope, self.receive, self.send)
+        except ClientDisconnected:
+            pass  # the app did not catch it: nothing more to send
+        except Exception:
+            logger.exception("http: the app raised on %s %s", self.scope["method"], self.scope["raw_path"].decode())
+            if not self.head_sent and not self.refusal and not self.gone:
+                self.started = True
+                self.status = 500
+                self.headers = [(b"content-type", b"text/plain")]
+                await self._send_quietly(b"internal server error\n")
+        else:
+            if not self.started and not self.refusal and not self.gone:
+                logger.error(
+                    "http: the app returned without a response to %s %s",
+                    self.scope["method"],
+                    self.scope["raw_path"].decode(),
+                )
+                self.started = True
+                self.status = 500
+                self.headers = [(b"content-type", b"text/plain")]
+                await self._send_quietly(b"internal server error\n")
+        if self.refusal and not self.head_sent:
+            return Outcome.REFUSE
+        if not self.complete or self.gone:
+            return Outcome.ABORT
+        return await self._finish()
+
+    async def _send_quietly(self, body: bytes) -> None:
+        with contextlib.suppress(ClientDisconnected):
+            await self.send({"type": "http.response.body", "body": body})
+
+    async def _finish(self) -> Outcome:
+        h = self.channel.h11
+        if self.closing or h.our_state is h11.MUST_CLOSE:
+            return Outcome.CLOSE
+        # Whatever body the app left unread is read and dropped (bounded by the limits),
+        # so the connection can carry the next request.
+        while not self.body_done and not self.gone:
+            message = await self._body()
+            if message["type"] == "http.disconnect":
+                if self.refusal:
+                    logger.info("http: closing after the response: %s", self.refusal_reason[:200])
+                return Outcome.CLOSE
+        if h.their_state is h11.MUST_CLOSE or h.our_state is not h11.DONE or h.their_state is not h11.DONE:
+            return Outcome.CLOSE
+        h.start_next_cycle()
+        return Outcome.NEXT
