@@ -36,7 +36,7 @@ from typing import Any
 from .device_results import report
 from .devices import run_devices
 from .http_load import HttpLoad
-from .http_targets import HTTP_TARGETS
+from .http_targets import ALL_HTTP_TARGETS, HTTP_TARGETS
 from .live import Live
 from .mqtt_targets import HeartbeatTarget
 from .processes import free_port
@@ -191,7 +191,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     a = p.add_argument
     a("--only", choices=("devices", "http", "qos"), default=None, help="run one part only")
     a("--mqtt-targets", default=",".join(MQTT_TARGETS), help="comma-separated (default: all six)")
-    a("--http-targets", default=",".join(HTTP_TARGETS), help="comma-separated (default: all three)")
+    a(
+        "--http-targets",
+        default=",".join(HTTP_TARGETS),
+        help="comma-separated, of " + ", ".join(ALL_HTTP_TARGETS) + " (default: all but idlekeeper-streams)",
+    )
     a("--devices", type=int, default=10_000, help="devices per target: one process each (default: 10,000)")
     a("--keepalive", type=int, default=10, help="device keep-alive K in seconds (default: 10)")
     a("--silent", type=float, default=0.05, help="share of devices that go silent (default: 0.05)")

@@ -43,7 +43,7 @@ from typing import Any
 
 import psutil
 
-from .http_targets import HTTP_TARGETS, start_http_target
+from .http_targets import ALL_HTTP_TARGETS, start_http_target
 from .processes import free_port, stop
 from .sampler import Sampler, process_tree
 from .stats import percentile
@@ -364,20 +364,41 @@ def held_by_server(pids: list[int], port: int) -> set[tuple[str, int]]:
     return held
 
 
+def waiting_in_kernel(port: int) -> set[tuple[str, int]]:
+    """Remote addresses of the ESTABLISHED IPv4 connections to local ``port``, owned or not.
+
+    Read from ``/proc/net/tcp``: a connection the server has closed is no longer
+    ESTABLISHED (FIN-WAIT or gone), while one still in the accept queue is.
+    """
+    found: set[tuple[str, int]] = set()
+    with contextlib.suppress(OSError), open("/proc/net/tcp") as table:
+        next(table, None)
+        for line in table:
+            fields = line.split()
+            local, remote, state = fields[1], fields[2], fields[3]
+            if state != "01" or int(local.rsplit(":", 1)[1], 16) != port:
+                continue
+            host, rport = remote.split(":")
+            quad = bytes.fromhex(host)[::-1]  # little-endian in the table
+            found.add((".".join(str(b) for b in quad), int(rport, 16)))
+    return found
+
+
 def watch_attack(attack: Attack, pids: list[int], port: int, until: float) -> dict[tuple[str, int], float]:
-    """Poll the server's socket table until every attacker is released or ``until``; their hold times."""
+    """Poll the socket tables until every attacker is released or ``until``; their hold times.
+
+    Released means no longer in the server's processes and no longer ESTABLISHED in
+    the kernel: a connection still in the accept queue is the server's to answer, so
+    it counts as held, while one the server closed between two polls (before this
+    watcher ever saw it owned) counts as released.
+    """
     released: dict[tuple[str, int], float] = {}
     pending = set(attack.connected_at)
-    seen: set[tuple[str, int]] = set()
     while pending and time.monotonic() < until:
-        held = held_by_server(pids, port)
+        held = held_by_server(pids, port) | waiting_in_kernel(port)
         now = time.monotonic()
         for addr in list(pending):
-            if addr in held:
-                seen.add(addr)
-            elif addr in seen:
-                # Only once the server has had it: a connection still in the accept
-                # queue is not in the server's socket table yet.
+            if addr not in held:
                 released[addr] = now - attack.connected_at[addr]
                 pending.discard(addr)
         time.sleep(0.2)
@@ -473,7 +494,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="python -m loadtest http", description=__doc__.split("\n\n")[0] if __doc__ else None
     )
     a = p.add_argument
-    a("--target", choices=HTTP_TARGETS, default="idlekeeper", help="server to start and measure (default: idlekeeper)")
+    a(
+        "--target",
+        choices=ALL_HTTP_TARGETS,
+        default="idlekeeper",
+        help="server to start and measure (default: idlekeeper)",
+    )
     a("--port", type=int, default=None, help="measure an already running server on this port instead")
     a(
         "--pid",
