@@ -7,8 +7,10 @@ Clients are httpx, curl and raw sockets; the server runs in-process. Timeouts
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import shutil
+import socket
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -353,3 +355,39 @@ def test_whole_response_declines_what_h11_must_handle() -> None:
     head = conn(b"HEAD / HTTP/1.1\r\nHost: x\r\n\r\n")
     out = whole.whole_response(head, 200, b"OK", ok, b"hello", send_body=False)
     assert out is not None and out.endswith(b"content-length: 5\r\n\r\n") and head.our_state is h11.DONE
+
+
+# -- a client that pipelines and does not read ------------------------------------------
+
+
+async def test_pipelining_reader_that_stops_is_held_then_cut() -> None:
+    """2,000 pipelined requests, never read: the server stops answering once the kernel
+    holds 16 KiB of unread responses (not 2,000 answers into a megabyte send buffer),
+    and cuts the connection a send timeout after the client's last acknowledgement.
+    A client that pipelines as much and reads gets every answer. Wall clock, ~2 s."""
+    app = Recorder()
+    async with running(app, "dense", send_timeout=1.0, keep_alive_timeout=30.0) as (server, _):
+        reader = socket.socket()
+        reader.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        reader.setblocking(False)
+        with contextlib.suppress(BlockingIOError):
+            reader.connect(("127.0.0.1", server.port))
+        await trio.lowlevel.wait_writable(reader)
+        sent = reader.send(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n" * 2000)
+        began = trio.current_time()
+        with trio.fail_after(5):
+            while server.unread_cut_total == 0:  # noqa: ASYNC110 - a counter, not an event
+                await trio.sleep(0.05)
+        held = trio.current_time() - began
+        assert 1.0 <= held <= 2.5
+        assert server.requests_total < 1000 < sent // 27  # answered far fewer than were sent
+        reader.close()
+
+        stream = await trio.open_tcp_stream("127.0.0.1", server.port)
+        await stream.send_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n" * 2000)
+        got = b""
+        with trio.fail_after(10):
+            while got.count(b"hello\n") < 2000:
+                got += await stream.receive_some()
+        assert got.count(b"HTTP/1.1 200 OK") == 2000
+        await stream.aclose()

@@ -41,10 +41,11 @@ logger = logging.getLogger("servers.http")
 # Bytes a lingering close reads and drops before giving up on the client's EOF.
 _LINGER_LIMIT = 256 * 1024
 
-# Bytes of finished responses the kernel may still hold for a client before their
-# delivery is watched by the send timeout. Loopback and LAN clients stay far below it;
-# a client that pipelines and never reads parks up to the kernel's autotuned send
-# buffer (megabytes) there, out of sight of the transport's own queue.
+# Bytes of finished responses the kernel may still hold for a client before the next
+# request waits for them to be delivered, under the send timeout. Loopback and LAN
+# clients stay far below it; a client that pipelines and never reads would otherwise
+# be answered request after request, into the kernel's autotuned send buffer
+# (megabytes, out of sight of the transport's own queue), at the server's expense.
 _KERNEL_BACKLOG = 16 * 1024
 
 
@@ -67,6 +68,7 @@ class HttpProtocol(idlekeeper.Protocol):
         "delivery",
         "written",
         "delivered",
+        "progressed",
         "clear",
         "lingered",
         "gone",
@@ -89,6 +91,7 @@ class HttpProtocol(idlekeeper.Protocol):
         self.delivery: idlekeeper.TimerHandle | None = None
         self.written = 0  # bytes of responses given to the transport
         self.delivered = 0  # of them, acknowledged by the client at the last check
+        self.progressed = 0.0  # when that figure last grew
         self.clear = 0  # bytes written when the kernel was last seen holding few
         self.peer: tuple[str, int] | None = None
         self.local: tuple[str, int] | None = None
@@ -120,7 +123,10 @@ class HttpProtocol(idlekeeper.Protocol):
         h = self.h11
         h.receive_data(data)
         if self.exchange is None:
-            self._heads()
+            if self.delivery is None:
+                self._heads()
+            elif len(h.trailing_data[0]) > self.server.config.max_header_size:
+                self.t.pause_reading()  # held: see _hold
             return
         self._wake_reader()
         if len(h.trailing_data[0]) > self.server.config.max_header_size:
@@ -250,10 +256,10 @@ class HttpProtocol(idlekeeper.Protocol):
         t = self.t
         if after is Outcome.NEXT and not server.closing:
             self.phase = Phase.IDLE
-            t.idle_timeout = server.config.keep_alive_timeout
             t.resume_reading()
-            self._watch_delivery()
-            self._heads()  # a request pipelined behind this one is already here
+            if not self._hold():
+                t.idle_timeout = server.config.keep_alive_timeout
+                self._heads()  # a request pipelined behind this one is already here
         elif after is Outcome.REFUSE:
             self.refuse(exchange.refusal, exchange.refusal_reason)
         elif after is Outcome.ABORT:
@@ -292,17 +298,23 @@ class HttpProtocol(idlekeeper.Protocol):
 
     # -- responses the kernel holds -----------------------------------------------------
 
-    def _watch_delivery(self) -> None:
-        """After a response: if the kernel still holds much of what was written, the
-        send timeout watches its delivery (the transport's own only sees its queue)."""
-        if self.delivery is not None or self.written - self.clear <= _KERNEL_BACKLOG:
-            return  # the kernel cannot hold more than was written since it held few
+    def _hold(self) -> bool:
+        """After a response: whether the kernel still holds too much of what was
+        written for the next request to be taken. Then the connection is held: no
+        request is parsed (pipelined ones wait, read up to a bound), and the
+        delivery is watched until the client catches up, or cut after a send timeout
+        without progress (the transport's own timeout only sees its own queue)."""
+        if self.written - self.clear <= _KERNEL_BACKLOG:
+            return False  # the kernel cannot hold more than was written since it held few
         backlog = self._backlog()
         if backlog <= _KERNEL_BACKLOG:
             self.clear = self.written - backlog
-        else:
-            self.delivered = self._acknowledged()
-            self.delivery = self.server.keeper.call_later(self.server.config.send_timeout, self._delivery_check)
+            return False
+        self.delivered = self._acknowledged()
+        self.progressed = trio.current_time()
+        self.t.idle_timeout = None  # sending, as far as the client is concerned
+        self.delivery = self.server.keeper.call_later(self.server.config.tick, self._delivery_check)
+        return True
 
     def _backlog(self) -> int:
         sock = self.t.socket
@@ -312,19 +324,30 @@ class HttpProtocol(idlekeeper.Protocol):
         return self.written - self.t.get_write_buffer_size() - self._backlog()
 
     def _delivery_check(self) -> None:
-        """A send timeout after the last progress: cut a client that acknowledged
-        nothing since, as the transport cuts one whose queue does not move."""
+        """A tick into a hold: release it if the client caught up, cut it if it has
+        acknowledged nothing for the send timeout, else look again a tick later."""
         self.delivery = None
         if self.gone or self.lingered >= 0:
             return
-        acknowledged = self._acknowledged()
+        server = self.server
+        now = trio.current_time()
+        backlog = self._backlog()
+        acknowledged = self.written - self.t.get_write_buffer_size() - backlog
         if acknowledged > self.delivered:
             self.delivered = acknowledged
-            if self._backlog() > _KERNEL_BACKLOG:
-                self.delivery = self.server.keeper.call_later(self.server.config.send_timeout, self._delivery_check)
+            self.progressed = now
+        if backlog <= _KERNEL_BACKLOG:
+            self.clear = acknowledged
+            if self.exchange is None and self.phase is Phase.IDLE:
+                self.t.idle_timeout = server.config.keep_alive_timeout
+                self.t.resume_reading()
+                self._heads()
+            return
+        if now - self.progressed < server.config.send_timeout:
+            self.delivery = server.keeper.call_later(server.config.tick, self._delivery_check)
             return
         self.server.unread_cut_total += 1
-        logger.info("http: send timeout, %d bytes of responses unread by the client", self.written - acknowledged)
+        logger.info("http: send timeout, %d bytes of responses unread by the client", backlog)
         # A reset, not a FIN queued behind the unread bytes: that would leave an orphan
         # socket holding them in the kernel for minutes of zero-window probes.
         sock = self.t.socket
