@@ -36,6 +36,8 @@ def test_readme_example_runs(code: str, tmp_path: Path) -> None:
     if "serve_http" in code:
         assert "b'hello, trio\\n'" in done.stdout
         assert "b'HTTP/1.1 408 Request Timeout'" in done.stdout
+    if "serve_asgi" in code:
+        assert "b'hello, trio from ASGI\\n'" in done.stdout
     if "hello over TLS" in code:
         assert "b'hello over TLS\\n'\nb''\n1 " in done.stdout
         assert "<HandshakeFailure.TIMEOUT: 'timeout'>: 1" in done.stdout
