@@ -31,7 +31,7 @@ from idlekeeper.stall import unacknowledged_bytes
 
 from .asgi import ASGIApp, Lifespan
 from .core import TIMEOUT_LINGER, HttpConfig, HttpServer, Phase, address
-from .errors import error_response
+from .errors import error_response, log_refusal
 from .exchange import ClientGone, Exchange, Outcome, bad_head_status, head_refusal, header_list, make_scope
 
 __all__ = ["DenseHttpServer", "HttpProtocol", "run_dense"]
@@ -125,13 +125,13 @@ class HttpProtocol(idlekeeper.Protocol):
         if self.exchange is None:
             if self.delivery is None:
                 self._heads()
-            elif len(h.trailing_data[0]) > self.server.config.max_header_size:
-                self.t.pause_reading()  # held: see _hold
-            return
-        self._wake_reader()
+                return
+        else:
+            self._wake_reader()
         if len(h.trailing_data[0]) > self.server.config.max_header_size:
-            # The app has not taken what came (a body it is slow to read, requests
-            # pipelined behind this one): read no more until it does.
+            # Nobody has taken what came (a body the app is slow to read, requests
+            # pipelined behind this one or behind a hold, see _hold): read no more
+            # until it is.
             self.t.pause_reading()
 
     def eof_received(self) -> bool:
@@ -281,10 +281,7 @@ class HttpProtocol(idlekeeper.Protocol):
         """Answer ``status`` past h11 and close, lingering so that the client reads the
         answer rather than a reset; the connection's other work stops."""
         if log:
-            # One INFO line, no traceback: bad input is the client's doing, and a client
-            # sending it in bulk must not be able to flood the log with stacks. h11's
-            # messages quote the offending bytes (escaped by repr): cut to keep lines short.
-            logger.info("http: %d for %s", status, why if len(why) <= 200 else why[:200] + "...")
+            log_refusal(status, why)
         self._cancel_timer()
         self.phase = Phase.DONE
         self.lingered = 0
@@ -310,7 +307,7 @@ class HttpProtocol(idlekeeper.Protocol):
         if backlog <= _KERNEL_BACKLOG:
             self.clear = self.written - backlog
             return False
-        self.delivered = self._acknowledged()
+        self.delivered = self._acknowledged(backlog)
         self.progressed = trio.current_time()
         self.t.idle_timeout = None  # sending, as far as the client is concerned
         self.delivery = self.server.keeper.call_later(self.server.config.tick, self._delivery_check)
@@ -320,8 +317,9 @@ class HttpProtocol(idlekeeper.Protocol):
         sock = self.t.socket
         return 0 if sock is None else unacknowledged_bytes(sock)
 
-    def _acknowledged(self) -> int:
-        return self.written - self.t.get_write_buffer_size() - self._backlog()
+    def _acknowledged(self, backlog: int) -> int:
+        """Bytes of responses the client has acknowledged, given the kernel's ``backlog``."""
+        return self.written - self.t.get_write_buffer_size() - backlog
 
     def _delivery_check(self) -> None:
         """A tick into a hold: release it if the client caught up, cut it if it has
@@ -332,7 +330,7 @@ class HttpProtocol(idlekeeper.Protocol):
         server = self.server
         now = trio.current_time()
         backlog = self._backlog()
-        acknowledged = self.written - self.t.get_write_buffer_size() - backlog
+        acknowledged = self._acknowledged(backlog)
         if acknowledged > self.delivered:
             self.delivered = acknowledged
             self.progressed = now

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import logging
+
 import trio
 
 import idlekeeper
 
-__all__ = ["error_response", "linger", "send_error"]
+__all__ = ["error_response", "linger", "log_refusal", "send_error"]
+
+logger = logging.getLogger("servers.http")
 
 _REASONS = {
     400: "Bad Request",
@@ -20,6 +24,14 @@ _REASONS = {
     503: "Service Unavailable",
     505: "HTTP Version Not Supported",
 }
+
+
+def log_refusal(status: int, why: str) -> None:
+    """The one INFO line a refused request gets, with no traceback: bad input is the
+    client's doing, not a server fault, and a client sending it in bulk must not be
+    able to flood the log with stacks. h11's messages quote the offending bytes
+    (escaped by repr): cut to keep lines short."""
+    logger.info("http: %d for %s", status, why if len(why) <= 200 else why[:200] + "...")
 
 
 def error_response(status: int) -> bytes:

@@ -457,10 +457,7 @@ class Exchange:
         except Exception:
             logger.exception("http: the app raised on %s %s", self.scope["method"], self.scope["raw_path"].decode())
             if not self.head_sent and not self.refusal and not self.gone:
-                self.started = True
-                self.status = 500
-                self.headers = [(b"content-type", b"text/plain")]
-                await self._send_quietly(b"internal server error\n")
+                await self._internal_error()
         else:
             if not self.started and not self.refusal and not self.gone:
                 logger.error(
@@ -468,19 +465,20 @@ class Exchange:
                     self.scope["method"],
                     self.scope["raw_path"].decode(),
                 )
-                self.started = True
-                self.status = 500
-                self.headers = [(b"content-type", b"text/plain")]
-                await self._send_quietly(b"internal server error\n")
+                await self._internal_error()
         if self.refusal and not self.head_sent:
             return Outcome.REFUSE
         if not self.complete or self.gone:
             return Outcome.ABORT
         return await self._finish()
 
-    async def _send_quietly(self, body: bytes) -> None:
+    async def _internal_error(self) -> None:
+        """Answer 500 in the app's place (the client may have gone meanwhile)."""
+        self.started = True
+        self.status = 500
+        self.headers = [(b"content-type", b"text/plain")]
         with contextlib.suppress(ClientDisconnected):
-            await self.send({"type": "http.response.body", "body": body})
+            await self.send({"type": "http.response.body", "body": b"internal server error\n"})
 
     async def _finish(self) -> Outcome:
         h = self.channel.h11

@@ -8,7 +8,6 @@ stream's, changed with the phase (see :mod:`.server`).
 
 from __future__ import annotations
 
-import logging
 import math
 
 import h11
@@ -20,12 +19,10 @@ from idlekeeper import Reason
 from ..listeners import port_of
 from .asgi import ASGIApp, Lifespan
 from .core import TIMEOUT_LINGER, HttpConfig, HttpServer, Phase, address
-from .errors import send_error
+from .errors import log_refusal, send_error
 from .exchange import ClientGone, Exchange, Outcome, bad_head_status, head_refusal, header_list, make_scope
 
 __all__ = ["StreamsHttpServer", "run_streams"]
-
-logger = logging.getLogger("servers.http")
 
 
 class _StreamConn:
@@ -199,10 +196,7 @@ class StreamsHttpServer(HttpServer):
 
 
 async def _refuse(stream: idlekeeper.WatchedStream, status: int, why: str) -> None:
-    # One INFO line, no traceback: bad input is the client's doing, not a server fault,
-    # and a client sending it in bulk must not be able to flood the log with stacks.
-    # h11's messages quote the offending bytes (escaped by repr): cut to keep lines short.
-    logger.info("http: %d for %s", status, why if len(why) <= 200 else why[:200] + "...")
+    log_refusal(status, why)
     await send_error(stream, status)
 
 
