@@ -204,6 +204,12 @@ def parser(prog: str = "python -m loadtest devices") -> argparse.ArgumentParser:
         default=d.jitter,
         help="pings come (1 - jitter*U) x K after the last packet (default 0.2)",
     )
+    a(
+        "--ping-batch",
+        type=float,
+        default=d.ping_batch,
+        help="seconds a ping may wait to share its generator's wake-up with others (default 0.2)",
+    )
     a("--silent", type=float, default=d.silent, help=f"share of devices that go silent (default: {d.silent})")
     a("--vanish", type=float, default=d.vanish, help="share of devices that reset their connection (default: 0)")
     a("--reconnect", type=float, default=d.reconnect, help="share that reconnect with the same client id (default: 0)")
@@ -239,6 +245,7 @@ def load_from(args: argparse.Namespace) -> DeviceLoad:
         devices=args.devices,
         keepalive=args.keepalive,
         jitter=args.jitter,
+        ping_batch=args.ping_batch,
         silent=args.silent,
         vanish=args.vanish,
         reconnect=args.reconnect,

@@ -25,6 +25,8 @@ class DeviceLoad:
     devices: int = 20_000
     keepalive: int = 10
     jitter: float = 0.2
+    ping_batch: float = 0.2
+    """Seconds a device's PINGREQ may wait to share its generator's wake-up with others."""
     silent: float = 0.05
     vanish: float = 0.0
     reconnect: float = 0.0
@@ -112,6 +114,7 @@ def specs(load: DeviceLoad, timeline: Timeline, port: int, workdir: Path) -> lis
                 count=count,
                 keepalive=load.keepalive,
                 jitter=load.jitter,
+                ping_batch=load.ping_batch,
                 rate=load.rate / generators,
                 max_inflight=max(16, load.max_inflight // generators),
                 start_at=timeline.start,

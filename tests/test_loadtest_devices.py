@@ -10,6 +10,8 @@ import http.server
 import json
 import math
 import os
+import select
+import socket
 import subprocess
 import sys
 import threading
@@ -20,7 +22,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from loadtest.device_results import merge, passed
-from loadtest.generator import Device, Generator, GeneratorSpec
+from loadtest.generator import _HANDSHAKE, Conn, Device, Generator, GeneratorSpec
 from loadtest.sampler import Sample, Sampler, histogram_quantile, parse_metrics
 from loadtest.workload import DeviceLoad, Timeline, plan, specs
 from servers.prometheus import Families, LiveCollector, open_descriptors, render
@@ -95,6 +97,41 @@ def test_results_judge_false_expiries_lateness_and_generator_lag(tmp_path: Path)
     assert r["generator_late"] == 1
     assert r["lateness"] == [115.05 - 115.0]
     assert r["undetected"] == 0 and r["connected"] == 4
+
+
+def test_an_online_device_wakes_its_generator_for_the_server_s_close_not_for_pingresps(tmp_path: Path) -> None:
+    """A generator runs thousands of devices; waking for each PINGRESP was half of its
+    wake-ups. Online, only the end of the connection is reported, and PINGRESPs are read
+    when the device next pings."""
+    g = _generator(tmp_path)
+    device = g.devices[0]
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        client = socket.create_connection(listener.getsockname())
+        server, _ = listener.accept()
+    with server:
+        client.setblocking(False)
+        conn = Conn(device, client, 0)
+        conn.phase = _HANDSHAKE  # CONNECT sent, CONNACK awaited
+        device.conn, device.last_sent = conn, time.monotonic()
+        g.conns[client.fileno()] = conn
+        g.epoll.register(client.fileno(), select.EPOLLIN)
+        g.inflight = 1
+        server.sendall(b"\x20\x02\x00\x00")  # CONNACK
+        assert g.epoll.poll(2.0)
+        g.on_readable(conn, time.monotonic())
+        assert g.online == 1 and device.timer is not None
+        server.sendall(b"\xd0\x00" * 3)  # PINGRESPs: no wake-up
+        assert g.epoll.poll(0.2) == []
+        g.ping(device)  # reads them, then pings
+        assert server.recv(16) == b"\xc0\x00"
+        with pytest.raises(BlockingIOError):
+            client.recv(16)  # nothing left unread
+        server.sendall(b"\xd0\x00")
+        server.shutdown(socket.SHUT_WR)  # the server closes: reported at once
+        assert [fd for fd, _ in g.epoll.poll(2.0)] == [client.fileno()]
+        g.on_readable(conn, time.monotonic())
+    assert g.online == 0 and device.conn is None and device.closed_at == device.closed_at
+    assert device.timer is None and client.fileno() == -1
 
 
 def test_steady_state_cost_excludes_a_ramp_that_overran(tmp_path: Path) -> None:
