@@ -263,13 +263,12 @@ class Engine:
         now = trio.current_time()
         # One wake-up for the window's end and the reaper's: the window may end up to
         # half of it early (replies only come sooner).
-        end = self.keeper.align_wakeup(now + seconds, now + seconds / 2)
         urgent = self._urgent.fileno()
-        while trio.current_time() < end:
-            with trio.move_on_at(end):
+        with self.keeper.shared_wakeup(now + seconds, now + seconds / 2):
+            while True:
                 await trio.lowlevel.wait_readable(urgent)
-            if self._urgent_pass():
-                return
+                if self._urgent_pass():
+                    return
 
     def _guarded_pass(self) -> int:
         self._in_pass = True

@@ -13,8 +13,8 @@ from __future__ import annotations
 import inspect
 import logging
 import math
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from time import perf_counter
 from typing import Any, cast
 
@@ -75,6 +75,8 @@ class Keeper:
         self._hooks_pending = 0
         self._hooks_idle: trio.Event | None = None
         self._sleep_scope: trio.CancelScope | None = None
+        self._window: tuple[trio.CancelScope, float] | None = None
+        """Another task's wait to share wake-ups with (see :meth:`shared_wakeup`)."""
         self._closed = False
         self.stats = KeeperStats(self._wheel.__len__)
         """Live counters; see :class:`~idlekeeper.stats.KeeperStats`."""
@@ -184,28 +186,47 @@ class Keeper:
         cancelled (each call up to ``slack`` late, as for :meth:`call_at`)."""
         return self._timers.call_every(interval, self._adapt(callback), *args, first=first, slack=slack)
 
-    def align_wakeup(self, latest: float, earliest: float) -> float:
-        """When a task that must wake by ``latest``, and may as early as ``earliest``,
-        should wake so that trio wakes the process once for it and the reaper.
+    @contextmanager
+    def shared_wakeup(self, latest: float, earliest: float) -> Iterator[trio.CancelScope]:
+        """A cancel scope for a wait that must end by ``latest`` and may end as early as
+        ``earliest``, kept in step with the reaper so that trio wakes the process once
+        for both.
 
-        If the reaper's alarm falls in ``[earliest, latest]``, that is the answer. If it
-        falls a little after ``latest`` (within half a ``lookahead``), the reaper is
-        brought forward to ``latest``: a visit that comes early only files live
-        connections again, and a real deadline found in it is filed back exactly, so
-        nothing expires early and nothing is missed. Otherwise ``latest``. For waits
-        that may end early, such as the dense engine's coalescing window: a worker of
-        a 500,000-device run woke about twice a second, once for each, and on a box
-        shared by 60 processes every wake-up starts with cold caches.
+        For as long as the block runs, whenever the reaper's alarm is set (when it goes
+        to sleep, or is brought forward) the two are aligned: an alarm that falls in
+        ``[earliest, latest)`` ends the wait with it, and one that falls a little after
+        the wait's end (within half a ``lookahead``) is brought forward to that end. A
+        visit that comes early only files live connections again, and a real deadline
+        found in it is filed back exactly, so nothing expires early and nothing is
+        missed. Done whenever either is set, not only when the wait begins: the reaper
+        sets its alarm after each visit, and in the same instant as the wait's owner
+        may or may not have begun its next wait. For waits that may end early, such as
+        the dense engine's coalescing window; one such wait at a time (a new one takes
+        the place of the last). On a box shared by 60 processes, every wake-up starts
+        with cold caches.
         """
-        scope = self._sleep_scope
-        if scope is None:
-            return latest
-        alarm = scope.deadline
-        if earliest <= alarm <= latest:
-            return alarm
-        if latest < alarm <= latest + self._wheel.lookahead / 2:
-            scope.deadline = latest
-        return latest
+        with trio.CancelScope(deadline=latest) as scope:
+            window = (scope, earliest)
+            self._window = window
+            self._align()
+            try:
+                yield scope
+            finally:
+                if self._window is window:
+                    self._window = None
+
+    def _align(self) -> None:
+        window, sleep = self._window, self._sleep_scope
+        if window is None or sleep is None:
+            return
+        scope, earliest = window
+        alarm, latest = sleep.deadline, scope.deadline
+        if latest <= trio.current_time():
+            return  # over, though its owner has not run yet to leave the block
+        if earliest <= alarm < latest:
+            scope.deadline = alarm
+        elif latest < alarm <= latest + self._wheel.lookahead / 2:
+            sleep.deadline = latest
 
     @property
     def hooks_pending(self) -> int:
@@ -262,6 +283,7 @@ class Keeper:
         scope = self._sleep_scope
         if scope is not None and due < scope.deadline:
             scope.deadline = due
+            self._align()
 
     async def _reap(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         wheel = self._wheel
@@ -271,6 +293,7 @@ class Keeper:
             alarm = wheel.next_deadline()
             with trio.CancelScope(deadline=math.inf if alarm is None else alarm) as scope:
                 self._sleep_scope = scope
+                self._align()
                 await trio.sleep_forever()
             self._sleep_scope = None
             stats.wakeups += 1

@@ -83,7 +83,7 @@ def model(conn: Conn, slot: float) -> tuple[float, Reason | None]:
     return due()
 
 
-# Another task's waits that may end early, aligned with the reaper's (align_wakeup, as
+# Another task's waits that may end early, aligned with the reaper's (shared_wakeup, as
 # the dense engine's coalescing window does): (delay since the previous, its length).
 aligned_waits = st.lists(
     st.tuples(st.integers(0, 400).map(lambda n: n * GRID), st.integers(1, 128).map(lambda n: n * GRID)),
@@ -104,9 +104,9 @@ def test_keeper_matches_model(connections: list[Conn], tick: float, waits: list[
                 for delay, length in waits:
                     await trio.sleep(delay)
                     now = trio.current_time()
-                    end = keeper.align_wakeup(now + length, now + length / 2)
-                    assert now + length / 2 <= end <= now + length
-                    await trio.sleep_until(end)
+                    with keeper.shared_wakeup(now + length, now + length / 2):
+                        await trio.sleep_forever()
+                    assert now + length / 2 <= trio.current_time() <= now + length
 
             async def run(conn: Conn) -> None:
                 with keeper.watch(idle=conn.idle, receive=conn.receive, max_age=conn.max_age) as w:
