@@ -160,22 +160,61 @@ def compare_devices(
     return {"runs": results, "rows": rows, "missing": missing, "table": table(rows, DEVICE_COLUMNS, missing)}
 
 
-def compare_http(load: HttpLoad, targets: Sequence[str]) -> dict[str, Any]:
-    """Run the HTTP workload against each target in turn."""
-    from .http_load import describe, run_http
+def compare_http(load: HttpLoad, targets: Sequence[str], rounds: int = 3, pinned: bool = True) -> dict[str, Any]:
+    """Run the HTTP workload against each target, the unattacked load in interleaved rounds.
 
+    Every server is started first (pinned to a core of its own with ``pinned``, the
+    load on the others), then each round loads each server in turn, starting from the
+    next one each round, so that a disturbance of the shared machine falls on all of
+    them alike; a server's figure is its median round. The attack phases follow, one
+    server at a time.
+    """
+    from .http_load import describe, median_round, run_http, run_load
+    from .http_targets import start_http_target
+    from .processes import load_side, pin, split_cpus, stop
+    from .sampler import process_tree
+
+    split = split_cpus() if pinned else None
     results: dict[str, Any] = {}
     missing: dict[str, str] = {}
-    for name in targets:
-        print(f"\n== http: {name} ==", flush=True)
-        try:
-            r = run_http(name, load)
-        except (RuntimeError, OSError) as exc:
-            missing[name] = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            print(f"   skipped: {missing[name]}", flush=True)
-            continue
-        results[name] = r.to_json()
-        print(describe(results[name]), flush=True)
+    started: dict[str, tuple[Any, int, list[int]]] = {}
+    try:
+        for name in targets:
+            port = free_port()
+            try:
+                proc = start_http_target(name, port, header_timeout=load.header_timeout, keep_alive=load.header_timeout)
+            except (RuntimeError, OSError, ValueError) as exc:
+                missing[name] = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+                print(f"\n== http: {name} ==\n   skipped: {missing[name]}", flush=True)
+                continue
+            pids = [p.pid for p in process_tree(proc.pid)]
+            if split is not None:
+                pin(pids, split.server)
+            started[name] = (proc, port, pids)
+        names = list(started)
+        alone: dict[str, list[Any]] = {name: [] for name in names}
+        with load_side(split):
+            for r in range(rounds):
+                print(f"\n== http: unattacked round {r + 1} of {rounds} ==", flush=True)
+                for name in names[r % len(names) :] + names[: r % len(names)] if names else []:
+                    figures = run_load(started[name][1], load.connections, load.duration)
+                    alone[name].append(figures)
+                    print(f"   {name:<20} {figures.rps:,.0f} req/s, p99 {figures.p99_ms:.1f} ms", flush=True)
+        for name in names:
+            print(f"\n== http: {name} ==", flush=True)
+            _proc, port, pids = started[name]
+            try:
+                result = run_http(name, load, port=port, pids=pids, alone=median_round(alone[name]), split=split)
+            except (RuntimeError, OSError) as exc:
+                missing[name] = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+                print(f"   skipped: {missing[name]}", flush=True)
+                continue
+            result.alone_rounds = alone[name]
+            results[name] = result.to_json()
+            print(describe(results[name]), flush=True)
+    finally:
+        for proc, _port, _pids in started.values():
+            stop(proc)
     rows = {name: http_row(r) for name, r in results.items()}
     return {"runs": results, "rows": rows, "missing": missing, "table": table(rows, HTTP_COLUMNS, missing)}
 
@@ -203,6 +242,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     a("--tick", type=float, default=0.1, help="idlekeeper's tick in seconds (default: 0.1)")
     a("--coalesce", type=float, default=1.0, help="idlekeeper-coalesced's --coalesce, seconds (default: 1)")
     HttpLoad.add_arguments(p, prefix="http-")
+    a("--http-rounds", type=int, default=3, help="interleaved unattacked rounds per HTTP server (default: 3)")
+    a(
+        "--no-pin",
+        action="store_true",
+        help="let the HTTP servers and their load share every CPU (default: each server on the last CPU, "
+        "the load on the others)",
+    )
     # Imported here: loadtest.qos builds its table with this module's.
     from .qos import QOS_TARGETS, QosLoad, headline, qos_row, qos_table, run_qos
 
@@ -232,7 +278,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         load = DeviceLoad(devices=args.devices, keepalive=args.keepalive, silent=args.silent, stall=not args.no_stall)
         out["devices"] = compare_devices(load, args.mqtt_targets.split(","), args.tick, args.quiet, args.coalesce)
     if args.only in (None, "http"):
-        out["http"] = compare_http(HttpLoad.from_args(args, prefix="http-"), args.http_targets.split(","))
+        out["http"] = compare_http(
+            HttpLoad.from_args(args, prefix="http-"),
+            args.http_targets.split(","),
+            rounds=args.http_rounds,
+            pinned=not args.no_pin,
+        )
     if args.only in (None, "qos"):
         out["qos"] = run_qos(qos_load, args.qos_targets.split(","), quiet=args.quiet)
     path = Path(args.out)
@@ -248,8 +299,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     if "http" in out:
         tables.append(
-            f"HTTP: {args.http_connections} keep-alive connections for {args.http_duration:g} s, then the same with "
-            f"{args.slowloris} slowloris and {args.slow_readers} slow readers\n\n" + out["http"]["table"]
+            f"HTTP: {args.http_connections} keep-alive connections for {args.http_duration:g} s "
+            f"(the median of {args.http_rounds} interleaved rounds"
+            + ("" if args.no_pin else ", each server pinned to a core of its own and the load to the others")
+            + f"), then the same with {args.slowloris} slowloris and {args.slow_readers} slow readers\n\n"
+            + out["http"]["table"]
         )
     if "qos" in out:
         tables.append(headline(qos_load) + "\n\n" + out["qos"]["table"])

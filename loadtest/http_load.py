@@ -44,11 +44,11 @@ from typing import Any
 import psutil
 
 from .http_targets import ALL_HTTP_TARGETS, start_http_target
-from .processes import free_port, stop
+from .processes import CpuSplit, free_port, load_side, pin, split_cpus, stop
 from .sampler import Sampler, process_tree
 from .stats import percentile
 
-__all__ = ["HttpLoad", "HttpResult", "LoadFigures", "main", "run_http"]
+__all__ = ["HttpLoad", "HttpResult", "LoadFigures", "main", "median_round", "run_http"]
 
 SLOWLORIS_SOURCE = "127.0.0.3"
 SLOW_READER_SOURCE = "127.0.0.4"
@@ -144,6 +144,10 @@ class HttpResult:
     idle_connections: int = 0
     idle_rss_per_conn: float = math.nan
     """Server RSS added per idle keep-alive connection (bytes), after one request each."""
+    alone_rounds: list[LoadFigures] = field(default_factory=list)
+    """Every unattacked round, when ``alone`` is their median (``compare --rounds``)."""
+    cpus: str = ""
+    """Where the server and the load ran, when pinned apart."""
 
     def to_json(self) -> dict[str, Any]:
         """Flat figures for the comparison table, plus everything measured."""
@@ -239,6 +243,15 @@ def run_own_client(port: int, connections: int, duration: float) -> LoadFigures:
         key.fileobj.close()  # type: ignore[union-attr]
     ms = [v * 1000 for v in latencies]
     return LoadFigures("own client", len(ms), len(ms) / duration, percentile(ms, 50), percentile(ms, 99), errors)
+
+
+def median_round(rounds: Sequence[LoadFigures]) -> LoadFigures:
+    """The round with the median throughput (the lower of the two middle ones for an
+    even count), with its own latencies: a figure measured, not a blend."""
+    if not rounds:
+        raise ValueError("no rounds")
+    ordered = sorted(rounds, key=lambda r: (r.rps != r.rps, r.rps))
+    return ordered[(len(ordered) - 1) // 2]
 
 
 def run_load(port: int, connections: int, duration: float, tool: str = "auto") -> LoadFigures:
@@ -414,8 +427,15 @@ def run_http(
     tool: str = "auto",
     window: float | None = None,
     idle: int = 2000,
+    alone: LoadFigures | None = None,
+    split: CpuSplit | None = None,
 ) -> HttpResult:
-    """Measure ``target`` (started here unless ``port`` is given); stop what was started, by PID."""
+    """Measure ``target`` (started here unless ``port`` is given); stop what was started, by PID.
+
+    ``alone`` is the unattacked figure measured already (then that phase is skipped).
+    With ``split``, a server started here runs on its server CPUs, and the load on the
+    others (a server given by ``port`` is the caller's to pin).
+    """
     load = load or HttpLoad()
     connections, duration, header_timeout = load.connections, load.duration, load.header_timeout
     slowloris, slow_readers = load.slowloris, load.slow_readers
@@ -424,37 +444,41 @@ def run_http(
         port = free_port()
         proc = start_http_target(target, port, header_timeout=header_timeout, keep_alive=header_timeout)
         pids = [p.pid for p in process_tree(proc.pid)]
+        if split is not None:
+            pin(pids, split.server)
     result = HttpResult(target, connections, duration, slowloris, slow_readers, header_timeout)
+    result.cpus = "" if split is None else repr(split)
     try:
-        result.alone = run_load(port, connections, duration, tool)
-        attack = Attack(port, slowloris, slow_readers)
-        attack.start()
-        result.attackers_connected = len(attack.connected_at)
-        started = time.monotonic()
-        result.window_s = window if window is not None else max(duration, 3 * header_timeout) + 5
-        released: dict[tuple[str, int], float] = {}
+        with load_side(split):
+            result.alone = alone if alone is not None else run_load(port, connections, duration, tool)
+            attack = Attack(port, slowloris, slow_readers)
+            attack.start()
+            result.attackers_connected = len(attack.connected_at)
+            started = time.monotonic()
+            result.window_s = window if window is not None else max(duration, 3 * header_timeout) + 5
+            released: dict[tuple[str, int], float] = {}
 
-        def watch() -> None:
-            released.update(watch_attack(attack, pids or [], port, started + result.window_s))
+            def watch() -> None:
+                released.update(watch_attack(attack, pids or [], port, started + result.window_s))
 
-        # Watched from the start, in a thread, so releases during the load phase are timed.
-        watcher = threading.Thread(target=watch, name="attack-watch", daemon=True)
-        watcher.start()
-        try:
-            result.attacked = run_load(port, connections, duration, tool)
-            watcher.join(timeout=result.window_s + 30)
-        finally:
-            attack.stop()
-        for addr, kind in attack.kinds.items():
-            hold = released.get(addr, result.window_s)
-            if kind == "slowloris":
-                result.slowloris_hold_s.append(hold)
-                result.slowloris_still_held += addr not in released
-            else:
-                result.slow_reader_hold_s.append(hold)
-                result.slow_readers_still_held += addr not in released
-        if idle and pids:
-            result.idle_connections, result.idle_rss_per_conn = idle_memory(port, pids, idle)
+            # Watched from the start, in a thread, so releases during the load phase are timed.
+            watcher = threading.Thread(target=watch, name="attack-watch", daemon=True)
+            watcher.start()
+            try:
+                result.attacked = run_load(port, connections, duration, tool)
+                watcher.join(timeout=result.window_s + 30)
+            finally:
+                attack.stop()
+            for addr, kind in attack.kinds.items():
+                hold = released.get(addr, result.window_s)
+                if kind == "slowloris":
+                    result.slowloris_hold_s.append(hold)
+                    result.slowloris_still_held += addr not in released
+                else:
+                    result.slow_reader_hold_s.append(hold)
+                    result.slow_readers_still_held += addr not in released
+            if idle and pids:
+                result.idle_connections, result.idle_rss_per_conn = idle_memory(port, pids, idle)
     finally:
         if proc is not None:
             stop(proc)
@@ -471,6 +495,11 @@ def describe(r: dict[str, Any]) -> str:
                 f"{label:<22} {f['rps']:,.0f} req/s, p50 {f['p50_ms']:.1f} ms, p99 {f['p99_ms']:.1f} ms "
                 f"({f['tool']}, {f['requests']:,} requests, {f['errors']} errors)"
             )
+    if r.get("alone_rounds"):
+        rates = ", ".join(f"{f['rps']:,.0f}" for f in r["alone_rounds"])
+        lines.append(f"{'rounds alone':<22} {rates} req/s (the median is the figure)")
+    if r.get("cpus"):
+        lines.append(f"{'pinned':<22} {r['cpus']}")
     lines.append(
         f"slowloris held         p50 {r['slowloris_hold_p50_s']:.2f} s, max {r['slowloris_hold_max_s']:.2f} s; "
         f"{r['slowloris_still_held']} of {r['slowloris']} never released in {r['window_s']:.0f} s "
@@ -516,6 +545,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="idle keep-alive connections for the memory figure; 0: skip (default 2000)",
     )
     a("--tool", choices=("auto", "wrk", "own"), default="auto", help="load client (default: wrk if installed)")
+    a(
+        "--pin",
+        action="store_true",
+        help="run the server on the last CPU and the load on the others (a server it starts; default: off)",
+    )
     a("--json", default="results/http.json", help="JSON results (default: results/http.json)")
     args = p.parse_args(argv)
     pids = [q.pid for pid in args.pid for q in process_tree(pid)] if args.port else None
@@ -526,6 +560,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         pids=pids,
         tool=args.tool,
         idle=args.idle,
+        split=split_cpus() if args.pin and args.port is None else None,
     ).to_json()
     path = Path(args.json)
     path.parent.mkdir(parents=True, exist_ok=True)

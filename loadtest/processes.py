@@ -2,17 +2,30 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import queue
 import socket
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 from servers.readiness import find_ready
 
-__all__ = ["free_port", "start_heartbeat", "start_http", "start_server", "stop", "wait_listening"]
+__all__ = [
+    "CpuSplit",
+    "free_port",
+    "load_side",
+    "pin",
+    "split_cpus",
+    "start_heartbeat",
+    "start_http",
+    "start_server",
+    "stop",
+    "wait_listening",
+]
 
 
 def free_port(host: str = "127.0.0.1", run: int = 1) -> int:
@@ -129,3 +142,62 @@ def stop(proc: subprocess.Popen[bytes] | subprocess.Popen[str], timeout: float =
             proc.kill()
             proc.wait()
     return proc.returncode
+
+
+class CpuSplit:
+    """CPUs for the server under test and CPUs for what loads it, kept apart.
+
+    On a two-core machine, a load generator and the server it measures otherwise take
+    turns on both cores, and whichever is scheduled where changes from one run to the
+    next: the server's throughput then moves with the scheduler. Pinned apart, each
+    server is measured on one core of its own, and its peers on the same core.
+    """
+
+    def __init__(self, server: set[int], load: set[int]) -> None:
+        self.server = server
+        """CPUs for the server's processes."""
+        self.load = load
+        """CPUs for the load (this process, its threads and the tools it starts)."""
+
+    def __repr__(self) -> str:
+        return f"server on CPU {sorted(self.server)}, load on CPU {sorted(self.load)}"
+
+
+def split_cpus() -> CpuSplit | None:
+    """The last CPU this process may use for the server, the rest for the load; None
+    where there are fewer than two (or affinity is not supported)."""
+    try:
+        cpus = sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return None
+    if len(cpus) < 2:
+        return None
+    return CpuSplit({cpus[-1]}, set(cpus[:-1]))
+
+
+def pin(pids: Iterable[int], cpus: set[int]) -> None:
+    """Pin every thread of each process to ``cpus`` (threads started later inherit it
+    from theirs); a process or thread that is gone is skipped."""
+    for pid in pids:
+        try:
+            threads = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+        except OSError:
+            threads = [pid]
+        for tid in threads:
+            with contextlib.suppress(OSError):
+                os.sched_setaffinity(tid, cpus)
+
+
+@contextlib.contextmanager
+def load_side(split: CpuSplit | None) -> Iterator[None]:
+    """Run the block (and the threads and processes it starts) on the load's CPUs, then
+    return this thread to where it was."""
+    if split is None:
+        yield
+        return
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, split.load)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)

@@ -131,3 +131,52 @@ def test_asgi_app_answers_like_ours() -> None:
 
     trio.run(main)
     assert sent[0]["status"] == 200 and sent[1]["body"] == BODY
+
+
+def test_the_median_round_is_a_measured_one() -> None:
+    from loadtest.http_load import median_round
+
+    rounds = [
+        LoadFigures("wrk", n, rps, 1.0, p99, 0) for n, rps, p99 in ((1, 900.0, 9.0), (2, 500.0, 5.0), (3, 700.0, 7.0))
+    ]
+    assert median_round(rounds) is rounds[2]
+    assert median_round(rounds[:2]) is rounds[1]  # even count: the lower middle
+    with pytest.raises(ValueError):
+        median_round([])
+
+
+def test_the_server_and_its_load_are_pinned_apart() -> None:
+    import os
+    import subprocess
+    import sys
+
+    from loadtest.processes import load_side, pin, split_cpus
+
+    split = split_cpus()
+    if split is None:
+        pytest.skip("one CPU: nothing to split")
+    assert split.server and split.load and not split.server & split.load
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        pin([child.pid], split.server)
+        assert os.sched_getaffinity(child.pid) == split.server
+    finally:
+        stop(child, timeout=1)
+    before = os.sched_getaffinity(0)
+    with load_side(split):
+        assert os.sched_getaffinity(0) == split.load
+    assert os.sched_getaffinity(0) == before
+
+
+def test_compare_loads_every_server_in_interleaved_rounds() -> None:
+    from loadtest.compare import compare_http
+    from loadtest.processes import split_cpus
+
+    load = HttpLoad(connections=4, duration=1.0, slowloris=5, slow_readers=1, header_timeout=HEADER_TIMEOUT)
+    out = compare_http(load, ["idlekeeper", "idlekeeper-native"], rounds=2)
+    assert set(out["runs"]) == {"idlekeeper", "idlekeeper-native"} and not out["missing"]
+    for r in out["runs"].values():
+        assert len(r["alone_rounds"]) == 2 and all(f["requests"] > 50 for f in r["alone_rounds"])
+        assert r["rps"] == min(f["rps"] for f in r["alone_rounds"])  # the lower middle of two
+        assert r["slowloris_still_held"] == 0 and r["attacked"]["requests"] > 50
+        assert bool(r["cpus"]) == (split_cpus() is not None)
