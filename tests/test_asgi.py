@@ -391,3 +391,89 @@ async def test_pipelining_reader_that_stops_is_held_then_cut() -> None:
                 got += await stream.receive_some()
         assert got.count(b"HTTP/1.1 200 OK") == 2000
         await stream.aclose()
+
+
+async def _responses(stream: trio.SocketStream, buf: bytearray, count: int) -> list[tuple[int, bytes]]:
+    """The next ``count`` responses on ``stream`` (pipelined ones too): (status, body)
+    each, the body read by its length or its chunks."""
+
+    async def until(sep: bytes) -> bytes:
+        while sep not in buf:
+            data = await stream.receive_some()
+            assert data, "closed before a whole response"
+            buf.extend(data)
+        part, _, rest = bytes(buf).partition(sep)
+        buf[:] = rest
+        return part
+
+    async def take(n: int) -> bytes:
+        while len(buf) < n:
+            buf.extend(await stream.receive_some())
+        part = bytes(buf[:n])
+        del buf[:n]
+        return part
+
+    out = []
+    for _ in range(count):
+        head = (await until(b"\r\n\r\n")).split(b"\r\n")
+        fields = dict(line.lower().split(b": ", 1) for line in head[1:])
+        body = b""
+        if fields.get(b"transfer-encoding") == b"chunked":
+            while size := int(await until(b"\r\n"), 16):
+                body += await take(size + 2)
+                body = body[:-2]
+            await until(b"\r\n")
+        else:
+            body = await take(int(fields[b"content-length"]))
+        out.append((int(head[0].split()[1]), body))
+    return out
+
+
+async def test_plain_requests_are_read_past_h11_and_the_rest_by_it_on_one_connection() -> None:
+    """Plain heads skip h11 (servers/http/quickhead.py); a body, a split head, a streamed
+    or bodiless response bring h11 in for that exchange, and it leaves at the next
+    boundary with nothing buffered. Pipelined, in one send, and one byte at a time."""
+    app = Recorder()
+    async with running(app, "dense") as (server, _):
+        stream = await trio.open_tcp_stream("127.0.0.1", server.port)
+        reader = bytearray()
+        await stream.send_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert await _responses(stream, reader, 1) == [(200, b"hello\n")]
+        [conn] = server.connections
+        assert conn.h11 is None  # answered without it
+        await stream.send_all(
+            b"POST /count HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nabcde"  # a body: h11's
+            b"GET /stream HTTP/1.1\r\nHost: x\r\n\r\n"  # quick, then a streamed response needs h11
+            b"GET / HTTP/1.1\r\nHost: x\r\n\r\n"
+        )
+        got = await _responses(stream, reader, 3)
+        assert got[0] == (200, b'{"pieces": 1, "bytes": 5}')
+        assert got[1] == (200, b"".join(b"piece %d\n" % i for i in range(5)))
+        assert got[2] == (200, b"hello\n")
+        assert conn.h11 is None  # gone again at the boundary
+        for byte in b"GET /split HTTP/1.1\r\nHost: x\r\n\r\n":  # trickled: h11 reads it
+            await stream.send_all(bytes([byte]))
+            await trio.sleep(0.001)
+        assert await _responses(stream, reader, 1) == [(200, b"hello\n")]
+        await stream.send_all(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        assert await _responses(stream, reader, 1) == [(200, b"hello\n")]
+        assert await stream.receive_some() == b""  # closed, as asked
+        await stream.aclose()
+
+
+async def test_a_plain_request_s_client_half_closing_is_http_disconnect() -> None:
+    """The end of input comes while the app has a request h11 never read: h11 is made
+    then, told of the request, and the app hears http.disconnect."""
+    app = Recorder()
+    async with running(app, "dense") as (server, _):
+        stream = await trio.open_tcp_stream("127.0.0.1", server.port)
+        await stream.send_all(b"GET /wait-disconnect HTTP/1.1\r\nHost: x\r\n\r\n")
+        await trio.sleep(0.05)
+        [conn] = server.connections
+        assert conn.h11 is None and conn.exchange is not None
+        await stream.send_eof()
+        with trio.fail_after(5):
+            await app.disconnected.wait()
+        assert app.events[-2:] == ["http.request", "http.disconnect"]
+        assert await read_all(stream) == b""  # cut: nothing was answered
+        await stream.aclose()

@@ -32,7 +32,18 @@ from idlekeeper.stall import unacknowledged_bytes
 from .asgi import ASGIApp, Lifespan
 from .core import TIMEOUT_LINGER, HttpConfig, HttpServer, Phase, address
 from .errors import error_response, log_refusal
-from .exchange import ClientGone, Exchange, Outcome, bad_head_status, head_refusal, header_list, make_scope
+from .exchange import (
+    ClientGone,
+    Exchange,
+    Outcome,
+    RequestHead,
+    bad_head_status,
+    head_refusal,
+    header_list,
+    make_scope,
+)
+from .quickhead import QuickHead, quick_head, replay
+from .whole import HOOKS
 
 __all__ = ["DenseHttpServer", "HttpProtocol", "run_dense"]
 
@@ -57,6 +68,7 @@ class HttpProtocol(idlekeeper.Protocol):
         "server",
         "t",
         "h11",
+        "inbuf",
         "phase",
         "requests",
         "started",
@@ -81,7 +93,10 @@ class HttpProtocol(idlekeeper.Protocol):
 
     def __init__(self, server: DenseHttpServer) -> None:
         self.server = server
-        self.h11 = h11.Connection(h11.SERVER, max_incomplete_event_size=server.config.max_header_size)
+        # h11 is made when a request needs it (see .quickhead); until then what came
+        # and is not yet a request waits here.
+        self.h11: h11.Connection | None = None if HOOKS else self._new_parser()
+        self.inbuf = b""
         self.phase = Phase.IDLE
         self.requests = 0
         self.started = 0.0
@@ -121,14 +136,18 @@ class HttpProtocol(idlekeeper.Protocol):
                 self.t.abort()
             return
         h = self.h11
-        h.receive_data(data)
+        if h is None:
+            self.inbuf = self.inbuf + data if self.inbuf else data
+        else:
+            h.receive_data(data)
         if self.exchange is None:
             if self.delivery is None:
                 self._heads()
                 return
         else:
             self._wake_reader()
-        if len(h.trailing_data[0]) > self.server.config.max_header_size:
+        h = self.h11
+        if len(self.inbuf if h is None else h.trailing_data[0]) > self.server.config.max_header_size:
             # Nobody has taken what came (a body the app is slow to read, requests
             # pipelined behind this one or behind a hold, see _hold): read no more
             # until it is.
@@ -137,7 +156,7 @@ class HttpProtocol(idlekeeper.Protocol):
     def eof_received(self) -> bool:
         if self.lingered >= 0:
             return False  # the client read the answer and closed: close too
-        self.h11.receive_data(b"")
+        self.parser().receive_data(b"")
         if self.exchange is None:
             self._heads()
         else:
@@ -184,7 +203,17 @@ class HttpProtocol(idlekeeper.Protocol):
 
     def _heads(self) -> None:
         """Between requests: parse what came; start an exchange for a complete head."""
-        h = self.h11
+        if self.h11 is None:
+            buf = self.inbuf
+            if not buf:
+                return
+            head = quick_head(buf)
+            if head is not None:
+                self.inbuf = buf[head.size :]
+                self._request(head, head.headers, head)
+                return
+            self.parser()  # not plain, or not complete yet: h11 reads it, as it always did
+        h = self.parser()
         try:
             event = h.next_event()
         except h11.RemoteProtocolError as exc:
@@ -200,20 +229,19 @@ class HttpProtocol(idlekeeper.Protocol):
                 self.timer = self.server.keeper.call_later(self.server.config.header_timeout, self._too_slow)
             return
         if isinstance(event, h11.Request):
-            self._request(event)
+            self._request(event, header_list(event), None)
             return
         if isinstance(event, h11.ConnectionClosed):
             t.close()
         # PAUSED: a protocol switch we do not make; nothing more to read here.
 
-    def _request(self, event: h11.Request) -> None:
+    def _request(self, event: RequestHead, headers: list[tuple[bytes, bytes]], quick: QuickHead | None) -> None:
         server = self.server
         cfg = server.config
         self._cancel_timer()
         t = self.t
         if self.phase is Phase.IDLE:
             t.idle_timeout = None
-        headers = header_list(event)
         refusal = head_refusal(event, headers, cfg.max_header_size, cfg.max_body_size)
         if refusal is not None:
             self.refuse(*refusal)
@@ -227,9 +255,26 @@ class HttpProtocol(idlekeeper.Protocol):
         scope = make_scope(
             event, headers, scheme=server.scheme, client=self.peer, server=self.local, state=server.state
         )
-        self.exchange = Exchange(self, scope, max_body_size=cfg.max_body_size, must_close=self._must_close)
+        self.exchange = Exchange(self, scope, max_body_size=cfg.max_body_size, must_close=self._must_close, quick=quick)
         server.exchange_started()
         server.dispatch(self)
+
+    def _new_parser(self) -> h11.Connection:
+        return h11.Connection(h11.SERVER, max_incomplete_event_size=self.server.config.max_header_size)
+
+    def parser(self) -> h11.Connection:
+        """This connection's h11 state, made on first need: told of the quick request
+        the app has (if any), then given what came after it."""
+        h = self.h11
+        if h is None:
+            h = self.h11 = self._new_parser()
+            exchange = self.exchange
+            if exchange is not None and exchange.quick is not None:
+                replay(h, exchange.quick)
+            if self.inbuf:
+                h.receive_data(self.inbuf)
+                self.inbuf = b""
+        return h
 
     def _must_close(self) -> bool:
         return self.server.must_close(self.started, self.requests)
@@ -256,6 +301,9 @@ class HttpProtocol(idlekeeper.Protocol):
         t = self.t
         if after is Outcome.NEXT and not server.closing:
             self.phase = Phase.IDLE
+            h = self.h11
+            if h is not None and HOOKS and h.trailing_data == (b"", False):
+                self.h11 = None  # a new cycle with nothing buffered: quick heads again
             t.resume_reading()
             if not self._hold():
                 t.idle_timeout = server.config.keep_alive_timeout

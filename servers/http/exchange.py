@@ -27,9 +27,11 @@ from typing import Any, Protocol
 from urllib.parse import unquote_to_bytes
 
 import h11
+from h11 import Connection as _Connection
 
 from .asgi import ASGI_VERSION, ASGIApp, Message, Scope
-from .whole import whole_response
+from .quickhead import QuickHead
+from .whole import whole_bytes, whole_response
 
 __all__ = [
     "BodyTooLarge",
@@ -38,6 +40,7 @@ __all__ = [
     "ClientGone",
     "Exchange",
     "Outcome",
+    "RequestHead",
     "bad_head_status",
     "head_refusal",
     "header_list",
@@ -95,7 +98,16 @@ class Outcome(enum.Enum):
 class Channel(Protocol):
     """What an exchange needs from the driver of its connection."""
 
-    h11: h11.Connection
+    @property
+    def h11(self) -> _Connection | None:
+        """The connection's h11 state; None while only quick requests have come (see
+        :mod:`.quickhead`)."""
+        ...
+
+    def parser(self) -> _Connection:
+        """The connection's h11 state, made on first need (and told of the quick request
+        in progress, if any)."""
+        ...
 
     async def more(self) -> None:
         """Feed h11 more of the request; return once some came (or the end of input).
@@ -110,6 +122,19 @@ class Channel(Protocol):
     async def disconnected(self) -> None:
         """Return once the client has gone away (for an app listening for it)."""
         ...
+
+
+class RequestHead(Protocol):
+    """A parsed request line: an ``h11.Request``, or a :class:`~.quickhead.QuickHead`."""
+
+    @property
+    def method(self) -> bytes: ...
+
+    @property
+    def target(self) -> bytes: ...
+
+    @property
+    def http_version(self) -> bytes: ...
 
 
 def origin_form(target: str) -> tuple[str, str | None]:
@@ -142,7 +167,7 @@ def header_list(request: h11.Request) -> list[tuple[bytes, bytes]]:
 
 
 def head_refusal(
-    request: h11.Request, headers: list[tuple[bytes, bytes]], max_header_size: int, max_body_size: int
+    request: RequestHead, headers: list[tuple[bytes, bytes]], max_header_size: int, max_body_size: int
 ) -> tuple[int, str] | None:
     """``(status, reason)`` for a parsed head that must not reach the app, or None.
 
@@ -193,7 +218,7 @@ def bad_head_status(exc: h11.RemoteProtocolError) -> int:
 
 
 def make_scope(
-    request: h11.Request,
+    request: RequestHead,
     headers: list[tuple[bytes, bytes]],
     *,
     scheme: str,
@@ -254,6 +279,7 @@ class Exchange:
         "refusal",
         "refusal_reason",
         "closing",
+        "quick",
     )
 
     def __init__(
@@ -263,6 +289,7 @@ class Exchange:
         *,
         max_body_size: int,
         must_close: Callable[[], bool],
+        quick: QuickHead | None = None,
     ) -> None:
         self.channel = channel
         self.scope = scope
@@ -281,6 +308,9 @@ class Exchange:
         """The error status to answer instead of the app's response (400, 413), if any."""
         self.refusal_reason = ""
         self.closing = False
+        self.quick = quick
+        """The request's head if it was read past h11 (then it has no body, and h11 hears
+        of it only if the response needs h11)."""
 
     # -- the app's side ------------------------------------------------------------
 
@@ -298,7 +328,10 @@ class Exchange:
 
     async def _body(self) -> Message:
         """The next piece of the request body (``http.disconnect`` if it cannot come)."""
-        h = self.channel.h11
+        if self.quick is not None:
+            self.body_done = True
+            return {"type": "http.request", "body": b"", "more_body": False}
+        h = self.channel.parser()
         chunks: list[bytes] = []
         while True:
             try:
@@ -361,7 +394,8 @@ class Exchange:
         body: bytes = message.get("body", b"")
         more: bool = message.get("more_body", False)
         h = self.channel.h11
-        if not self.head_sent and not more and not self.body_done and not h.they_are_waiting_for_100_continue:
+        waiting = h is not None and h.they_are_waiting_for_100_continue
+        if not self.head_sent and not more and not self.body_done and not waiting:
             # A whole response to a request whose body is still coming: read the rest of
             # it first (bounded by the limits and the body timeout), as the native
             # interface always did, so that a malformed or oversized body gets its 400 or
@@ -381,7 +415,8 @@ class Exchange:
                     self.complete = True
                     await self._write(whole)
                     return
-            out = h.send(self._head(len(body) if not more else None)) or b""
+            out = self.channel.parser().send(self._head(len(body) if not more else None)) or b""
+        h = self.channel.parser()
         if body and not self.head_only and self.status not in _NO_BODY_STATUSES:
             out += h.send(h11.Data(data=body)) or b""
         if not more:
@@ -401,19 +436,17 @@ class Exchange:
         """A complete response in one message, written past h11 when it allows (see
         :mod:`.whole`)."""
         h = self.channel.h11
-        if h.they_are_waiting_for_100_continue or self.must_close():
+        if (h is not None and h.they_are_waiting_for_100_continue) or self.must_close():
             return None  # closing: h11's path, which also says so
         headers = self.headers
         if not any(name == b"date" for name, _ in headers):
             headers = [*headers, (b"date", http_date())]
-        return whole_response(
-            h,
-            self.status,
-            _PHRASES.get(self.status, b""),
-            headers,
-            body,
-            send_body=not self.head_only,
-        )
+        reason = _PHRASES.get(self.status, b"")
+        if h is None:
+            # A quick request: h11 never needs to hear of it.
+            whole = whole_bytes(self.status, reason, headers, body, send_body=not self.head_only)
+            return None if whole is None else whole[0]
+        return whole_response(h, self.status, reason, headers, body, send_body=not self.head_only)
 
     def _head(self, length: int | None) -> h11.Response:
         headers = self.headers
@@ -426,7 +459,7 @@ class Exchange:
             and self.status >= 200
         ):
             headers.append((b"content-length", str(length).encode()))
-        if self.channel.h11.they_are_waiting_for_100_continue:
+        if self.channel.parser().they_are_waiting_for_100_continue:
             # The app answered without reading the body, and the client has not sent it:
             # do not invite it only to discard it, and close, as the client may send it
             # anyway (RFC 9110 §10.1.1).
@@ -482,6 +515,10 @@ class Exchange:
 
     async def _finish(self) -> Outcome:
         h = self.channel.h11
+        if h is None:
+            # A quick request answered whole: both sides are done, and the connection
+            # is kept (a close would have taken h11's path).
+            return Outcome.NEXT
         if self.closing or h.our_state is h11.MUST_CLOSE:
             return Outcome.CLOSE
         # Whatever body the app left unread is read and dropped (bounded by the limits),

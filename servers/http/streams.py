@@ -39,6 +39,10 @@ class _StreamConn:
         self.requests = 0
         self.started = trio.current_time()
 
+    def parser(self) -> h11.Connection:
+        """h11 reads every request here (quick heads are the dense driver's)."""
+        return self.h11
+
     async def more(self) -> None:
         """Read more of the request body, under the body timeout."""
         stream = self.stream

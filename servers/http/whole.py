@@ -17,7 +17,7 @@ import re
 
 import h11
 
-__all__ = ["whole_response"]
+__all__ = ["HOOKS", "whole_bytes", "whole_response"]
 
 # RFC 9110 §5.1 token, and §5.5 field-value without obs-fold: no CR, LF or NUL, no
 # leading or trailing whitespace. Anything else goes to h11, which refuses it.
@@ -36,32 +36,27 @@ def _hooks_present() -> bool:
     return callable(getattr(conn, "_process_event", None)) and hasattr(getattr(conn, "_cstate", None), "keep_alive")
 
 
-_HOOKS = _hooks_present()
+HOOKS = _hooks_present()
+"""Whether this h11 has the private hooks used here (and by :mod:`.quickhead`'s replay)."""
 
 
-def whole_response(
-    conn: h11.Connection,
+def whole_bytes(
     status: int,
     reason: bytes,
     headers: list[tuple[bytes, bytes]],
     body: bytes,
     *,
     send_body: bool,
-) -> bytes | None:
-    """The bytes of a complete response with ``Content-Length: len(body)`` (and the
-    body unless ``send_body`` is false: HEAD), or None if h11 must write it.
+) -> tuple[bytes, list[tuple[bytes, bytes]]] | None:
+    """The bytes of a complete keep-alive HTTP/1.1 response with ``Content-Length:
+    len(body)`` (and the body unless ``send_body`` is false: HEAD), and the headers it
+    carries; or None if h11 must write it.
 
     ``headers`` are the app's, lowercase. A ``Content-Length`` among them must be the
-    body's; ``Transfer-Encoding`` or ``Connection`` leave the response to h11, as
-    does one that closes the connection. On success h11's state is as after
-    ``send(Response)``, ``send(Data)`` and ``send(EndOfMessage())``.
+    body's; ``Transfer-Encoding`` or ``Connection`` leave the response to h11.
     """
-    if not _HOOKS or status < 200 or status in (204, 304) or status > 999:
+    if status < 200 or status in (204, 304) or status > 999:
         return None
-    if conn.our_state is not h11.SEND_RESPONSE or conn.their_http_version != b"1.1":
-        return None
-    if not conn._cstate.keep_alive:
-        return None  # the client said close: h11 adds the header
     length = b"%d" % len(body)
     parts = [b"HTTP/1.1 %d %s\r\n" % (status, reason)]
     declared = False
@@ -79,8 +74,33 @@ def whole_response(
     parts.append(b"\r\n")
     if send_body:
         parts.append(body)
+    return b"".join(parts), headers
+
+
+def whole_response(
+    conn: h11.Connection,
+    status: int,
+    reason: bytes,
+    headers: list[tuple[bytes, bytes]],
+    body: bytes,
+    *,
+    send_body: bool,
+) -> bytes | None:
+    """:func:`whole_bytes` for a request h11 read: None also when the connection is not
+    ready for such a response (a request that is not HTTP/1.1, or asked to close: h11
+    adds the header). On success h11's state is as after ``send(Response)``,
+    ``send(Data)`` and ``send(EndOfMessage())``.
+    """
+    if not HOOKS or conn.our_state is not h11.SEND_RESPONSE or conn.their_http_version != b"1.1":
+        return None
+    if not conn._cstate.keep_alive:
+        return None  # the client said close: h11 adds the header
+    whole = whole_bytes(status, reason, headers, body, send_body=send_body)
+    if whole is None:
+        return None
+    out, headers = whole
     event = h11.Response(status_code=status, headers=headers, reason=reason, _parsed=True)
     process = conn._process_event
     process(h11.SERVER, event)
     process(h11.SERVER, h11.EndOfMessage())
-    return b"".join(parts)
+    return out
