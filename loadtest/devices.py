@@ -121,6 +121,7 @@ def run_devices(
     progress: list[tuple[float, dict[str, float]]] = []
     stalled: list[int] = []
     stall_at: dict[str, float] = {}
+    stall_length = 0.0 if timeline.stall is None or timeline.stall_end is None else timeline.stall_end - timeline.stall
     final_metrics: Metrics | None = None
     with Sampler(server.pids, server.metrics_urls, interval=1.0) as sampler:
         base = sampler.take()
@@ -134,7 +135,9 @@ def run_devices(
                     sampler.stalled = True
                     signal_all(stalled, signal.SIGSTOP)
                     stall_at["from"] = time.monotonic()
-                if stalled and timeline.stall_end is not None and now >= timeline.stall_end:
+                # The stall lasts its planned length from when it began, however late this
+                # loop came to it (a busy machine, a slow scrape).
+                if stalled and timeline.stall_end is not None and now >= stall_at["from"] + stall_length:
                     signal_all(stalled, signal.SIGCONT)
                     stall_at["to"] = time.monotonic()
                     stalled = []
@@ -158,7 +161,12 @@ def run_devices(
                             "fds": last.fds,
                         }
                     )
-                time.sleep(0.25)
+                pause = 0.25
+                if timeline.stall is not None and not stall_at:
+                    pause = min(pause, max(0.0, timeline.stall - time.monotonic()))
+                elif stalled:
+                    pause = min(pause, max(0.0, stall_at["from"] + stall_length - time.monotonic()))
+                time.sleep(pause)
         finally:
             if stalled:
                 signal_all(stalled, signal.SIGCONT)
