@@ -122,8 +122,13 @@ def measure_server(
     keepalive: int = 3600,
     extra: Sequence[str] = (),
     warmup: float = 0.0,
+    start_at: float | None = None,
 ) -> dict[str, float]:
-    """One worker at ``coalesce`` (or Mosquitto, for ``coalesce`` None): its CPU per 1,000 heartbeats/s."""
+    """One worker at ``coalesce`` (or Mosquitto, for ``coalesce`` None): its CPU per 1,000 heartbeats/s.
+
+    With ``start_at`` (a ``time.monotonic()`` reading, the same in every process), the
+    warm-up begins then rather than as soon as the devices are connected: two servers
+    measured by two processes at once share one window."""
     port = free_port()
     if coalesce is None:
         peer = start_mosquitto("mosquitto", port)
@@ -133,7 +138,7 @@ def measure_server(
     proc = peer.proc
     try:
         socks = _connect_all(port, devices, keepalive)
-        time.sleep(2)
+        time.sleep(2 if start_at is None else max(0.0, start_at - time.monotonic()))
         warmed, _ = _ping(socks, rate, warmup)  # past the first deadlines: re-filing has begun
         server = psutil.Process(proc.pid)
         before, t0 = _cpu_seconds(server), time.monotonic()
@@ -151,6 +156,8 @@ def measure_server(
         "answered": answered / sent if sent else 0.0,
         "cpu_pct": 100 * core,
         "cpu_pct_per_1k": 100 * core / (per_s / 1000),
+        "window_start": t0,
+        "window_end": t1,
     }
 
 
