@@ -92,6 +92,8 @@ def merge(
         "devices": load.devices,
         "connected": connected,
         "connect_failed": total("connect_failed"),
+        "connect_sent_late": total("connect_sent_late"),
+        "connect_send_max_s": max((r.get("connect_send_max", 0.0) for r in ok), default=math.nan),
         "refused": total("refused"),
         "connect_errors": errors,
         "connect_rate_per_s": connected / connect_span
@@ -213,6 +215,11 @@ def report(r: dict[str, Any]) -> str:
             f"  by server's stamps   p50 {sv['p50']:.0f} / p99 {sv['p99']:.0f} / max {sv['max']:.0f} ms "
             f"(min {sv['min']:.0f}; from the server's stamp of the last packet: "
             "its read, or its arrival when coalescing)"
+        )
+    if r.get("connect_sent_late"):
+        lines.append(
+            f"generator behind       {r['connect_sent_late']} CONNECTs sent over 10 s after their connect() "
+            f"by the generator itself (the longest {r['connect_send_max_s']:.1f} s): the server closes those"
         )
     lines.append(f"false expiries         {r['false_expiries']} healthy devices dropped")
     if r["generator_late"]:

@@ -134,6 +134,41 @@ def test_an_online_device_wakes_its_generator_for_the_server_s_close_not_for_pin
     assert device.timer is None and client.fileno() == -1
 
 
+def test_a_device_sends_its_connect_with_its_connect_not_a_loop_later(tmp_path: Path) -> None:
+    """On loopback the handshake is over when connect() returns: the CONNECT goes then,
+    and the device waits for its CONNACK, as a real device does."""
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        g = _generator(tmp_path)
+        g.ports = [listener.getsockname()[1]]
+        device = g.devices[0]
+        device.connect_started = time.monotonic()
+        g.open(device)
+        assert device.conn is not None and device.conn.phase == _HANDSHAKE
+        server, _ = listener.accept()
+        with server:
+            server.settimeout(2)
+            assert server.recv(64)[:1] == b"\x10"  # CONNECT, with no turn of the loop
+        assert g.connect_sent_late == 0 and device.last_sent == device.last_sent
+
+
+def test_a_connect_the_generator_itself_answered_late_is_counted_as_its_own(tmp_path: Path) -> None:
+    """A CONNECT sent over the server's connect timeout after connect() is closed by the
+    server unanswered; on loopback only an overloaded generator makes it late."""
+    g = _generator(tmp_path)
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        socks = [socket.create_connection(listener.getsockname()) for _ in range(2)]
+        for sock, device, started in zip(socks, g.devices, (50.0, 40.0), strict=False):
+            device.connect_started = started
+            conn = Conn(device, sock, 0)
+            g.conns[sock.fileno()] = conn
+            g.epoll.register(sock.fileno(), select.EPOLLOUT)
+            g.on_writable(conn, 60.0)  # 10 s after the first connect(), 20 s after the second
+        for sock in socks:
+            sock.close()
+    r = g.results()
+    assert r["connect_sent_late"] == 1 and r["connect_send_max"] == 20.0
+
+
 def test_steady_state_cost_excludes_a_ramp_that_overran(tmp_path: Path) -> None:
     """CONNECTs cost far more than heartbeats: the steady window opens after the last one."""
     r = _generator(tmp_path).results()
