@@ -26,7 +26,16 @@ SLEEPER = [sys.executable, "-c", "import time; time.sleep(60)"]
 
 
 def _children() -> list[psutil.Process]:
-    return [p for p in psutil.Process().children() if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    """The supervisor's live workers: other children of this process (a multiprocessing
+    resource tracker left by an earlier test, say) are not theirs to count or kill."""
+    found = []
+    for p in psutil.Process().children():
+        try:
+            if p.status() != psutil.STATUS_ZOMBIE and p.cmdline() == SLEEPER:
+                found.append(p)
+        except psutil.NoSuchProcess:
+            continue
+    return found
 
 
 def _wait_for(condition: Callable[[], bool], timeout: float) -> bool:
