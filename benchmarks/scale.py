@@ -1,15 +1,17 @@
 """What a worker's share of a large fleet costs per heartbeat, ours beside Mosquitto's.
 
-    python -m benchmarks.scale [--shape 10000x1000] [--shape 17000x72] [--seconds 60]
+    python -m benchmarks.scale [--shape 10000x1000] [--shape 17000x72] [--seconds 60] [--repeat 3]
 
 The 20,000-file limit spreads 500,000 devices over 29 workers: each holds about
 17,000 devices and sees about 72 heartbeats a second, where one process of 10,000
-devices sees 1,000. This runs one process at each shape (``DEVICESxRATE``), ours
-(``servers.heartbeat``, dense engine, ``--coalesce``) and Mosquitto driven the same
-way (:mod:`benchmarks.wakeups`: raw MQTT devices, PINGREQs evenly spread, CPU from
-``/proc/PID/task/*/sched``), and prints CPU per 1,000 heartbeats/s for each, and the
-ratio between the shapes for each server: how much of the cost of the large fleet's
-shape is the machine's, paid by a broker written in C as much as by ours.
+devices sees 1,000. At each shape (``DEVICESxRATE``) this runs one process of ours
+(``servers.heartbeat``, dense engine, ``--coalesce``) and one Mosquitto at the same
+time, each driven by a process of its own in the same window (:mod:`benchmarks.wakeups`:
+raw MQTT devices, PINGREQs evenly spread, CPU from ``/proc/PID/task/*/sched``), the
+shapes in turn ``--repeat`` times, and prints each server's median CPU per 1,000
+heartbeats/s (the lower middle for an even count), the median of the pairs' ratios,
+and the ratio between the shapes for each server: how much of the cost of the large
+fleet's shape is the machine's, paid by a broker written in C as much as by ours.
 
 It also measures what this machine charges for memory left untouched: the kernel's
 own ``epoll_wait`` per ready socket, when the loop slept 10 ms and when it slept 1 s
@@ -32,9 +34,9 @@ from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 
 from benchmarks.wakeups import measure_server
+from loadtest.generator import bind_source
 from loadtest.mqtt_targets import PeerUnavailable
-
-_IP_BIND_ADDRESS_NO_PORT = getattr(socket, "IP_BIND_ADDRESS_NO_PORT", 24)
+from loadtest.stats import percentile
 
 
 def parse_shape(text: str) -> tuple[int, float]:
@@ -66,8 +68,7 @@ def cold_touch(
         try:
             for _ in range(sockets):
                 client = socket.socket()
-                client.setsockopt(socket.IPPROTO_IP, _IP_BIND_ADDRESS_NO_PORT, 1)
-                client.bind(("127.0.6.2", 0))
+                bind_source(client, "127.0.6.2")
                 client.connect(listener.getsockname())
                 clients.append(client)
                 server, _ = listener.accept()
@@ -126,12 +127,6 @@ def measure_pair(
     return out
 
 
-def _median(values: Sequence[float]) -> float:
-    ordered = sorted(values)
-    mid = len(ordered) // 2
-    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Run every shape, both servers at once, ``--repeat`` times; print the table; exit 1
     if a heartbeat went unanswered."""
@@ -172,7 +167,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"pair {n + 1}: {devices:,} devices at {rate:g}/s: {said} per 1,000 heartbeats/s", flush=True)
     names = [n for n in ("idlekeeper", "Mosquitto") if any(n in pair for pairs in runs.values() for pair in pairs)]
     medians = {
-        shape: {n: _median([pair[n]["cpu_pct_per_1k"] for pair in pairs if n in pair]) for n in names}
+        shape: {n: percentile([pair[n]["cpu_pct_per_1k"] for pair in pairs if n in pair], 50) for n in names}
         for shape, pairs in runs.items()
     }
     print(
@@ -189,8 +184,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         cells = [f"{row[n]:.1f}%" for n in names]
         if len(names) > 1:
             pairs = [pair for pair in runs[(devices, rate)] if len(pair) == 2]
-            ratio = _median(
-                [pair["idlekeeper"]["cpu_pct_per_1k"] / pair["Mosquitto"]["cpu_pct_per_1k"] for pair in pairs]
+            ratio = percentile(
+                [pair["idlekeeper"]["cpu_pct_per_1k"] / pair["Mosquitto"]["cpu_pct_per_1k"] for pair in pairs], 50
             )
             cells.append(f"{ratio:.2f}×")
         print(f"| {devices:,} | {rate:g} | " + " | ".join(cells) + " |")

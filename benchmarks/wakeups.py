@@ -35,22 +35,19 @@ from pathlib import Path
 import psutil
 import trio
 
+from loadtest.generator import bind_source
 from loadtest.mqtt_targets import MqttTarget, PeerUnavailable, start_mosquitto
 from loadtest.processes import free_port, start_heartbeat
 from servers.heartbeat import encoders
 
 ROOT = Path(__file__).resolve().parent.parent
-_IP_BIND_ADDRESS_NO_PORT = getattr(socket, "IP_BIND_ADDRESS_NO_PORT", 24)
 
 
 def _connect_all(port: int, n: int, keepalive: int = 3600) -> list[socket.socket]:
     socks = []
     for i in range(n):
         sock = socket.socket()
-        # Ports per source address are finite; the port is picked at connect(), where a
-        # 4-tuple need only be unique (an earlier run's TIME_WAIT sockets are no obstacle).
-        sock.setsockopt(socket.IPPROTO_IP, _IP_BIND_ADDRESS_NO_PORT, 1)
-        sock.bind((f"127.0.3.{2 + i // 15_000}", 0))
+        bind_source(sock, f"127.0.3.{2 + i // 15_000}")
         sock.connect(("127.0.0.1", port))
         sock.sendall(encoders.encode_connect(f"wake-{i}", keep_alive=keepalive))
         socks.append(sock)

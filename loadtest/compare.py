@@ -42,7 +42,7 @@ from .mqtt_targets import HeartbeatTarget
 from .processes import free_port
 from .workload import DeviceLoad
 
-__all__ = ["main"]
+__all__ = ["main", "skip_reason"]
 
 MQTT_TARGETS = ("idlekeeper", "idlekeeper-coalesced", "idlekeeper-streams", "baseline", "amqtt", "mosquitto")
 
@@ -119,6 +119,12 @@ def table(
     return "\n".join(lines)
 
 
+def skip_reason(exc: BaseException) -> str:
+    """Why a target has no row: the first line of its error, or the error's name."""
+    text = str(exc)
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
 def compare_devices(
     load: DeviceLoad, targets: Sequence[str], tick: float, quiet: bool, coalesce: float = 1.0
 ) -> dict[str, Any]:
@@ -143,7 +149,7 @@ def compare_devices(
                 server = peer
                 stop = peer.stop
         except (PeerUnavailable, RuntimeError, OSError) as exc:
-            missing[name] = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            missing[name] = skip_reason(exc)
             print(f"   skipped: {missing[name]}", flush=True)
             continue
         try:
@@ -169,10 +175,8 @@ def compare_http(load: HttpLoad, targets: Sequence[str], rounds: int = 3, pinned
     them alike; a server's figure is its median round. The attack phases follow, one
     server at a time.
     """
-    from .http_load import describe, median_round, run_http, run_load
-    from .http_targets import start_http_target
-    from .processes import load_side, pin, split_cpus, stop
-    from .sampler import process_tree
+    from .http_load import describe, median_round, run_http, run_load, start_target
+    from .processes import load_side, split_cpus, stop
 
     split = split_cpus() if pinned else None
     results: dict[str, Any] = {}
@@ -180,17 +184,11 @@ def compare_http(load: HttpLoad, targets: Sequence[str], rounds: int = 3, pinned
     started: dict[str, tuple[Any, int, list[int]]] = {}
     try:
         for name in targets:
-            port = free_port()
             try:
-                proc = start_http_target(name, port, header_timeout=load.header_timeout, keep_alive=load.header_timeout)
+                started[name] = start_target(name, load, split)
             except (RuntimeError, OSError, ValueError) as exc:
-                missing[name] = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+                missing[name] = skip_reason(exc)
                 print(f"\n== http: {name} ==\n   skipped: {missing[name]}", flush=True)
-                continue
-            pids = [p.pid for p in process_tree(proc.pid)]
-            if split is not None:
-                pin(pids, split.server)
-            started[name] = (proc, port, pids)
         names = list(started)
         alone: dict[str, list[Any]] = {name: [] for name in names}
         with load_side(split):
@@ -206,7 +204,7 @@ def compare_http(load: HttpLoad, targets: Sequence[str], rounds: int = 3, pinned
             try:
                 result = run_http(name, load, port=port, pids=pids, alone=median_round(alone[name]), split=split)
             except (RuntimeError, OSError) as exc:
-                missing[name] = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+                missing[name] = skip_reason(exc)
                 print(f"   skipped: {missing[name]}", flush=True)
                 continue
             result.alone_rounds = alone[name]

@@ -40,7 +40,7 @@ from typing import Any
 from idlekeeper.lookahead import LookaheadWheel
 from idlekeeper.timers import TimerHandle, Timers
 
-__all__ = ["GeneratorSpec", "run"]
+__all__ = ["GeneratorSpec", "bind_source", "run"]
 
 _IP_BIND_ADDRESS_NO_PORT = getattr(socket, "IP_BIND_ADDRESS_NO_PORT", 24)
 _CONNACK_OK = b"\x20\x02\x00\x00"
@@ -63,6 +63,14 @@ _CONNECTING, _HANDSHAKE, _ONLINE, _SUPERSEDED = range(4)
 # servers.heartbeat's --connect-timeout default: a CONNECT sent later than this after
 # the connect() is closed unanswered, and that is the generator's doing.
 _SERVER_CONNECT_TIMEOUT = 10.0
+
+
+def bind_source(sock: socket.socket, address: str) -> None:
+    """Bind ``sock`` to the loopback source ``address``, its port picked at connect():
+    a port is then needed only per 4-tuple, not per source address (so a source holds
+    more than the ephemeral range, and an earlier run's TIME_WAIT sockets are no obstacle)."""
+    sock.setsockopt(socket.IPPROTO_IP, _IP_BIND_ADDRESS_NO_PORT, 1)
+    sock.bind((address, 0))
 
 
 @dataclass
@@ -225,8 +233,7 @@ class Generator:
         port = self.pick_port() if port is None else port
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         try:
-            sock.setsockopt(socket.IPPROTO_IP, _IP_BIND_ADDRESS_NO_PORT, 1)
-            sock.bind((self.spec.source, 0))
+            bind_source(sock, self.spec.source)
             sock.setblocking(False)
             code = sock.connect_ex((self.spec.host, port))
         except OSError as exc:
@@ -254,6 +261,7 @@ class Generator:
             sent = sock.send(data)
         except OSError:
             sent = 0  # still connecting (EAGAIN), or failing: the loop hears which
+        # (A fresh socket's send buffer takes a 30-byte CONNECT whole or not at all.)
         if sent == len(data):
             self.epoll.register(sock.fileno(), _IN)
             self._stamp(device, now)

@@ -48,7 +48,7 @@ from .processes import CpuSplit, free_port, load_side, pin, split_cpus, stop
 from .sampler import Sampler, process_tree
 from .stats import percentile
 
-__all__ = ["HttpLoad", "HttpResult", "LoadFigures", "main", "median_round", "run_http"]
+__all__ = ["HttpLoad", "HttpResult", "LoadFigures", "main", "median_round", "run_http", "start_target"]
 
 SLOWLORIS_SOURCE = "127.0.0.3"
 SLOW_READER_SOURCE = "127.0.0.4"
@@ -418,6 +418,19 @@ def watch_attack(attack: Attack, pids: list[int], port: int, until: float) -> di
     return released
 
 
+def start_target(
+    target: str, load: HttpLoad, split: CpuSplit | None = None
+) -> tuple[subprocess.Popen[str], int, list[int]]:
+    """Start ``target`` on a free port, with ``load``'s timeouts (on the server's CPUs
+    of ``split``, if given): its process, its port and the PIDs of its process tree."""
+    port = free_port()
+    proc = start_http_target(target, port, header_timeout=load.header_timeout, keep_alive=load.header_timeout)
+    pids = [p.pid for p in process_tree(proc.pid)]
+    if split is not None:
+        pin(pids, split.server)
+    return proc, port, pids
+
+
 def run_http(
     target: str,
     load: HttpLoad | None = None,
@@ -441,11 +454,7 @@ def run_http(
     slowloris, slow_readers = load.slowloris, load.slow_readers
     proc = None
     if port is None:
-        port = free_port()
-        proc = start_http_target(target, port, header_timeout=header_timeout, keep_alive=header_timeout)
-        pids = [p.pid for p in process_tree(proc.pid)]
-        if split is not None:
-            pin(pids, split.server)
+        proc, port, pids = start_target(target, load, split)
     result = HttpResult(target, connections, duration, slowloris, slow_readers, header_timeout)
     result.cpus = "" if split is None else repr(split)
     try:

@@ -75,7 +75,7 @@ from servers.heartbeat.encoders import (
     encode_subscribe,
 )
 
-from .compare import table
+from .compare import skip_reason, table
 from .mqtt_targets import MqttTarget, PeerUnavailable, start_mosquitto
 from .processes import free_port, start_heartbeat
 from .stats import summary_ms
@@ -797,7 +797,7 @@ def run_qos(
                     run["queued"] = run_queued(t.port, t.pids(), load, tag=name)
         except (RuntimeError, OSError) as exc:
             # One target that cannot run (or fails on the way) leaves the others' figures.
-            missing[name] = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            missing[name] = skip_reason(exc)
             print(f"   skipped: {exc}", flush=True)
             continue
         run["target"] = name

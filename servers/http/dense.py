@@ -212,7 +212,7 @@ class HttpProtocol(idlekeeper.Protocol):
                 self.inbuf = buf[head.size :]
                 self._request(head, head.headers, head)
                 return
-            self.parser()  # not plain, or not complete yet: h11 reads it, as it always did
+        # Not plain, not complete yet, or h11 has the connection already: h11 reads it.
         h = self.parser()
         try:
             event = h.next_event()
