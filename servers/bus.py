@@ -170,6 +170,10 @@ class Hub:
             link.writable_wanted = wanted
             self._sel.modify(link.sock, selectors.EVENT_READ | (selectors.EVENT_WRITE if wanted else 0), None)
 
+    def drop(self, link: Link, overflowed: bool = False) -> None:
+        """Close ``link`` and tell the handler (``overflowed``: for not reading)."""
+        self._drop(link, overflowed)
+
     def _drop(self, link: Link, overflowed: bool = False) -> None:
         if not link.open:
             return

@@ -80,6 +80,9 @@ class Cluster:
     kill: Callable[[int], None]
     """Member i dies without a word: its link ends and its sessions are its holder's loss."""
     loss_reason: str
+    drop_link: Callable[[int], None] | None = None
+    """The supervisor's hub drops member i's link, as it does for a worker that stopped
+    reading; returns once it has (members that share no hub have none)."""
 
 
 class _HubThread:
@@ -133,7 +136,21 @@ async def local_cluster(n: int) -> AsyncIterator[Cluster]:
                 # Every member shares this test's pid, so the worker is named directly.
                 hub.calls.put(lambda: _lose(hub.authority, i, pid))
 
-            yield Cluster(members, kill, "worker-lost")
+            def drop_link(i: int) -> None:
+                dropped = threading.Event()
+
+                def drop() -> None:
+                    for link in hub.hub.links:
+                        if hub.authority.worker_of(link) == i:
+                            hub.hub.drop(link, overflowed=True)
+                    dropped.set()
+
+                hub.calls.put(drop)
+                # Blocking on purpose: the member's own task must not see the end before
+                # the test has made its next reports.
+                assert dropped.wait(5), "the hub did not drop the link"
+
+            yield Cluster(members, kill, "worker-lost", drop_link)
             nursery.cancel_scope.cancel()
     finally:
         hub.close()

@@ -98,6 +98,7 @@ class _Peer:
     acked: int = 0
     seq: int = 0
     drained: bool = False
+    incarnation: str = ""
 
 
 class Authority:
@@ -124,11 +125,17 @@ class Authority:
         self._swept = clock()
         self._peers: dict[int, _Peer] = {}
         self._workers: dict[int, int] = {}  # pid -> worker index, for every pid that said hello
+        # The highest number applied from each worker process's coordinator (its
+        # incarnation): a frame resent after a dropped link is acknowledged, not applied again.
+        self._applied: dict[str, int] = {}
+        self._incarnations: dict[int, set[str]] = {}  # pid -> its incarnations, forgotten when it exits
         self._settling: dict[int, _Settling] = {}  # by probe token
         self._tokens = itertools.count(1)
         self.published = 0
         self.lost = 0
         self.dropped_links = 0
+        self.repeats = 0
+        """Numbered frames that came again after a dropped link and were not applied twice."""
 
     # -- LinkHandler ---------------------------------------------------------------
 
@@ -175,8 +182,15 @@ class Authority:
             else:
                 self._probe_answered(token, link.number)  # a gone worker routes nothing
 
+    def worker_of(self, link: Link) -> int | None:
+        """The index of the worker at the other end of ``link``, once it has said hello."""
+        peer = self._peers.get(link.number)
+        return None if peer is None or peer.worker < 0 else peer.worker
+
     def process_exited(self, pid: int, code: int | None) -> list[PresenceEvent]:
         """A worker process died: every session it held goes offline, ``worker-lost``."""
+        for incarnation in self._incarnations.pop(pid, ()):
+            self._applied.pop(incarnation, None)
         worker = self._workers.pop(pid, None)
         if worker is None:
             return []
@@ -198,15 +212,32 @@ class Authority:
 
     # -- frames ----------------------------------------------------------------------
 
+    def _first_time(self, peer: _Peer, seq: int) -> bool:
+        """Note numbered frame ``seq`` for the next acknowledgement; whether it is new.
+
+        A worker numbers its frames in the order it sends them and resends, after a
+        dropped link, from its oldest unacknowledged one, so what each link brings is a
+        run of consecutive numbers: anything at or below the highest applied is a repeat.
+        """
+        peer.seq = max(peer.seq, seq)
+        if not peer.incarnation:
+            return True
+        if seq <= self._applied.get(peer.incarnation, 0):
+            self.repeats += 1
+            return False
+        self._applied[peer.incarnation] = seq
+        return True
+
     def _apply(self, peer: _Peer, frame: Frame) -> None:
+        seq = frame.seq if isinstance(frame, Reported | Kept | Claimed | Ended | Routed) else 0
+        if seq and not self._first_time(peer, seq):
+            return
         if isinstance(frame, Reported):
-            peer.seq = max(peer.seq, frame.seq)
             report = frame.report
             self._transmit(self.store.apply(report, self._clock()))
             if isinstance(report, Subscribed | Discard):
                 self._filters_changed()  # persistent sessions' filters route to the authority
         elif isinstance(frame, Kept):
-            peer.seq = max(peer.seq, frame.seq)
             if not self.retention.retain(frame.topic, frame.payload, frame.qos):
                 logger.warning("authority: retained message on %r refused: the retained store is full", frame.topic)
         elif isinstance(frame, OpenSession):
@@ -217,10 +248,8 @@ class Authority:
             messages, cursor = self.retention.page(frame.topic_filter, frame.cursor)
             peer.link.send(encode(RetainedPage(frame.request, messages, cursor)))
         elif isinstance(frame, Claimed):
-            peer.seq = max(peer.seq, frame.seq)
             self._online(frame.event)
         elif isinstance(frame, Ended):
-            peer.seq = max(peer.seq, frame.seq)
             if self.registry.offline(frame.event, forget=frame.forget) is not None:
                 self._publish(frame.event)
         elif isinstance(frame, Routed):
@@ -237,7 +266,9 @@ class Authority:
             peer.link.send(encode(Found(frame.request, self.registry.get(frame.client_id))))
         elif isinstance(frame, Hello):
             peer.worker, peer.pid = frame.worker, peer.pid or frame.pid
+            peer.incarnation = frame.incarnation
             self._workers[peer.pid] = peer.worker
+            self._incarnations.setdefault(peer.pid, set()).add(frame.incarnation)
             self._send_remote_filters(peer)
         elif isinstance(frame, Resync):
             self._resync(peer, frame.sessions)

@@ -65,10 +65,14 @@ class Frame:
 
 @dataclass(frozen=True, slots=True)
 class Hello(Frame):
-    """First frame on every (re)connection: who this worker is."""
+    """First frame on every (re)connection: who this worker is. ``incarnation`` names
+    the process's coordinator for its whole life, so the authority applies each of its
+    numbered frames once across reconnections, and a process that reuses a dead one's
+    pid starts afresh."""
 
     worker: int
     pid: int
+    incarnation: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,8 +101,12 @@ class Noted(Frame):
 
 @dataclass(frozen=True, slots=True)
 class Routed(Frame):
-    """A device's message, for the other workers' subscribers."""
+    """A device's message, for the other workers' subscribers and persistent sessions.
 
+    QoS 1 and 2 ones are numbered (``seq`` > 0) like a report, so one sent into a link
+    that dropped is resent rather than lost after its PUBACK; QoS 0 ones are not (0)."""
+
+    seq: int
     topic: str
     payload: bytes
     qos: int

@@ -1,12 +1,15 @@
 """A supervised worker's coordinator: reports go to the supervisor's authority.
 
 The worker never waits on the authority to serve its devices: reports are queued
-and written by a task of their own. Numbered reports (a session starting or
-ending) are kept until acknowledged, and sent again after a reconnection, so a
-link dropped while the worker was stalled loses none (the authority's rules make
-a report applied twice count once). After a reconnection the worker also sends
-its filters and the sessions it holds, and the authority evicts any that were
-replaced in the meantime.
+and written by a task of their own. Numbered frames (a session starting or ending,
+a persistent session's report, a retained message, a QoS 1 or 2 message routed to
+other workers) are kept until acknowledged, and sent again after a reconnection, so
+a link dropped while the worker was stalled loses none; the authority applies each
+number of this worker's once, so one sent twice counts once. A message's PUBACK
+goes to its publisher before the authority has it: the promise is that it is not
+lost while this worker lives. After a reconnection the worker also sends its
+filters and the sessions it holds, and the authority evicts any that were replaced
+in the meantime.
 
 If the supervisor itself is gone (the link ends and the parent process is no
 longer ours, or nothing answers for a few seconds), the worker carries on alone:
@@ -21,6 +24,7 @@ import collections
 import itertools
 import logging
 import os
+import secrets
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -72,6 +76,9 @@ __all__ = ["BusCoordinator"]
 logger = logging.getLogger("servers.heartbeat.local")
 
 _BEHIND = 2.0  # seconds an unacknowledged report may wait before /healthz says degraded
+# Routed message bytes kept for resending, at most: past it (the supervisor stalled
+# under a flood), messages go unnumbered, as QoS 0 ones do, rather than grow the worker.
+MAX_UNACKED_ROUTED_BYTES = 64 * 1024 * 1024
 _ORPHAN_AFTER = 5.0  # seconds of failed reconnections after which the supervisor is presumed gone
 
 
@@ -116,9 +123,14 @@ class BusCoordinator(Coordinator):
         self.connected = False
         self.orphaned = False
         self._alone: Registry | None = None
+        self._incarnation = secrets.token_hex(8)
+        self._unacked_bytes = 0
+        """Payload bytes of the routed messages in ``_unacked``."""
         self.reconnects = 0
         self.resent = 0
         self.routed = 0
+        self.routed_unkept = 0
+        """QoS 1 and 2 messages routed without being kept for a resend (the bound was reached)."""
 
     # -- reports (synchronous: queued) ---------------------------------------------
 
@@ -144,7 +156,13 @@ class BusCoordinator(Coordinator):
             return
         if matches_any(remote, topic):
             self.routed += 1
-            self._send(Routed(topic, payload, qos))
+            if qos and self._unacked_bytes + len(payload) <= MAX_UNACKED_ROUTED_BYTES:
+                self._unacked_bytes += len(payload)
+                self._numbered(Routed(self._next(), topic, payload, qos))
+                return
+            if qos:
+                self.routed_unkept += 1
+            self._send(Routed(0, topic, payload, qos))
 
     def filters_changed(self, filters: set[str]) -> None:
         """See :meth:`Coordinator.filters_changed`."""
@@ -187,7 +205,7 @@ class BusCoordinator(Coordinator):
             return [], None
         return answer.messages, answer.cursor
 
-    def _numbered(self, frame: Claimed | Ended | Reported | Kept) -> None:
+    def _numbered(self, frame: Claimed | Ended | Reported | Kept | Routed) -> None:
         if self.orphaned:
             if isinstance(frame, Claimed | Ended):
                 self._alone_apply(frame)
@@ -261,10 +279,15 @@ class BusCoordinator(Coordinator):
         """Link state and traffic."""
         f = Families({"worker": str(self.worker)})
         f.gauge("heartbeat_bus_connected", "1 while linked to the supervisor's authority.", int(self.connected))
-        f.gauge("heartbeat_bus_unacked", "Session reports waiting for the authority.", len(self._unacked))
+        f.gauge("heartbeat_bus_unacked", "Reports and QoS 1/2 messages waiting for the authority.", len(self._unacked))
         f.counter("heartbeat_bus_reconnects_total", "Links to the authority re-established.", self.reconnects)
         f.counter("heartbeat_bus_resent_total", "Session reports sent again after a reconnection.", self.resent)
         f.counter("heartbeat_bus_routed_total", "Messages routed to other workers' subscribers.", self.routed)
+        f.counter(
+            "heartbeat_bus_routed_unkept_total",
+            "QoS 1 and 2 messages routed without a copy kept for a resend (too many bytes awaited acknowledgement).",
+            self.routed_unkept,
+        )
         return f.families
 
     # -- the link ----------------------------------------------------------------------
@@ -315,7 +338,7 @@ class BusCoordinator(Coordinator):
         assert self._host is not None
         self.connected = True
         self._out = []
-        self._send(Hello(self.worker, os.getpid()))
+        self._send(Hello(self.worker, os.getpid(), self._incarnation))
         for _seq, frame, _t in self._unacked:
             self._send(frame)
             self.resent += 1
@@ -361,8 +384,11 @@ class BusCoordinator(Coordinator):
         if isinstance(frame, Deliver):
             host.deliver(frame.topic, frame.payload, frame.qos)
         elif isinstance(frame, Ack):
-            while self._unacked and self._unacked[0][0] <= frame.seq:
-                self._unacked.popleft()
+            unacked = self._unacked
+            while unacked and unacked[0][0] <= frame.seq:
+                done = unacked.popleft()[1]
+                if isinstance(done, Routed):
+                    self._unacked_bytes -= len(done.payload)
             self._acked.set()
         elif isinstance(frame, Evict):
             host.evict(frame.client_id, frame.epoch, frame.detail)
@@ -391,6 +417,7 @@ class BusCoordinator(Coordinator):
         self.connected = False
         self._alone = Registry()
         pending, self._unacked = list(self._unacked), collections.deque()
+        self._unacked_bytes = 0
         for _seq, frame, _t in pending:
             if isinstance(frame, Claimed | Ended):
                 self._alone_apply(frame)
