@@ -12,7 +12,8 @@ from .deadlines import ConnectionDeadlines, Reason
 from .engine import Engine, open_engine, serve_protocol
 from .epochs import Epoch, EpochClock
 from .keeper import Keeper, open_keeper
-from .protocol import EngineClosed, Expired, Protocol
+from .lost import EngineClosed, Expired
+from .protocol import Protocol
 from .serve import Handler, serve_listeners, serve_tcp
 from .stats import HandshakeFailure, KeeperStats, LagHistogram
 from .timers import TimerHandle, Timers

@@ -5,12 +5,12 @@ a connection under it. The reaper sleeps until the earliest filed deadline (fore
 while nothing is filed), wakes, advances the wheel to now, and for each due entry
 either files it again (it had activity since it was filed) or expires it: a
 synchronous ``CancelScope.cancel()`` and, by default, closing the socket. User
-hooks run elsewhere (tasks, worker threads), so they cannot hold the reaper up.
+hooks run elsewhere (tasks, worker threads: :mod:`.hooks`), so they cannot hold the
+reaper up.
 """
 
 from __future__ import annotations
 
-import inspect
 import logging
 import math
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -23,6 +23,7 @@ import trio
 from . import _loop_epochs
 from .deadlines import Reason
 from .epochs import EpochClock
+from .hooks import HookRunner, is_async
 from .lookahead import LookaheadWheel
 from .stall import SocketLike, send_would_progress, unread_bytes
 from .stats import KeeperStats
@@ -36,12 +37,6 @@ logger = logging.getLogger("idlekeeper")
 
 DEFAULT_TICK = 0.1
 _WATCHING = WatchState.WATCHING
-
-
-def _is_async(fn: Callable[..., object]) -> bool:
-    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
-        getattr(fn, "__call__", None)  # noqa: B004 - async callable objects
-    )
 
 
 class Keeper:
@@ -69,17 +64,13 @@ class Keeper:
         self._timers = Timers(trio.current_time, wheel=self._wheel, on_error=self._timer_error, on_schedule=self._poke)
         self._epochs = _loop_epochs.acquire()
         self._stall_check = stall_check
-        self._hook_timeout = hook_timeout
-        self._hook_limiter = trio.CapacityLimiter(hook_threads)
-        self._sync_hooks: list[tuple[Callable[[Watch], object], Watch]] = []
-        self._hooks_pending = 0
-        self._hooks_idle: trio.Event | None = None
         self._sleep_scope: trio.CancelScope | None = None
         self._window: tuple[trio.CancelScope, float] | None = None
         """Another task's wait to share wake-ups with (see :meth:`shared_wakeup`)."""
         self._closed = False
         self.stats = KeeperStats(self._wheel.__len__)
         """Live counters; see :class:`~idlekeeper.stats.KeeperStats`."""
+        self._hooks = HookRunner(nursery, self.stats, timeout=hook_timeout, threads=hook_threads)
 
     # -- public ----------------------------------------------------------------
 
@@ -231,7 +222,7 @@ class Keeper:
     @property
     def hooks_pending(self) -> int:
         """``on_expire`` hooks queued or running."""
-        return self._hooks_pending
+        return self._hooks.pending
 
     async def wait_hooks(self) -> None:
         """Wait until every ``on_expire`` hook queued so far has finished.
@@ -239,16 +230,7 @@ class Keeper:
         For tests and graceful shutdown (so that "offline" notifications are out
         before the process exits). A sync hook blocked forever blocks this too.
         """
-        while self._hooks_pending:
-            if self._hooks_idle is None:
-                self._hooks_idle = trio.Event()
-            await self._hooks_idle.wait()
-
-    def _hooks_finished(self, count: int) -> None:
-        self._hooks_pending -= count
-        if not self._hooks_pending and self._hooks_idle is not None:
-            self._hooks_idle.set()
-            self._hooks_idle = None
+        await self._hooks.wait()
 
     # -- called by Watch -------------------------------------------------------
 
@@ -326,7 +308,7 @@ class Keeper:
         self.stats.expired[reason] += 1
         self.stats.lag.observe(now - when)
         if watch.on_expire is not None:
-            self._run_hook(watch.on_expire, watch)
+            self._hooks.run(watch.on_expire, watch)
 
     def _peer_kept_up(self, watch: Watch, sock: SocketLike, reason: Reason) -> bool:
         """Whether the kernel shows the peer active though our stamps are old.
@@ -349,45 +331,10 @@ class Keeper:
             self.stats.refiles += 1
             self._wheel.schedule(watch, when)
 
-    # -- hooks and timer callbacks, kept off the reaper --------------------------
-
-    def _run_hook(self, hook: ExpireHook, watch: Watch) -> None:
-        self._hooks_pending += 1
-        if _is_async(hook):
-            self._nursery.start_soon(self._async_hook, hook, watch)
-            return
-        if not self._sync_hooks:
-            self._nursery.start_soon(self._sync_hook_batch)
-        self._sync_hooks.append((hook, watch))
-
-    async def _async_hook(self, hook: ExpireHook, watch: Watch) -> None:
-        try:
-            with trio.move_on_after(math.inf if self._hook_timeout is None else self._hook_timeout) as scope:
-                result = hook(watch)
-                if result is not None:
-                    await result
-            if scope.cancelled_caught:
-                self.stats.hook_errors += 1
-                logger.warning("idlekeeper: on_expire hook %r timed out after %ss", hook, self._hook_timeout)
-        except Exception:
-            self.stats.hook_errors += 1
-            logger.exception("idlekeeper: on_expire hook %r raised", hook)
-        finally:
-            self._hooks_finished(1)
-
-    async def _sync_hook_batch(self) -> None:
-        # Started when the first hook of a reaper pass is queued; tasks start on a
-        # later loop pass, so by then the whole reaper pass is queued, and one
-        # worker thread handles all of it.
-        batch, self._sync_hooks = self._sync_hooks, []
-        try:
-            errors = await trio.to_thread.run_sync(_call_all, batch, abandon_on_cancel=True, limiter=self._hook_limiter)
-            self.stats.hook_errors += errors
-        finally:
-            self._hooks_finished(len(batch))
+    # -- timer callbacks, kept off the reaper ----------------------------------
 
     def _adapt(self, callback: Callable[..., object]) -> Callable[..., object]:
-        if not _is_async(callback):
+        if not is_async(callback):
             return callback
         nursery = self._nursery
         task = cast(Callable[..., Awaitable[object]], callback)
@@ -400,17 +347,6 @@ class Keeper:
     def _timer_error(self, handle: TimerHandle, exc: BaseException) -> None:
         self.stats.hook_errors += 1
         logger.error("idlekeeper: timer callback %r raised", handle.callback, exc_info=exc)
-
-
-def _call_all(batch: list[tuple[Callable[[Watch], object], Watch]]) -> int:
-    errors = 0
-    for hook, watch in batch:
-        try:
-            hook(watch)
-        except Exception:
-            errors += 1
-            logger.exception("idlekeeper: on_expire hook %r raised", hook)
-    return errors
 
 
 @asynccontextmanager

@@ -3,40 +3,23 @@
 The shape is asyncio's ``Protocol``, which Python users know: the engine calls
 :meth:`Protocol.connection_made` once, then :meth:`~Protocol.data_received` for each
 read, :meth:`~Protocol.eof_received` when the peer half-closes, and
-:meth:`~Protocol.connection_lost` exactly once at the end, with the reason. Every
-callback is synchronous and must be quick: it runs in the engine's one task, between
-other connections' reads. Work that waits (a password check, a database) goes to a
-task or a thread, with reading paused meanwhile if order matters.
+:meth:`~Protocol.connection_lost` exactly once at the end, with the reason (see
+:mod:`idlekeeper.lost`). Every callback is synchronous and must be quick: it runs in
+the engine's one task, between other connections' reads. Work that waits (a password
+check, a database) goes to a task or a thread, with reading paused meanwhile if order
+matters.
 
-No trio, no I/O here: this module only names the callbacks and the reasons.
+No trio, no I/O here: this module only names the callbacks.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .deadlines import Reason
-
 if TYPE_CHECKING:  # the transport imports trio; a protocol module need not
     from .transport import Transport
 
-__all__ = ["EngineClosed", "Expired", "Protocol"]
-
-
-class Expired(TimeoutError):
-    """A deadline ended the connection; :attr:`reason` says which one."""
-
-    def __init__(self, reason: Reason) -> None:
-        super().__init__(f"connection expired: {reason.value} timeout")
-        self.reason = reason
-        """Which deadline passed."""
-
-
-class EngineClosed(ConnectionAbortedError):
-    """The engine stopped (the server is shutting down or was cancelled)."""
-
-    def __init__(self) -> None:
-        super().__init__("the engine stopped")
+__all__ = ["Protocol"]
 
 
 class Protocol:
@@ -72,7 +55,8 @@ class Protocol:
     def connection_lost(self, exc: BaseException | None) -> None:
         """The connection is closed; called exactly once.
 
-        ``exc`` is None after a close of ours or a clean EOF, :class:`Expired` when a
-        deadline ended it, :class:`EngineClosed` when the engine stopped, or the
-        ``OSError`` that broke it (a reset, say).
+        ``exc`` is None after a close of ours or a clean EOF,
+        :class:`~idlekeeper.Expired` when a deadline ended it,
+        :class:`~idlekeeper.EngineClosed` when the engine stopped, or the ``OSError``
+        that broke it (a reset, say).
         """

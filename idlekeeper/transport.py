@@ -20,14 +20,13 @@ import socket as stdsocket
 from typing import TYPE_CHECKING, Protocol
 
 from .deadlines import Reason
-from .protocol import Expired
+from .lost import Expired
 from .watch import Watch
 
 if TYPE_CHECKING:
-    from .protocol import Protocol as ConnectionProtocol
     from .watch import ExpireHook, _Owner
 
-__all__ = ["Transport"]
+__all__ = ["Callbacks", "Transport"]
 
 logger = logging.getLogger("idlekeeper.engine")
 
@@ -45,6 +44,23 @@ CLOSING = 32
 """``close`` once the queue is sent."""
 CLOSED = 64
 NO_READ = PAUSED | BACKPRESSURE | PEER_EOF | CLOSING | CLOSED
+
+
+class Callbacks(Protocol):
+    """What a transport's protocol is told: the methods of :class:`idlekeeper.Protocol`,
+    described here so that this module need not import that one (which names this one)."""
+
+    def connection_made(self, transport: Transport) -> None: ...
+
+    def data_received(self, data: bytes) -> None: ...
+
+    def eof_received(self) -> bool | None: ...
+
+    def pause_writing(self) -> None: ...
+
+    def resume_writing(self) -> None: ...
+
+    def connection_lost(self, exc: BaseException | None) -> None: ...
 
 
 class _Loop(Protocol):
@@ -65,7 +81,7 @@ class Transport(Watch):
     Deadlines are the :class:`~idlekeeper.Watch` attributes (``idle_timeout``,
     ``receive_timeout``, ``send_timeout``, ``deadline``), set per phase as with a
     watched stream. Expiry closes the socket at once and the protocol hears
-    :class:`~idlekeeper.protocol.Expired` in ``connection_lost``.
+    :class:`~idlekeeper.Expired` in ``connection_lost``.
     """
 
     __slots__ = ("_loop", "_protocol", "_wbuf", "_io")
@@ -84,7 +100,7 @@ class Transport(Watch):
     ) -> None:
         super().__init__(owner, sock, close=True, stall_check=stall_check, on_expire=on_expire)
         self._loop = loop
-        self._protocol: ConnectionProtocol | None = None
+        self._protocol: Callbacks | None = None
         self._wbuf: bytearray | None = None
         self._io = 0
 
@@ -223,7 +239,7 @@ class Transport(Watch):
         return bool(self._io & (CLOSING | CLOSED))
 
     @property
-    def protocol(self) -> ConnectionProtocol | None:
+    def protocol(self) -> Callbacks | None:
         """The connection's protocol (None once it has been told the connection is lost)."""
         return self._protocol
 

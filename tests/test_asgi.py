@@ -28,7 +28,8 @@ from trio.testing import MockClock
 
 from loadtest.processes import free_port, start_http, stop
 from servers.http import whole
-from servers.http.asgi import ASGIApp, LifespanFailed
+from servers.http.asgi import ASGIApp
+from servers.http.lifespan import LifespanFailed
 from servers.http.server import HttpConfig, HttpServer, serve_asgi
 
 from .asgi_apps import Recorder, starlette_app, starlette_events

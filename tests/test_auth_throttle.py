@@ -18,8 +18,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from servers.heartbeat import encoders
 from servers.heartbeat.auth import AuthResult, PasswordFile
+from servers.heartbeat.config import HeartbeatConfig
 from servers.heartbeat.presence import REFUSED, PresenceEvent
-from servers.heartbeat.server import HeartbeatConfig, HeartbeatServer
+from servers.heartbeat.server import HeartbeatServer
 from servers.heartbeat.throttle import Admission, AuthGate, Throttle, ThrottlePolicy, source_key
 from servers.heartbeat.worker import serve_heartbeat
 

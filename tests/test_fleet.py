@@ -310,7 +310,7 @@ async def test_interrupted_sweep_is_resumed(redis_server: RedisServer) -> None:
             a.scope.cancel()
             await lease_gone(r, "a")
             half = [f"dev-{i}" for i in range(5)]
-            assert await b.coord._lose("a", half, Offline.NODE_LOST, "node a lost", True) == 5
+            assert await b.coord.ownership.lose("a", half, Offline.NODE_LOST, "node a lost", True) == 5
             # While its lock lives, nobody else sweeps.
             await trio.sleep(RENEW * 2)
             assert c.coord.node_lost == 0 and b.coord.node_lost == 5
@@ -483,12 +483,12 @@ def test_a_late_lease_renewal_is_measured_and_warned(
     coordinator = RedisCoordinator("redis://127.0.0.1:1/0", "slow-node", lease=4.0, renew=1.0)
     now = [100.0]
     monkeypatch.setattr(time, "monotonic", lambda: now[0])
-    coordinator._renewed()
+    coordinator.lease_keeper.renewed()
     now[0] += 1.0
-    coordinator._renewed()
+    coordinator.lease_keeper.renewed()
     assert coordinator.renew_gap_max == 1.0 and not caplog.records
     now[0] += 3.0  # past half the lease: close to being declared lost while alive
-    coordinator._renewed()
+    coordinator.lease_keeper.renewed()
     monkeypatch.undo()
     assert coordinator.renew_gap_max == 3.0
     assert any("lease renewed 3.0 s after the last" in r.getMessage() for r in caplog.records)

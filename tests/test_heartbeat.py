@@ -16,11 +16,12 @@ from trio.testing import MockClock
 
 from servers.heartbeat import encoders, packets
 from servers.heartbeat.auth import PasswordFile
+from servers.heartbeat.config import HeartbeatConfig
 from servers.heartbeat.coordination.inprocess import InProcessCoordinator
 from servers.heartbeat.dense import DenseConnection
 from servers.heartbeat.presence import Offline, PresenceEvent
 from servers.heartbeat.reader import PacketReader
-from servers.heartbeat.server import HeartbeatConfig, HeartbeatServer
+from servers.heartbeat.server import HeartbeatServer
 from servers.heartbeat.worker import serve_heartbeat
 
 TICK = 0.1

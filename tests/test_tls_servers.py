@@ -30,7 +30,7 @@ from paho.mqtt.enums import CallbackAPIVersion
 from loadtest.processes import free_port, start_heartbeat, start_http
 from servers.heartbeat import encoders
 from servers.heartbeat.__main__ import main as heartbeat_main
-from servers.heartbeat.server import HeartbeatConfig
+from servers.heartbeat.config import HeartbeatConfig
 from servers.http.builtin import builtin_app
 from servers.http.server import TIMEOUT_LINGER, HttpConfig, serve_http
 from servers.tls import TLSOptions

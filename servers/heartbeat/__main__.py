@@ -19,13 +19,16 @@ from ..listeners import open_listeners
 from ..readiness import Ready
 from ..tls import add_tls_arguments, check_tls_arguments
 from ..workers import supervisor_pid
+from .access import acl_reader
 from .acl import AclFile
 from .auth import PasswordFile
+from .config import ENGINES, HeartbeatConfig
 from .coordination import Coordinator
 from .coordination.authority import Authority
 from .coordination.local import BusCoordinator
 from .presence import PresenceLog, PresenceSink
-from .server import ENGINES, HeartbeatConfig, HeartbeatServer, acl_reader, mqtt_state
+from .server import HeartbeatServer
+from .stores import mqtt_state
 from .throttle import ThrottlePolicy
 from .worker import serve_heartbeat
 

@@ -19,12 +19,14 @@ import trio
 import idlekeeper
 
 from .budget import CONGESTED_BYTES
+from .connection import GOODBYE_TIMEOUT, Connection
 from .encoders import encode_pingresp
+from .fanout import Exchange
 from .packets import PINGREQ_WIRE, Packet, ProtocolError
 from .persistent import Opened
 from .presence import Offline
 from .reader import PacketReader
-from .server import GOODBYE_TIMEOUT, Connection, Exchange, HeartbeatServer, peer_of
+from .server import HeartbeatServer
 from .session import (
     Accept,
     AddSubscription,
@@ -32,7 +34,6 @@ from .session import (
     RemoveSubscription,
     Route,
     Send,
-    Session,
     State,
 )
 
@@ -62,11 +63,8 @@ class DenseConnection(Connection, idlekeeper.Protocol):
     def connection_made(self, transport: idlekeeper.Transport) -> None:
         """Accepted: start the CONNECT deadline."""
         server = self.server
-        cfg = server.config
-        Connection.__init__(
-            self, transport, peer_of(transport), Session(max_qos=cfg.max_qos, presence_prefix=cfg.presence_prefix)
-        )
-        self.reader = PacketReader(cfg.max_packet_size)
+        Connection.__init__(self, transport, server.config)
+        self.reader = PacketReader(server.config.max_packet_size)
         server.opened(self)
 
     def data_received(self, data: bytes) -> None:
@@ -98,7 +96,7 @@ class DenseConnection(Connection, idlekeeper.Protocol):
             else:
                 outcome = Offline.CONNECTION_LOST
         server = self.server
-        server.ended(self, server.reason(self, outcome), self.detail)
+        server.ended(self, self.end_reason(outcome), self.detail)
 
     # -- the protocol ----------------------------------------------------------------
 
@@ -124,7 +122,7 @@ class DenseConnection(Connection, idlekeeper.Protocol):
             self._violation(exc)
             return
         if session.state is State.CONNECTED:
-            server.packet_deadline(self, self.reader.buffered > 0)
+            self.packet_deadline(self.reader.buffered > 0)
 
     def _apply(self, effect: object) -> None:
         server = self.server

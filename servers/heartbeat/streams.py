@@ -18,21 +18,26 @@ import trio
 import idlekeeper
 
 from .budget import CONGESTED_BYTES
+from .connection import GOODBYE_TIMEOUT, Connection
+from .fanout import Exchange
 from .packets import ProtocolError
 from .presence import Offline
 from .reader import PacketReader
-from .server import _WRITE_BATCH, GOODBYE_TIMEOUT, Connection, Exchange, HeartbeatServer, peer_of
+from .server import HeartbeatServer
 from .session import (
     Accept,
     AddSubscription,
     RemoveSubscription,
     Route,
     Send,
-    Session,
     State,
 )
 
 __all__ = ["StreamConnection", "serve_streams"]
+
+# The writer joins queued packets into sends of up to this many bytes: one system call
+# for many small packets, and the budget learns what was sent after each.
+_WRITE_BATCH = 64 * 1024
 
 
 class StreamConnection(Connection):
@@ -43,8 +48,7 @@ class StreamConnection(Connection):
     stream: idlekeeper.WatchedStream
 
     def __init__(self, server: HeartbeatServer, stream: idlekeeper.WatchedStream) -> None:
-        cfg = server.config
-        super().__init__(stream, peer_of(stream), Session(max_qos=cfg.max_qos, presence_prefix=cfg.presence_prefix))
+        super().__init__(stream, server.config)
         self.server = server
         self.outbox: collections.deque[bytes] | None = None
         self.pending = 0
@@ -108,7 +112,7 @@ class StreamConnection(Connection):
                     outcome = Offline.DISCONNECT  # unless refused: ended_by says so
                     break
                 if session.state is State.CONNECTED:
-                    server.packet_deadline(self, reader.buffered > 0)
+                    self.packet_deadline(reader.buffered > 0)
         except ProtocolError as exc:
             outcome, detail = Offline.PROTOCOL_ERROR, exc.reason
             refusal = server.protocol_error(self, exc)
@@ -120,7 +124,7 @@ class StreamConnection(Connection):
             outcome = Offline.SHUTDOWN  # cancelled from outside: the server is stopping
             raise
         finally:
-            server.ended(self, server.reason(self, outcome), detail)
+            server.ended(self, self.end_reason(outcome), detail)
 
     async def _apply(self, effect: object) -> None:
         if self.finished:

@@ -11,9 +11,10 @@ import idlekeeper
 
 from ..listeners import open_listeners, port_of
 from ..status import serve_status
+from .config import HeartbeatConfig
 from .coordination import Coordinator
 from .dense import serve_dense
-from .server import HeartbeatConfig, HeartbeatServer
+from .server import HeartbeatServer
 from .streams import serve_streams
 
 __all__ = ["serve_heartbeat"]

@@ -17,7 +17,8 @@ import idlekeeper
 
 from ..config import WorkerConfig
 from ..prometheus import Families, Metric
-from .asgi import ASGIApp, Lifespan
+from .asgi import ASGIApp
+from .lifespan import Lifespan
 
 __all__ = ["ENGINES", "TIMEOUT_LINGER", "HttpConfig", "HttpServer", "Phase", "address"]
 

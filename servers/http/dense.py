@@ -16,48 +16,26 @@ starts a lingering close, and the transport's absolute deadline ends that linger
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
-import logging
 import socket
-import struct
 
 import h11
-import outcome
 import trio
 
 import idlekeeper
-from idlekeeper.stall import unacknowledged_bytes
 
-from .asgi import ASGIApp, Lifespan
-from .core import TIMEOUT_LINGER, HttpConfig, HttpServer, Phase, address
+from .core import TIMEOUT_LINGER, Phase, address
+from .delivery import KERNEL_BACKLOG, DeliveryWatch, kernel_backlog
+from .dense_server import DenseHttpServer, Runner
 from .errors import error_response, log_refusal
-from .exchange import (
-    ClientGone,
-    Exchange,
-    Outcome,
-    RequestHead,
-    bad_head_status,
-    head_refusal,
-    header_list,
-    make_scope,
-)
+from .exchange import ClientGone, Exchange, Outcome
+from .head import RequestHead, bad_head_status, head_refusal, header_list, make_scope
 from .quickhead import QuickHead, quick_head, replay
 from .whole import HOOKS
 
-__all__ = ["DenseHttpServer", "HttpProtocol", "run_dense"]
-
-logger = logging.getLogger("servers.http")
+__all__ = ["HttpProtocol", "run_dense"]
 
 # Bytes a lingering close reads and drops before giving up on the client's EOF.
 _LINGER_LIMIT = 256 * 1024
-
-# Bytes of finished responses the kernel may still hold for a client before the next
-# request waits for them to be delivered, under the send timeout. Loopback and LAN
-# clients stay far below it; a client that pipelines and never reads would otherwise
-# be answered request after request, into the kernel's autotuned send buffer
-# (megabytes, out of sight of the transport's own queue), at the server's expense.
-_KERNEL_BACKLOG = 16 * 1024
 
 
 class HttpProtocol(idlekeeper.Protocol):
@@ -79,8 +57,6 @@ class HttpProtocol(idlekeeper.Protocol):
         "local",
         "delivery",
         "written",
-        "delivered",
-        "progressed",
         "clear",
         "lingered",
         "gone",
@@ -101,12 +77,10 @@ class HttpProtocol(idlekeeper.Protocol):
         self.requests = 0
         self.started = 0.0
         self.exchange: Exchange | None = None
-        self.runner: _Runner | None = None
+        self.runner: Runner | None = None
         self.timer: idlekeeper.TimerHandle | None = None
-        self.delivery: idlekeeper.TimerHandle | None = None
+        self.delivery: DeliveryWatch | None = None  # while the kernel holds too much (see _hold)
         self.written = 0  # bytes of responses given to the transport
-        self.delivered = 0  # of them, acknowledged by the client at the last check
-        self.progressed = 0.0  # when that figure last grew
         self.clear = 0  # bytes written when the kernel was last seen holding few
         self.peer: tuple[str, int] | None = None
         self.local: tuple[str, int] | None = None
@@ -279,7 +253,7 @@ class HttpProtocol(idlekeeper.Protocol):
     def _must_close(self) -> bool:
         return self.server.must_close(self.started, self.requests)
 
-    async def run_exchange(self, runner: _Runner) -> None:
+    async def run_exchange(self, runner: Runner) -> None:
         """Run the exchange just started, in ``runner``'s task, and go on with the
         connection as it says. A cancellation (the app outlived its client by the
         grace, or the server is cut) propagates: it ends the runner too."""
@@ -346,61 +320,28 @@ class HttpProtocol(idlekeeper.Protocol):
     def _hold(self) -> bool:
         """After a response: whether the kernel still holds too much of what was
         written for the next request to be taken. Then the connection is held: no
-        request is parsed (pipelined ones wait, read up to a bound), and the
-        delivery is watched until the client catches up, or cut after a send timeout
-        without progress (the transport's own timeout only sees its own queue)."""
-        if self.written - self.clear <= _KERNEL_BACKLOG:
+        request is parsed (pipelined ones wait, read up to a bound), and a
+        :class:`~.delivery.DeliveryWatch` watches the delivery until the client catches
+        up, or cuts the connection after a send timeout without progress (the
+        transport's own timeout only sees its own queue)."""
+        if self.written - self.clear <= KERNEL_BACKLOG:
             return False  # the kernel cannot hold more than was written since it held few
-        backlog = self._backlog()
-        if backlog <= _KERNEL_BACKLOG:
+        backlog = kernel_backlog(self.t)
+        if backlog <= KERNEL_BACKLOG:
             self.clear = self.written - backlog
             return False
-        self.delivered = self._acknowledged(backlog)
-        self.progressed = trio.current_time()
+        self.delivery = DeliveryWatch(self, backlog)
         self.t.idle_timeout = None  # sending, as far as the client is concerned
-        self.delivery = self.server.keeper.call_later(self.server.config.tick, self._delivery_check)
         return True
 
-    def _backlog(self) -> int:
-        sock = self.t.socket
-        return 0 if sock is None else unacknowledged_bytes(sock)
-
-    def _acknowledged(self, backlog: int) -> int:
-        """Bytes of responses the client has acknowledged, given the kernel's ``backlog``."""
-        return self.written - self.t.get_write_buffer_size() - backlog
-
-    def _delivery_check(self) -> None:
-        """A tick into a hold: release it if the client caught up, cut it if it has
-        acknowledged nothing for the send timeout, else look again a tick later."""
-        self.delivery = None
-        if self.gone or self.lingered >= 0:
-            return
-        server = self.server
-        now = trio.current_time()
-        backlog = self._backlog()
-        acknowledged = self._acknowledged(backlog)
-        if acknowledged > self.delivered:
-            self.delivered = acknowledged
-            self.progressed = now
-        if backlog <= _KERNEL_BACKLOG:
-            self.clear = acknowledged
-            if self.exchange is None and self.phase is Phase.IDLE:
-                self.t.idle_timeout = server.config.keep_alive_timeout
-                self.t.resume_reading()
-                self._heads()
-            return
-        if now - self.progressed < server.config.send_timeout:
-            self.delivery = server.keeper.call_later(server.config.tick, self._delivery_check)
-            return
-        self.server.unread_cut_total += 1
-        logger.info("http: send timeout, %d bytes of responses unread by the client", backlog)
-        # A reset, not a FIN queued behind the unread bytes: that would leave an orphan
-        # socket holding them in the kernel for minutes of zero-window probes.
-        sock = self.t.socket
-        if isinstance(sock, socket.socket):
-            with contextlib.suppress(OSError):
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-        self.t.abort()
+    def caught_up(self, acknowledged: int) -> None:
+        """The delivery watch's release: the kernel holds little again
+        (``acknowledged`` bytes delivered), so requests are taken again."""
+        self.clear = acknowledged
+        if self.exchange is None and self.phase is Phase.IDLE:
+            self.t.idle_timeout = self.server.config.keep_alive_timeout
+            self.t.resume_reading()
+            self._heads()
 
     def _cancel_timer(self) -> None:
         if self.timer is not None:
@@ -451,104 +392,17 @@ class HttpProtocol(idlekeeper.Protocol):
         await self._gone_event.wait()
 
 
-# Runner tasks kept parked for the next exchange; beyond it they end.
-_IDLE_RUNNERS = 256
-
-
-class _Runner:
-    """A task that runs exchanges one after another, parked between them.
-
-    Handing a parked runner the next exchange is one reschedule, where a task per
-    request costs a spawn, a cancel scope and an exit (a tenth of a small request's
-    CPU). Each exchange gets a fresh copy of the server's context, as a new task
-    would, so context variables an app sets do not leak into the next request."""
-
-    __slots__ = ("task", "scope", "exchange")
-
-    def __init__(self, task: trio.lowlevel.Task, scope: trio.CancelScope) -> None:
-        self.task = task
-        self.scope = scope
-        self.exchange: Exchange | None = None
-
-    def cancel(self, exchange: Exchange) -> None:
-        """Cancel ``exchange``'s app, if this runner is still running it."""
-        if self.exchange is exchange:
-            self.scope.cancel()
-
-
-class DenseHttpServer(HttpServer):
-    """The dense driver's server: one engine, and a nursery for the exchanges."""
-
-    def __init__(
-        self, app: ASGIApp, config: HttpConfig, keeper: idlekeeper.Keeper, lifespan: Lifespan | None = None
-    ) -> None:
-        super().__init__(app, config, keeper, lifespan)
-        self._engine: idlekeeper.Engine | None = None
-        self.exchanges: trio.Nursery
-        self._parked: list[_Runner] = []
-        self._context = contextvars.copy_context()
-
-    def dispatch(self, conn: HttpProtocol) -> None:
-        """Run ``conn``'s new exchange in a parked runner, or in a new one."""
-        if self._parked:
-            runner = self._parked.pop()
-            runner.task.context = self._context.copy()
-            trio.lowlevel.reschedule(runner.task, outcome.Value(conn))
-        else:
-            self.exchanges.start_soon(self._runner, conn)  # in a copy of this context
-
-    async def _runner(self, conn: HttpProtocol) -> None:
-        parked = self._parked
-        with trio.CancelScope() as scope:
-            runner = _Runner(trio.lowlevel.current_task(), scope)
-
-            def unpark(_: object) -> trio.lowlevel.Abort:
-                parked.remove(runner)  # cancelled while parked: the server is cut
-                return trio.lowlevel.Abort.SUCCEEDED
-
-            while True:
-                await conn.run_exchange(runner)
-                if len(parked) >= _IDLE_RUNNERS:
-                    return
-                parked.append(runner)
-                conn = await trio.lowlevel.wait_task_rescheduled(unpark)
-
-    @property
-    def engine(self) -> str:
-        return "dense"
-
-    def _stop_accepting(self) -> None:
-        if self._engine is not None:
-            self._engine.close_listeners()
-
-    def _close_idle(self) -> None:
-        for conn in list(self.connections):
-            if conn.exchange is None and conn.phase is Phase.IDLE:
-                conn.t.close()
-
-    def _busy(self) -> bool:
-        return any(conn.exchange is not None for conn in self.connections)
-
-    def _cut_all(self) -> None:
-        self.exchanges.cancel_scope.cancel()
-        for conn in list(self.connections):
-            conn.t.abort()
-
-
 async def run_dense(
-    app: ASGIApp,
-    config: HttpConfig,
+    server: DenseHttpServer,
     listeners: list[trio.SocketListener],
-    keeper: idlekeeper.Keeper,
-    lifespan: Lifespan | None = None,
     *,
-    task_status: trio.TaskStatus[HttpServer] = trio.TASK_STATUS_IGNORED,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve ``app`` on ``listeners`` with a dense engine until cancelled; ``nursery.start``
-    returns the server."""
-    server = DenseHttpServer(app, config, keeper, lifespan)
-    async with idlekeeper.open_engine(keeper) as engine, trio.open_nursery() as exchanges:
-        server._engine = engine
+    """Serve ``server``'s app on ``listeners`` with a dense engine until cancelled;
+    ``nursery.start`` returns once it listens (``server.port`` is set)."""
+    config = server.config
+    async with idlekeeper.open_engine(server.keeper) as engine, trio.open_nursery() as exchanges:
+        server.listening = engine
         server.exchanges = exchanges
         socks = engine.serve(
             listeners,
@@ -557,5 +411,5 @@ async def run_dense(
             send=config.send_timeout,
         )
         server.port = socks[0].getsockname()[1] if socks and socks[0].family != socket.AF_UNIX else 0
-        task_status.started(server)
+        task_status.started()
         await trio.sleep_forever()

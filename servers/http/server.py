@@ -7,8 +7,8 @@ Two drivers carry the bytes:
 
 - ``engine="dense"`` (the default, :mod:`.dense`): every connection on idlekeeper's
   dense engine, no task per connection; a task only while a request is with the app;
-- ``engine="streams"`` (this module, and always with TLS): a task per connection over
-  a watched trio stream.
+- ``engine="streams"`` (:mod:`.streams`, and always with TLS): a task per connection
+  over a watched trio stream.
 
 A connection's deadlines change with the phase, the same in both:
 
@@ -40,18 +40,18 @@ only. ``Expect: 100-continue`` is answered when the app first reads the body.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-
 import trio
 
 import idlekeeper
 
 from ..listeners import open_listeners
 from .app import App
-from .asgi import ASGIApp, Lifespan, native_asgi
+from .asgi import ASGIApp, native_asgi
 from .core import ENGINES, TIMEOUT_LINGER, HttpConfig, HttpServer
 from .dense import run_dense
-from .streams import run_streams
+from .dense_server import DenseHttpServer
+from .lifespan import Lifespan
+from .streams import StreamsHttpServer, run_streams
 
 __all__ = ["ENGINES", "TIMEOUT_LINGER", "HttpConfig", "HttpServer", "serve_asgi", "serve_http"]
 
@@ -81,7 +81,7 @@ async def serve_asgi(
 ) -> None:
     """Serve the ASGI app ``app`` until cancelled; ``nursery.start`` returns the
     :class:`HttpServer` once its lifespan start-up has completed (a failed start-up
-    raises :class:`~.asgi.LifespanFailed`).
+    raises :class:`~.lifespan.LifespanFailed`).
 
     Connections are watched by ``keeper`` if one is given (a server that runs beside
     others in one worker shares that worker's keeper and reaper), otherwise by a keeper
@@ -114,8 +114,11 @@ async def _serve(
             life = Lifespan(app)
             await nursery.start(life.run)
             await life.startup()
-        run: Callable[..., Awaitable[None]] = (
-            run_dense if config.tls is None and config.engine == "dense" else run_streams
-        )
-        server: HttpServer = await nursery.start(run, app, config, listeners, keeper, life)
+        server: HttpServer
+        if config.tls is None and config.engine == "dense":
+            server = DenseHttpServer(app, config, keeper, life)
+            await nursery.start(run_dense, server, listeners)
+        else:
+            server = StreamsHttpServer(app, config, keeper, life)
+            await nursery.start(run_streams, server, listeners)
         task_status.started(server)

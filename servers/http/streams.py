@@ -17,10 +17,12 @@ import idlekeeper
 from idlekeeper import Reason
 
 from ..listeners import port_of
-from .asgi import ASGIApp, Lifespan
+from .asgi import ASGIApp
 from .core import TIMEOUT_LINGER, HttpConfig, HttpServer, Phase, address
 from .errors import log_refusal, send_error
-from .exchange import ClientGone, Exchange, Outcome, bad_head_status, head_refusal, header_list, make_scope
+from .exchange import ClientGone, Exchange, Outcome
+from .head import bad_head_status, head_refusal, header_list, make_scope
+from .lifespan import Lifespan
 
 __all__ = ["StreamsHttpServer", "run_streams"]
 
@@ -205,22 +207,18 @@ async def _refuse(stream: idlekeeper.WatchedStream, status: int, why: str) -> No
 
 
 async def run_streams(
-    app: ASGIApp,
-    config: HttpConfig,
+    server: StreamsHttpServer,
     listeners: list[trio.SocketListener],
-    keeper: idlekeeper.Keeper,
-    lifespan: Lifespan | None = None,
     *,
-    task_status: trio.TaskStatus[HttpServer] = trio.TASK_STATUS_IGNORED,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve ``app`` on ``listeners`` with a task per connection until cancelled;
-    ``nursery.start`` returns the server."""
+    """Serve ``server``'s app on ``listeners`` with a task per connection until
+    cancelled; ``nursery.start`` returns once it listens (``server.port`` is set)."""
     async with trio.open_nursery() as nursery:
-        server = StreamsHttpServer(app, config, keeper, lifespan)
         server.port = port_of(listeners)
         bound = listeners
 
-        tls = config.tls
+        tls = server.config.tls
         # One context per worker: its session cache and loaded certificate are shared.
         ssl_context = None if tls is None else tls.context()
 
@@ -229,7 +227,7 @@ async def run_streams(
                 await idlekeeper.serve_listeners(
                     server.handle,
                     bound,
-                    keeper=keeper,
+                    keeper=server.keeper,
                     close=False,
                     handler_nursery=nursery,
                     ssl_context=ssl_context,
@@ -242,4 +240,4 @@ async def run_streams(
                 await listener.aclose()
 
         nursery.start_soon(accept)
-        task_status.started(server)
+        task_status.started()

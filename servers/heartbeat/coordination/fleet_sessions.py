@@ -1,424 +1,60 @@
-"""Persistent sessions and retained messages of a fleet on Redis: the Lua scripts, and
-the pure helpers :class:`~.fleet.RedisCoordinator` uses to call and read them.
+"""Persistent sessions (CleanSession=0) of a fleet on Redis: the calls of the session
+script (``lua/persistent_session.lua``) and what its replies mean.
 
-The semantics are those of :class:`~..persistent.SessionStore` and
-:class:`~.retention.Retention` (the lone worker's and the supervisor's); only the
-place differs. Every change to a session is one Lua call, so it is atomic
-whichever node makes it, and the scripts write the packets a connected client is
-owed straight into the route stream of the node holding its connection
-(``route:<node>``, entries ``c`` client id, ``e`` epoch, ``p`` packets), in the
-order Redis ran them. Delivering through that stream even when the holder is the
-node that made the call keeps one order per session: a reply read on one
-connection and a stream entry read on another could otherwise swap two messages.
+The semantics are those of :class:`~..persistent.SessionStore` (the lone worker's and
+the supervisor's); only the place differs. Every change to a session is one call of
+the script, so it is atomic whichever node makes it, and the script writes the
+packets a connected client is owed straight into the route stream of the node
+holding its connection (``route:<node>``, entries ``c`` client id, ``e`` epoch, ``p``
+packets), in the order Redis ran them. Delivering through that stream even when the
+holder is the node that made the call keeps one order per session: a reply read on
+one connection and a stream entry read on another could otherwise swap two messages.
+A message for an absent client waits in its queue within its bounds (drops counted
+in ``pstats``).
 
-The keys are listed in :mod:`.fleet`'s docstring. Times are Redis's own clock
-(``TIME``), in milliseconds, so nodes whose clocks differ agree on expiry.
+A session expires ``session_expiry`` after its client left: every node's sweeper
+discards those due in ``psessions`` (rather than Redis TTLs, which would leave ``pf:``
+and the byte count behind). A node declared lost has its sessions detached by the
+sweep (``pheld:<node>``), unacknowledged messages kept for the resend. ``open`` goes
+through the node's report queue (so it sees the reports before it applied); after a
+resynchronisation a node attaches again the sessions it was declared lost with and
+still holds, and one whose session is gone (Redis restarted without its data) is
+closed, so that its client learns it from CONNACK (session-present 0) and subscribes
+again. A batch whose reply was lost is applied again: every session change is
+compare-and-set, but a message routed twice is held twice (as a routed QoS 0
+message is delivered twice).
+
+The keys are listed in :mod:`.fleet_keys`. Times are Redis's own clock (``TIME``),
+in milliseconds, so nodes whose clocks differ agree on expiry.
 """
 
 from __future__ import annotations
 
-import json
-import time
-from collections.abc import Iterable, Sequence
+import logging
+from collections.abc import Sequence
 from typing import Any
 
-from ..broker import topic_matches
 from ..persistent import Acked, Attach, Detach, Discard, Inbound, Opened, Push, Report, Subscribed
-from ..presence import PresenceEvent
-from .retention import RETAINED_PAGE, RetainedMessage, exact_presence, presence_possible
+from . import Host
+from .fleet_keys import NOTICE_MAXLEN, ROUTE_MAXLEN, ROUTE_TTL_MS, FleetKeys
+from .fleet_link import RedisLink
+from .fleet_metrics import FleetCounts
+from .fleet_queue import OpenQuestion, Request
+from .fleet_values import text
 
 __all__ = [
     "EXPIRE_BATCH",
-    "NOTICE_MAXLEN",
-    "RETAIN_SCRIPT",
-    "SESSION_SCRIPT",
-    "FilterCache",
-    "FleetRetained",
-    "glob_escape",
+    "PersistentSessions",
     "opened_from",
-    "retained_message",
     "session_call",
     "username_arg",
     "username_of",
 ]
 
-NOTICE_MAXLEN = 100_000
-"""Notices kept in ``pfilters-changed``: a node further behind reloads the whole set."""
+logger = logging.getLogger("servers.heartbeat.coordination.fleet")
+
 EXPIRE_BATCH = 200
 """Sessions examined per expiry call (each node sweeps every ``renew`` seconds)."""
-
-# ------------------------------------------------------------------------------ Lua
-# One script for every session operation (ARGV[3] names it) so that the helpers
-# below exist once. ARGV: prefix, node, op, window, max queued, max queued bytes,
-# total queued bytes, expiry (ms), route stream maxlen, route stream ttl (ms),
-# notices maxlen, then the operation's own arguments from ARGV[12] on. The keys are
-# derived from the prefix, as :mod:`.fleet`'s scripts do (one Redis, no cluster).
-
-SESSION_SCRIPT = """
-local prefix, me, op = ARGV[1], ARGV[2], ARGV[3]
-local window, max_queued = tonumber(ARGV[4]), tonumber(ARGV[5])
-local max_qbytes, total_max = tonumber(ARGV[6]), tonumber(ARGV[7])
-local expiry, route_max, route_ttl, notice_max = tonumber(ARGV[8]), ARGV[9], ARGV[10], ARGV[11]
-local clock = redis.call('TIME')
-local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
-local stats, sessions = prefix .. 'pstats', prefix .. 'psessions'
-
-local function key(kind, name) return prefix .. kind .. ':' .. name end
-
--- MQTT packets, as servers.heartbeat.encoders writes them.
-local function varlen(n)
-  local out = ''
-  repeat
-    local byte = n % 128
-    n = math.floor(n / 128)
-    if n > 0 then byte = byte + 128 end
-    out = out .. string.char(byte)
-  until n == 0
-  return out
-end
-local function publish(topic, payload, qos, retain, pid, dup)
-  local first = 48 + qos * 2 + retain
-  if dup then first = first + 8 end
-  local body = struct.pack('>H', #topic) .. topic .. struct.pack('>H', pid) .. payload
-  return string.char(first) .. varlen(#body) .. body
-end
-local function pubrel(pid) return string.char(98, 2) .. struct.pack('>H', pid) end
-
--- Packets for the connection ``holder`` of a session, held on ``node``.
-local function send(cid, holder, node, packets)
-  if #packets == 0 or node == '' then return end
-  local stream = prefix .. 'route:' .. node
-  redis.call('XADD', stream, 'MAXLEN', '~', route_max, '*', 'c', cid, 'e', holder, 'p', table.concat(packets))
-  redis.call('PEXPIRE', stream, route_ttl)
-end
-
--- In flight: pfl:<cid> id -> msgpack {seq, qos, retain, stage (1 sent, 2 released), topic, payload}.
-local function launch(cid, qos, retain, topic, payload)
-  local s, fl = key('ps', cid), key('pfl', cid)
-  local id = tonumber(redis.call('HGET', s, 'lastid') or '0')
-  repeat id = id % 65535 + 1 until redis.call('HEXISTS', fl, id) == 0
-  local seq = redis.call('HINCRBY', s, 'seq', 1)
-  redis.call('HSET', s, 'lastid', id)
-  redis.call('HSET', fl, id, cmsgpack.pack({seq, qos, retain, 1, topic, payload}))
-  return publish(topic, payload, qos, retain, id, false)
-end
-
--- Queued: pq:<cid> msgpack {qos, retain, topic, payload}; moved into the window while it has room.
-local function fill(cid, packets)
-  local q, fl = key('pq', cid), key('pfl', cid)
-  local freed = 0
-  while redis.call('HLEN', fl) < window do
-    local raw = redis.call('LPOP', q)
-    if not raw then break end
-    local m = cmsgpack.unpack(raw)
-    freed = freed + #m[3] + #m[4]
-    packets[#packets + 1] = launch(cid, m[1], m[2], m[3], m[4])
-  end
-  if freed > 0 then
-    redis.call('HINCRBY', key('ps', cid), 'qb', -freed)
-    redis.call('HINCRBY', stats, 'queued_bytes', -freed)
-  end
-  return packets
-end
-
--- -1: dropped, the session's first drop (logged once); -2: dropped again.
-local function drop(s)
-  redis.call('HINCRBY', stats, 'dropped', 1)
-  if redis.call('HSETNX', s, 'dropping', '1') == 1 then return -1 end
-  return -2
-end
-
--- One message for one session: 1 sent, 2 queued, 0 no such session, < 0 dropped.
-local function push(cid, qos, retain, topic, payload)
-  local s, q = key('ps', cid), key('pq', cid)
-  local cur = redis.call('HMGET', s, 'holder', 'hnode', 'qb')
-  if not cur[1] then return 0 end
-  local size = #topic + #payload
-  if cur[1] ~= '' then
-    if redis.call('LLEN', q) == 0 and redis.call('HLEN', key('pfl', cid)) < window then
-      send(cid, cur[1], cur[2], {launch(cid, qos, retain, topic, payload)})
-      return 1
-    end
-  elseif tonumber(redis.call('HGET', stats, 'queued_bytes') or '0') + size > total_max then
-    return drop(s)
-  end
-  if redis.call('LLEN', q) >= max_queued or tonumber(cur[3]) + size > max_qbytes then return drop(s) end
-  redis.call('RPUSH', q, cmsgpack.pack({qos, retain, topic, payload}))
-  redis.call('HINCRBY', s, 'qb', size)
-  redis.call('HINCRBY', stats, 'queued_bytes', size)
-  return 2
-end
-
--- The fleet-wide set of persistent filters: pf:<filter> cid -> qos, pfilters filter -> sessions.
-local function notice(f, on)
-  local v = redis.call('INCR', prefix .. 'pfilters-version')
-  redis.call('XADD', prefix .. 'pfilters-changed', 'MAXLEN', '~', notice_max, '*', 'f', f, 'on', on, 'v', v)
-end
-local function index(f, cid, qos)
-  if redis.call('HSET', key('pf', f), cid, qos) == 1 and redis.call('HINCRBY', prefix .. 'pfilters', f, 1) == 1 then
-    notice(f, '1')
-  end
-end
-local function unindex(f, cid)
-  if redis.call('HDEL', key('pf', f), cid) == 1 and redis.call('HINCRBY', prefix .. 'pfilters', f, -1) <= 0 then
-    redis.call('HDEL', prefix .. 'pfilters', f)
-    notice(f, '0')
-  end
-end
-
-local function discard(cid)
-  local s = key('ps', cid)
-  local cur = redis.call('HMGET', s, 'hnode', 'qb')
-  redis.call('ZREM', sessions, cid)
-  if not cur[1] then return 0 end
-  for _, f in ipairs(redis.call('HKEYS', key('psub', cid))) do unindex(f, cid) end
-  redis.call('HINCRBY', stats, 'queued_bytes', -tonumber(cur[2]))
-  if cur[1] ~= '' then redis.call('SREM', prefix .. 'pheld:' .. cur[1], cid) end
-  redis.call('DEL', s, key('psub', cid), key('pin', cid), key('pfl', cid), key('pq', cid))
-  return 1
-end
-
-local function detach(cid, s, node)
-  redis.call('HSET', s, 'holder', '', 'hnode', '', 'left', now)
-  redis.call('SREM', prefix .. 'pheld:' .. node, cid)
-  redis.call('ZADD', sessions, now + expiry, cid)
-end
-
--- The holder changes: resend what is in flight (DUP; PUBREL past PUBREC), in send order, then fill.
-local function attach(cid, epoch, s, old_node)
-  if old_node ~= '' and old_node ~= me then redis.call('SREM', prefix .. 'pheld:' .. old_node, cid) end
-  redis.call('HSET', s, 'holder', epoch, 'hnode', me, 'was', epoch)
-  redis.call('SADD', prefix .. 'pheld:' .. me, cid)
-  redis.call('ZADD', sessions, '+inf', cid)
-  local flat = redis.call('HGETALL', key('pfl', cid))
-  local held = {}
-  for i = 1, #flat, 2 do held[#held + 1] = {tonumber(flat[i]), cmsgpack.unpack(flat[i + 1])} end
-  table.sort(held, function(a, b) return a[2][1] < b[2][1] end)
-  local packets = {}
-  for _, h in ipairs(held) do
-    local m = h[2]
-    if m[4] == 2 then packets[#packets + 1] = pubrel(h[1])
-    else packets[#packets + 1] = publish(m[5], m[6], m[2], m[3], h[1], true) end
-  end
-  fill(cid, packets)
-  send(cid, epoch, me, packets)
-  return #packets
-end
-
-if op == 'route' then
-  -- ARGV[12] topic, [13] payload, [14] qos, [15] mode: 'f' filters follow (route to their
-  -- sessions), 'q' filters follow (only say who they are, with usernames, for the ACL),
-  -- 't' (session, qos) pairs follow (route to exactly those).
-  local topic, payload, qos, mode = ARGV[12], ARGV[13], tonumber(ARGV[14]), ARGV[15]
-  local levels, order = {}, {}
-  if mode == 't' then
-    for i = 16, #ARGV, 2 do
-      order[#order + 1] = ARGV[i]
-      levels[ARGV[i]] = tonumber(ARGV[i + 1])
-    end
-  else
-    for i = 16, #ARGV do
-      local flat = redis.call('HGETALL', key('pf', ARGV[i]))
-      for j = 1, #flat, 2 do
-        local c, level = flat[j], math.min(qos, tonumber(flat[j + 1]))
-        local had = levels[c]
-        if had == nil then
-          order[#order + 1] = c
-          levels[c] = level
-        elseif level > had then
-          levels[c] = level
-        end
-      end
-    end
-  end
-  if mode == 'q' then
-    local out = {}
-    for _, c in ipairs(order) do
-      if levels[c] > 0 then
-        out[#out + 1] = c
-        out[#out + 1] = levels[c]
-        out[#out + 1] = redis.call('HGET', key('ps', c), 'user') or ''
-      end
-    end
-    return out
-  end
-  local pushed, dropped, newly = 0, 0, {}
-  for _, c in ipairs(order) do
-    if levels[c] > 0 then
-      local r = push(c, levels[c], 0, topic, payload)
-      if r > 0 then
-        pushed = pushed + 1
-      elseif r < 0 then
-        dropped = dropped + 1
-        if r == -1 then newly[#newly + 1] = c end
-      end
-    end
-  end
-  return {pushed, dropped, newly}
-elseif op == 'lose' then
-  -- ARGV[12] the node, [13] '1': only while its lease is gone; client ids from [14].
-  local dead = ARGV[12]
-  if ARGV[13] == '1' and redis.call('EXISTS', prefix .. 'node:' .. dead) == 1 then return -1 end
-  local n = 0
-  for i = 14, #ARGV do
-    local c = ARGV[i]
-    local s = key('ps', c)
-    local cur = redis.call('HMGET', s, 'holder', 'hnode')
-    if cur[1] and cur[1] ~= '' and cur[2] == dead then
-      detach(c, s, dead)
-      n = n + 1
-    else
-      redis.call('SREM', prefix .. 'pheld:' .. dead, c)
-    end
-  end
-  return n
-elseif op == 'expire' then
-  local ids = redis.call('ZRANGEBYSCORE', sessions, '-inf', now, 'LIMIT', 0, tonumber(ARGV[12]))
-  local n = 0
-  for _, c in ipairs(ids) do
-    local holder = redis.call('HGET', key('ps', c), 'holder')
-    if holder and holder ~= '' then
-      redis.call('ZADD', sessions, '+inf', c)
-    else
-      n = n + discard(c)
-    end
-  end
-  if n > 0 then redis.call('HINCRBY', stats, 'expired', n) end
-  return {n, #ids}
-end
-
--- Every other operation is about one session: ARGV[12] its client id.
-local cid = ARGV[12]
-local s = key('ps', cid)
-if op == 'open' then
-  -- ARGV[13] the username ('' for none, else '=' .. name).
-  local holder = redis.call('HGET', s, 'holder')
-  local expired = 0
-  if holder then
-    local deadline = redis.call('ZSCORE', sessions, cid)
-    if holder == '' and deadline and tonumber(deadline) <= now then
-      discard(cid)  -- expired, though not yet swept
-      redis.call('HINCRBY', stats, 'expired', 1)
-      expired = 1
-    else
-      redis.call('HSET', s, 'user', ARGV[13])
-      return {1, redis.call('HGETALL', key('psub', cid)), redis.call('SMEMBERS', key('pin', cid)), 0}
-    end
-  end
-  -- Counted as left now: a connection that dies before its CONNACK never attaches.
-  redis.call('HSET', s, 'holder', '', 'hnode', '', 'was', '', 'left', now, 'user', ARGV[13],
-    'lastid', 0, 'seq', 0, 'qb', 0)
-  redis.call('ZADD', sessions, now + expiry, cid)
-  return {0, {}, {}, expired}
-elseif op == 'attach' or op == 'reattach' then
-  -- ARGV[13] the epoch. A reattach (a node that was declared lost and still holds the
-  -- connection) applies only if nobody attached since; -1: there is no such session.
-  local cur = redis.call('HMGET', s, 'holder', 'hnode', 'was')
-  if not cur[1] then
-    if op == 'reattach' then return -1 end
-    return 0
-  end
-  if op == 'reattach' and (cur[1] ~= '' or cur[3] ~= ARGV[13]) then return 0 end
-  return attach(cid, ARGV[13], s, cur[2])
-elseif op == 'detach' then
-  local cur = redis.call('HMGET', s, 'holder', 'hnode')
-  if cur[1] ~= ARGV[13] then return 0 end  -- not (or no longer) the holder's report
-  detach(cid, s, cur[2])
-  return 1
-elseif op == 'sub' then
-  if redis.call('EXISTS', s) == 0 then return 0 end
-  redis.call('HSET', key('psub', cid), ARGV[13], ARGV[14])
-  index(ARGV[13], cid, ARGV[14])
-  return 1
-elseif op == 'unsub' then
-  if redis.call('HDEL', key('psub', cid), ARGV[13]) == 1 then unindex(ARGV[13], cid) end
-  return 1
-elseif op == 'ack' then
-  -- ARGV[13] epoch, [14] puback | pubrec | pubcomp, [15] packet id.
-  local cur = redis.call('HMGET', s, 'holder', 'hnode')
-  if cur[1] ~= ARGV[13] then return 0 end  -- from a connection that lost the session
-  local fl, pid = key('pfl', cid), ARGV[15]
-  local raw = redis.call('HGET', fl, pid)
-  if not raw then return 0 end
-  local m = cmsgpack.unpack(raw)
-  local kind, packets = ARGV[14], {}
-  if kind == 'puback' then
-    if m[2] ~= 1 then return 0 end
-    redis.call('HDEL', fl, pid)
-    fill(cid, packets)
-  elseif kind == 'pubrec' then
-    if m[2] ~= 2 then return 0 end
-    m[4] = 2
-    redis.call('HSET', fl, pid, cmsgpack.pack(m))
-    packets[1] = pubrel(tonumber(pid))
-  elseif kind == 'pubcomp' then
-    if m[4] ~= 2 then return 0 end
-    redis.call('HDEL', fl, pid)
-    fill(cid, packets)
-  end
-  send(cid, cur[1], cur[2], packets)
-  return #packets
-elseif op == 'inbound' then
-  if redis.call('EXISTS', s) == 0 then return 0 end
-  if ARGV[14] == '1' then redis.call('SADD', key('pin', cid), ARGV[13])
-  else redis.call('SREM', key('pin', cid), ARGV[13]) end
-  return 1
-elseif op == 'push' then
-  return push(cid, tonumber(ARGV[13]), tonumber(ARGV[14]), ARGV[15], ARGV[16])
-elseif op == 'discard' then
-  return discard(cid)
-end
-return redis.error_reply('unknown session operation ' .. op)
-"""
-
-# Retained messages: ``retained`` topic -> qos digit .. payload, ``retained-index`` the
-# topics in a sorted set (all scores 0, for ZRANGEBYLEX), ``retained-stats`` bytes and
-# refused. ARGV: prefix, topic, payload, qos, max bytes, max count. 1 kept (or cleared),
-# 0 refused. As the retained store: a replacement no larger always fits, and a refused
-# replacement drops the old message too (the publisher has moved on).
-RETAIN_SCRIPT = """
-local h, idx, st = ARGV[1] .. 'retained', ARGV[1] .. 'retained-index', ARGV[1] .. 'retained-stats'
-local topic, payload = ARGV[2], ARGV[3]
-local old = redis.call('HGET', h, topic)
-local old_size = 0
-if old then old_size = #topic + #old - 1 end
-local function clear()
-  if old then
-    redis.call('HDEL', h, topic)
-    redis.call('ZREM', idx, topic)
-    redis.call('HINCRBY', st, 'bytes', -old_size)
-  end
-end
-if payload == '' then
-  clear()
-  return 1
-end
-local size = #topic + #payload
-local bytes = tonumber(redis.call('HGET', st, 'bytes') or '0')
-local fits
-if old then
-  fits = size <= old_size or bytes - old_size + size <= tonumber(ARGV[5])
-else
-  fits = redis.call('HLEN', h) < tonumber(ARGV[6]) and bytes + size <= tonumber(ARGV[5])
-end
-if not fits then
-  clear()
-  redis.call('HINCRBY', st, 'refused', 1)
-  return 0
-end
-redis.call('HSET', h, topic, ARGV[4] .. payload)
-redis.call('ZADD', idx, 0, topic)
-redis.call('HINCRBY', st, 'bytes', size - old_size)
-return 1
-"""
-
-
-# ----------------------------------------------------------------------- reports
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
 
 def session_call(report: Report, max_qos: int) -> tuple[str, list[str | bytes]] | None:
     """The session script's operation and arguments (from ARGV[12]) that apply ``report``;
@@ -452,154 +88,136 @@ def username_arg(username: str | None) -> str:
 
 def username_of(stored: bytes | str) -> str | None:
     """The inverse of :func:`username_arg`."""
-    text = _text(stored)
-    return text[1:] if text.startswith("=") else None
+    value = text(stored)
+    return value[1:] if value.startswith("=") else None
 
 
 def opened_from(reply: Any) -> Opened:
     """The open operation's reply: ``{present, {filter, qos, ...}, {inbound ids}, expired}``."""
     present, flat, inbound = int(reply[0]), list(reply[1] or []), reply[2] or []
-    subscriptions = {_text(flat[i]): int(flat[i + 1]) for i in range(0, len(flat), 2)}
+    subscriptions = {text(flat[i]): int(flat[i + 1]) for i in range(0, len(flat), 2)}
     return Opened(bool(present), subscriptions, frozenset(int(i) for i in inbound))
 
 
-class FilterCache:
-    """The persistent sessions' topic filters fleet-wide, as this node last heard them.
-
-    Exact filters sit in a set and wildcards apart, so a publish nobody persistent
-    wants costs a set lookup plus a match per wildcard, and no Redis call. Kept up to
-    date from ``pfilters-changed`` notices, each numbered (``version``): a gap means
-    notices were trimmed away, and the whole set is read again.
-    """
-
-    def __init__(self) -> None:
-        self.exact: set[str] = set()
-        self.wild: set[str] = set()
-        self.version = 0
-
-    def __len__(self) -> int:
-        return len(self.exact) + len(self.wild)
-
-    def set(self, topic_filter: str, present: bool) -> None:
-        """A filter gained its first persistent session (``present``) or lost its last."""
-        table = self.wild if "+" in topic_filter or "#" in topic_filter else self.exact
-        if present:
-            table.add(topic_filter)
-        else:
-            table.discard(topic_filter)
-
-    def replace(self, filters: Iterable[str], version: int) -> None:
-        """The whole set, as read at notice number ``version``."""
-        self.exact, self.wild = set(), set()
-        for topic_filter in filters:
-            self.set(topic_filter, True)
-        self.version = version
-
-    def matching(self, topic: str) -> list[str]:
-        """The filters that match ``topic``."""
-        out = [topic] if topic in self.exact else []
-        out += [f for f in self.wild if topic_matches(f, topic)]
-        return out
+def _ignore(_: Any) -> None:
+    return
 
 
-# ---------------------------------------------------------------------- retained
+class PersistentSessions:
+    """This node's calls of the session script, with the fleet's bounds, and their replies counted.
 
-
-def _first_wildcard(topic_filter: str) -> int:
-    cuts = [i for i in (topic_filter.find("+"), topic_filter.find("#")) if i >= 0]
-    return min(cuts) if cuts else -1
-
-
-def glob_escape(text: str) -> str:
-    """``text`` as a literal in a SCAN MATCH pattern."""
-    return "".join("\\" + c if c in "*?[]\\" else c for c in text)
-
-
-class FleetRetained:
-    """How retained messages and retained presence are read back from Redis, a page at a time.
-
-    Cursors are strings, as :class:`~.retention.Retention`'s: ``s:<topic>`` continues the
-    retained store after that topic (its index is sorted), ``p:<n>`` continues a SCAN of
-    the device records at SCAN cursor ``n`` (a SCAN may return a device twice when Redis
-    rehashes meanwhile; a subscriber then gets its presence twice, which MQTT allows).
+    ``attached`` (client id -> epoch) is what this node's connections hold, kept by the
+    coordinator as it reports attaches and detaches, for a resynchronisation.
     """
 
     def __init__(
         self,
-        prefix: str,
-        presence_prefix: str,
+        link: RedisLink,
+        keys: FleetKeys,
+        counts: FleetCounts,
         *,
-        presence: bool,
-        offline_ttl: float | None,
-        page: int = RETAINED_PAGE,
+        node: str,
+        max_qos: int,
+        window: int,
+        max_queued: int,
+        max_queued_bytes: int,
+        total_queued_bytes: int,
+        expiry: float,
     ) -> None:
-        self.prefix = prefix
-        self.presence_prefix = presence_prefix
-        self.presence = presence
-        self.offline_ttl = offline_ttl
-        self.page = page
-        self.k_retained = prefix + "retained"
-        self.k_index = prefix + "retained-index"
+        self.link = link
+        self.scripts = link.scripts
+        self.counts = counts
+        self.prefix = keys.prefix
+        self.node = node
+        self.max_qos = max_qos
+        # The session script's fixed arguments after (prefix, node, op).
+        self._bounds = [
+            str(window), str(max_queued), str(max_queued_bytes), str(total_queued_bytes),
+            str(int(expiry * 1000)), str(ROUTE_MAXLEN), str(ROUTE_TTL_MS), str(NOTICE_MAXLEN),
+        ]  # fmt: skip
+        self.attached: dict[str, str] = {}
 
-    def store_range(self, topic_filter: str, after: str | None) -> tuple[bytes, bytes, str | None]:
-        """ZRANGEBYLEX bounds of the topics ``topic_filter`` may match after ``after``, and
-        the parent topic a trailing ``/#`` also matches (to look up on the first page)."""
-        cut = _first_wildcard(topic_filter)
-        head = topic_filter[:cut]
-        parent = head[:-1] if cut == len(topic_filter) - 1 and topic_filter.endswith("/#") else None
-        low = b"[" + head.encode() if after is None or after < head else b"(" + after.encode()
-        # No UTF-8 string holds 0xff, so every topic that starts with ``head`` sorts before this.
-        high = b"(" + head.encode() + b"\xff" if head else b"+"
-        return (b"-" if after is None and not head else low), high, parent
+    def script(self, op: str, args: Sequence[str | bytes], client: Any) -> Any:
+        """A call of the session script's operation ``op`` on ``client`` (a connection or a pipeline)."""
+        return self.scripts.session([], [self.prefix, self.node, op, *self._bounds, *args], client=client)
 
-    def presence_possible(self, topic_filter: str) -> bool:
-        """Whether ``topic_filter`` may match a presence topic (and presence is retained)."""
-        return self.presence and presence_possible(topic_filter, self.presence_prefix)
+    def request(self, report: Report, client: Any) -> list[Request]:
+        """The call that applies ``report`` (none if it changes nothing)."""
+        call = session_call(report, self.max_qos)
+        if call is None:
+            return []
+        op, args = call
 
-    def exact_presence(self, topic_filter: str) -> str | None:
-        """The client id ``topic_filter`` names if it is one presence topic, else None."""
-        return exact_presence(topic_filter, self.presence_prefix)
+        def pushed(out: Any) -> None:
+            if int(out) < 0:
+                self.counts.persistent_dropped += 1
+                if int(out) == -1:
+                    self._full(args[0])
 
-    def scan_pattern(self, topic_filter: str) -> str:
-        """The SCAN MATCH pattern of the device records whose presence ``topic_filter`` may match."""
-        head = ""
-        prefix = self.presence_prefix
-        if topic_filter.startswith(prefix):
-            rest = topic_filter[len(prefix) :]
-            cut = _first_wildcard(rest)
-            head = rest if cut < 0 else rest[:cut]
-        return glob_escape(self.prefix + "dev:" + head) + "*"
+        return [(self.script(op, args, client), pushed if op == "push" else _ignore)]
 
-    def presence_message(self, client_id: str, status: Any, raw: Any, now: float) -> RetainedMessage | None:
-        """A device record's retained presence (None: forgotten, or offline past the TTL)."""
-        if raw is None or _text(status or b"") == "forgotten":
-            return None
-        try:
-            event = PresenceEvent.from_dict(json.loads(raw))
-        except (ValueError, TypeError, KeyError):
-            return None
-        ttl = self.offline_ttl
-        if event.status == "offline" and ttl is not None and event.time + ttl <= now:
-            return None
-        return RetainedMessage(self.presence_prefix + client_id, event.payload(), 0)
+    def open_request(self, question: OpenQuestion, client: Any) -> list[Request]:
+        """The call that answers ``question`` (none if its CONNECT was refused meanwhile)."""
+        if question.abandoned:
+            return []  # refused already: a session made now would only wait to expire
 
-    def presence_page(
-        self, topic_filter: str, keys: Sequence[bytes], records: Sequence[Sequence[Any]]
-    ) -> list[RetainedMessage]:
-        """The retained presence among SCAN's ``keys`` (with their status and event fields)."""
-        out: list[RetainedMessage] = []
-        strip = len(self.prefix) + len("dev:")
-        everything = topic_filter in ("#", self.presence_prefix + "#")
-        now = time.time()
-        for key, (status, raw) in zip(keys, records, strict=True):
-            client_id = _text(key)[strip:]
-            if everything or topic_matches(topic_filter, self.presence_prefix + client_id):
-                message = self.presence_message(client_id, status, raw, now)
-                if message is not None:
-                    out.append(message)
-        return out
+        def opened(out: Any) -> None:
+            question.answer = opened_from(out)
+            if int(out[3]):
+                self.counts.persistent_expired += 1
+            question.done.set()
 
+        args = [question.client_id, username_arg(question.username)]
+        return [(self.script("open", args, client), opened)]
 
-def retained_message(topic: str, value: bytes) -> RetainedMessage:
-    """A stored retained value (the QoS digit, then the payload) as a message."""
-    return RetainedMessage(topic, value[1:], value[0] - ord("0"))
+    def routed(self, out: Any) -> None:
+        """Count a route operation's reply: ``{pushed, dropped, {sessions newly full}}``."""
+        self.counts.persistent_routed += int(out[0])
+        self.counts.persistent_dropped += int(out[1])
+        for client_id in out[2] or []:
+            self._full(client_id)
+
+    def _full(self, client_id: str | bytes) -> None:
+        # Logged once per session (the script says which drop was its first), counted always.
+        logger.warning(
+            "node %s: persistent session %r is full: messages for it are dropped (counted)",
+            self.node,
+            text(client_id),
+        )
+
+    async def expire(self) -> int:
+        """Discard the sessions whose clients stayed away past the expiry; how many this call did."""
+        total = 0
+        while True:
+            call = self.script("expire", [str(EXPIRE_BATCH)], self.link.redis())
+            expired, examined = await self.link.call(call)
+            total += int(expired)
+            if int(examined) < EXPIRE_BATCH:
+                break
+        if total:
+            self.counts.persistent_expired += total
+            logger.info("node %s: %d persistent sessions expired (their clients stayed away)", self.node, total)
+        return total
+
+    async def detach_lost(self, owner: str, client_ids: list[str], check_lease: bool) -> int:
+        """Detach the sessions of ``client_ids`` that ``owner`` holds; -1 if its lease is
+        back (with ``check_lease``)."""
+        if not client_ids:
+            return 0
+        args = [owner, "1" if check_lease else "0", *client_ids]
+        n = int(await self.link.call(self.script("lose", args, self.link.redis())))
+        if n > 0:
+            self.counts.persistent_detached += n
+        return n
+
+    async def reattach(self, host: Host, client_id: str, epoch: str) -> None:
+        """After this node registered again: a session detached when it was declared lost
+        is attached again (its messages resent), unless its client came back elsewhere;
+        one Redis lost (restarted empty) is closed, so that its client reconnects, learns
+        from CONNACK that the session is gone, and subscribes again."""
+        args = [client_id, epoch]
+        if int(await self.link.call(self.script("reattach", args, self.link.redis()))) >= 0:
+            return
+        if self.attached.get(client_id) == epoch:
+            del self.attached[client_id]
+            host.evict(client_id, epoch, "its persistent session was lost with Redis's data")

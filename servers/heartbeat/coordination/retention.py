@@ -26,7 +26,15 @@ from ..persistent import SessionStore
 from ..retained import RetainedStore
 from .registry import Registry
 
-__all__ = ["RETAINED_PAGE", "MqttState", "RetainedMessage", "Retention", "exact_presence", "presence_possible"]
+__all__ = [
+    "RETAINED_PAGE",
+    "MqttState",
+    "RetainedMessage",
+    "Retention",
+    "exact_presence",
+    "matches_every_presence_topic",
+    "presence_possible",
+]
 
 RETAINED_PAGE = 500
 """Entries examined per page."""
@@ -44,6 +52,12 @@ def presence_possible(topic_filter: str, presence_prefix: str) -> bool:
         or topic_filter.startswith(presence_prefix)
         or presence_prefix.startswith(topic_filter.rstrip("#"))
     )
+
+
+def matches_every_presence_topic(topic_filter: str, presence_prefix: str) -> bool:
+    """Whether ``topic_filter`` matches the presence topic of every client id."""
+    # Client ids may hold "/", so only these match every presence topic whatever the id.
+    return topic_filter in ("#", presence_prefix + "#")
 
 
 def exact_presence(topic_filter: str, presence_prefix: str) -> str | None:
@@ -141,7 +155,7 @@ class Retention:
         index = int(start)
         end = min(index + limit, len(ids))
         prefix = self.presence_prefix
-        everything = self._matches_every_presence_topic(topic_filter)
+        everything = matches_every_presence_topic(topic_filter, prefix)
         out = []
         for client_id in ids[index:end]:
             if everything or topic_matches(topic_filter, prefix + client_id):
@@ -152,10 +166,6 @@ class Retention:
             del self._snapshots[int(number)]
             return out, None
         return out, f"p:{number}:{end}"
-
-    def _matches_every_presence_topic(self, topic_filter: str) -> bool:
-        # Client ids may hold "/", so only these match every presence topic whatever the id.
-        return topic_filter in ("#", self.presence_prefix + "#")
 
     def _start_snapshot(self) -> str | None:
         if len(self._snapshots) >= _MAX_SNAPSHOTS:

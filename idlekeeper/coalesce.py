@@ -1,0 +1,56 @@
+"""When the dense engine runs its passes: at each wake-up, or once a coalescing window.
+
+Interrupt moderation, as network cards do it: while traffic trickles in, a wake-up
+of trio's loop per packet costs far more than the packet. With ``coalesce`` set,
+the engine serves what came, then gathers for ``coalesce`` seconds and serves what
+came meanwhile in one pass, until a pass finds nothing. What must not wait out a
+window (a connection to accept, a drop to tell its protocol) still does not.
+"""
+
+from __future__ import annotations
+
+from typing import NoReturn
+
+import trio
+
+from .dispatch import Dispatcher
+
+__all__ = ["run_passes"]
+
+
+async def run_passes(engine: Dispatcher, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> NoReturn:
+    """The engine's task: a pass whenever its epoll set is readable, then, while passes
+    find something and the engine's ``coalesce`` (seconds) is set, one a window."""
+    epfd = engine._epoll.fileno()
+    coalesce = engine.coalesce
+    as_pass, pass_ = engine._as_pass, engine._pass
+    task_status.started()
+    while True:
+        await trio.lowlevel.wait_readable(epfd)
+        handled = as_pass(pass_)
+        while coalesce and handled:
+            if engine._backlog:
+                # A listener had more waiting than a pass accepts: accepting must not
+                # be paced by the window (a ramp would queue in the kernel's backlog).
+                await trio.lowlevel.checkpoint()
+            else:
+                await _gather(engine, coalesce)
+            handled = as_pass(pass_)
+
+
+async def _gather(engine: Dispatcher, seconds: float) -> None:
+    """Wait out a coalescing window; end it early for a connection to accept.
+
+    Drops from outside a pass (an expiry, a takeover) are told to their protocols
+    as they happen, not a window later: that is when a presence server says
+    "offline".
+    """
+    now = trio.current_time()
+    # One wake-up for the window's end and the reaper's: the window may end up to
+    # half of it early (replies only come sooner).
+    urgent = engine._urgent.fileno()
+    with engine.keeper.shared_wakeup(now + seconds, now + seconds / 2):
+        while True:
+            await trio.lowlevel.wait_readable(urgent)
+            if engine._as_pass(engine._urgent_pass):
+                return

@@ -1,0 +1,310 @@
+"""The dense engine's passes: one epoll set, each ready socket served once a pass.
+
+A pass takes up to ``max_events`` ready sockets from the set in one system call,
+reads each once (or sends what is queued for it), then drains each ready listener
+in a batch of accepts (:mod:`.accept`), and tells the protocols of the connections
+dropped meanwhile. Write-readiness is asked for only while something is queued:
+:meth:`Dispatcher._update` keeps each socket's registration in line with what its
+transport wants. When, and how often, passes run is :mod:`.coalesce`'s job; the
+public face is :class:`~idlekeeper.Engine`.
+
+This is the path every packet takes: keep it free of calls and look-ups it can do
+without.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import select
+import socket
+from collections.abc import Callable
+from typing import TypeVar
+
+import trio
+
+from . import arrival as _arrival
+from .accept import Listener
+from .epochs import Epoch
+from .keeper import Keeper
+from .lost import EngineClosed
+from .protocol import Protocol
+from .transport import CLOSED, EOF_SENT, NO_READ, PEER_EOF, Transport
+from .watch import ExpireHook
+
+__all__ = ["Dispatcher"]
+
+logger = logging.getLogger("idlekeeper.engine")
+
+_T = TypeVar("_T")
+
+_IN = select.EPOLLIN
+_OUT = select.EPOLLOUT
+# Registration bits kept in Transport._io beside the transport's own.
+_REG_IN = 1 << 8
+_REG_OUT = 1 << 9
+_REG = _REG_IN | _REG_OUT
+
+
+class Dispatcher:
+    """The connections of one engine on its epoll set, and the passes that serve them.
+
+    The engine's state (its settings and counters are documented here) and what a
+    :class:`~idlekeeper.transport.Transport` asks of its engine (``_update``,
+    ``_drop``, the water marks); :class:`~idlekeeper.Engine` adds the public methods.
+    """
+
+    def __init__(
+        self,
+        keeper: Keeper,
+        *,
+        read_size: int,
+        max_events: int,
+        accept_batch: int,
+        high_water: int,
+        low_water: int,
+        coalesce: float = 0.0,
+    ) -> None:
+        if not 0 <= low_water <= high_water:
+            raise ValueError("need 0 <= low_water <= high_water")
+        if coalesce < 0:
+            raise ValueError("coalesce must be >= 0")
+        self.keeper = keeper
+        self.coalesce = coalesce
+        """Seconds traffic is gathered between passes while it keeps coming (0: a pass per wake-up)."""
+        # A gathered packet is read up to a window after it came; stamping it then
+        # would move its receive deadline out by as much, so it is stamped with when
+        # the kernel received it.
+        self.arrivals: _arrival.ArrivalClock | None = _arrival.ArrivalClock(trio.current_time) if coalesce else None
+        """Turns kernel receive stamps into keeper time (only while coalescing)."""
+        self.read_size = read_size
+        self.max_events = max_events
+        self.accept_batch = accept_batch
+        self.high_water = high_water
+        """Queued bytes above which a peer stops being read (and ``pause_writing``)."""
+        self.low_water = low_water
+        """Queued bytes at or below which reading resumes (and ``resume_writing``)."""
+        self._epoll = select.epoll()
+        # What must not wait out a coalescing window (listeners, the wake-up socket) is
+        # in a set of its own, itself a member of the main set: while gathering, the
+        # engine waits on this one alone. A ramp of connections paced by the window
+        # would overflow the kernel's accept queue, and dropped SYNs come back only
+        # after the client's retransmission timeout (1 s, then 3, 7...).
+        self._urgent = select.epoll()
+        self._fds: dict[int, Transport] = {}
+        self._epoll.register(self._urgent.fileno(), _IN)
+        self._listeners: list[Listener] = []
+        self._lost: list[tuple[Transport, BaseException | None]] = []
+        # Wakes the engine when a connection is dropped from outside its pass (an
+        # expiry in the reaper, a takeover in another task): its protocol must hear.
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
+        self._urgent.register(self._wake_r.fileno(), _IN)
+        self._woken = False
+        self._backlog = False
+        self._in_pass = False
+        self.accepted = 0
+        """Connections accepted."""
+        self.accept_errors = 0
+        """Accepts that failed for lack of descriptors or memory (each pauses accepting)."""
+        self.callback_errors = 0
+        """Protocol callbacks that raised (each closed its connection)."""
+        self.passes = 0
+        """Passes of the engine's loop."""
+
+    # -- a pass ------------------------------------------------------------------------
+
+    def _as_pass(self, step: Callable[[], _T]) -> _T:
+        """Run ``step`` as a pass: the connections it drops are told by the step itself,
+        at its end, so a drop need not wake the engine."""
+        self._in_pass = True
+        try:
+            return step()
+        finally:
+            self._in_pass = False
+
+    def _pass(self) -> int:
+        self.passes += 1
+        if self.arrivals is not None:
+            self.arrivals.calibrate()
+        fds = self._fds
+        urgent = self._urgent.fileno()
+        ready: list[Listener] = []
+        polled = self._epoll.poll(0, self.max_events)
+        for fd, events in polled:
+            entry = fds.get(fd)
+            if entry is not None:
+                if events & _OUT and entry._wbuf is not None:
+                    entry._flush()
+                if events & ~_OUT and not entry._io & NO_READ:
+                    self._read(entry)
+            elif fd == urgent:
+                # Accepts come after the reads, so that a descriptor freed in this pass
+                # and reused by an accept cannot be handed an event meant for the old socket.
+                ready = self._poll_urgent()
+        self._deliver_lost()
+        # A full batch of events means more may be ready: like a listener's backlog,
+        # that is served now, not a coalescing window later (where it would pile up).
+        backlog = len(polled) >= self.max_events
+        for listener in ready:
+            backlog |= listener.accept()
+        self._backlog = backlog
+        self._deliver_lost()
+        return len(polled)
+
+    def _urgent_pass(self) -> bool:
+        """While gathering: tell drops; True if a listener is ready (the window ends)."""
+        ready = self._poll_urgent()
+        self._deliver_lost()
+        return bool(ready)
+
+    def _poll_urgent(self) -> list[Listener]:
+        """Drain wake-ups and return the listeners with connections waiting."""
+        ready: list[Listener] = []
+        wake = self._wake_r.fileno()
+        for fd, _events in self._urgent.poll(0):
+            if fd == wake:
+                self._drain_wakeups()
+            else:
+                ready.extend(entry for entry in self._listeners if entry.sock.fileno() == fd)
+        return ready
+
+    def _read(self, t: Transport) -> None:
+        arrivals = self.arrivals
+        try:
+            if arrivals is None:
+                data = t._socket.recv(self.read_size)
+                at = None
+            else:
+                data, ancillary, _flags, _addr = t._socket.recvmsg(self.read_size, _arrival.ANCILLARY_SIZE)
+                at = arrivals.arrival(ancillary)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as exc:
+            self._drop(t, exc)
+            return
+        t.rx = t._epochs.current if at is None else Epoch(at)
+        protocol = t._protocol
+        if protocol is None:
+            return
+        try:
+            if data:
+                protocol.data_received(data)
+                return
+            t._io |= PEER_EOF
+            self._update(t)
+            if not protocol.eof_received() or t._io & EOF_SENT:
+                t.close()
+        except Exception as exc:
+            self.callback_errors += 1
+            logger.exception("idlekeeper: protocol %r raised; closing its connection", protocol)
+            self._drop(t, exc)
+
+    # -- connections in and out ------------------------------------------------------
+
+    def _start(
+        self,
+        sock: socket.socket,
+        protocol: Protocol,
+        idle: float | None,
+        receive: float | None,
+        send: float | None,
+        max_age: float | None,
+        on_expire: ExpireHook | None,
+    ) -> Transport:
+        keeper = self.keeper
+        t = Transport(keeper, self, sock, stall_check=keeper._stall_check, on_expire=on_expire)
+        keeper._configure(t, idle, receive, send, None, max_age)
+        t._protocol = protocol
+        if self.arrivals is not None:
+            _arrival.enable(sock)
+        fd = sock.fileno()
+        self._fds[fd] = t
+        self._epoll.register(fd, _IN)
+        t._io |= _REG_IN
+        t.start()
+        try:
+            protocol.connection_made(t)
+        except Exception as exc:
+            self.callback_errors += 1
+            logger.exception("idlekeeper: connection_made of %r raised", protocol)
+            self._drop(t, exc)
+        return t
+
+    def _update(self, t: Transport) -> None:
+        """Bring the socket's epoll registration in line with what the transport wants."""
+        io = t._io
+        if io & CLOSED:
+            return
+        want = (0 if io & NO_READ else _REG_IN) | (0 if t._wbuf is None else _REG_OUT)
+        have = io & _REG
+        if want == have:
+            return
+        fd = t._socket.fileno()
+        mask = (_IN if want & _REG_IN else 0) | (_OUT if want & _REG_OUT else 0)
+        # Nothing wanted means out of the set: a hung-up socket would otherwise be
+        # reported on every pass (epoll always reports hang-ups).
+        if not want:
+            self._epoll.unregister(fd)
+        elif not have:
+            self._epoll.register(fd, mask)
+        else:
+            self._epoll.modify(fd, mask)
+        t._io = (io & ~_REG) | want
+
+    def _drop(self, t: Transport, exc: BaseException | None) -> None:
+        """Close a connection now; its protocol hears of it on the engine's next pass.
+
+        Synchronous and O(1), so that the reaper can call it (through an expiry).
+        """
+        io = t._io
+        if io & CLOSED:
+            return
+        t._io = (io | CLOSED) & ~_REG
+        sock = t._socket
+        fd = sock.fileno()
+        if io & _REG:
+            self._epoll.unregister(fd)
+        if self._fds.get(fd) is t:
+            del self._fds[fd]
+        sock.close()
+        t._wbuf = None
+        t.sending = False
+        t.stop()
+        self._lost.append((t, exc))
+        if self._in_pass:
+            return
+        if not self._woken:
+            self._woken = True
+            with contextlib.suppress(BlockingIOError):  # already full of wake-ups
+                self._wake_w.send(b"\0")
+
+    def _drain_wakeups(self) -> None:
+        self._woken = False
+        with contextlib.suppress(BlockingIOError):
+            while self._wake_r.recv(4096):
+                pass
+
+    def _deliver_lost(self) -> None:
+        while self._lost:
+            batch, self._lost = self._lost, []
+            for t, exc in batch:
+                protocol, t._protocol = t._protocol, None
+                if protocol is None:
+                    continue
+                try:
+                    protocol.connection_lost(exc)
+                except Exception:
+                    self.callback_errors += 1
+                    logger.exception("idlekeeper: connection_lost of %r raised", protocol)
+
+    def _close(self) -> None:
+        """Close every connection (its protocol told :class:`EngineClosed`) and the sets."""
+        for t in list(self._fds.values()):
+            self._drop(t, EngineClosed())
+        self._deliver_lost()
+        self._epoll.close()
+        self._urgent.close()
+        self._wake_r.close()
+        self._wake_w.close()

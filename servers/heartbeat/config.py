@@ -1,0 +1,93 @@
+"""A heartbeat worker's configuration: every setting, its default and its checks."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+from ..config import WorkerConfig
+from .acl import AclFile
+from .auth import PasswordFile
+from .budget import DEFAULT_MAX_OUTBOX_BYTES, DEFAULT_MAX_SUBSCRIBER_BYTES
+from .outbox import DEFAULT_MAX_QUEUED, DEFAULT_MAX_QUEUED_BYTES, DEFAULT_WINDOW
+from .persistent import DEFAULT_EXPIRY
+from .presence import PresenceSink
+from .retained import DEFAULT_MAX_BYTES
+from .session import DEFAULT_MAX_QOS, DEFAULT_PRESENCE_PREFIX
+from .throttle import ThrottlePolicy
+
+__all__ = ["ENGINES", "HeartbeatConfig"]
+
+logger = logging.getLogger("servers.heartbeat")
+
+ENGINES = ("dense", "streams")
+"""How connections are served: see :mod:`.dense` and :mod:`.streams`."""
+
+
+@dataclass
+class HeartbeatConfig(WorkerConfig):
+    """Everything a heartbeat worker needs to know. The CLI fills it in."""
+
+    port: int = 1883
+    connect_timeout: float = 10.0
+    max_idle: float | None = 3600.0
+    max_keepalive: int = 3600
+    send_timeout: float = 30.0
+    max_packet_size: int = 256 * 1024
+    max_connections: int = 18_000
+    presence_prefix: str = DEFAULT_PRESENCE_PREFIX
+    """Topic prefix of presence events; devices' own publishes under it are dropped."""
+    max_qos: int = DEFAULT_MAX_QOS
+    """Highest QoS granted to subscribers and routed for publishers: 0, 1 or 2."""
+    max_inflight: int = DEFAULT_WINDOW
+    """QoS 1 and 2 messages sent to a client and not yet acknowledged, at most."""
+    max_queued: int = DEFAULT_MAX_QUEUED
+    """QoS 1 and 2 messages queued per client behind those in flight (while it is away, too)."""
+    max_queued_bytes: int = DEFAULT_MAX_QUEUED_BYTES
+    """Bytes queued per client behind those in flight."""
+    max_subscriber_bytes: int = DEFAULT_MAX_SUBSCRIBER_BYTES
+    """Bytes queued for one subscriber's socket; beyond, its QoS 0 messages are dropped (see :mod:`.budget`)."""
+    max_outbox_bytes: int = DEFAULT_MAX_OUTBOX_BYTES
+    """Bytes queued for all subscribers' sockets in this worker; beyond, QoS 0 messages are dropped."""
+    session_expiry: float = DEFAULT_EXPIRY
+    """Seconds a persistent session (CleanSession=0) is kept after its client left."""
+    retain_presence: bool = True
+    """Presence events are retained: a new subscription to ``presence/#`` first gets every device's last one."""
+    presence_offline_ttl: float | None = 7 * 24 * 3600.0
+    """Seconds an offline device's presence stays retained (None: as long as its record is kept)."""
+    max_retained_bytes: int = DEFAULT_MAX_BYTES
+    """Bytes of retained topics and payloads kept, presence not included; beyond, new ones are refused."""
+    engine: str = "dense"
+    """``dense`` (one task serves every connection) or ``streams`` (a task per connection)."""
+    coalesce: float = 0.0
+    """Dense engine: seconds packets are gathered per pass while they keep coming (CPU for latency)."""
+    max_device_records: int = 1_000_000
+    """Presence records kept for /devices; the longest-offline are forgotten first."""
+    auth: PasswordFile | None = None
+    auth_throttle: ThrottlePolicy | None = field(default_factory=ThrottlePolicy)
+    """How failed password checks are throttled per source address and per username
+    (see :mod:`.throttle`); None: not at all."""
+    auth_threads: int = 1
+    """Password checks hashed at once, each in a worker thread (the event loop never hashes)."""
+    acl: AclFile | None = None
+    """Who may subscribe to and publish on what (Mosquitto's ``acl_file`` format); None: anyone."""
+    node: str = ""
+    """This gateway's name in a fleet (empty on a lone machine); part of every session's epoch."""
+    extra_sinks: list[PresenceSink] = field(default_factory=list)
+    """Presence sinks of the default (in-process) coordinator; other coordinators hold their own."""
+
+    def __post_init__(self) -> None:
+        if self.max_qos not in (0, 1, 2):
+            raise ValueError(f"max_qos must be 0, 1 or 2, not {self.max_qos}")
+        if self.max_inflight < 1:
+            raise ValueError(f"max_inflight must be at least 1, not {self.max_inflight}")
+        if self.engine not in ENGINES:
+            raise ValueError(f"engine must be one of {', '.join(ENGINES)}, not {self.engine!r}")
+        if self.auth_threads < 1:
+            raise ValueError(f"auth_threads must be at least 1, not {self.auth_threads}")
+        if self.max_subscriber_bytes < 1 or self.max_outbox_bytes < 1:
+            raise ValueError("max_subscriber_bytes and max_outbox_bytes must be at least 1")
+        if self.tls is not None and self.engine == "dense":
+            # TLS runs on trio's SSLStream, a stream per connection: the streams engine.
+            logger.warning("TLS is served by the streams engine (a task per connection): engine streams selected")
+            self.engine = "streams"

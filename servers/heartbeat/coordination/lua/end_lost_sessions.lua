@@ -1,0 +1,28 @@
+
+local stream, owned, lease, lock = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local prefix, me, dead, maxlen = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local reason, detail, now, ttl = ARGV[5], ARGV[6], ARGV[7], tonumber(ARGV[8])
+if ARGV[9] == '1' and redis.call('EXISTS', lease) == 1 then return -1 end
+if redis.call('GET', lock) == me then redis.call('PEXPIRE', lock, ARGV[10]) end
+local n = 0
+for i = 11, #ARGV do
+  local cid = ARGV[i]
+  local dev = prefix .. 'dev:' .. cid
+  local cur = redis.call('HMGET', dev, 'status', 'owner', 'event')
+  if cur[1] == 'online' and cur[2] == dead then
+    local e = cjson.decode(cur[3])
+    e['status'] = 'offline'
+    e['reason'] = reason
+    e['time'] = tonumber(now)
+    e['silent_for'] = 0
+    e['detail'] = detail
+    e['keep_alive'] = nil
+    local js = cjson.encode(e)
+    redis.call('XADD', stream, 'MAXLEN', '~', maxlen, '*', 'event', js, 'origin', me, 'evict', '')
+    redis.call('HSET', dev, 'status', 'offline', 'owner', '', 'event', js, 'reason', reason, 'time', now)
+    if ttl > 0 then redis.call('PEXPIRE', dev, ttl) end
+    n = n + 1
+  end
+  redis.call('SREM', owned, cid)
+end
+return n

@@ -1,0 +1,315 @@
+
+local prefix, me, op = ARGV[1], ARGV[2], ARGV[3]
+local window, max_queued = tonumber(ARGV[4]), tonumber(ARGV[5])
+local max_qbytes, total_max = tonumber(ARGV[6]), tonumber(ARGV[7])
+local expiry, route_max, route_ttl, notice_max = tonumber(ARGV[8]), ARGV[9], ARGV[10], ARGV[11]
+local clock = redis.call('TIME')
+local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+local stats, sessions = prefix .. 'pstats', prefix .. 'psessions'
+
+local function key(kind, name) return prefix .. kind .. ':' .. name end
+
+-- MQTT packets, as servers.heartbeat.encoders writes them.
+local function varlen(n)
+  local out = ''
+  repeat
+    local byte = n % 128
+    n = math.floor(n / 128)
+    if n > 0 then byte = byte + 128 end
+    out = out .. string.char(byte)
+  until n == 0
+  return out
+end
+local function publish(topic, payload, qos, retain, pid, dup)
+  local first = 48 + qos * 2 + retain
+  if dup then first = first + 8 end
+  local body = struct.pack('>H', #topic) .. topic .. struct.pack('>H', pid) .. payload
+  return string.char(first) .. varlen(#body) .. body
+end
+local function pubrel(pid) return string.char(98, 2) .. struct.pack('>H', pid) end
+
+-- Packets for the connection ``holder`` of a session, held on ``node``.
+local function send(cid, holder, node, packets)
+  if #packets == 0 or node == '' then return end
+  local stream = prefix .. 'route:' .. node
+  redis.call('XADD', stream, 'MAXLEN', '~', route_max, '*', 'c', cid, 'e', holder, 'p', table.concat(packets))
+  redis.call('PEXPIRE', stream, route_ttl)
+end
+
+-- In flight: pfl:<cid> id -> msgpack {seq, qos, retain, stage (1 sent, 2 released), topic, payload}.
+local function launch(cid, qos, retain, topic, payload)
+  local s, fl = key('ps', cid), key('pfl', cid)
+  local id = tonumber(redis.call('HGET', s, 'lastid') or '0')
+  repeat id = id % 65535 + 1 until redis.call('HEXISTS', fl, id) == 0
+  local seq = redis.call('HINCRBY', s, 'seq', 1)
+  redis.call('HSET', s, 'lastid', id)
+  redis.call('HSET', fl, id, cmsgpack.pack({seq, qos, retain, 1, topic, payload}))
+  return publish(topic, payload, qos, retain, id, false)
+end
+
+-- Queued: pq:<cid> msgpack {qos, retain, topic, payload}; moved into the window while it has room.
+local function fill(cid, packets)
+  local q, fl = key('pq', cid), key('pfl', cid)
+  local freed = 0
+  while redis.call('HLEN', fl) < window do
+    local raw = redis.call('LPOP', q)
+    if not raw then break end
+    local m = cmsgpack.unpack(raw)
+    freed = freed + #m[3] + #m[4]
+    packets[#packets + 1] = launch(cid, m[1], m[2], m[3], m[4])
+  end
+  if freed > 0 then
+    redis.call('HINCRBY', key('ps', cid), 'qb', -freed)
+    redis.call('HINCRBY', stats, 'queued_bytes', -freed)
+  end
+  return packets
+end
+
+-- -1: dropped, the session's first drop (logged once); -2: dropped again.
+local function drop(s)
+  redis.call('HINCRBY', stats, 'dropped', 1)
+  if redis.call('HSETNX', s, 'dropping', '1') == 1 then return -1 end
+  return -2
+end
+
+-- One message for one session: 1 sent, 2 queued, 0 no such session, < 0 dropped.
+local function push(cid, qos, retain, topic, payload)
+  local s, q = key('ps', cid), key('pq', cid)
+  local cur = redis.call('HMGET', s, 'holder', 'hnode', 'qb')
+  if not cur[1] then return 0 end
+  local size = #topic + #payload
+  if cur[1] ~= '' then
+    if redis.call('LLEN', q) == 0 and redis.call('HLEN', key('pfl', cid)) < window then
+      send(cid, cur[1], cur[2], {launch(cid, qos, retain, topic, payload)})
+      return 1
+    end
+  elseif tonumber(redis.call('HGET', stats, 'queued_bytes') or '0') + size > total_max then
+    return drop(s)
+  end
+  if redis.call('LLEN', q) >= max_queued or tonumber(cur[3]) + size > max_qbytes then return drop(s) end
+  redis.call('RPUSH', q, cmsgpack.pack({qos, retain, topic, payload}))
+  redis.call('HINCRBY', s, 'qb', size)
+  redis.call('HINCRBY', stats, 'queued_bytes', size)
+  return 2
+end
+
+-- The fleet-wide set of persistent filters: pf:<filter> cid -> qos, pfilters filter -> sessions.
+local function notice(f, on)
+  local v = redis.call('INCR', prefix .. 'pfilters-version')
+  redis.call('XADD', prefix .. 'pfilters-changed', 'MAXLEN', '~', notice_max, '*', 'f', f, 'on', on, 'v', v)
+end
+local function index(f, cid, qos)
+  if redis.call('HSET', key('pf', f), cid, qos) == 1 and redis.call('HINCRBY', prefix .. 'pfilters', f, 1) == 1 then
+    notice(f, '1')
+  end
+end
+local function unindex(f, cid)
+  if redis.call('HDEL', key('pf', f), cid) == 1 and redis.call('HINCRBY', prefix .. 'pfilters', f, -1) <= 0 then
+    redis.call('HDEL', prefix .. 'pfilters', f)
+    notice(f, '0')
+  end
+end
+
+local function discard(cid)
+  local s = key('ps', cid)
+  local cur = redis.call('HMGET', s, 'hnode', 'qb')
+  redis.call('ZREM', sessions, cid)
+  if not cur[1] then return 0 end
+  for _, f in ipairs(redis.call('HKEYS', key('psub', cid))) do unindex(f, cid) end
+  redis.call('HINCRBY', stats, 'queued_bytes', -tonumber(cur[2]))
+  if cur[1] ~= '' then redis.call('SREM', prefix .. 'pheld:' .. cur[1], cid) end
+  redis.call('DEL', s, key('psub', cid), key('pin', cid), key('pfl', cid), key('pq', cid))
+  return 1
+end
+
+local function detach(cid, s, node)
+  redis.call('HSET', s, 'holder', '', 'hnode', '', 'left', now)
+  redis.call('SREM', prefix .. 'pheld:' .. node, cid)
+  redis.call('ZADD', sessions, now + expiry, cid)
+end
+
+-- The holder changes: resend what is in flight (DUP; PUBREL past PUBREC), in send order, then fill.
+local function attach(cid, epoch, s, old_node)
+  if old_node ~= '' and old_node ~= me then redis.call('SREM', prefix .. 'pheld:' .. old_node, cid) end
+  redis.call('HSET', s, 'holder', epoch, 'hnode', me, 'was', epoch)
+  redis.call('SADD', prefix .. 'pheld:' .. me, cid)
+  redis.call('ZADD', sessions, '+inf', cid)
+  local flat = redis.call('HGETALL', key('pfl', cid))
+  local held = {}
+  for i = 1, #flat, 2 do held[#held + 1] = {tonumber(flat[i]), cmsgpack.unpack(flat[i + 1])} end
+  table.sort(held, function(a, b) return a[2][1] < b[2][1] end)
+  local packets = {}
+  for _, h in ipairs(held) do
+    local m = h[2]
+    if m[4] == 2 then packets[#packets + 1] = pubrel(h[1])
+    else packets[#packets + 1] = publish(m[5], m[6], m[2], m[3], h[1], true) end
+  end
+  fill(cid, packets)
+  send(cid, epoch, me, packets)
+  return #packets
+end
+
+if op == 'route' then
+  -- ARGV[12] topic, [13] payload, [14] qos, [15] mode: 'f' filters follow (route to their
+  -- sessions), 'q' filters follow (only say who they are, with usernames, for the ACL),
+  -- 't' (session, qos) pairs follow (route to exactly those).
+  local topic, payload, qos, mode = ARGV[12], ARGV[13], tonumber(ARGV[14]), ARGV[15]
+  local levels, order = {}, {}
+  if mode == 't' then
+    for i = 16, #ARGV, 2 do
+      order[#order + 1] = ARGV[i]
+      levels[ARGV[i]] = tonumber(ARGV[i + 1])
+    end
+  else
+    for i = 16, #ARGV do
+      local flat = redis.call('HGETALL', key('pf', ARGV[i]))
+      for j = 1, #flat, 2 do
+        local c, level = flat[j], math.min(qos, tonumber(flat[j + 1]))
+        local had = levels[c]
+        if had == nil then
+          order[#order + 1] = c
+          levels[c] = level
+        elseif level > had then
+          levels[c] = level
+        end
+      end
+    end
+  end
+  if mode == 'q' then
+    local out = {}
+    for _, c in ipairs(order) do
+      if levels[c] > 0 then
+        out[#out + 1] = c
+        out[#out + 1] = levels[c]
+        out[#out + 1] = redis.call('HGET', key('ps', c), 'user') or ''
+      end
+    end
+    return out
+  end
+  local pushed, dropped, newly = 0, 0, {}
+  for _, c in ipairs(order) do
+    if levels[c] > 0 then
+      local r = push(c, levels[c], 0, topic, payload)
+      if r > 0 then
+        pushed = pushed + 1
+      elseif r < 0 then
+        dropped = dropped + 1
+        if r == -1 then newly[#newly + 1] = c end
+      end
+    end
+  end
+  return {pushed, dropped, newly}
+elseif op == 'lose' then
+  -- ARGV[12] the node, [13] '1': only while its lease is gone; client ids from [14].
+  local dead = ARGV[12]
+  if ARGV[13] == '1' and redis.call('EXISTS', prefix .. 'node:' .. dead) == 1 then return -1 end
+  local n = 0
+  for i = 14, #ARGV do
+    local c = ARGV[i]
+    local s = key('ps', c)
+    local cur = redis.call('HMGET', s, 'holder', 'hnode')
+    if cur[1] and cur[1] ~= '' and cur[2] == dead then
+      detach(c, s, dead)
+      n = n + 1
+    else
+      redis.call('SREM', prefix .. 'pheld:' .. dead, c)
+    end
+  end
+  return n
+elseif op == 'expire' then
+  local ids = redis.call('ZRANGEBYSCORE', sessions, '-inf', now, 'LIMIT', 0, tonumber(ARGV[12]))
+  local n = 0
+  for _, c in ipairs(ids) do
+    local holder = redis.call('HGET', key('ps', c), 'holder')
+    if holder and holder ~= '' then
+      redis.call('ZADD', sessions, '+inf', c)
+    else
+      n = n + discard(c)
+    end
+  end
+  if n > 0 then redis.call('HINCRBY', stats, 'expired', n) end
+  return {n, #ids}
+end
+
+-- Every other operation is about one session: ARGV[12] its client id.
+local cid = ARGV[12]
+local s = key('ps', cid)
+if op == 'open' then
+  -- ARGV[13] the username ('' for none, else '=' .. name).
+  local holder = redis.call('HGET', s, 'holder')
+  local expired = 0
+  if holder then
+    local deadline = redis.call('ZSCORE', sessions, cid)
+    if holder == '' and deadline and tonumber(deadline) <= now then
+      discard(cid)  -- expired, though not yet swept
+      redis.call('HINCRBY', stats, 'expired', 1)
+      expired = 1
+    else
+      redis.call('HSET', s, 'user', ARGV[13])
+      return {1, redis.call('HGETALL', key('psub', cid)), redis.call('SMEMBERS', key('pin', cid)), 0}
+    end
+  end
+  -- Counted as left now: a connection that dies before its CONNACK never attaches.
+  redis.call('HSET', s, 'holder', '', 'hnode', '', 'was', '', 'left', now, 'user', ARGV[13],
+    'lastid', 0, 'seq', 0, 'qb', 0)
+  redis.call('ZADD', sessions, now + expiry, cid)
+  return {0, {}, {}, expired}
+elseif op == 'attach' or op == 'reattach' then
+  -- ARGV[13] the epoch. A reattach (a node that was declared lost and still holds the
+  -- connection) applies only if nobody attached since; -1: there is no such session.
+  local cur = redis.call('HMGET', s, 'holder', 'hnode', 'was')
+  if not cur[1] then
+    if op == 'reattach' then return -1 end
+    return 0
+  end
+  if op == 'reattach' and (cur[1] ~= '' or cur[3] ~= ARGV[13]) then return 0 end
+  return attach(cid, ARGV[13], s, cur[2])
+elseif op == 'detach' then
+  local cur = redis.call('HMGET', s, 'holder', 'hnode')
+  if cur[1] ~= ARGV[13] then return 0 end  -- not (or no longer) the holder's report
+  detach(cid, s, cur[2])
+  return 1
+elseif op == 'sub' then
+  if redis.call('EXISTS', s) == 0 then return 0 end
+  redis.call('HSET', key('psub', cid), ARGV[13], ARGV[14])
+  index(ARGV[13], cid, ARGV[14])
+  return 1
+elseif op == 'unsub' then
+  if redis.call('HDEL', key('psub', cid), ARGV[13]) == 1 then unindex(ARGV[13], cid) end
+  return 1
+elseif op == 'ack' then
+  -- ARGV[13] epoch, [14] puback | pubrec | pubcomp, [15] packet id.
+  local cur = redis.call('HMGET', s, 'holder', 'hnode')
+  if cur[1] ~= ARGV[13] then return 0 end  -- from a connection that lost the session
+  local fl, pid = key('pfl', cid), ARGV[15]
+  local raw = redis.call('HGET', fl, pid)
+  if not raw then return 0 end
+  local m = cmsgpack.unpack(raw)
+  local kind, packets = ARGV[14], {}
+  if kind == 'puback' then
+    if m[2] ~= 1 then return 0 end
+    redis.call('HDEL', fl, pid)
+    fill(cid, packets)
+  elseif kind == 'pubrec' then
+    if m[2] ~= 2 then return 0 end
+    m[4] = 2
+    redis.call('HSET', fl, pid, cmsgpack.pack(m))
+    packets[1] = pubrel(tonumber(pid))
+  elseif kind == 'pubcomp' then
+    if m[4] ~= 2 then return 0 end
+    redis.call('HDEL', fl, pid)
+    fill(cid, packets)
+  end
+  send(cid, cur[1], cur[2], packets)
+  return #packets
+elseif op == 'inbound' then
+  if redis.call('EXISTS', s) == 0 then return 0 end
+  if ARGV[14] == '1' then redis.call('SADD', key('pin', cid), ARGV[13])
+  else redis.call('SREM', key('pin', cid), ARGV[13]) end
+  return 1
+elseif op == 'push' then
+  return push(cid, tonumber(ARGV[13]), tonumber(ARGV[14]), ARGV[15], ARGV[16])
+elseif op == 'discard' then
+  return discard(cid)
+end
+return redis.error_reply('unknown session operation ' .. op)

@@ -1,0 +1,79 @@
+"""The presence events a worker makes of its own connections (online when admitted,
+offline or refused when ended) and hands to its coordinator."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+from .config import HeartbeatConfig
+from .connection import Connection
+from .coordination import Coordinator
+from .presence import REFUSED, Offline, PresenceEvent
+
+__all__ = ["REFUSALS", "ConnectionEvents"]
+
+REFUSALS = {
+    1: "unacceptable-protocol-version",
+    2: "identifier-rejected",
+    3: "server-unavailable",
+    4: "bad-credentials",
+    5: "not-authorized",
+}
+"""The refusal CONNACK codes (MQTT-3.2.2-3), by name, for a refusal's record."""
+
+
+class ConnectionEvents:
+    """Presence events of this worker's connections, stamped with its worker and node."""
+
+    def __init__(self, config: HeartbeatConfig, coordinator: Coordinator) -> None:
+        self.config = config
+        self.coordinator = coordinator
+
+    def ended(self, conn: Connection, reason: Offline, detail: str, was_online: bool) -> None:
+        """Report the end of ``conn`` (``was_online``: its session was held here until now)."""
+        if was_online and conn.online is not None:
+            online = conn.online
+            event = self.event(conn, "offline", reason, detail, epoch=online.epoch, username=online.username)
+            # Exactly once, fleet-wide: the coordinator drops it if the session was already ended.
+            self.coordinator.offline(event, forget=conn.session.assigned)
+        elif reason is Offline.REFUSED:
+            # Not the device's presence: the id was only asked for, by whoever knew it.
+            self.coordinator.note(self.refused(conn, detail))
+        elif conn.session.client_id is None:
+            self.coordinator.note(self.event(conn, "offline", reason, detail))
+
+    def refused(self, conn: Connection, detail: str) -> PresenceEvent:
+        """The record of a refused CONNECT: status ``refused``, no client id (only the one
+        claimed), so no reader takes it for the named device's presence; see :mod:`.presence`."""
+        session = conn.session
+        code = REFUSALS.get(conn.refusal, f"code-{conn.refusal}")
+        claimed = "" if session.assigned or session.client_id is None else session.client_id
+        event = self.event(conn, REFUSED, Offline.REFUSED, f"{code}: {detail}" if detail else code)
+        return dataclasses.replace(event, client_id=None, claimed_client_id=claimed)
+
+    def event(
+        self,
+        conn: Connection,
+        status: str,
+        reason: Offline | None,
+        detail: str = "",
+        epoch: str = "",
+        username: str = "",
+    ) -> PresenceEvent:
+        """An event of ``conn`` as it is now (how long silent, its keep-alive)."""
+        cfg = self.config
+        return PresenceEvent(
+            status=status,
+            client_id=conn.session.client_id,
+            peer=conn.peer,
+            reason=reason,
+            silent_for=conn.silent_for(),
+            time=time.time(),
+            worker=cfg.worker,
+            detail=detail,
+            epoch=epoch,
+            node=cfg.node,
+            keep_alive=conn.session.keep_alive,
+            username=username,
+        )

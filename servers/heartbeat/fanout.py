@@ -1,0 +1,177 @@
+"""Fan-out: clients' messages to every subscriber, here (the broker) and on other
+workers (the coordinator); subscriptions made and dropped, and held until the other
+workers route by them; the steps of QoS 1 and 2 exchanges."""
+
+from __future__ import annotations
+
+import collections
+import logging
+
+import trio
+
+from .broker import Broker
+from .budget import SendBudget
+from .config import HeartbeatConfig
+from .connection import Connection
+from .coordination import Coordinator
+from .persistent import Acked, Inbound, Subscribed
+from .retained_delivery import RetainedDelivery
+from .session import Acknowledged, AddSubscription, Denied, HoldInbound, ReleaseInbound, RemoveSubscription, Route, Will
+
+__all__ = ["Exchange", "FanOut"]
+
+logger = logging.getLogger("servers.heartbeat")
+
+Exchange = Acknowledged | HoldInbound | ReleaseInbound | Denied
+"""Session effects both engines hand to :meth:`FanOut.exchanged` as they are."""
+
+
+class FanOut:
+    """Who gets what this worker's clients publish, and what its subscribers are sent.
+
+    ``counters`` is the worker's; ``nursery`` is where retained deliveries run.
+    """
+
+    def __init__(
+        self,
+        config: HeartbeatConfig,
+        coordinator: Coordinator,
+        counters: collections.Counter[str],
+        nursery: trio.Nursery,
+    ) -> None:
+        self.config = config
+        self.coordinator = coordinator
+        self.counters = counters
+        self.nursery = nursery
+        budget: SendBudget[Connection] = SendBudget(
+            lambda conn: conn.queued(),
+            trio.current_time,
+            config.max_subscriber_bytes,
+            config.max_outbox_bytes,
+            grace=config.send_timeout,
+        )
+        self.broker: Broker[Connection] = Broker(config.max_qos, budget, config.max_inflight, config.max_queued)
+        self.broker.checks_reads = config.acl is not None
+        self.retained = RetainedDelivery(coordinator, self.broker)
+        self.unsettled: dict[Connection, list[AddSubscription]] = {}
+        """Connections whose next reply (the SUBACK) waits for :meth:`settle`, with the
+        subscriptions whose retained messages follow it."""
+        self._settle_failing = False
+        self._announced: set[str] = set()
+
+    def published(self, message: Route) -> None:
+        """A client's PUBLISH: count it and route it to every subscriber (retained,
+        it is kept for later ones; existing subscribers get it without the flag)."""
+        self.counters["messages_in"] += 1
+        if message.retain:
+            self.coordinator.retain(message.topic, message.payload, message.qos)
+        self.route(message.topic, message.payload, message.qos)
+
+    def publish_will(self, will: Will) -> None:
+        """A device died: its Will goes out like its own PUBLISH would have."""
+        self.counters["wills_published"] += 1
+        if will.retain:
+            self.coordinator.retain(will.topic, will.message, will.qos)
+        self.route(will.topic, will.message, will.qos)
+
+    def route(self, topic: str, payload: bytes, qos: int) -> int:
+        """Deliver a message to every subscriber of ``topic``, here and on other workers.
+
+        Returns how many local subscribers got it; the coordinator passes it on to
+        other workers or gateways whose subscribers want it.
+        """
+        self.coordinator.route(topic, payload, qos)
+        return self.broker.deliver(topic, payload, qos)
+
+    def subscribed(self, conn: Connection, effect: AddSubscription) -> None:
+        """The client subscribed: from now on it is sent what matches (within ``send_timeout``)."""
+        if conn.finished:
+            return  # its end has been dealt with: nothing would ever drop this subscription
+        self.broker.subscriptions.subscribe(conn, effect.topic_filter, effect.qos)
+        conn.stream.send_timeout = self.config.send_timeout
+        if conn.persistent:
+            self.coordinator.session(Subscribed(conn.session.client_id or "", effect.topic_filter, effect.qos))
+        changed = self.announce_filters()
+        if effect.suback and (conn in self.unsettled or ((changed or conn.persistent) and self.coordinator.settles())):
+            self.unsettled.setdefault(conn, []).append(effect)  # retained ones go after the SUBACK
+        else:
+            # After the SUBACK, which the session's effects put after this one.
+            self.nursery.start_soon(self.retained.send, conn, effect)
+
+    async def settle(self, conn: Connection) -> None:
+        """Hold the SUBACK of a subscription others did not route to yet until they do.
+
+        Without it a message published on another worker just after the SUBACK could
+        miss the subscriber: filters reach other workers a few milliseconds later. Costs
+        a round trip to every worker, only when a filter is new here or the session
+        persistent; a stalled worker holds it up for at most the lookup timeout."""
+        subscriptions = self.unsettled.pop(conn, [])
+        self.counters["subscribe_settles"] += 1
+        settled = await self.coordinator.settle()
+        for effect in subscriptions:  # they start once the caller has written the SUBACK
+            self.nursery.start_soon(self.retained.send, conn, effect)
+        if settled:
+            self._settle_failing = False
+            return
+        self.counters["subscribe_settle_timeouts"] += 1
+        if not self._settle_failing:  # once per spell, not once per SUBSCRIBE of a stall
+            self._settle_failing = True
+            logger.warning(
+                "a SUBACK to %s went before every worker confirmed its subscription (one stalled?);"
+                " heartbeat_subscribe_settle_timeouts_total counts them",
+                conn.peer,
+            )
+
+    def unsubscribed(self, conn: Connection, effect: RemoveSubscription) -> None:
+        """The client dropped a subscription."""
+        self.broker.subscriptions.unsubscribe(conn, effect.topic_filter)
+        if conn.persistent:
+            self.coordinator.session(Subscribed(conn.session.client_id or "", effect.topic_filter, None))
+        self.announce_filters()
+
+    def exchanged(self, conn: Connection, effect: Exchange) -> None:
+        """A step of a QoS 1 or 2 exchange: the client's outbox (or its persistent session)
+        takes it; or a PUBLISH that was denied, counted."""
+        client_id = conn.session.client_id or ""
+        if isinstance(effect, Denied):
+            self.counters["denied_publishes"] += 1
+            logger.info("publish from %s (%s) to %r denied", conn.peer, client_id, effect.topic)
+            return
+        if isinstance(effect, Acknowledged):
+            if conn.persistent:
+                online = conn.online
+                assert online is not None
+                self.coordinator.session(Acked(client_id, online.epoch, effect.kind, effect.packet_id))
+                return
+            box = conn.held
+            if box is None:
+                return  # an ack for nothing we sent: MQTT leaves it to the server
+            kind = effect.kind
+            packets = box.puback if kind == "puback" else box.pubrec if kind == "pubrec" else box.pubcomp
+            self.broker.write(conn, packets(effect.packet_id))
+        elif conn.persistent:
+            held = isinstance(effect, HoldInbound)
+            self.coordinator.session(Inbound(client_id, effect.packet_id, held))
+
+    def forget(self, conn: Connection) -> None:
+        """``conn`` ended: nothing waits for its SUBACK, its queue no longer counts, and
+        its subscriptions go (the other workers are told if the filters changed)."""
+        self.unsettled.pop(conn, None)
+        broker = self.broker
+        broker.forget(conn)
+        if broker.subscriptions.has(conn):
+            broker.subscriptions.drop(conn)
+            self.announce_filters()
+
+    def filters(self) -> set[str]:
+        """Every filter this worker's subscribers hold."""
+        return self.broker.subscriptions.filters()
+
+    def announce_filters(self) -> bool:
+        """Tell the coordinator if this worker's filters changed; returns whether they did."""
+        filters = self.filters()
+        if filters == self._announced:
+            return False
+        self._announced = filters
+        self.coordinator.filters_changed(filters)
+        return True

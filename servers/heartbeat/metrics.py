@@ -1,0 +1,138 @@
+"""A heartbeat worker's live figures as Prometheus families: presence, delivery and its
+losses, ends by reason, counted events, password checks and the dense engine."""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Iterable
+from typing import Protocol
+
+import trio
+
+import idlekeeper
+
+from ..prometheus import Families, Metric
+from .authenticator import Authenticator
+from .broker import Broker
+from .config import HeartbeatConfig
+from .connection import Connection
+from .coordination import Coordinator
+from .presence import Offline
+
+__all__ = ["COUNTERS", "FigureSource", "worker_figures"]
+
+COUNTERS: Iterable[tuple[str, str]] = (
+    ("connections", "Connections accepted."),
+    ("packets_in", "MQTT control packets received."),
+    ("messages_in", "PUBLISH messages received and routed."),
+    ("protocol_errors", "Connections closed for violating MQTT 3.1.1."),
+    ("auth_failures", "CONNECTs refused for bad or missing credentials (after a check)."),
+    ("auth_throttled", "CONNECTs refused unchecked: their source address or username failed too often."),
+    ("auth_checks", "Passwords hashed (each in a worker thread)."),
+    ("auth_cache_hits", "CONNECTs accepted without hashing: credentials verified before."),
+    ("auth_abandoned", "Password checks skipped: the client hung up while its check waited its turn."),
+    ("refused_capacity", "CONNECTs refused because the worker was at its connection cap."),
+    ("wills_published", "Will messages published for devices that died."),
+    ("denied_publishes", "PUBLISHes dropped: the ACL (or the presence prefix) does not let the client write there."),
+    ("acl_reloads", "ACL file reloads (SIGHUP)."),
+    ("subscribe_settles", "SUBACKs held until every other worker routed by the new subscription."),
+    ("subscribe_settle_timeouts", "SUBACKs sent before every other worker confirmed (one stalled or gone)."),
+)
+"""The worker's counters exported as ``heartbeat_<name>_total``, with their help."""
+
+
+class FigureSource(Protocol):
+    """What the figures are read from: a heartbeat worker (:class:`~.server.HeartbeatServer`)."""
+
+    config: HeartbeatConfig
+    online: dict[str, Connection]
+    connections: set[Connection]
+    broker: Broker[Connection]
+    counters: collections.Counter[str]
+    offline_by_reason: collections.Counter[str]
+    authenticator: Authenticator
+    engine: idlekeeper.Engine | None
+    coordinator: Coordinator
+
+
+def worker_figures(source: FigureSource) -> list[Metric]:
+    """This worker's live presence figures, as Prometheus families (its coordinator's last)."""
+    f = Families({"worker": str(source.config.worker)})
+    f.gauge("heartbeat_devices_online", "Devices with a live, accepted MQTT connection.", len(source.online))
+    f.gauge("heartbeat_connections", "Open client connections, handshaking ones included.", len(source.connections))
+    broker = source.broker
+    f.counter("heartbeat_messages_out_total", "Messages delivered to subscribers.", broker.delivered)
+    f.counter_by(
+        "heartbeat_messages_dropped_total",
+        "Messages dropped for subscribers, by reason: subscriber-bytes and total-bytes (QoS 0 beyond "
+        "--max-subscriber-bytes or --max-outbox-bytes), max-queued (QoS 1/2 beyond the outbox's queue).",
+        "reason",
+        broker.dropped_by,
+    )
+    budget = broker.budget
+    f.gauge(
+        "heartbeat_outbox_bytes",
+        "Bytes queued for subscribers' sockets in this worker (at most; exact after a recount).",
+        budget.total,
+    )
+    f.gauge(
+        "heartbeat_outbox_bytes_peak",
+        "The most bytes queued for subscribers' sockets at once.",
+        budget.peak_total,
+    )
+    f.gauge(
+        "heartbeat_subscriber_bytes_peak",
+        "The most bytes queued for one subscriber's socket.",
+        budget.peak_subscriber,
+    )
+    f.gauge(
+        "heartbeat_subscribers_behind",
+        "Subscribers losing messages with over half their bound queued.",
+        budget.behind,
+    )
+    f.counter(
+        "heartbeat_denied_deliveries_total",
+        "Messages not delivered: the ACL does not let the subscriber read the topic.",
+        broker.denied,
+    )
+    f.counter_by(
+        "heartbeat_offline_total",
+        "Connections ended, by reason.",
+        "reason",
+        {reason.value: source.offline_by_reason.get(reason.value, 0) for reason in Offline},
+    )
+    for name, help_text in COUNTERS:
+        f.counter(f"heartbeat_{name}_total", help_text, source.counters.get(name, 0))
+    if source.config.auth is not None:
+        _auth_figures(f, source.authenticator)
+    engine = source.engine
+    if engine is not None:
+        f.counter("heartbeat_engine_passes_total", "Passes of the dense engine's loop.", engine.passes)
+        f.counter(
+            "heartbeat_engine_accept_errors_total",
+            "Accepts that failed for lack of descriptors or memory (each pauses accepting 0.1 s).",
+            engine.accept_errors,
+        )
+        f.counter(
+            "heartbeat_engine_callback_errors_total",
+            "Protocol callbacks that raised (each closed its own connection).",
+            engine.callback_errors,
+        )
+    return f.families + source.coordinator.figures()
+
+
+def _auth_figures(f: Families, authenticator: Authenticator) -> None:
+    f.gauge(
+        "heartbeat_auth_queue",
+        "Password checks waiting for a thread (--auth-threads).",
+        authenticator.turns.statistics().tasks_waiting,
+    )
+    gate = authenticator.gate
+    if gate is None:
+        return
+    now = trio.current_time()
+    for kind, throttle in (("source", gate.sources), ("user", gate.users)):
+        delayed, longest = throttle.delayed(now)
+        f.gauge(f"heartbeat_auth_delayed_{kind}s", f"{kind.capitalize()} keys whose delay runs now.", delayed)
+        f.gauge(f"heartbeat_auth_{kind}_delay_seconds", f"The longest delay a {kind} key has left.", longest)
+        f.gauge(f"heartbeat_auth_tracked_{kind}s", f"{kind.capitalize()} keys with failures remembered.", len(throttle))

@@ -1,0 +1,172 @@
+"""The sessions this worker holds: which connection holds each client id, admitting a
+CONNECT (capacity, a persistent session to resume), and telling the coordinator
+(announce when admitted, attach when the CONNACK is out, detach when the client left)."""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import os
+
+import trio
+
+from .access import ClientRules
+from .authenticator import Authenticator
+from .config import HeartbeatConfig
+from .connection import Connection
+from .coordination import Coordinator
+from .coordination.authority import epoch_of
+from .events import ConnectionEvents
+from .persistent import Attach, Detach, Opened
+from .presence import Offline, PresenceEvent
+from .session import Accept, AddSubscription
+
+__all__ = ["OnlineSessions"]
+
+
+class OnlineSessions:
+    """Client id -> the connection holding its session here, and the steps that change it.
+
+    A takeover (the id connects again) is the caller's to carry out before :meth:`admit`:
+    ending the old connection is the connection lifecycle's job.
+    """
+
+    def __init__(
+        self,
+        config: HeartbeatConfig,
+        coordinator: Coordinator,
+        counters: collections.Counter[str],
+        authenticator: Authenticator,
+        events: ConnectionEvents,
+    ) -> None:
+        self.config = config
+        self.coordinator = coordinator
+        self.counters = counters
+        self.authenticator = authenticator
+        self.events = events
+        self.online: dict[str, Connection] = {}
+        self._epochs = itertools.count(1)
+        self._pid = os.getpid()
+
+    def holding(self, client_id: str, epoch: str) -> Connection | None:
+        """The connection holding session ``epoch`` of ``client_id`` here, if any."""
+        conn = self.online.get(client_id)
+        if conn is not None and conn.online is not None and conn.online.epoch == epoch:
+            return conn
+        return None
+
+    def sessions(self) -> list[PresenceEvent]:
+        """The online event of every session held here."""
+        return [c.online for c in self.online.values() if c.online is not None]
+
+    def waits(self, request: Accept) -> bool:
+        """Whether admitting ``request`` needs vetting (a password check or a stored session)."""
+        return self.config.auth is not None or not request.clean_session
+
+    def admission(self, conn: Connection, request: Accept, code: int) -> bytes | None:
+        """After the password check (``code``, 0 if accepted): the refusal CONNACK, or None to admit."""
+        cfg = self.config
+        if not code and len(self.online) >= cfg.max_connections and request.client_id not in self.online:
+            code = 3  # server unavailable: the polite refusal beyond the cap
+            self.counters["refused_capacity"] += 1
+        if not code:
+            return None
+        return self.refuse(conn, code)
+
+    def refuse(self, conn: Connection, code: int) -> bytes:
+        """Refuse the CONNECT with ``code``: counted, and its end is recorded as a refusal."""
+        self.counters[f"refused_{code}"] += 1
+        conn.ended_by = Offline.REFUSED
+        conn.refusal = code
+        return conn.session.refused(code)
+
+    async def open(self, conn: Connection, request: Accept, code: int) -> tuple[bytes | None, Opened | None]:
+        """Vetting once the credentials have their verdict (``code``): the refusal
+        CONNACK, or (CleanSession=0) the stored session to resume, from the coordinator
+        (None for a clean one)."""
+        refusal = self.admission(conn, request, code)
+        if refusal is not None or request.clean_session:
+            return refusal, None
+        opened = await self.coordinator.open_session(request.client_id, self.authenticator.username(conn, request))
+        if opened is None:
+            return self.refuse(conn, 3), None  # rather than a new session that loses the stored one
+        return None, opened
+
+    def admit(self, conn: Connection, request: Accept, opened: Opened | None = None) -> bytes:
+        """Make ``conn`` the device's session; returns the CONNACK to send.
+
+        ``opened`` is the persistent session :meth:`open` found (None: a clean session,
+        and any stored one is discarded).
+        """
+        cfg = self.config
+        authenticator = self.authenticator
+        self.online[request.client_id] = conn
+        if cfg.acl is not None:
+            # Read from the config on every check, so a reload (SIGHUP) applies at once.
+            conn.session.permissions = ClientRules(cfg, authenticator.username(conn, request), request.client_id)
+        stream = conn.stream
+        keep_alive = min(request.keep_alive, cfg.max_keepalive) if request.keep_alive else 0
+        if keep_alive:
+            # MQTT counts the keep-alive from the CONNECT, which a coalescing engine may
+            # have read up to a window after it came. Only so far back, though: after a
+            # stall, a client that times its PINGREQ from the CONNACK still has 1.25 K.
+            stream.receive_timeout_since(1.5 * keep_alive, trio.current_time() - keep_alive / 4)
+        else:
+            stream.receive_timeout = cfg.max_idle
+        # Stamped before CONNACK goes out: a device can only reconnect elsewhere after
+        # reading it, so a later session always carries a later time (the registry
+        # orders crossing claims by it).
+        conn.online = self.events.event(
+            conn,
+            "online",
+            None,
+            epoch=epoch_of(cfg.worker, self._pid, next(self._epochs), cfg.node),
+            username=(authenticator.username(conn, request) or "") if authenticator.identified_by_certificate else "",
+        )
+        if opened is None:
+            self.coordinator.discard_session(request.client_id)
+            return conn.session.accepted()
+        conn.persistent = True
+        return conn.session.accepted(opened.present, opened.inbound)
+
+    @staticmethod
+    def restored(opened: Opened | None) -> list[AddSubscription]:
+        """The subscriptions a resumed session brings back, to apply like new ones."""
+        if opened is None:
+            return []
+        return [AddSubscription(topic_filter, qos, suback=False) for topic_filter, qos in opened.subscriptions.items()]
+
+    def announce(self, conn: Connection, *, attach: bool = True) -> None:
+        """Publish an admitted session online: the coordinator ends the device's
+        session on any other worker or gateway. Call it before anything can end the
+        session (a takeover must find it announced, or its offline event is lost).
+        With ``attach`` (its CONNACK is out) it also :meth:`attach`-es."""
+        online = conn.online
+        assert online is not None
+        self.coordinator.online(online)
+        if attach:
+            self.attach(conn)
+
+    def attach(self, conn: Connection) -> None:
+        """The CONNACK is out: a persistent session's resends and what queued while it
+        was away may follow it (not if the session ended meanwhile)."""
+        online = conn.online
+        if conn.persistent and online is not None and not conn.finished:
+            self.coordinator.session(Attach(online.client_id or "", online.epoch))
+
+    def release(self, conn: Connection) -> bool:
+        """``conn`` ended: its session is no longer held here. Returns whether it was
+        (a refused or taken-over connection's was not)."""
+        client_id = conn.session.client_id
+        if client_id is None or self.online.get(client_id) is not conn:
+            return False
+        del self.online[client_id]
+        return True
+
+    def detach(self, conn: Connection) -> None:
+        """The client of a released persistent session left: the coordinator keeps the
+        session, and queues what comes for it, until it returns or expires."""
+        online = conn.online
+        client_id = conn.session.client_id
+        if online is not None and conn.persistent and client_id is not None:
+            self.coordinator.session(Detach(client_id, online.epoch))

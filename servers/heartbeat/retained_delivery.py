@@ -1,0 +1,55 @@
+"""Retained messages for a new subscription: paged from the coordinator's store to the
+subscriber, each by the path its QoS and the subscriber's session take."""
+
+from __future__ import annotations
+
+import trio
+
+from .broker import Broker
+from .connection import Connection
+from .coordination import Coordinator
+from .encoders import encode_publish
+from .outbox import Message
+from .persistent import Push
+from .session import AddSubscription
+
+__all__ = ["RetainedDelivery"]
+
+
+class RetainedDelivery:
+    """Sends a new subscription the retained messages it matches, a page at a time."""
+
+    def __init__(self, coordinator: Coordinator, broker: Broker[Connection]) -> None:
+        self.coordinator = coordinator
+        self.broker = broker
+
+    async def send(self, conn: Connection, effect: AddSubscription) -> None:
+        """The retained messages the new subscription matches, page by page, with the
+        retain flag, at min(their QoS, granted); a page waits while the client's queue
+        is long, so a million of them never sit in memory at once."""
+        cursor: str | None = None
+        while True:
+            messages, cursor = await self.coordinator.retained(effect.topic_filter, cursor)
+            if conn.finished:
+                return
+            for m in messages:
+                self._give(conn, m.topic, m.payload, min(m.qos, effect.qos), retain=True)
+            if cursor is None:
+                return
+            # Polled: an event on every write of every connection would cost more.
+            while conn.congested() and not conn.finished:  # noqa: ASYNC110
+                await trio.sleep(0.05)
+
+    def _give(self, conn: Connection, topic: str, payload: bytes, qos: int, retain: bool) -> None:
+        """One message for one subscriber, by the path its QoS and session take."""
+        broker = self.broker
+        if not conn.may_read(topic):
+            broker.denied += 1
+            return
+        if qos == 0:
+            broker.enqueue(conn, encode_publish(topic, payload, retain=retain))
+        elif conn.persistent:
+            self.coordinator.session(Push(conn.session.client_id or "", topic, payload, qos, retain))
+        else:
+            broker.hold(conn, Message(topic, payload, qos, retain))
+        broker.delivered += 1
