@@ -30,23 +30,15 @@ import threading
 import time
 from pathlib import Path
 
+from loadtest.mqtt_frames import frames
 from loadtest.processes import free_port, start_heartbeat
-
-_PING = b"\xc0\x00"
+from servers.heartbeat import encoders
 
 
 def _connect(port: int, client_id: str, keep_alive: int) -> socket.socket:
-    cid = client_id.encode()
-    body = b"\x00\x04MQTT\x04\x02" + keep_alive.to_bytes(2, "big") + len(cid).to_bytes(2, "big") + cid
     sock = socket.create_connection(("127.0.0.1", port))
-    sock.sendall(b"\x10" + bytes([len(body)]) + body)
+    sock.sendall(encoders.encode_connect(client_id, keep_alive=keep_alive))
     return sock
-
-
-def _subscribe(sock: socket.socket, topic_filter: str) -> None:
-    t = topic_filter.encode()
-    body = b"\x00\x01" + len(t).to_bytes(2, "big") + t + b"\x00"
-    sock.sendall(b"\x82" + bytes([len(body)]) + body)
 
 
 class Listener:
@@ -55,13 +47,13 @@ class Listener:
     def __init__(self, port: int, name: str) -> None:
         self.sock = _connect(port, name, 0)
         self.sock.recv(4)
-        _subscribe(self.sock, "presence/#")
+        self.sock.sendall(encoders.encode_subscribe(1, [("presence/#", 0)]))
         self.events: list[tuple[float, dict[str, object]]] = []
         self.closed_at = 0.0
         threading.Thread(target=self._read, daemon=True).start()
 
     def _read(self) -> None:
-        buf = b""
+        buf = bytearray()
         while True:
             try:
                 data = self.sock.recv(1 << 20)
@@ -71,26 +63,14 @@ class Listener:
                 self.closed_at = time.monotonic()
                 return
             buf += data
-            while len(buf) >= 2:
-                # Remaining length (variable-length, up to 4 bytes).
-                length, mult, i = 0, 1, 1
-                while i < len(buf) and i <= 4:
-                    length += (buf[i] & 0x7F) * mult
-                    mult *= 128
-                    if not buf[i] & 0x80:
-                        break
-                    i += 1
-                else:
-                    break
-                end = i + 1 + length
-                if len(buf) < end:
-                    break
-                packet, buf = buf[:end], buf[end:]
-                if packet[0] >> 4 == 3:
-                    tlen = int.from_bytes(packet[i + 1 : i + 3], "big")
-                    topic = packet[i + 3 : i + 3 + tlen].decode()
+            found, used = frames(buf)
+            for first, start, end in found:
+                if first >> 4 == 3:
+                    tlen = int.from_bytes(buf[start : start + 2], "big")
+                    topic = buf[start + 2 : start + 2 + tlen].decode()
                     if topic.startswith("presence/"):
-                        self.events.append((time.monotonic(), json.loads(packet[i + 3 + tlen :])))
+                        self.events.append((time.monotonic(), json.loads(buf[start + 2 + tlen : end])))
+            del buf[:used]
 
 
 def _log(path: Path) -> list[dict[str, object]]:

@@ -22,8 +22,8 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
+from loadtest.mqtt_frames import frames
 from loadtest.processes import free_port, start_heartbeat, stop
-from loadtest.qos import frames
 from loadtest.redis_server import RedisServer, redis_server_binary
 from servers.heartbeat import encoders
 

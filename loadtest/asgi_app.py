@@ -8,29 +8,20 @@ on an app that returns at once on ``lifespan``.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Any
+# servers.http.asgi needs neither trio nor h11: a peer's process loads only it and
+# servers.http.app of ours, not our server.
+from servers.http.asgi import Receive, Scope, Send, complete_lifespan
 
 __all__ = ["app"]
-
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
 
 BODY = b"hello from idlekeeper\n"
 
 
-async def app(
-    scope: Scope, receive: Callable[[], Awaitable[Message]], send: Callable[[Message], Awaitable[None]]
-) -> None:
+async def app(scope: Scope, receive: Receive, send: Send) -> None:
     """Hello world, and lifespan."""
     if scope["type"] == "lifespan":
-        while True:
-            message = await receive()
-            if message["type"] == "lifespan.startup":
-                await send({"type": "lifespan.startup.complete"})
-            elif message["type"] == "lifespan.shutdown":
-                await send({"type": "lifespan.shutdown.complete"})
-                return
+        await complete_lifespan(receive, send)
+        return
     if scope["type"] != "http":
         return
     while True:  # drain the request body (there is none for GET, but be correct)

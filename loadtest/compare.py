@@ -25,7 +25,6 @@ from one run are compared.
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import sys
@@ -35,23 +34,23 @@ from typing import Any
 
 from .device_results import report
 from .devices import run_devices
-from .http_load import HttpLoad
+from .http_load import describe, run_http, start_target
+from .http_loadgen import median_round, run_load
 from .http_targets import ALL_HTTP_TARGETS, HTTP_TARGETS
+from .http_workload import HttpLoad
 from .live import Live
-from .mqtt_targets import HeartbeatTarget
-from .processes import free_port
+from .mqtt_targets import HeartbeatTarget, PeerUnavailable, start_mqtt_target
+from .options import add_devices, add_json, add_keepalive, add_quiet, add_silent, add_targets, add_tick, command_parser
+from .processes import free_port, load_side, split_cpus, stop
+from .qos import QOS_TARGETS, run_qos
+from .qos_load import QosLoad
+from .qos_report import headline, qos_row, qos_table
+from .report import Column, number, skip_reason, table, write_json, write_table, written
 from .workload import DeviceLoad
 
-__all__ = ["main", "skip_reason"]
+__all__ = ["compare_devices", "compare_http", "main"]
 
 MQTT_TARGETS = ("idlekeeper", "idlekeeper-coalesced", "idlekeeper-streams", "baseline", "amqtt", "mosquitto")
-
-
-def _num(value: Any) -> float:
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        return math.nan
 
 
 def device_row(r: dict[str, Any]) -> dict[str, float]:
@@ -60,17 +59,17 @@ def device_row(r: dict[str, Any]) -> dict[str, float]:
     steady = r.get("steady", {})
     return {
         "detected_pct": 100 * r["detected"] / r["silent"] if r.get("silent") else math.nan,
-        "lateness_p50_ms": _num(late.get("p50")),
-        "lateness_p99_ms": _num(late.get("p99")),
-        "lateness_max_ms": _num(late.get("max")),
+        "lateness_p50_ms": number(late.get("p50")),
+        "lateness_p99_ms": number(late.get("p99")),
+        "lateness_max_ms": number(late.get("max")),
         "false_expiries": float(r["false_expiries"]),
-        "rss_per_conn_bytes": _num(steady.get("rss_per_device_bytes")),
-        "cpu_pct_per_1k_hbps": _num(steady.get("cpu_pct_per_1k_heartbeats_per_s")),
-        "connect_rate_per_s": _num(r.get("connect_rate_per_s")),
+        "rss_per_conn_bytes": number(steady.get("rss_per_device_bytes")),
+        "cpu_pct_per_1k_hbps": number(steady.get("cpu_pct_per_1k_heartbeats_per_s")),
+        "connect_rate_per_s": number(r.get("connect_rate_per_s")),
     }
 
 
-DEVICE_COLUMNS = (
+DEVICE_COLUMNS: tuple[Column, ...] = (
     ("detected_pct", "silent detected", "%", True),
     ("lateness_p50_ms", "lateness p50", "ms", False),
     ("lateness_p99_ms", "lateness p99", "ms", False),
@@ -80,7 +79,7 @@ DEVICE_COLUMNS = (
     ("cpu_pct_per_1k_hbps", "CPU per 1k heartbeats/s", "% core", False),
 )
 
-HTTP_COLUMNS = (
+HTTP_COLUMNS: tuple[Column, ...] = (
     ("rps", "req/s", "", True),
     ("rps_attack", "req/s under attack", "", True),
     ("p99_ms_attack", "p99 latency under attack", "ms", False),
@@ -93,49 +92,15 @@ HTTP_COLUMNS = (
 )
 
 
-def _cell(value: float, ours: float, unit: str) -> str:
-    if value != value:
-        return "—"
-    text = f"{value:,.0f}" if abs(value) >= 100 or value == int(value) else f"{value:,.2f}"
-    text += f" {unit}" if unit else ""
-    if ours == ours and ours != 0 and value != ours:
-        ratio = value / ours
-        text += f" ({ratio:.0f}×)" if ratio >= 10 else f" ({ratio:.1f}×)" if ratio >= 1 else f" ({ratio:.2f}×)"
-    return text
-
-
-def table(
-    rows: dict[str, dict[str, float]], columns: Sequence[tuple[str, str, str, bool]], missing: dict[str, str]
-) -> str:
-    """A Markdown table: one row per target, each figure with its ratio to idlekeeper's."""
-    head = "| target | " + " | ".join(title for _, title, _, _ in columns) + " |"
-    lines = [head, "|---" * (len(columns) + 1) + "|"]
-    ours = rows.get("idlekeeper", {})
-    for name, row in rows.items():
-        cells = [_cell(row.get(key, math.nan), ours.get(key, math.nan), unit) for key, _, unit, _ in columns]
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    for name, why in missing.items():
-        lines.append(f"| {name} | not run: {why} |" + " |" * (len(columns) - 1))
-    return "\n".join(lines)
-
-
-def skip_reason(exc: BaseException) -> str:
-    """Why a target has no row: the first line of its error, or the error's name."""
-    text = str(exc)
-    return text.splitlines()[0] if text else type(exc).__name__
-
-
 def compare_devices(
     load: DeviceLoad, targets: Sequence[str], tick: float, quiet: bool, coalesce: float = 1.0
 ) -> dict[str, Any]:
     """Run ``load`` against each MQTT target in turn (``idlekeeper-coalesced`` at ``coalesce``)."""
-    from .mqtt_targets import PeerUnavailable, start_mqtt_target
-
     results: dict[str, Any] = {}
     missing: dict[str, str] = {}
     for name in targets:
         print(f"\n== devices: {name} ==", flush=True)
-        stop: Callable[[], None]
+        stop_server: Callable[[], None]
         try:
             if name.startswith("idlekeeper"):
                 engine = "streams" if name == "idlekeeper-streams" else "dense"
@@ -143,11 +108,11 @@ def compare_devices(
                 ours = HeartbeatTarget.start(load.devices, tick=tick, workers=1, engine=engine, coalesce=window)
                 ours.name = name
                 server: Any = ours
-                stop = ours.stop
+                stop_server = ours.stop
             else:
                 peer = start_mqtt_target(name, free_port())
                 server = peer
-                stop = peer.stop
+                stop_server = peer.stop
         except (PeerUnavailable, RuntimeError, OSError) as exc:
             missing[name] = skip_reason(exc)
             print(f"   skipped: {missing[name]}", flush=True)
@@ -156,7 +121,7 @@ def compare_devices(
             with Live(enabled=not quiet) as live:
                 r = run_devices(load, server, show=live.update)
         finally:
-            stop()
+            stop_server()
         r["tick_s"] = tick
         print(report(r), flush=True)
         r.pop("lateness_s", None)
@@ -175,9 +140,6 @@ def compare_http(load: HttpLoad, targets: Sequence[str], rounds: int = 3, pinned
     them alike; a server's figure is its median round. The attack phases follow, one
     server at a time.
     """
-    from .http_load import describe, median_round, run_http, run_load, start_target
-    from .processes import load_side, split_cpus, stop
-
     split = split_cpus() if pinned else None
     results: dict[str, Any] = {}
     missing: dict[str, str] = {}
@@ -219,12 +181,12 @@ def compare_http(load: HttpLoad, targets: Sequence[str], rounds: int = 3, pinned
 
 def http_row(r: dict[str, Any]) -> dict[str, float]:
     """The figures of one HTTP run that go into the table."""
-    return {key: _num(r.get(key)) for key, _, _, _ in HTTP_COLUMNS}
+    return {key: number(r.get(key)) for key, _, _, _ in HTTP_COLUMNS}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m loadtest compare``."""
-    p = argparse.ArgumentParser(prog="python -m loadtest compare", description=__doc__.split("\n\n")[0])
+    p = command_parser("python -m loadtest compare", __doc__)
     a = p.add_argument
     a("--only", choices=("devices", "http", "qos"), default=None, help="run one part only")
     a("--mqtt-targets", default=",".join(MQTT_TARGETS), help="comma-separated (default: all six)")
@@ -233,11 +195,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=",".join(HTTP_TARGETS),
         help="comma-separated, of " + ", ".join(ALL_HTTP_TARGETS) + " (default: all but idlekeeper-streams)",
     )
-    a("--devices", type=int, default=10_000, help="devices per target: one process each (default: 10,000)")
-    a("--keepalive", type=int, default=10, help="device keep-alive K in seconds (default: 10)")
-    a("--silent", type=float, default=0.05, help="share of devices that go silent (default: 0.05)")
+    add_devices(p, 10_000, help="devices per target: one process each")
+    add_keepalive(p, 10)
+    add_silent(p, 0.05)
     a("--no-stall", action="store_true", help="skip the 2 x K SIGSTOP of each server")
-    a("--tick", type=float, default=0.1, help="idlekeeper's tick in seconds (default: 0.1)")
+    add_tick(p, 0.1, "idlekeeper's")
     a("--coalesce", type=float, default=1.0, help="idlekeeper-coalesced's --coalesce, seconds (default: 1)")
     HttpLoad.add_arguments(p, prefix="http-")
     a("--http-rounds", type=int, default=3, help="interleaved unattacked rounds per HTTP server (default: 3)")
@@ -247,13 +209,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="let the HTTP servers and their load share every CPU (default: each server on the last CPU, "
         "the load on the others)",
     )
-    # Imported here: loadtest.qos builds its table with this module's.
-    from .qos import QOS_TARGETS, QosLoad, headline, qos_row, qos_table, run_qos
-
-    a("--qos-targets", default=",".join(QOS_TARGETS), help=f"comma-separated (default: {','.join(QOS_TARGETS)})")
+    add_targets(p, QOS_TARGETS, prefix="qos-")
     QosLoad.add_arguments(p, prefix="qos-")
-    a("--out", default="results/compare.json", help="JSON results; the table goes next to it as .md")
-    a("--quiet", action="store_true", help="no live progress")
+    add_json(p, "results/compare.json", table=True, flag="--out")
+    add_quiet(p)
     a("--render", default=None, metavar="JSON", help="only print the tables of an earlier run's JSON")
     args = p.parse_args(argv)
     out: dict[str, Any] = {}
@@ -284,9 +243,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     if args.only in (None, "qos"):
         out["qos"] = run_qos(qos_load, args.qos_targets.split(","), quiet=args.quiet)
-    path = Path(args.out)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(out, indent=1, default=float))
+    path = write_json(args.out, out)
     tables = []
     if "devices" in out:
         tables.append(
@@ -306,9 +263,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if "qos" in out:
         tables.append(headline(qos_load) + "\n\n" + out["qos"]["table"])
     text = "\n\n".join(tables)
-    path.with_suffix(".md").write_text(text + "\n")
+    md = write_table(path, text)
     print("\n" + text)
-    print(f"\nwritten                {path}, {path.with_suffix('.md')}")
+    print("\n" + written([path, md]))
     return 0
 
 

@@ -3,6 +3,7 @@ the server's own presence log says, the verdict (pass or fail), and the report."
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import time
@@ -10,12 +11,23 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from .generator import GeneratorSpec
+from .generator_spec import GeneratorSpec
+from .report import verdict, write_json
 from .sampler import Sample
 from .stats import summary_ms
 from .workload import DeviceLoad, Timeline
 
-__all__ = ["Arrived", "merge", "passed", "report", "server_view", "write_outputs"]
+__all__ = [
+    "Arrived",
+    "connect_rate",
+    "devices_passed",
+    "merge",
+    "passed",
+    "read_presence_log",
+    "report",
+    "server_view",
+    "write_outputs",
+]
 
 
 def _window(samples: list[Sample], start: float, end: float) -> tuple[Sample, Sample] | None:
@@ -39,6 +51,12 @@ class Arrived:
         return [v for r in self.ok for v in r[key]]
 
 
+def connect_rate(connack: list[float]) -> float:
+    """Devices connected per second, from the first CONNACK to the last (``connack`` sorted)."""
+    span = connack[-1] - connack[0] if len(connack) > 1 else math.nan
+    return len(connack) / span if span == span and span > 0 else math.nan
+
+
 def merge(
     load: DeviceLoad,
     timeline: Timeline,
@@ -53,7 +71,6 @@ def merge(
 
     connack = sorted(joined("connack_times"))
     connected = len(connack)
-    connect_span = connack[-1] - connack[0] if connected > 1 else math.nan
     errors: dict[str, int] = {}
     for r in ok:
         for why, n in r["errors"].items():
@@ -96,9 +113,7 @@ def merge(
         "connect_send_max_s": max((r.get("connect_send_max", 0.0) for r in ok), default=math.nan),
         "refused": total("refused"),
         "connect_errors": errors,
-        "connect_rate_per_s": connected / connect_span
-        if connect_span == connect_span and connect_span > 0
-        else math.nan,
+        "connect_rate_per_s": connect_rate(connack),
         "connect_ms": summary_ms(joined("connect_s")),
         "heartbeats": total("pings"),
         "silent": total("silent"),
@@ -130,6 +145,20 @@ def merge(
     }
 
 
+def read_presence_log(path: Path) -> list[dict[str, Any]] | None:
+    """The events of a server's presence log (JSON lines), None if it cannot be read. A
+    line that is not JSON (one cut short as the server was killed) is passed over."""
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return None
+    events = []
+    for line in lines:
+        with contextlib.suppress(ValueError):
+            events.append(json.loads(line))
+    return events
+
+
 def server_view(
     log: Path, silent_last: dict[str, float], gen_specs: list[GeneratorSpec], load: DeviceLoad
 ) -> dict[str, Any]:
@@ -147,15 +176,10 @@ def server_view(
     close_late: list[float] = []
     reasons: dict[str, int] = {}
     vanish_seen: dict[str, int] = {}
-    try:
-        lines = log.read_text().splitlines()
-    except OSError:
+    events = read_presence_log(log)
+    if events is None:
         return {}
-    for line in lines:
-        try:
-            event = json.loads(line)
-        except ValueError:
-            continue
+    for event in events:
         if event.get("status") != "offline":
             continue
         reason = str(event.get("reason"))
@@ -176,16 +200,23 @@ def server_view(
     }
 
 
-def passed(r: dict[str, Any]) -> bool:
-    """The run's pass criteria: all connected, none dropped, every silent one found, none early."""
+def devices_passed(r: dict[str, Any]) -> bool:
+    """What every device run must show, one server or a fleet: every device connected and
+    its generator's results in, no healthy device dropped, every silent one found, every
+    takeover done."""
     return bool(
         r["connected"] == r["devices"]
+        and r["generators_missing"] == 0
         and r["false_expiries"] == 0
         and r["undetected"] == 0
-        and r["negative_lateness"] == 0
-        and r.get("server_view", {}).get("close_lateness_ms", {}).get("min", 0) >= 0
         and r["takeover_missed"] == 0
-        and r["generators_missing"] == 0
+    )
+
+
+def passed(r: dict[str, Any]) -> bool:
+    """The run's pass criteria: all connected, none dropped, every silent one found, none early."""
+    return devices_passed(r) and bool(
+        r["negative_lateness"] == 0 and r.get("server_view", {}).get("close_lateness_ms", {}).get("min", 0) >= 0
     )
 
 
@@ -258,16 +289,13 @@ def report(r: dict[str, Any]) -> str:
             f"reaper lag (/metrics)  p50 <= {m['reaper_lag_p50_ms']:.0f} ms, p99 <= {m['reaper_lag_p99_ms']:.0f} ms "
             f"over {m['expiries']:,.0f} expiries"
         )
-    lines.append(f"result                 {'PASS' if passed(r) else 'FAIL'}")
+    lines.append(verdict(passed(r)))
     return "\n".join(lines)
 
 
 def write_outputs(r: dict[str, Any], json_path: str, plots: str | None) -> list[str]:
     """Write the JSON (and the PNG plots, if ``plots``); return the files written."""
-    path = Path(json_path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(r, indent=1, default=float))
-    written = [str(path)]
+    written = [str(write_json(json_path, r))]
     if plots:
         from .plots import device_plots
 

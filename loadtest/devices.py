@@ -30,75 +30,53 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import math
 import os
 import shutil
 import signal
-import subprocess
-import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from .device_results import merge, passed, report, server_view, write_outputs
-from .generator import GeneratorSpec
-from .live import Live
+from .generator_pool import GeneratorPool
+from .live import Live, run_progress
 from .mqtt_targets import ExternalServer, HeartbeatTarget, ServerUnderTest
-from .processes import stop
+from .options import (
+    add_devices,
+    add_json,
+    add_keepalive,
+    add_quiet,
+    add_rate,
+    add_running_server,
+    add_seed,
+    add_silent,
+    add_tick,
+    command_parser,
+    fields_from,
+)
+from .report import written
 from .sampler import Metrics, Sampler, histogram_quantile
 from .workload import DeviceLoad, generator_count, plan, specs
 
-__all__ = ["main", "main_with", "run_devices"]
+__all__ = ["load_from", "main", "main_with", "parser", "run_devices", "signal_all"]
 
-
-class Fleet:
-    """The generator processes, and their latest progress lines."""
-
-    def __init__(self, specs: list[GeneratorSpec], workdir: Path) -> None:
-        self.latest: dict[int, dict[str, Any]] = {}
-        self.procs: list[subprocess.Popen[str]] = []
-        self._lock = threading.Lock()
-        for spec in specs:
-            path = workdir / f"spec-{spec.index}.json"
-            path.write_text(json.dumps(asdict(spec)))
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "loadtest.generator", str(path)],
-                stdout=subprocess.PIPE,
-                text=True,
-                cwd=str(Path(__file__).resolve().parent.parent),
-            )
-            self.procs.append(proc)
-            threading.Thread(target=self._read, args=(spec.index, proc), daemon=True).start()
-
-    def _read(self, index: int, proc: subprocess.Popen[str]) -> None:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            try:
-                data = json.loads(line)
-            except ValueError:
-                continue
-            with self._lock:
-                self.latest[index] = data
-
-    def totals(self) -> dict[str, float]:
-        """Progress summed over generators."""
-        with self._lock:
-            rows = list(self.latest.values())
-        keys = ("started", "online", "failed", "pings", "detected")
-        return {k: float(sum(r.get(k, 0) for r in rows)) for k in keys}
-
-    def running(self) -> bool:
-        return any(p.poll() is None for p in self.procs)
-
-    def stop(self) -> None:
-        """Stop any generator still running, by PID."""
-        for proc in self.procs:
-            stop(proc, timeout=5)
+_LOAD_FLAGS = (
+    "devices",
+    "keepalive",
+    "jitter",
+    "ping_batch",
+    "silent",
+    "vanish",
+    "reconnect",
+    "stall",
+    "rate",
+    "per_generator",
+    "seed",
+)
+"""The flags that make a :class:`~loadtest.workload.DeviceLoad`, by its field names."""
 
 
 def signal_all(pids: list[int], sig: signal.Signals) -> None:
@@ -125,10 +103,10 @@ def run_devices(
     final_metrics: Metrics | None = None
     with Sampler(server.pids, server.metrics_urls, interval=1.0) as sampler:
         base = sampler.take()
-        fleet = Fleet(gen_specs, workdir)
+        pool = GeneratorPool(gen_specs, workdir)
         try:
             deadline = timeline.end + 60 + load.devices / 1000
-            while fleet.running() and time.monotonic() < deadline:
+            while pool.running() and time.monotonic() < deadline:
                 now = time.monotonic()
                 if timeline.stall is not None and not stalled and not stall_at and now >= timeline.stall:
                     stalled = server.pids()
@@ -145,21 +123,21 @@ def run_devices(
                 if final_metrics is None and server.metrics_urls and now >= timeline.end - 2.0:
                     # Read before the generators leave: then every worker is busy closing.
                     final_metrics = sampler.scrape(timeout=5.0)
-                totals = fleet.totals()
+                totals = pool.totals()
                 progress.append((now, totals))
                 if show is not None:
                     last = sampler.samples[-1] if sampler.samples else base
                     show(
-                        {
-                            "phase": timeline.phase(now),
-                            "elapsed": now - timeline.start,
-                            "devices": load.devices,
-                            "silent": round(load.devices * load.silent),
-                            **totals,
-                            "server_online": last.online,
-                            "rss_mb": last.rss / 1e6,
-                            "fds": last.fds,
-                        }
+                        run_progress(
+                            timeline.phase(now),
+                            now - timeline.start,
+                            load.devices,
+                            load.silent,
+                            totals,
+                            server_online=last.online,
+                            rss_mb=last.rss / 1e6,
+                            fds=last.fds,
+                        )
                     )
                 pause = 0.25
                 if timeline.stall is not None and not stall_at:
@@ -170,15 +148,10 @@ def run_devices(
         finally:
             if stalled:
                 signal_all(stalled, signal.SIGCONT)
-            fleet.stop()
+            pool.stop()
         if final_metrics is None and server.metrics_urls:
             final_metrics = sampler.scrape(timeout=5.0)
-    results = []
-    for spec in gen_specs:
-        try:
-            results.append(json.loads(Path(spec.results).read_text()))
-        except (OSError, ValueError):
-            results.append({"index": spec.index, "missing": True})
+    results = pool.results()
     shutil.rmtree(workdir, ignore_errors=True)
     merged = merge(load, timeline, results, progress, [base, *sampler.samples], stall_at)
     merged["target"] = server.name
@@ -202,10 +175,10 @@ def run_devices(
 def parser(prog: str = "python -m loadtest devices") -> argparse.ArgumentParser:
     """The command line."""
     d = DeviceLoad()
-    p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0] if __doc__ else None)
+    p = command_parser(prog, __doc__)
     a = p.add_argument
-    a("--devices", type=int, default=d.devices, help=f"simulated devices (default: {d.devices:,})")
-    a("--keepalive", type=int, default=d.keepalive, help=f"device keep-alive K in seconds (default: {d.keepalive})")
+    add_devices(p, d.devices)
+    add_keepalive(p, d.keepalive)
     a(
         "--jitter",
         type=float,
@@ -218,14 +191,14 @@ def parser(prog: str = "python -m loadtest devices") -> argparse.ArgumentParser:
         default=d.ping_batch,
         help="seconds a ping may wait to share its generator's wake-up with others (default 0.2)",
     )
-    a("--silent", type=float, default=d.silent, help=f"share of devices that go silent (default: {d.silent})")
+    add_silent(p, d.silent)
     a("--vanish", type=float, default=d.vanish, help="share of devices that reset their connection (default: 0)")
     a("--reconnect", type=float, default=d.reconnect, help="share that reconnect with the same client id (default: 0)")
     a("--stall", action="store_true", help="SIGSTOP the server for 2 x K, then SIGCONT")
-    a("--rate", type=float, default=d.rate, help=f"connections per second (default: {d.rate:,.0f})")
+    add_rate(p, d.rate)
     a("--per-generator", type=int, default=d.per_generator, help="devices per generator process (default: 15000)")
     a("--workers", type=int, default=None, help="server workers (default: enough for the devices, at least 2)")
-    a("--tick", type=float, default=0.1, help="server keeper tick in seconds (default: 0.1)")
+    add_tick(p, 0.1, "server keeper")
     a(
         "--engine",
         choices=("dense", "streams"),
@@ -238,30 +211,21 @@ def parser(prog: str = "python -m loadtest devices") -> argparse.ArgumentParser:
         default=0.0,
         help="the server's --coalesce: seconds the dense engine gathers packets per pass (default: 0)",
     )
-    a("--port", type=int, default=None, help="drive an already running server on this port instead of starting one")
-    a("--pid", type=int, action="append", default=[], help="with --port: a server PID to sample (and to stall)")
-    a("--json", default="results/devices.json", help="JSON results (default: results/devices.json)")
+    add_running_server(
+        p,
+        port_help="drive an already running server on this port instead of starting one",
+        pid_help="with --port: a server PID to sample (and to stall)",
+    )
+    add_json(p, "results/devices.json")
     a("--plots", default="results/plots", help="directory for the PNG plots ('' for none)")
-    a("--quiet", action="store_true", help="no live progress")
-    a("--seed", type=int, default=d.seed, help="random seed for roles and jitter")
+    add_quiet(p)
+    add_seed(p, d.seed, help="random seed for roles and jitter")
     return p
 
 
 def load_from(args: argparse.Namespace) -> DeviceLoad:
     """The workload from parsed arguments."""
-    return DeviceLoad(
-        devices=args.devices,
-        keepalive=args.keepalive,
-        jitter=args.jitter,
-        ping_batch=args.ping_batch,
-        silent=args.silent,
-        vanish=args.vanish,
-        reconnect=args.reconnect,
-        stall=args.stall,
-        rate=args.rate,
-        per_generator=args.per_generator,
-        seed=args.seed,
-    )
+    return DeviceLoad(**fields_from(args, _LOAD_FLAGS))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -290,7 +254,7 @@ def main_with(args: argparse.Namespace) -> int:
         if started is not None:
             started.stop()
     result["tick_s"] = args.tick
-    written = write_outputs(result, args.json, args.plots or None)
+    paths = write_outputs(result, args.json, args.plots or None)
     print(report(result))
-    print("written                " + ", ".join(written))
+    print(written(paths))
     return 0 if passed(result) else 1

@@ -34,6 +34,7 @@ from typing import Any
 import psutil
 import trio
 
+from .options import command_parser
 from .stats import percentile
 
 HOST = "127.0.0.1"
@@ -66,6 +67,7 @@ async def wait_closed(stream: trio.SocketStream, client: Client) -> None:
 
 
 async def run_client(client: Client, port: int, until: float, args: argparse.Namespace) -> None:
+    """Connect and behave as ``client.kind`` says until ``until`` (trio time) or the server's close."""
     rng = random.Random(client.index)
     try:
         stream = await trio.open_tcp_stream(HOST, port)
@@ -106,6 +108,7 @@ async def run_client(client: Client, port: int, until: float, args: argparse.Nam
 
 
 async def demo(args: argparse.Namespace) -> dict[str, Any]:
+    """Start ``servers.echo``, run every client against it, and return the summary."""
     cmd = [
         sys.executable,
         "-m",
@@ -235,6 +238,7 @@ def summarize(
 
 
 def print_report(result: dict[str, Any], args: argparse.Namespace) -> None:
+    """Print who was closed, why and how late, the false expiries, and the server's costs."""
     print()
     print(f"{'behaviour':<12} {'clients':>7} {'closed':>7} {'reason':>9} {'right':>6}  lateness seen by the client")
     for row in result["rows"]:
@@ -261,7 +265,9 @@ def print_report(result: dict[str, Any], args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m loadtest.echo_demo", description=__doc__.split("\n\n")[0])
+    """``python -m loadtest.echo_demo``; 0 if no healthy client was dropped and every other was closed
+    for its own reason."""
+    p = command_parser("python -m loadtest.echo_demo", __doc__)
     p.add_argument("--clients", type=int, default=400, help="simulated clients (default: 400)")
     p.add_argument("--duration", type=float, default=12.0, help="seconds the clients run (default: 12)")
     p.add_argument("--silent", type=float, default=0.25, help="share of clients that go silent")

@@ -38,8 +38,11 @@ from typing import Any
 
 import psutil
 
-from .fuzz_judge import Limits, Observation, Verdict, first_fault, judge
-from .fuzz_runner import HTTP_SERVER_ARGS, MQTT_SERVER_ARGS, FuzzOptions, ServerSpec, http_spec, mqtt_spec, run_target
+from .fuzz_faults import first_fault
+from .fuzz_judge import Limits, Verdict, judge
+from .fuzz_observation import Observation
+from .fuzz_runner import FuzzOptions, run_target
+from .fuzz_targets import HTTP_SERVER_ARGS, MQTT_SERVER_ARGS, ServerSpec, http_spec, mqtt_spec
 from .sampler import cpu_model
 
 __all__ = ["main", "machine", "render", "run"]

@@ -5,7 +5,7 @@ process of their own, so that the fuzzer's load never starves them.
 
 It connects, prints one JSON line (``{"ready": true}``) on stdout, keeps its clients
 busy until its stdin is closed, then stops them cleanly and prints its
-:class:`~.fuzz_judge.CanaryReport` as one JSON line, with ``peers``: every address its
+:class:`~.fuzz_observation.CanaryReport` as one JSON line, with ``peers``: every address its
 connections had (the judge leaves them out of the fuzz connections' accounting).
 
 - MQTT (:class:`MqttCanary`): :data:`CANARY_DEVICES` devices pinging every
@@ -34,15 +34,11 @@ import trio
 
 from servers.heartbeat import encoders
 
-from .fuzz_judge import CanaryReport
-from .qos import frames
+from .fuzz_connection import peer_name
+from .fuzz_observation import CanaryReport
+from .mqtt_frames import frames
 
 __all__ = ["HttpCanary", "MqttCanary", "main"]
-
-
-def _name(sock: trio.socket.SocketType) -> str:
-    host, port = sock.getsockname()[:2]
-    return f"{host}:{port}"
 
 
 CANARY_DEVICES = 3
@@ -55,7 +51,7 @@ CANARY_LATENCY = 5.0
 PROBE_INTERVAL = 1.0
 MAX_PROBLEMS = 20
 HTTP_KEEPALIVE_TIMEOUT = 2.0
-"""The HTTP server's ``--keep-alive-timeout`` in a fuzz run (:data:`~.fuzz_runner.HTTP_SERVER_ARGS`)."""
+"""The HTTP server's ``--keep-alive-timeout`` in a fuzz run (:data:`~.fuzz_targets.HTTP_SERVER_ARGS`)."""
 
 
 class _Canary:
@@ -82,13 +78,25 @@ class _Canary:
 
     async def open(self) -> trio.SocketStream:
         stream = await trio.open_tcp_stream("127.0.0.1", self.port)
-        self.peers.add(_name(stream.socket))
+        self.peers.add(peer_name(stream.socket))
         return stream
 
     def latency(self, seconds: float) -> None:
         self.report.max_latency = max(self.report.max_latency, seconds)
         if seconds > CANARY_LATENCY:
             self.problem(f"a reply took {seconds:.1f} s")
+
+    async def _probe(self) -> None:
+        """A new connection every :data:`PROBE_INTERVAL` s until the canary stops."""
+        n = 0
+        while not self.stopping:
+            await trio.sleep(PROBE_INTERVAL)
+            n += 1
+            await self._probe_and_report(n)
+
+    async def _probe_and_report(self, n: int) -> None:
+        """Open probe ``n``; count it and note any problem with it."""
+        raise NotImplementedError
 
 
 class _MqttClient:
@@ -233,23 +241,19 @@ class MqttCanary(_Canary):
         finally:
             await stream.aclose()
 
-    async def _probe(self) -> None:
-        n = 0
-        while not self.stopping:
-            await trio.sleep(PROBE_INTERVAL)
-            n += 1
-            began = trio.current_time()
-            outcome = f"no CONNACK within {CANARY_LATENCY:g} s"
-            try:
-                with trio.move_on_after(CANARY_LATENCY):
-                    outcome = await self._probe_once()
-            except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-                outcome = repr(exc)
-            self.report.probes += 1
-            if outcome != "connack-0":
-                self.problem(f"probe {n}: {outcome}")
-            else:
-                self.latency(trio.current_time() - began)
+    async def _probe_and_report(self, n: int) -> None:
+        began = trio.current_time()
+        outcome = f"no CONNACK within {CANARY_LATENCY:g} s"
+        try:
+            with trio.move_on_after(CANARY_LATENCY):
+                outcome = await self._probe_once()
+        except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            outcome = repr(exc)
+        self.report.probes += 1
+        if outcome != "connack-0":
+            self.problem(f"probe {n}: {outcome}")
+        else:
+            self.latency(trio.current_time() - began)
 
     async def stop(self) -> None:
         """DISCONNECT the devices, give the subscriber a moment to hear it, then DISCONNECT it."""
@@ -338,26 +342,22 @@ class HttpCanary(_Canary):
             self.gap(trio.current_time() - before, HTTP_KEEPALIVE_TIMEOUT)
         await stream.aclose()
 
-    async def _probe(self) -> None:
-        n = 0
-        while not self.stopping:
-            await trio.sleep(PROBE_INTERVAL)
-            n += 1
-            try:
-                with trio.fail_after(CANARY_LATENCY):
-                    stream = await self.open()
-                    try:
-                        status, _ = await self._exchange(
-                            stream, b"GET / HTTP/1.1\r\nHost: canary\r\nConnection: close\r\n\r\n", bytearray()
-                        )
-                    finally:
-                        await stream.aclose()
-            except (OSError, trio.TooSlowError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-                self.problem(f"probe {n}: {exc!r}")
-                continue
-            self.report.probes += 1
-            if status != 200:
-                self.problem(f"probe {n}: status {status}")
+    async def _probe_and_report(self, n: int) -> None:
+        try:
+            with trio.fail_after(CANARY_LATENCY):
+                stream = await self.open()
+                try:
+                    status, _ = await self._exchange(
+                        stream, b"GET / HTTP/1.1\r\nHost: canary\r\nConnection: close\r\n\r\n", bytearray()
+                    )
+                finally:
+                    await stream.aclose()
+        except (OSError, trio.TooSlowError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            self.problem(f"probe {n}: {exc!r}")
+            return
+        self.report.probes += 1
+        if status != 200:
+            self.problem(f"probe {n}: status {status}")
 
     async def stop(self) -> None:
         """Stop after the request in flight."""

@@ -28,7 +28,8 @@ from dataclasses import dataclass
 
 from servers.heartbeat import encoders
 
-from .fuzz_mutators import HTTP_MUTATORS, MQTT_MUTATORS, Mutator, Segments
+from .fuzz_mutators import HTTP_MUTATORS, MQTT_MUTATORS
+from .fuzz_segments import Mutator, Segments
 
 __all__ = [
     "END_MODES",

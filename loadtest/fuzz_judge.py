@@ -1,7 +1,7 @@
-"""Judging a fuzz run: what each connection saw, what the server wrote, and the verdict. Pure.
+"""The verdict on a fuzz run, from what the runner observed. Pure.
 
-The runner (:mod:`.fuzz_runner`) collects an :class:`Observation`; :func:`judge` turns
-it into a :class:`Verdict`. A run passes only if every one of these holds:
+The runner (:mod:`.fuzz_runner`) collects an :class:`~.fuzz_observation.Observation`;
+:func:`judge` turns it into a :class:`Verdict`. A run passes only if every one of these holds:
 
 - the server process was alive throughout and exited 0 when stopped by SIGTERM;
 - its stderr holds no traceback and no ERROR or CRITICAL record;
@@ -22,216 +22,14 @@ it into a :class:`Verdict`. A run passes only if every one of these holds:
 from __future__ import annotations
 
 import collections
-import re
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
-from datetime import datetime
+from dataclasses import dataclass
 from typing import Any
 
-from .qos import frames
+from .fuzz_faults import fault_summary, log_faults
+from .fuzz_observation import ConnRecord, Observation
 
-__all__ = [
-    "CanaryReport",
-    "ConnRecord",
-    "Limits",
-    "Observation",
-    "Verdict",
-    "fault_summary",
-    "first_fault",
-    "http_statuses",
-    "judge",
-    "log_faults",
-    "mqtt_reply",
-    "suspects_at",
-    "unclear",
-]
-
-ENDINGS = ("eof", "reset", "open", "cut", "aborted", "stuck", "connect-failed")
-"""How a connection ended, as the client saw it: the server closed it (``eof``) or reset
-it; it was still ``open`` when we stopped waiting; we stopped reading a large response
-(``cut``); we reset it ourselves right after sending (``aborted``); the server stopped
-reading what we sent and never closed (``stuck``); or it never opened."""
-
-_PACKET_NAMES = {
-    0x2: "connack",
-    0x3: "publish",
-    0x4: "puback",
-    0x5: "pubrec",
-    0x6: "pubrel",
-    0x7: "pubcomp",
-    0x9: "suback",
-    0xB: "unsuback",
-    0xD: "pingresp",
-}
-
-
-@dataclass(slots=True)
-class ConnRecord:
-    """One fuzz connection, as the client saw it."""
-
-    index: int
-    """The case's index (rebuild it with :func:`~.fuzz_corpus.make_case`)."""
-    end: str
-    """The case's end mode: half-close, wait or abort."""
-    peer: str
-    """Our address as the server sees it (``host:port``); empty if the connect failed."""
-    reply: str
-    """MQTT: ``connack-<rc>``, the first packet's type, or ``none``; HTTP: the first status, or ``none``."""
-    ending: str
-    """One of :data:`ENDINGS`."""
-    statuses: tuple[int, ...] = ()
-    """HTTP: every status read."""
-    received: int = 0
-    started: float = 0.0
-    """Wall-clock time the connection began (for matching a log line's time)."""
-    finished: float = 0.0
-
-
-def mqtt_reply(data: bytes) -> str:
-    """What the server's first packet was: ``connack-<rc>``, another type's name, or ``none``."""
-    try:
-        found, _ = frames(data)
-    except ValueError:
-        return "malformed"
-    if not found:
-        return "none" if not data else "partial"
-    first, start, end = found[0]
-    kind = first >> 4
-    if kind == 0x2 and end - start == 2:
-        return f"connack-{data[start + 1]}"
-    return _PACKET_NAMES.get(kind, f"type-{kind}")
-
-
-_STATUS_LINE = re.compile(rb"HTTP/1\.[01] (\d{3})[^\r\n]*\r\n")
-
-
-def http_statuses(data: bytes) -> tuple[int, ...]:
-    """The status of every response in ``data``, framed by Content-Length or chunked
-    encoding; a body that does not frame (a HEAD's, say) is skipped by looking for the
-    next status line after the head."""
-    out: list[int] = []
-    pos = 0
-    while pos < len(data):
-        m = _STATUS_LINE.match(data, pos)
-        if m is None:
-            nxt = _STATUS_LINE.search(data, pos)
-            if nxt is None:
-                break
-            m = nxt
-        status = int(m.group(1))
-        out.append(status)
-        head_end = data.find(b"\r\n\r\n", m.start())
-        if head_end < 0:
-            break
-        head = data[m.start() : head_end].lower()
-        body = head_end + 4
-        if status < 200 or status in (204, 304):
-            pos = body
-            continue
-        length = re.search(rb"\r\ncontent-length:\s*(\d+)", head)
-        if length is not None:
-            pos = body + int(length.group(1))
-            if not data.startswith(b"HTTP/1.", pos):
-                pos = body  # no body after all (a HEAD's): look again from the head's end
-        elif b"transfer-encoding: chunked" in head:
-            pos = _skip_chunked(data, body)
-        else:
-            break  # a body until close: nothing else follows
-    return tuple(out)
-
-
-def _skip_chunked(data: bytes, pos: int) -> int:
-    while True:
-        line_end = data.find(b"\r\n", pos)
-        if line_end < 0:
-            return len(data)
-        try:
-            size = int(data[pos:line_end].split(b";")[0], 16)
-        except ValueError:
-            return len(data)
-        pos = line_end + 2
-        if size == 0:
-            end = data.find(b"\r\n\r\n", pos - 2)
-            return len(data) if end < 0 else end + 4
-        pos += size + 2
-
-
-_RECORD = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) \S+ (ERROR|CRITICAL) ")
-_FAULT_MARKERS = ("Traceback (most recent call last)", "Exception ignored in", "Fatal Python error")
-
-
-def log_faults(text: str) -> list[tuple[float | None, str]]:
-    """Every line of a server's stderr that shows a fault: a traceback, a record at ERROR
-    or CRITICAL (in the servers' ``%(asctime)s %(name)s %(levelname)s`` format), a
-    fatal or ignored exception. Each with the time of the nearest record at or before
-    it (None if there is none) and the line."""
-    out: list[tuple[float | None, str]] = []
-    last: float | None = None
-    for line in text.splitlines():
-        stamp = re.match(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ", line)
-        if stamp is not None:
-            last = datetime.strptime(stamp.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
-        if _RECORD.match(line) or any(line.startswith(m) for m in _FAULT_MARKERS):
-            out.append((last, line))
-    return out
-
-
-def fault_summary(text: str) -> collections.Counter[str]:
-    """What went wrong, by kind: each traceback's exception line (the first unindented line
-    after it), each ERROR or CRITICAL record's logger and message, each fatal or ignored
-    exception; with how often each came."""
-    out: collections.Counter[str] = collections.Counter()
-    lines = text.splitlines()
-    i = 0
-    while i < len(lines):
-        line = lines[i]
-        i += 1
-        if line.startswith(_FAULT_MARKERS[0]):
-            while i < len(lines) and (not lines[i] or lines[i][0].isspace()):
-                i += 1
-            if i < len(lines):
-                out[lines[i][:200]] += 1
-                i += 1
-        elif _RECORD.match(line):
-            out[line[24:224]] += 1  # without the time: one kind however often it came
-        elif line.startswith(_FAULT_MARKERS[1:]):
-            out[line[:200]] += 1
-    return out
-
-
-def first_fault(text: str, context: int = 60) -> str:
-    """The lines around the first fault in a server's stderr (empty if there is none)."""
-    lines = text.splitlines()
-    for i, line in enumerate(lines):
-        if _RECORD.match(line) or line.startswith(_FAULT_MARKERS):
-            return "\n".join(lines[max(0, i - 2) : i + context])
-    return ""
-
-
-@dataclass
-class CanaryReport:
-    """How the well-behaved clients fared beside the fuzzer."""
-
-    kind: str
-    """``mqtt``: devices pinging and a presence subscriber; ``http``: a keep-alive client."""
-    clients: int = 0
-    exchanges: int = 0
-    """PINGREQ/PINGRESP round trips, or HTTP requests answered 200."""
-    max_latency: float = 0.0
-    max_gap: float = 0.0
-    """The longest the canary's own loop was away (a pause of the canary process, not the server's)."""
-    probes: int = 0
-    """New connections opened to check the server still accepts (each must succeed)."""
-    online_seen: int = 0
-    """MQTT: canary devices the presence subscriber saw come online (all of them, or the check is void)."""
-    false_offline: list[str] = field(default_factory=list)
-    problems: list[str] = field(default_factory=list)
-    """The first few problems, each with when it happened."""
-    problem_count: int = 0
-
-    def healthy(self) -> bool:
-        """No problem and no false offline."""
-        return not self.problems and not self.false_offline
+__all__ = ["Limits", "Verdict", "judge", "suspects_at", "unclear"]
 
 
 @dataclass
@@ -247,43 +45,6 @@ class Limits:
     """...if it also grew more than this many bytes then: a short run's RSS is noise."""
     connect_failures: float = 0.01
     """Share of connects that may fail (the listen queue overflowing under load)."""
-
-
-@dataclass
-class Observation:
-    """Everything the runner saw of one run."""
-
-    protocol: str
-    target: str
-    requested: int
-    records: list[ConnRecord]
-    fuzz_seconds: float
-    stderr: str
-    canary: CanaryReport
-    fds: dict[str, int]
-    """``before`` (no client), ``canary`` (its clients connected), ``after_run`` (the fuzz
-    connections gone), ``after_canary`` (everything gone)."""
-    rss: dict[str, float]
-    """``warm``, ``mid`` and ``end``: RSS (bytes) once the server was idle after the warm-up
-    (a tenth of the inputs), half-way through the rest, and after the run; ``warm_inputs``,
-    ``mid_inputs`` and ``end_inputs``: inputs done by then."""
-    exit_code: int | None
-    """After SIGTERM; None if the server had already died."""
-    died: str = ""
-    """How and when the server died during the run, if it did."""
-    timed_out: bool = False
-    presence: list[dict[str, Any]] | None = None
-    """MQTT: the presence log's events."""
-    canary_peers: set[str] = field(default_factory=set)
-    canary_prefix: str = ""
-    """MQTT: the canary's client ids start with this (its offline events in the log are checked too)."""
-    suspects: list[dict[str, Any]] = field(default_factory=list)
-    """Reproducers of the inputs in flight when the server died or first logged a fault."""
-    replayed: list[ConnRecord] | None = None
-    """A sample of the connections held open (or stuck) during the run, sent again one
-    at a time on the idle server after it: None if there was none, or no replay."""
-    server_cpu: float = 0.0
-    """The server's CPU over the run, in cores (1.0: one core busy all the time)."""
 
 
 @dataclass

@@ -5,19 +5,20 @@ One trio process drives everything: ``--connections`` tasks each take the next c
 (:func:`~.fuzz_corpus.make_case`), open a socket from one of several loopback source
 addresses (127.0.0.2, 127.0.0.3, ...: plenty of ephemeral ports), send the case's
 pieces, then half-close, wait or reset as the case says, and read whatever the
-server answers until it closes or :attr:`ServerSpec.wait` passes. Meanwhile:
+server answers until it closes or :attr:`~.fuzz_targets.ServerSpec.wait` passes. Meanwhile:
 
 - a **watchdog** polls the server process; if it dies, the run stops at once and the
   inputs in flight are kept as reproducers;
-- a **canary** (:class:`MqttCanary`, :class:`HttpCanary`) behaves well throughout and
-  must see nothing wrong;
+- a **canary** (:class:`~.fuzz_canary.MqttCanary`, :class:`~.fuzz_canary.HttpCanary`)
+  behaves well throughout and must see nothing wrong;
 - after a **warm-up** (a tenth of the inputs) and after the run, the driver waits until
   the server's open files are back to where they were, and takes its RSS then, so
   that growth per input is measured between two quiet points.
 
-The server runs with short timeouts (:data:`MQTT_SERVER_ARGS`, :data:`HTTP_SERVER_ARGS`)
-so that a connection left open is closed by the server within seconds; its stderr
-goes to a file the judge reads, and it is stopped with SIGTERM by PID.
+The servers, with their short timeouts, are :mod:`.fuzz_targets`'; one connection is
+:func:`~.fuzz_connection.run_case`; the canary's process is
+:class:`~.fuzz_canary_process.CanaryProcess`. The server's stderr goes to a file the
+judge reads, and the server is stopped with SIGTERM by PID.
 """
 
 from __future__ import annotations
@@ -28,8 +29,6 @@ import json
 import math
 import os
 import shutil
-import socket
-import struct
 import subprocess
 import sys
 import tempfile
@@ -43,130 +42,29 @@ import psutil
 import trio
 
 from servers.prometheus import open_descriptors
-from servers.readiness import find_ready
 
-from .fuzz_canary import CANARY_KEEPALIVE, HTTP_KEEPALIVE_TIMEOUT
-from .fuzz_corpus import Case, make_case
-from .fuzz_judge import (
-    CanaryReport,
-    ConnRecord,
-    Observation,
-    http_statuses,
-    log_faults,
-    mqtt_reply,
-    suspects_at,
-    unclear,
-)
+from .fuzz_canary_process import CanaryProcess
+from .fuzz_connection import run_case
+from .fuzz_corpus import make_case
+from .fuzz_faults import log_faults
+from .fuzz_judge import suspects_at, unclear
+from .fuzz_observation import ConnRecord, Observation
+from .fuzz_targets import ServerSpec, start_server
 from .processes import free_port, stop
 from .sampler import process_tree
 
-__all__ = [
-    "HTTP_SERVER_ARGS",
-    "MQTT_SERVER_ARGS",
-    "CanaryProcess",
-    "FuzzOptions",
-    "ServerSpec",
-    "http_spec",
-    "mqtt_spec",
-    "run_target",
-]
+__all__ = ["FuzzOptions", "run_target"]
 
-ROOT = Path(__file__).resolve().parent.parent
-
-MQTT_SERVER_ARGS = (
-    "--tick",
-    "0.05",
-    "--connect-timeout",
-    "1",
-    "--max-keepalive",
-    str(CANARY_KEEPALIVE),
-    "--max-idle",
-    str(CANARY_KEEPALIVE),
-    "--send-timeout",
-    "2",
-    "--session-expiry",
-    "30",
-    "--presence-offline-ttl",
-    "30",
-    "--max-retained-bytes",
-    "262144",
-)
-"""The heartbeat server's options for a fuzz run: every connection is closed by the
-server within 1.5 × 2 s of its last byte, persistent sessions and offline presence
-are forgotten after 30 s, and retained messages are capped at 256 KiB, so a long run
-exercises those bounds instead of filling memory up to the defaults'."""
-MQTT_LONGEST = 1.5 * CANARY_KEEPALIVE
-"""Seconds the server may leave a connection open with those options (1.5 × the keep-alive cap)."""
-
-HTTP_SERVER_ARGS = (
-    "--tick",
-    "0.05",
-    "--keep-alive-timeout",
-    f"{HTTP_KEEPALIVE_TIMEOUT:g}",
-    "--header-timeout",
-    "1",
-    "--body-timeout",
-    "1",
-    "--send-timeout",
-    "2",
-)
-"""The HTTP server's options for a fuzz run: idle connections closed after 2 s, heads
-and bodies that stall answered 408 after 1 s."""
-HTTP_LONGEST = HTTP_KEEPALIVE_TIMEOUT
-
-WAIT_MARGIN = 2.0
-"""Seconds beyond the server's longest timeout a connection may stay open (ticks,
-lingering closes, a loaded machine)."""
-CONNECT_TIMEOUT = 5.0
-READ_CAP = 256 * 1024
-"""Bytes read per connection before we stop reading (a big download): ``cut``."""
-SEND_LIMIT = 10.0
-"""Seconds a case's pieces may take to send (a trickle takes at most ~1.5 s)."""
-KEEP = 64 * 1024
-"""Bytes of each connection's replies kept for classifying them."""
 QUIET_TIMEOUT = 15.0
+"""Seconds to wait for the server's open files to come back after a phase."""
 REPLAY_SAMPLE = 50
 """Connections held open during the run that are sent again alone after it."""
 REPLAY_CONNECTIONS = 10
+"""Connections at a time for that replay."""
 SUSPECT_WINDOW = 1.0
 """Inputs finished this long before the server was found dead are suspects too."""
 MAX_SUSPECTS = 200
-"""Seconds to wait for the server's open files to come back after a phase."""
-
-
-@dataclass
-class ServerSpec:
-    """How to start the server under test, and what to expect of it."""
-
-    name: str
-    """``mqtt-dense``, ``mqtt-streams``, ``http``, or a test's own."""
-    protocol: str
-    command: list[str]
-    """argv without the port: ``--port N`` is appended."""
-    ready: str
-    """The name in its readiness line (:mod:`servers.readiness`)."""
-    longest: float
-    """Seconds the server may keep a connection open, at most."""
-    presence_log: bool = False
-    """Give it ``--presence-log FILE`` (MQTT): the judge matches every connection's end there."""
-    env: dict[str, str] | None = None
-
-    @property
-    def wait(self) -> float:
-        """Seconds a half-closed connection, or one left to the server, may stay open."""
-        return self.longest + WAIT_MARGIN
-
-
-def mqtt_spec(engine: str) -> ServerSpec:
-    """``python -m servers.heartbeat`` on ``engine``, one worker, with a presence log."""
-    cmd = [sys.executable, "-m", "servers.heartbeat", "--workers", "1", "--engine", engine, *MQTT_SERVER_ARGS]
-    return ServerSpec(f"mqtt-{engine}", "mqtt", cmd, "heartbeat", MQTT_LONGEST, presence_log=True)
-
-
-def http_spec() -> ServerSpec:
-    """``python -m servers.http``, one worker."""
-    cmd = [sys.executable, "-m", "servers.http", "--workers", "1", *HTTP_SERVER_ARGS]
-    return ServerSpec("http", "http", cmd, "http", HTTP_LONGEST)
+"""Reproducers kept of the inputs in flight when the server died, at most."""
 
 
 @dataclass
@@ -200,34 +98,6 @@ class _State:
     timed_out: bool = False
 
 
-# -- the server process ------------------------------------------------------------------
-
-
-def start_server(
-    spec: ServerSpec, port: int, log: Path, extra: Sequence[str] = (), timeout: float = 30.0
-) -> subprocess.Popen[bytes]:
-    """Start ``spec`` on ``port`` (with ``extra`` arguments) with its stderr in ``log``;
-    return once it says it listens."""
-    with log.open("wb") as err:
-        proc = subprocess.Popen(
-            [*spec.command, *extra, "--port", str(port)],
-            stdout=subprocess.DEVNULL,
-            stderr=err,
-            cwd=ROOT,
-            env={**os.environ, **spec.env} if spec.env else None,
-        )
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if find_ready(log.read_text(errors="replace"), spec.ready):
-            return proc
-        if proc.poll() is not None:
-            break
-        time.sleep(0.05)
-    stop(proc)
-    tail = "\n".join(log.read_text(errors="replace").splitlines()[-10:])
-    raise RuntimeError(f"{spec.name} did not start on port {port}:\n{tail}")
-
-
 def _fds(pid: int) -> int:
     total = 0
     for p in process_tree(pid):
@@ -252,124 +122,6 @@ def _rss(pid: int) -> float:
         with contextlib.suppress(psutil.Error):
             total += p.memory_info().rss
     return total
-
-
-def _name(sock: socket.socket | trio.socket.SocketType) -> str:
-    host, port = sock.getsockname()[:2]
-    return f"{host}:{port}"
-
-
-CANARY_START = 30.0
-"""Seconds the canary process gets to connect, and to stop and report."""
-
-
-class CanaryProcess:
-    """The canary (:mod:`.fuzz_canary`) in a process of its own, stopped by closing its stdin."""
-
-    def __init__(self, protocol: str, port: int, tag: str) -> None:
-        self.protocol = protocol
-        self.tag = tag
-        cmd = [sys.executable, "-m", "loadtest.fuzz_canary", "--protocol", protocol, "--port", str(port)]
-        self.proc = subprocess.Popen(
-            [*cmd, "--tag", tag], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT
-        )
-
-    async def ready(self) -> None:
-        """Return once every canary client is connected (raise if it says otherwise)."""
-        assert self.proc.stdout is not None
-        line = ""
-        with trio.move_on_after(CANARY_START):
-            line = await trio.to_thread.run_sync(self.proc.stdout.readline, abandon_on_cancel=True)
-        if '"ready": true' not in line:
-            stop(self.proc)
-            raise RuntimeError(f"the canary did not start (exit code {self.proc.returncode})")
-
-    async def stop(self) -> tuple[CanaryReport, set[str]]:
-        """Stop it; its report and its connections' addresses."""
-        assert self.proc.stdin is not None and self.proc.stdout is not None
-        self.proc.stdin.close()
-        out = ""
-        with trio.move_on_after(CANARY_START):
-            out = await trio.to_thread.run_sync(self.proc.stdout.read, abandon_on_cancel=True)
-        code = stop(self.proc, timeout=5.0)
-        try:
-            report = json.loads(out.strip().splitlines()[-1])
-            peers = set(report.pop("peers"))
-            return CanaryReport(**report), peers
-        except (ValueError, IndexError, KeyError, TypeError):
-            return CanaryReport(self.protocol, problems=[f"the canary process failed (exit code {code})"]), set()
-
-    def kill(self) -> None:
-        """Stop it by its PID, whatever it is doing."""
-        stop(self.proc, timeout=5.0)
-
-
-# -- the fuzz connections ----------------------------------------------------------------
-
-_ABORT = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close() sends RST
-
-
-async def _send_all(sock: trio.socket.SocketType, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        sent = await sock.send(view)
-        view = view[sent:]
-
-
-async def run_case(case: Case, protocol: str, port: int, source: str, wait: float) -> ConnRecord:
-    """Send one case on a new connection and see how it ends."""
-    started = time.time()
-    sock = trio.socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    peer = ""
-    received = 0
-    kept = bytearray()
-    ending = "open"
-    try:
-        await sock.bind((source, 0))
-        try:
-            with trio.fail_after(CONNECT_TIMEOUT):
-                await sock.connect(("127.0.0.1", port))
-        except (OSError, trio.TooSlowError):
-            return ConnRecord(case.index, case.end, "", "none", "connect-failed", started=started, finished=time.time())
-        peer = _name(sock)
-        try:
-            with trio.move_on_after(SEND_LIMIT) as sending:
-                for i, piece in enumerate(case.pieces):
-                    if i and case.gap:
-                        await trio.sleep(case.gap)
-                    await _send_all(sock, piece)
-            if sending.cancelled_caught:
-                ending = "stuck"  # the server stopped reading us and never closed
-            elif case.end == "abort":
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _ABORT)
-                ending = "aborted"
-            else:
-                if case.end == "half-close":
-                    sock.shutdown(socket.SHUT_WR)
-                with trio.move_on_after(wait):
-                    while True:
-                        data = await sock.recv(65536)
-                        if not data:
-                            ending = "eof"
-                            break
-                        received += len(data)
-                        if len(kept) < KEEP:
-                            kept += data[: KEEP - len(kept)]
-                        if received >= READ_CAP:
-                            ending = "cut"
-                            break
-        except OSError:
-            ending = "reset"  # ECONNRESET or EPIPE: the server reset the connection
-    finally:
-        sock.close()
-    data = bytes(kept)
-    statuses: tuple[int, ...] = ()
-    if protocol == "mqtt":
-        reply = mqtt_reply(data)
-    else:
-        statuses = http_statuses(data)
-        reply = str(statuses[0]) if statuses else "none"
-    return ConnRecord(case.index, case.end, peer, reply, ending, statuses, received, started, time.time())
 
 
 # -- a run -------------------------------------------------------------------------------

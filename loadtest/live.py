@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.live import Live as RichLive
 from rich.table import Table
 
-__all__ = ["Live"]
+__all__ = ["Live", "run_progress"]
 
 
 def _fmt(value: Any) -> str:
@@ -20,6 +20,31 @@ def _fmt(value: Any) -> str:
             return "-"
         return f"{value:,.1f}" if abs(value) < 100 and value != int(value) else f"{value:,.0f}"
     return str(value)
+
+
+def run_progress(
+    phase: str,
+    elapsed: float,
+    devices: int,
+    silent_share: float,
+    totals: dict[str, float],
+    *,
+    server_online: float,
+    rss_mb: float,
+    fds: float,
+) -> dict[str, Any]:
+    """A device run's state as :meth:`Live.update` shows it: its phase, the generators'
+    summed progress (``totals``), and what is known of the server (NaN: nothing)."""
+    return {
+        "phase": phase,
+        "elapsed": elapsed,
+        "devices": devices,
+        "silent": round(devices * silent_share),
+        **totals,
+        "server_online": server_online,
+        "rss_mb": rss_mb,
+        "fds": fds,
+    }
 
 
 class Live:

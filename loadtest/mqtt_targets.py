@@ -235,4 +235,5 @@ class ExternalServer:
     presence_log: Path | None = None
 
     def pids(self) -> list[int]:
+        """Each given process and its descendants."""
         return [p.pid for pid in self.pid_list for p in process_tree(pid)]

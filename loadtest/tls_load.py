@@ -32,9 +32,7 @@ stopped by its PID.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
-import json
 import math
 import re
 import shutil
@@ -54,7 +52,9 @@ import trustme
 from servers.heartbeat import encoders
 
 from .mqtt_targets import MqttTarget, PeerUnavailable, start_mosquitto
+from .options import add_json, add_quiet, add_targets, command_parser, fields_from
 from .processes import free_port, start_heartbeat
+from .report import ratio, write_json, write_table
 from .sampler import process_tree
 
 __all__ = ["CertFiles", "TlsLoad", "TlsResult", "main", "make_certs", "report", "run_target"]
@@ -342,12 +342,6 @@ async def _close_all(streams: list[TlsClient]) -> None:
         await trio.aclose_forcefully(stream)
 
 
-def _ratio(ours: float, theirs: float) -> str:
-    if math.isnan(ours) or math.isnan(theirs) or theirs == 0:
-        return "-"
-    return f"{ours / theirs:.2f}x"
-
-
 def report(results: dict[str, TlsResult], load: TlsLoad) -> str:
     """A Markdown table of the figures, and ours over Mosquitto's as ratios."""
     lines = [
@@ -369,27 +363,27 @@ def report(results: dict[str, TlsResult], load: TlsLoad) -> str:
             "",
             "| ours / Mosquitto | ratio |",
             "|---|---|",
-            f"| RSS per idle TLS connection | {_ratio(ours.rss_per_connection, theirs.rss_per_connection)} |",
-            f"| full handshakes/s | {_ratio(ours.handshakes_per_s, theirs.handshakes_per_s)} |",
-            f"| server CPU per handshake | {_ratio(ours.handshake_cpu_ms, theirs.handshake_cpu_ms)} |",
-            f"| MQTT connects/s over TLS | {_ratio(ours.connects_per_s, theirs.connects_per_s)} |",
+            f"| RSS per idle TLS connection | {ratio(ours.rss_per_connection, theirs.rss_per_connection, 'x', '-')} |",
+            f"| full handshakes/s | {ratio(ours.handshakes_per_s, theirs.handshakes_per_s, 'x', '-')} |",
+            f"| server CPU per handshake | {ratio(ours.handshake_cpu_ms, theirs.handshake_cpu_ms, 'x', '-')} |",
+            f"| MQTT connects/s over TLS | {ratio(ours.connects_per_s, theirs.connects_per_s, 'x', '-')} |",
         ]
     return "\n".join(lines)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m loadtest tls``; exit 0 if our server held every connection without error."""
-    p = argparse.ArgumentParser(prog="python -m loadtest tls", description=__doc__.split("\n\n")[0])
+    p = command_parser("python -m loadtest tls", __doc__)
     a = p.add_argument
     a("--connections", type=int, default=2000, help="idle TLS connections per target (default: 2000)")
     a("--seconds", type=float, default=10.0, help="seconds per handshake-rate measurement (default: 10)")
     a("--concurrency", type=int, default=4, help="clients in the connect loop (default: 4)")
-    a("--targets", default=",".join(TARGETS), help=f"comma-separated (default: {','.join(TARGETS)})")
-    a("--json", default="results/tls.json", help="JSON results; the table goes next to it as .md")
-    a("--quiet", action="store_true", help="no progress lines")
+    add_targets(p, TARGETS)
+    add_json(p, "results/tls.json", table=True)
+    add_quiet(p, live=False)
     args = p.parse_args(argv)
     try:
-        load = TlsLoad(connections=args.connections, seconds=args.seconds, concurrency=args.concurrency)
+        load = TlsLoad(**fields_from(args, ("connections", "seconds", "concurrency")))
     except ValueError as exc:
         p.error(str(exc))
     say: Callable[[str], None] = (lambda line: None) if args.quiet else print
@@ -404,13 +398,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 missing[name] = str(exc)
                 say(f"{name}: skipped ({exc})")
     table = report(results, load)
-    path = Path(args.json)
-    path.parent.mkdir(parents=True, exist_ok=True)
     out = {"load": asdict(load), "runs": {k: asdict(v) for k, v in results.items()}, "missing": missing}
-    path.write_text(json.dumps(out, indent=1, default=float))
-    path.with_suffix(".md").write_text(table + "\n")
+    path = write_json(args.json, out)
+    md = write_table(path, table)
     print("\n" + table)
-    print(f"\nwritten {path}, {path.with_suffix('.md')}")
+    print(f"\nwritten {path}, {md}")
     ours = results.get("idlekeeper")
     if ours is None:
         return 1 if "idlekeeper" in args.targets.split(",") else 0

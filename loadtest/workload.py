@@ -9,9 +9,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .generator import GeneratorSpec
+from .generator_spec import GeneratorSpec
 
-__all__ = ["FILE_BUDGET", "DeviceLoad", "Timeline", "generator_count", "plan", "specs"]
+__all__ = ["FILE_BUDGET", "DeviceLoad", "Timeline", "generator_count", "opening", "plan", "specs"]
 
 FILE_BUDGET = 15_000
 """Devices per generator and per server worker: under the 20,000-file limit, with room
@@ -72,14 +72,21 @@ def generator_count(load: DeviceLoad) -> int:
     return max(1, math.ceil(load.devices / load.per_generator))
 
 
-def plan(load: DeviceLoad, generators: int) -> Timeline:
-    """Lay the phases out from now."""
-    k = load.keepalive
+def opening(devices: int, rate: float, keepalive: int, generators: int) -> tuple[float, float, float]:
+    """When a run of ``devices`` ramped at ``rate`` starts, when its scenarios act (every
+    device online and settled), and when every silent device is due; laid out from now."""
     start = time.monotonic() + 2.0 + 0.15 * generators  # generators start and import first
     # A fifth more than the ramp should take: a busy server accepts more slowly, and
     # the scenarios must find every device online.
-    acts = start + 1.2 * load.devices / load.rate + k + 2.0
-    detect_by = acts + k / 2 + 1.5 * k + 1.0
+    acts = start + 1.2 * devices / rate + keepalive + 2.0
+    detect_by = acts + keepalive / 2 + 1.5 * keepalive + 1.0
+    return start, acts, detect_by
+
+
+def plan(load: DeviceLoad, generators: int) -> Timeline:
+    """Lay the phases out from now."""
+    k = load.keepalive
+    start, acts, detect_by = opening(load.devices, load.rate, k, generators)
     if not load.stall:
         return Timeline(start, acts, detect_by, None, None, detect_by + 1.0)
     stall_end = detect_by + load.stall_keepalives * k

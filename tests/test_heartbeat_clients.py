@@ -25,8 +25,8 @@ import psutil
 import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
+from loadtest.mqtt_frames import frames
 from loadtest.processes import free_port, start_heartbeat
-from loadtest.qos import frames
 from servers.heartbeat import encoders, packets
 from servers.heartbeat.reader import PacketReader
 from servers.listeners import check_port_free

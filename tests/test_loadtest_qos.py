@@ -15,12 +15,12 @@ from typing import Any
 
 import pytest
 
-from loadtest import qos
+from loadtest import mqtt_frames, qos, qos_client, qos_load, qos_report
 from loadtest.__main__ import main
 from loadtest.mqtt_targets import mosquitto_binary
 from servers.heartbeat.encoders import encode_puback, encode_publish
 
-SMALL = qos.QosLoad(publishers=2, duration=1.0, warmup=0.2, queued=2000)
+SMALL = qos_load.QosLoad(publishers=2, duration=1.0, warmup=0.2, queued=2000)
 
 needs_mosquitto = pytest.mark.skipif(
     mosquitto_binary() is None,
@@ -34,15 +34,15 @@ TARGETS = [
 ]
 # The table's figures each kind of run fills in.
 FIGURES = {
-    BOTH: [key for key, _, _, _ in qos.QOS_COLUMNS],
+    BOTH: [key for key, _, _, _ in qos_report.QOS_COLUMNS],
     ("throughput",): ["msgs_per_s", "latency_p50_ms", "latency_p99_ms", "lost", "duplicates", "out_of_order"],
     ("queued",): ["bytes_per_queued", "queued_lost", "queued_out_of_order", "drain_msgs_per_s"],
 }
 
 
 def test_publish_prefix_is_the_encoders_framing() -> None:
-    payload = qos.PAYLOAD_HEADER.pack(3, 7, 123) + bytes(48)
-    built = qos.publish_prefix("bench/3", len(payload)) + (8).to_bytes(2, "big") + payload
+    payload = qos_load.PAYLOAD_HEADER.pack(3, 7, 123) + bytes(48)
+    built = qos_client.publish_prefix("bench/3", len(payload)) + (8).to_bytes(2, "big") + payload
     assert built == encode_publish("bench/3", payload, qos=1, packet_id=8)
 
 
@@ -52,22 +52,22 @@ def test_frames_take_whole_packets_only() -> None:
     wire = b"".join(packets)
     ends = [sum(len(p) for p in packets[: k + 1]) for k in range(len(packets))]
     for cut in range(len(wire) + 1):
-        found, used = qos.frames(wire[:cut])
+        found, used = mqtt_frames.frames(wire[:cut])
         whole = [end for end in ends if end <= cut]
         assert used == (whole[-1] if whole else 0)
         assert [first for first, _, _ in found] == [p[0] for p in packets[: len(whole)]]
-    found, _ = qos.frames(wire)
+    found, _ = mqtt_frames.frames(wire)
     _, start, end = found[2]
     assert wire[start:end] == big[3:]
 
 
 def test_the_ratio_row_is_ours_over_mosquitto() -> None:
     rows = {
-        "idlekeeper": {key: 1000.0 for key, _, _, _ in qos.QOS_COLUMNS},
-        "mosquitto": {key: 4000.0 for key, _, _, _ in qos.QOS_COLUMNS},
+        "idlekeeper": {key: 1000.0 for key, _, _, _ in qos_report.QOS_COLUMNS},
+        "mosquitto": {key: 4000.0 for key, _, _, _ in qos_report.QOS_COLUMNS},
     }
     rows["mosquitto"]["lost"] = 0.0
-    last = qos.qos_table(rows, {}).splitlines()[-1]
+    last = qos_report.qos_table(rows, {}).splitlines()[-1]
     assert last.startswith("| idlekeeper / mosquitto | 0.25× |")
     assert "—" in last  # lost: no ratio to a zero
 

@@ -1,0 +1,62 @@
+"""Faults in a server's stderr: tracebacks, records at ERROR or CRITICAL, fatal or
+ignored exceptions; each with its time, summed by kind, or shown in context. Pure.
+"""
+
+from __future__ import annotations
+
+import collections
+import re
+from datetime import datetime
+
+__all__ = ["fault_summary", "first_fault", "log_faults"]
+
+_RECORD = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) \S+ (ERROR|CRITICAL) ")
+_FAULT_MARKERS = ("Traceback (most recent call last)", "Exception ignored in", "Fatal Python error")
+
+
+def log_faults(text: str) -> list[tuple[float | None, str]]:
+    """Every line of a server's stderr that shows a fault: a traceback, a record at ERROR
+    or CRITICAL (in the servers' ``%(asctime)s %(name)s %(levelname)s`` format), a
+    fatal or ignored exception. Each with the time of the nearest record at or before
+    it (None if there is none) and the line."""
+    out: list[tuple[float | None, str]] = []
+    last: float | None = None
+    for line in text.splitlines():
+        stamp = re.match(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ", line)
+        if stamp is not None:
+            last = datetime.strptime(stamp.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
+        if _RECORD.match(line) or any(line.startswith(m) for m in _FAULT_MARKERS):
+            out.append((last, line))
+    return out
+
+
+def fault_summary(text: str) -> collections.Counter[str]:
+    """What went wrong, by kind: each traceback's exception line (the first unindented line
+    after it), each ERROR or CRITICAL record's logger and message, each fatal or ignored
+    exception; with how often each came."""
+    out: collections.Counter[str] = collections.Counter()
+    lines = text.splitlines()
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        i += 1
+        if line.startswith(_FAULT_MARKERS[0]):
+            while i < len(lines) and (not lines[i] or lines[i][0].isspace()):
+                i += 1
+            if i < len(lines):
+                out[lines[i][:200]] += 1
+                i += 1
+        elif _RECORD.match(line):
+            out[line[24:224]] += 1  # without the time: one kind however often it came
+        elif line.startswith(_FAULT_MARKERS[1:]):
+            out[line[:200]] += 1
+    return out
+
+
+def first_fault(text: str, context: int = 60) -> str:
+    """The lines around the first fault in a server's stderr (empty if there is none)."""
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        if _RECORD.match(line) or line.startswith(_FAULT_MARKERS):
+            return "\n".join(lines[max(0, i - 2) : i + context])
+    return ""

@@ -1,0 +1,86 @@
+"""What the load tests write: the Markdown table of targets (each figure with its ratio to
+ours), why a target has no row, the PASS/FAIL line, and the JSON and Markdown files."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = ["Column", "number", "ratio", "skip_reason", "table", "verdict", "write_json", "write_table", "written"]
+
+Column = tuple[str, str, str, bool]
+"""A table column: the row's key, its title, its unit, and whether higher is better."""
+
+
+def number(value: Any) -> float:
+    """``value`` as a float; NaN when it is missing or not a number (a figure a run did not reach)."""
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def _cell(value: float, ours: float, unit: str) -> str:
+    if value != value:
+        return "—"
+    text = f"{value:,.0f}" if abs(value) >= 100 or value == int(value) else f"{value:,.2f}"
+    text += f" {unit}" if unit else ""
+    if ours == ours and ours != 0 and value != ours:
+        ratio = value / ours
+        text += f" ({ratio:.0f}×)" if ratio >= 10 else f" ({ratio:.1f}×)" if ratio >= 1 else f" ({ratio:.2f}×)"
+    return text
+
+
+def table(rows: dict[str, dict[str, float]], columns: Sequence[Column], missing: dict[str, str]) -> str:
+    """A Markdown table: one row per target, each figure with its ratio to idlekeeper's."""
+    head = "| target | " + " | ".join(title for _, title, _, _ in columns) + " |"
+    lines = [head, "|---" * (len(columns) + 1) + "|"]
+    ours = rows.get("idlekeeper", {})
+    for name, row in rows.items():
+        cells = [_cell(row.get(key, math.nan), ours.get(key, math.nan), unit) for key, _, unit, _ in columns]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    for name, why in missing.items():
+        lines.append(f"| {name} | not run: {why} |" + " |" * (len(columns) - 1))
+    return "\n".join(lines)
+
+
+def ratio(ours: float, theirs: float, times: str = "×", unknown: str = "—") -> str:
+    """``ours / theirs`` to two places, or ``unknown`` where either figure is missing or theirs is 0."""
+    if ours != ours or theirs != theirs or theirs == 0:
+        return unknown
+    return f"{ours / theirs:.2f}{times}"
+
+
+def skip_reason(exc: BaseException) -> str:
+    """Why a target has no row: the first line of its error, or the error's name."""
+    text = str(exc)
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def verdict(passed: bool) -> str:
+    """A judged run's last report line."""
+    return f"result                 {'PASS' if passed else 'FAIL'}"
+
+
+def written(paths: Iterable[str | Path]) -> str:
+    """The report line that says where the results went."""
+    return "written                " + ", ".join(str(p) for p in paths)
+
+
+def write_json(path: str | Path, data: Any) -> Path:
+    """Write ``data`` as indented JSON to ``path`` (its directory made if need be); the path.
+    A value JSON has no type for goes through ``float``."""
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(data, indent=1, default=float))
+    return out
+
+
+def write_table(json_path: Path, text: str) -> Path:
+    """Write the Markdown ``text`` next to the JSON results, as ``.md``; its path."""
+    out = json_path.with_suffix(".md")
+    out.write_text(text + "\n")
+    return out
