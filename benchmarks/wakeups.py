@@ -35,7 +35,7 @@ from pathlib import Path
 import psutil
 import trio
 
-from loadtest.generator_events import bind_source
+from loadtest.generator.events import bind_source
 from loadtest.mqtt_targets import MqttTarget, PeerUnavailable, start_mosquitto
 from loadtest.processes import free_port, start_heartbeat
 from servers.heartbeat import encoders

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 COMMANDS = {
     "devices": "loadtest.devices",
-    "http": "loadtest.http_load",
+    "http": "loadtest.http.load",
     "compare": "loadtest.compare",
     "demo": "loadtest.demo",
     "fleet": "loadtest.fleet",

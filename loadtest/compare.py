@@ -11,7 +11,7 @@ the same fleet: keep-alive K, a share going silent, and a SIGSTOP stall of 2 x K
 
 **HTTP**: ``servers.http`` against hypercorn (trio worker) and uvicorn serving a
 trivial ASGI app, each under keep-alive load alone and then with slowloris
-attackers and slow readers (:mod:`loadtest.http_load`).
+attackers and slow readers (:mod:`loadtest.http.load`).
 
 **QoS**: ``servers.heartbeat`` (one worker, dense engine) against Mosquitto: QoS 1
 throughput from several publishers to one acknowledging subscriber, exactly once,
@@ -34,17 +34,17 @@ from typing import Any
 
 from .device_results import report
 from .devices import run_devices
-from .http_load import describe, run_http, start_target
-from .http_loadgen import median_round, run_load
-from .http_targets import ALL_HTTP_TARGETS, HTTP_TARGETS
-from .http_workload import HttpLoad
+from .http.load import describe, run_http, start_target
+from .http.loadgen import median_round, run_load
+from .http.targets import ALL_HTTP_TARGETS, HTTP_TARGETS
+from .http.workload import HttpLoad
 from .live import Live
 from .mqtt_targets import HeartbeatTarget, PeerUnavailable, start_mqtt_target
 from .options import add_devices, add_json, add_keepalive, add_quiet, add_silent, add_targets, add_tick, command_parser
 from .processes import free_port, load_side, split_cpus, stop
 from .qos import QOS_TARGETS, run_qos
-from .qos_load import QosLoad
-from .qos_report import headline, qos_row, qos_table
+from .qos.load import QosLoad
+from .qos.report import headline, qos_row, qos_table
 from .report import Column, number, skip_reason, table, write_json, write_table, written
 from .workload import DeviceLoad
 

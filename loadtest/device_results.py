@@ -11,7 +11,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from .generator_spec import GeneratorSpec
+from .generator.spec import GeneratorSpec
 from .report import verdict, write_json
 from .sampler import Sample
 from .stats import summary_ms

@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from .device_results import merge, passed, report, server_view, write_outputs
-from .generator_pool import GeneratorPool
+from .generator.pool import GeneratorPool
 from .live import Live, run_progress
 from .mqtt_targets import ExternalServer, HeartbeatTarget, ServerUnderTest
 from .options import (

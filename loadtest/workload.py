@@ -9,7 +9,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .generator_spec import GeneratorSpec
+from .generator.spec import GeneratorSpec
 
 __all__ = ["FILE_BUDGET", "DeviceLoad", "Timeline", "generator_count", "opening", "plan", "specs"]
 

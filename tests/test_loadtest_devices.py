@@ -22,10 +22,10 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from loadtest.device_results import merge, passed
-from loadtest.generator_events import Generator
-from loadtest.generator_records import HANDSHAKE as _HANDSHAKE
-from loadtest.generator_records import Conn, Device
-from loadtest.generator_spec import GeneratorSpec
+from loadtest.generator.events import Generator
+from loadtest.generator.records import HANDSHAKE as _HANDSHAKE
+from loadtest.generator.records import Conn, Device
+from loadtest.generator.spec import GeneratorSpec
 from loadtest.sampler import Sample, Sampler, histogram_quantile, parse_metrics
 from loadtest.workload import DeviceLoad, Timeline, plan, specs
 from servers.prometheus import Families, LiveCollector, open_descriptors, render

@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 
 from loadtest.fleet import run_fleet
-from loadtest.fleet_judge import classify_drops, judge_sessions, killed_node_view, node_of, sessions_of
-from loadtest.fleet_load import FleetLoad, fleet_specs, plan_fleet
-from loadtest.fleet_results import passed, report
+from loadtest.fleet.judge import classify_drops, judge_sessions, killed_node_view, node_of, sessions_of
+from loadtest.fleet.load import FleetLoad, fleet_specs, plan_fleet
+from loadtest.fleet.results import passed, report
 from loadtest.redis_server import redis_server_binary
 
 

@@ -16,18 +16,18 @@ import h11
 import pytest
 
 from loadtest import fuzz
-from loadtest.fuzz_corpus import END_MODES, TRICKLE_MAX_GAP, TRICKLE_MAX_PIECES, http_requests, make_case, mqtt_session
-from loadtest.fuzz_faults import fault_summary, first_fault, log_faults
-from loadtest.fuzz_judge import Limits, judge
-from loadtest.fuzz_mutators import HTTP_MUTATORS, MQTT_MUTATORS
-from loadtest.fuzz_mutators_generic import bit_flip, drop, duplicate, extend, reorder, truncate
-from loadtest.fuzz_mutators_http import (
+from loadtest.fuzz.corpus import END_MODES, TRICKLE_MAX_GAP, TRICKLE_MAX_PIECES, http_requests, make_case, mqtt_session
+from loadtest.fuzz.faults import fault_summary, first_fault, log_faults
+from loadtest.fuzz.judge import Limits, judge
+from loadtest.fuzz.mutators import HTTP_MUTATORS, MQTT_MUTATORS
+from loadtest.fuzz.mutators_generic import bit_flip, drop, duplicate, extend, reorder, truncate
+from loadtest.fuzz.mutators_http import (
     chunk_size_spans,
     http_chunk_lie,
     http_content_length_lie,
     http_request_line_mangle,
 )
-from loadtest.fuzz_mutators_mqtt import (
+from loadtest.fuzz.mutators_mqtt import (
     mqtt_huge_length,
     mqtt_length_lie,
     mqtt_string_length_lie,
@@ -35,11 +35,11 @@ from loadtest.fuzz_mutators_mqtt import (
     mqtt_varint_overflow,
     split_mqtt,
 )
-from loadtest.fuzz_observation import CanaryReport, ConnRecord, Observation
-from loadtest.fuzz_replies import http_statuses, mqtt_reply
-from loadtest.fuzz_runner import FuzzOptions
-from loadtest.fuzz_segments import Mutator
-from loadtest.fuzz_targets import MQTT_SERVER_ARGS, ServerSpec, http_spec, mqtt_spec
+from loadtest.fuzz.observation import CanaryReport, ConnRecord, Observation
+from loadtest.fuzz.replies import http_statuses, mqtt_reply
+from loadtest.fuzz.runner import FuzzOptions
+from loadtest.fuzz.segments import Mutator
+from loadtest.fuzz.targets import MQTT_SERVER_ARGS, ServerSpec, http_spec, mqtt_spec
 from servers.heartbeat import encoders
 from servers.heartbeat.packets import ProtocolError
 from servers.heartbeat.reader import PacketReader

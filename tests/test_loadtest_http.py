@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 
 from loadtest.asgi_app import BODY, app
-from loadtest.http_load import run_http
-from loadtest.http_loadgen import run_own_client
-from loadtest.http_targets import start_http_target
-from loadtest.http_workload import HttpLoad, LoadFigures
+from loadtest.http.load import run_http
+from loadtest.http.loadgen import run_own_client
+from loadtest.http.targets import start_http_target
+from loadtest.http.workload import HttpLoad, LoadFigures
 from loadtest.processes import free_port, stop
 from servers.http.server import TIMEOUT_LINGER
 
@@ -103,7 +103,7 @@ def test_http_load_run_under_attack(started: tuple[int, int]) -> None:
 
 @pytest.mark.skipif(shutil.which("wrk") is None, reason="wrk is not installed (apt-get install wrk)")
 def test_wrk_figures_are_parsed(server: int) -> None:
-    from loadtest.http_loadgen import run_wrk
+    from loadtest.http.loadgen import run_wrk
 
     f = run_wrk(server, 10, 1.0)
     assert f.tool == "wrk" and f.requests > 100 and f.rps > 100 and f.errors == 0
@@ -136,7 +136,7 @@ def test_asgi_app_answers_like_ours() -> None:
 
 
 def test_the_median_round_is_a_measured_one() -> None:
-    from loadtest.http_loadgen import median_round
+    from loadtest.http.loadgen import median_round
 
     rounds = [
         LoadFigures("wrk", n, rps, 1.0, p99, 0) for n, rps, p99 in ((1, 900.0, 9.0), (2, 500.0, 5.0), (3, 700.0, 7.0))

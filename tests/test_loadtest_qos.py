@@ -3,7 +3,7 @@ session's queued messages delivered on return, all of them, in order; against ou
 and against Mosquitto when it is installed. On the wall clock, a few seconds per target.
 
 Mosquitto's throughput is checked as ``mosquitto-inflight0``: with its default in-flight
-window, 2.0.11 reorders and strands messages that queue behind it (see loadtest.qos),
+window, 2.0.11 reorders and strands messages that queue behind it (see loadtest.qos.cli),
 which the measurement reports and a test here would only restate."""
 
 from __future__ import annotations
@@ -15,9 +15,12 @@ from typing import Any
 
 import pytest
 
-from loadtest import mqtt_frames, qos, qos_client, qos_load, qos_report
+from loadtest import mqtt_frames, qos
 from loadtest.__main__ import main
 from loadtest.mqtt_targets import mosquitto_binary
+from loadtest.qos import client as qos_client
+from loadtest.qos import load as qos_load
+from loadtest.qos import report as qos_report
 from servers.heartbeat.encoders import encode_puback, encode_publish
 
 SMALL = qos_load.QosLoad(publishers=2, duration=1.0, warmup=0.2, queued=2000)

@@ -1,0 +1,253 @@
+"""``python -m loadtest fleet``: a fleet of heartbeat gateways sharing presence through Redis.
+
+    python -m loadtest fleet --nodes 3 --devices 30000 --keepalive 10 --kill-node --redis-restart
+
+It starts a throwaway ``redis-server`` on a loopback port (no persistence), then
+``--nodes`` gateways, each ``servers.heartbeat --cluster redis://...`` on a port of
+its own with enough workers for its share (each worker is a fleet node), a
+presence log and status ports; then the generator processes, whose devices each
+connect to a gateway at random. The run has phases:
+
+1. **connect, settle**: devices ramp up at ``--rate`` and ping every keep-alive K;
+2. **act** (K/2): ``--silent`` devices go silent; half the ``--reconnect`` devices
+   reconnect with the same client id to *another* gateway (a cross-node takeover);
+3. **detect**: 1.5 K, until every silent device is due;
+4. **kill** (``--kill-node``): one gateway's workers and supervisor are SIGKILLed; its
+   devices, seeing their connection end, reconnect to another gateway after a
+   device's back-off (``--failover-delay``), and its sessions must end once each:
+   ``node-lost`` (swept by a survivor when its lease lapses) or ``takeover``;
+5. **Redis restart** (``--redis-restart``): redis-server is SIGTERMed for
+   ``--outage`` seconds and started again, empty, on the same port;
+6. **second wave**: the other half of the reconnects, after the faults;
+7. **end**: the generators close every connection; the gateways are SIGTERMed.
+
+A reader consumes the presence stream from id 0 throughout (through the restart)
+and the gateways' presence logs are read at the end. Judged: every session has
+exactly one offline event (none **lost**, none **duplicated**), no healthy device
+dropped (**false expiries**), every silent device found, every session of the
+killed gateway ended (and when), the cross-node takeover latency as the device sees
+it (new CONNACK to the old connection's close). Measured too: Redis ops/s and RSS,
+each gateway's RSS.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from ..device_results import read_presence_log
+from ..generator.pool import GeneratorPool
+from ..live import Live, run_progress
+from ..options import (
+    add_devices,
+    add_json,
+    add_keepalive,
+    add_quiet,
+    add_rate,
+    add_seed,
+    add_silent,
+    add_tick,
+    command_parser,
+    fields_from,
+)
+from ..processes import stop
+from ..redis_server import RedisServer
+from ..report import write_json, written
+from ..workload import generator_count
+from .gateways import Gateway, start_gateways
+from .load import FleetLoad, fleet_specs, plan_fleet
+from .redis import PresenceReader, stream_length
+from .results import merge_fleet, passed, report
+
+__all__ = ["load_from", "main", "parser", "run_fleet"]
+
+_LOAD_FLAGS = (
+    "nodes",
+    "devices",
+    "workers_per_node",
+    "keepalive",
+    "silent",
+    "reconnect",
+    "rate",
+    "kill_node",
+    "redis_restart",
+    "outage",
+    "tick",
+    "lease",
+    "seed",
+)
+"""The flags that make a :class:`~loadtest.fleet.load.FleetLoad` as they are (``--failover-delay`` is a pair)."""
+
+
+def run_fleet(
+    load: FleetLoad, *, show: Callable[[dict[str, Any]], None] | None = None, keep_failed: bool = False
+) -> dict[str, Any]:
+    """Run the fleet load test; return the merged results. ``keep_failed``: a failed run
+    keeps its scratch directory (presence logs, the stream read, generator results)."""
+    workdir = Path(tempfile.mkdtemp(prefix="ik-fleet-"))
+    redis = RedisServer()
+    redis.start()
+    gateways: list[Gateway] = []
+    reader: PresenceReader | None = None
+    pool: GeneratorPool | None = None
+    drained_s = math.nan
+    kill: dict[str, Any] = {}
+    outage: dict[str, float] = {}
+    redis_rss: list[tuple[float, int]] = []
+    online_at_settle: dict[str, float] = {}
+    try:
+        gateways = start_gateways(load, redis, workdir)
+        reader = PresenceReader(redis.port).start()
+        timeline = plan_fleet(load, generator_count(load.device_load()))
+        gen_specs = fleet_specs(load, timeline, [g.port for g in gateways], workdir)
+        pool = GeneratorPool(gen_specs, workdir)
+        victim = gateways[-1]
+        deadline = timeline.end + 60 + load.devices / 1000
+        next_sample = 0.0
+        while pool.running() and time.monotonic() < deadline:
+            now = time.monotonic()
+            if timeline.kill is not None and not kill and now >= timeline.kill:
+                kill["wall"] = time.time()
+                kill["mono"] = time.monotonic()
+                kill["pids"] = victim.kill()
+                kill["gateway"] = victim.name
+                kill["port"] = victim.port
+            if timeline.redis_down is not None and "down" not in outage and now >= timeline.redis_down:
+                # What the old Redis holds and what the reader has of it: the difference
+                # is what nobody reading the stream will see.
+                outage["stream_length"] = stream_length(redis.port)
+                outage["read"] = reader.count()
+                outage["down"] = time.monotonic()
+                redis.stop()
+            if timeline.redis_up is not None and "up" not in outage and now >= timeline.redis_up:
+                redis.restart()
+                outage["up"] = time.monotonic()
+            if now >= next_sample:
+                next_sample = now + 1.0
+                for gw in gateways:
+                    gw.sample_rss(now)
+                if redis.pid is not None:
+                    with contextlib.suppress(psutil.Error):
+                        redis_rss.append((now, psutil.Process(redis.pid).memory_info().rss))
+                if not online_at_settle and now >= timeline.acts - 1.5:
+                    online_at_settle = {gw.name: gw.online() for gw in gateways}
+            if show is not None:
+                rss = sum(g.rss[-1][1] for g in gateways if g.rss and g.killed_at is None)
+                show(
+                    run_progress(
+                        timeline.phase(now),
+                        now - timeline.start,
+                        load.devices,
+                        load.silent,
+                        pool.totals(),
+                        server_online=math.nan,
+                        rss_mb=rss / 1e6,
+                        fds=math.nan,
+                    )
+                )
+            time.sleep(0.25)
+        pool.stop()
+        # Every connection is closed now. A gateway's SIGTERM waits a few seconds for its
+        # coordinator's queue, so let the backlog of offline reports reach Redis first
+        # (bounded): what is judged is the fleet's bookkeeping, not the grace period.
+        drain_started = time.monotonic()
+        while time.monotonic() - drain_started < 120:
+            if all(gw.killed_at is not None or gw.queued() == 0 for gw in gateways):
+                break
+            time.sleep(0.5)
+        drained_s = time.monotonic() - drain_started
+        for gw in gateways:
+            if gw.killed_at is None:
+                began = time.monotonic()
+                gw.exit_code = stop(gw.proc, timeout=60)
+                gw.stop_s = time.monotonic() - began
+        reader.wait_quiet(quiet=3.0, limit=60.0)
+    finally:
+        if pool is not None:
+            pool.stop()
+        for gw in gateways:
+            stop(gw.proc, timeout=10)
+        if reader is not None:
+            reader.stop()
+        redis.stop()
+    results = pool.results()
+    logs = [e for gw in gateways for e in read_presence_log(gw.log) or []]
+    merged = merge_fleet(load, timeline, results, reader, logs, gateways, kill, outage, redis_rss, online_at_settle)
+    merged["queues_drained_s"] = drained_s
+    if passed(merged) or not keep_failed:
+        shutil.rmtree(workdir, ignore_errors=True)
+    else:
+        # What a failed run leaves to look into: the presence logs and the generators' results.
+        merged["workdir"] = str(workdir)
+        (workdir / "stream.jsonl").write_text(
+            "".join(json.dumps([e.incarnation, e.origin, e.event]) + "\n" for e in reader.events)
+        )
+    return merged
+
+
+def parser(prog: str = "python -m loadtest fleet") -> argparse.ArgumentParser:
+    """The command line."""
+    d = FleetLoad()
+    p = command_parser(prog, __doc__)
+    a = p.add_argument
+    a("--nodes", type=int, default=d.nodes, help=f"gateways (default: {d.nodes})")
+    add_devices(p, d.devices)
+    a("--workers-per-node", type=int, default=None, help="workers per gateway (default: enough for its share)")
+    add_keepalive(p, d.keepalive)
+    add_silent(p, d.silent)
+    a("--reconnect", type=float, default=d.reconnect, help=f"share that reconnect elsewhere (default: {d.reconnect})")
+    add_rate(p, d.rate)
+    a("--kill-node", action="store_true", help="SIGKILL one gateway (supervisor and workers) mid-run")
+    a("--redis-restart", action="store_true", help="stop redis-server mid-run and start it again, empty")
+    a("--outage", type=float, default=d.outage, help=f"seconds Redis stays down (default: {d.outage})")
+    a(
+        "--failover-delay",
+        type=float,
+        nargs=2,
+        default=None,
+        metavar=("MIN", "MAX"),
+        help="a device's back-off before reconnecting elsewhere, uniform (default: 0.5 K)",
+    )
+    add_tick(p, d.tick, "gateway keeper")
+    a("--lease", type=float, default=d.lease, help=f"the gateways' --lease in seconds (default: {d.lease:g})")
+    add_json(p, None)
+    add_quiet(p)
+    add_seed(p, d.seed)
+    return p
+
+
+def load_from(args: argparse.Namespace) -> FleetLoad:
+    """The workload from parsed arguments."""
+    delay = None if args.failover_delay is None else (args.failover_delay[0], args.failover_delay[1])
+    return FleetLoad(**fields_from(args, _LOAD_FLAGS), failover_delay=delay)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m loadtest fleet``: run, print the report, write the JSON; 0 if it passed."""
+    args = parser().parse_args(argv)
+    load = load_from(args)
+    if load.kill_node and load.nodes < 2:
+        print("--kill-node needs at least 2 gateways", flush=True)
+        return 2
+    if not args.quiet:
+        print(
+            f"starting redis-server and {load.nodes} gateways x {load.workers()} workers "
+            f"for {load.devices:,} devices ...",
+            flush=True,
+        )
+    with Live(enabled=not args.quiet) as live:
+        result = run_fleet(load, show=live.update, keep_failed=True)
+    print(report(result))
+    if args.json:
+        print(written([write_json(args.json, result)]))
+    return 0 if passed(result) else 1

@@ -1,0 +1,235 @@
+"""A fleet run's results: the generators' results, the presence feed, the gateways' logs
+and the samples folded into one report; the verdict (pass or fail), and the report's text."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict
+from typing import Any
+
+from ..device_results import Arrived, connect_rate, devices_passed
+from ..report import verdict
+from ..stats import summary_ms
+from .gateways import Gateway
+from .judge import classify_drops, judge_sessions, killed_node_view, node_of, sessions_of, takeover_summary
+from .load import FleetLoad, FleetTimeline
+from .redis import PresenceReader
+
+__all__ = ["TAKEOVER_P99_TARGET_MS", "merge_fleet", "passed", "report"]
+
+TAKEOVER_P99_TARGET_MS = 50.0
+"""The cross-node takeover p99 the report measures a run against (reported, not judged)."""
+
+
+def merge_fleet(
+    load: FleetLoad,
+    timeline: FleetTimeline,
+    results: list[dict[str, Any]],
+    reader: PresenceReader,
+    logs: list[dict[str, Any]],
+    gateways: list[Gateway],
+    kill: dict[str, Any],
+    outage: dict[str, float],
+    redis_rss: list[tuple[float, int]],
+    online_at_settle: dict[str, float],
+) -> dict[str, Any]:
+    """Fold the generators' results, the feed and the samples into one report."""
+    arrived = Arrived(results)
+    ok, total, joined = arrived.ok, arrived.total, arrived.joined
+
+    window = 1.5 * load.keepalive
+    sessions = sessions_of(((e.incarnation, e.event) for e in reader.events), logs)
+    feed = judge_sessions(sessions)
+    drops = classify_drops(joined("drops"), kill.get("port"), kill.get("mono"), window)
+    killed = killed_node_view(sessions, kill["gateway"], kill["wall"]) if kill else None
+    # A gateway that was never killed must end its own sessions: node-lost there means its
+    # lease lapsed while it was alive (or still draining), and a survivor swept it.
+    swept_alive = sum(
+        1
+        for s in sessions.values()
+        if s.offline and s.offline[0].get("reason") == "node-lost" and node_of(s.node) != kill.get("gateway")
+    )
+    connack = sorted(joined("connack_times"))
+    t0 = timeline.start
+    steady_end = timeline.detect_by
+    by_node: dict[str, int] = {}
+    for s in sessions.values():
+        name = node_of(s.node)
+        by_node[name] = by_node.get(name, 0) + 1
+    gw_out = []
+    for gw in gateways:
+        steady = [v for t, v in gw.rss if t <= steady_end]
+        gw_out.append(
+            {
+                "name": gw.name,
+                "port": gw.port,
+                "workers": gw.workers,
+                "killed": gw.killed_at is not None,
+                "online_at_settle": online_at_settle.get(gw.name, math.nan),
+                "sessions": by_node.get(gw.name, 0),
+                "rss_mb_steady": (steady[-1] if steady else math.nan) / 1e6,
+                "rss_mb_peak": max((v for _, v in gw.rss), default=0) / 1e6,
+                "exit_code": gw.exit_code,
+                "stop_s": gw.stop_s,
+            }
+        )
+    end = max((s[0] for s in reader.stats.samples), default=t0)
+    return {
+        "options": asdict(load),
+        "workers_per_node": load.workers(),
+        "generators": len(results),
+        "generators_missing": len(results) - len(ok),
+        "devices": load.devices,
+        "connected": len(connack),
+        "connect_failed": total("connect_failed"),
+        "refused": total("refused"),
+        "connect_rate_per_s": connect_rate(connack),
+        "heartbeats": total("pings"),
+        "silent": total("silent"),
+        "detected": len(joined("lateness")),
+        "undetected": total("undetected"),
+        "lateness_ms": summary_ms(joined("lateness")),
+        "reconnected": total("reconnected"),
+        "takeover_ms": takeover_summary(joined("takeover_s")),
+        "takeover_missed": total("takeover_missed"),
+        "failovers": total("failovers"),
+        "retries": total("retries"),
+        "online_at_end": total("online_at_end"),
+        "drops": drops,
+        "false_expiries": drops["false_expiries"] + sum(len(r["false_expiries"]) for r in ok),
+        "feed": feed,
+        "node_lost_on_live_gateways": swept_alive,
+        "stream_entries": len(reader.events),
+        "log_entries": len(logs),
+        "reader_errors": reader.errors,
+        "reader_lag_ms": summary_ms(reader.lag),
+        "redis_incarnations": reader.incarnation + 1,
+        "kill": None
+        if not kill
+        else {"gateway": kill["gateway"], "at_s": kill["mono"] - t0, "pids": kill["pids"], **(killed or {})},
+        "redis_outage": None
+        if not outage
+        else {
+            "down_at_s": outage["down"] - t0,
+            "down_for_s": outage.get("up", math.nan) - outage["down"],
+            "stream_length": outage["stream_length"],
+            "read_before": outage["read"],
+        },
+        "redis": {
+            "ops_per_s_steady": reader.stats.ops_per_s(timeline.acts - load.keepalive, timeline.acts),
+            "ops_per_s_run": reader.stats.ops_per_s(t0, end),
+            "ops_per_s_peak": max((s[1] for s in reader.stats.samples), default=math.nan),
+            "commands": reader.stats.commands,
+            "rss_mb_steady": max((v for t, v in redis_rss if t <= steady_end), default=0) / 1e6,
+            "rss_mb_peak": max((v for _, v in redis_rss), default=0) / 1e6,
+            "used_memory_mb_peak": reader.stats.peak_used_memory / 1e6,
+        },
+        "gateways": gw_out,
+        "timeline": {
+            "acts": timeline.acts - t0,
+            "detect_by": timeline.detect_by - t0,
+            "wave2": timeline.wave2 - t0,
+            "end": timeline.end - t0,
+        },
+    }
+
+
+def passed(r: dict[str, Any]) -> bool:
+    """The run's pass criteria: every device connected, every session ended exactly once,
+    no healthy device dropped, every silent one found, every takeover done, and every
+    session of a killed gateway ended."""
+    feed = r["feed"]
+    kill = r["kill"]
+    return devices_passed(r) and bool(
+        feed["lost"] == 0
+        and feed["duplicated"] == 0
+        and feed["online_duplicated"] == 0
+        and r["node_lost_on_live_gateways"] == 0
+        and (kill is None or (kill["accounted"] and not kill["other"]))
+    )
+
+
+def _ms(s: dict[str, float], key: str) -> str:
+    return f"{s.get(key, math.nan):.1f}"
+
+
+def report(r: dict[str, Any]) -> str:
+    """The human-readable report."""
+    feed = r["feed"]
+    o = r["options"]
+    t = r["takeover_ms"]
+    late = r["lateness_ms"]
+    lines = [
+        f"fleet                  {o['nodes']} gateways x {r['workers_per_node']} workers, one redis-server; "
+        f"keep-alive {o['keepalive']} s",
+        f"devices connected      {r['connected']:,} of {r['devices']:,} ({r['connect_rate_per_s']:,.0f}/s; "
+        f"failed {r['connect_failed']}, refused {r['refused']})",
+        f"presence feed          {r['stream_entries']:,} stream entries over {r['redis_incarnations']} run(s) "
+        f"of Redis, {r['log_entries']:,} log lines; {feed['sessions']:,} sessions",
+        f"  events lost          {feed['lost']} (sessions with no offline event)",
+        f"  events duplicated    {feed['duplicated']} (sessions with more than one offline event); "
+        f"online twice in one Redis run: {feed['online_duplicated']}",
+        "  offline by reason    " + ", ".join(f"{k} {v:,}" for k, v in feed["offline_by_reason"].items()),
+    ]
+    lines.append(
+        f"  node-lost, not killed {r['node_lost_on_live_gateways']:,} sessions of gateways that were alive "
+        f"(a lease lapsed); offline queues drained {r.get('queues_drained_s', math.nan):.1f} s after the devices left"
+    )
+    if feed["reannounced_after_restart"]:
+        lines.append(f"  re-announced         {feed['reannounced_after_restart']:,} sessions after Redis came back")
+    if feed["offline_without_online"]:
+        lines.append(f"  offline w/o online   {feed['offline_without_online']:,} (their online event was not seen)")
+    lines.append(
+        f"silent devices found   {r['detected']:,} of {r['silent']:,}"
+        + (f" (p50 {_ms(late, 'p50')} / p99 {_ms(late, 'p99')} ms past 1.5 x K)" if late.get("n") else "")
+    )
+    lines.append(
+        f"false expiries         {r['false_expiries']} healthy devices dropped"
+        + (f" (generator late: {r['drops']['generator_late']})" if r["drops"]["generator_late"] else "")
+    )
+    lines.append(
+        f"cross-node takeovers   {t.get('n', 0):,} of {r['reconnected']:,}: p50 {_ms(t, 'p50')} / p99 {_ms(t, 'p99')} "
+        f"/ max {_ms(t, 'max')} ms (new CONNACK -> old connection closed; "
+        f"{t.get('before_connack', 0)} closed first); missed {r['takeover_missed']}; "
+        f"p99 target {TAKEOVER_P99_TARGET_MS:.0f} ms "
+        + ("met" if t.get("p99", math.inf) <= TAKEOVER_P99_TARGET_MS else "MISSED")
+    )
+    k = r["kill"]
+    if k:
+        lines.append(
+            f"node killed            {k['gateway']} at {k['at_s']:.1f} s ({len(k['pids'])} processes SIGKILLed); "
+            f"it held {k['held']:,} sessions: node-lost {k['node_lost']:,}, taken over by a reconnect "
+            f"{k['taken_over']:,}, other {k['other'] or 0}, never ended {k['unended']}"
+        )
+        lines.append(
+            f"  node-lost events     first {k['first_node_lost_s']:.2f} s, last {k['last_node_lost_s']:.2f} s "
+            f"after the kill; {r['drops']['by_kill']:,} devices failed over ({r['retries']} refused retries)"
+        )
+    ro = r["redis_outage"]
+    if ro:
+        lines.append(
+            f"redis restart          down at {ro['down_at_s']:.1f} s for {ro['down_for_s']:.1f} s, back empty; "
+            f"its stream held {ro['stream_length']:,} entries, the reader had read {ro['read_before']:,}"
+        )
+    lag = r["reader_lag_ms"]
+    if lag.get("n"):
+        lines.append(
+            f"feed reader lag        p50 {_ms(lag, 'p50')} / p99 {_ms(lag, 'p99')} / max {_ms(lag, 'max')} ms "
+            "(event time stamp to its reading by the load tester)"
+        )
+    rd = r["redis"]
+    lines.append(
+        f"redis                  {rd['ops_per_s_steady']:,.0f} ops/s at steady state, {rd['ops_per_s_run']:,.0f} "
+        f"over the run (peak {rd['ops_per_s_peak']:,.0f}); RSS {rd['rss_mb_steady']:,.0f} MB steady, "
+        f"{rd['rss_mb_peak']:,.0f} MB peak"
+    )
+    for g in r["gateways"]:
+        lines.append(
+            f"gateway {g['name']:<14} port {g['port']}, {g['online_at_settle']:,.0f} online at settle, "
+            f"{g['sessions']:,} sessions; RSS {g['rss_mb_steady']:,.0f} MB steady, {g['rss_mb_peak']:,.0f} MB peak"
+            + (" (killed)" if g["killed"] else f"; SIGTERM took {g['stop_s']:.1f} s (exit {g['exit_code']})")
+        )
+    if r.get("workdir"):
+        lines.append(f"kept for a look         {r['workdir']}")
+    lines.append(verdict(passed(r)))
+    return "\n".join(lines)

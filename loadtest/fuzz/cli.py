@@ -1,0 +1,246 @@
+"""``python -m loadtest fuzz``: hostile input against our servers, judged.
+
+    python -m loadtest fuzz --target mqtt|http|both --inputs 200000 [--seed S]
+        [--engine dense|streams|both] [--connections 200] [--max-seconds 1800]
+
+Starts the server (``servers.heartbeat`` on each engine asked for, ``servers.http``)
+on a free loopback port with short timeouts, keeps a well-behaved canary beside it,
+and sends ``--inputs`` inputs, each on a connection of its own, ``--connections`` at a
+time: valid MQTT sessions and HTTP requests from a seeded corpus, mutated (bit and
+byte flips, truncation, extension, length and Content-Length lies, varint overflow,
+huge lengths, random bytes, duplicated and reordered packets, a slow trickle of a
+valid prefix) — :mod:`.corpus`, :mod:`.mutators`. Every run is judged
+(:mod:`.judge`): the server alive throughout and exiting 0 on SIGTERM, no
+traceback in its log, a clear outcome for every connection, the canary healthy, open
+files back to where they were and RSS not growing with the inputs. The report and
+``results/fuzz.json`` give the counts; the exit status is 0 only if every run passed.
+
+Every input is a pure function of the seed and its index: ``--replay 17,4242`` (with
+the same ``--seed``) sends just those again, and a FAIL lists the inputs in flight
+when the server died or first logged a fault, with their bytes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import datetime
+import json
+import os
+import platform
+import random
+import shlex
+import sys
+from collections.abc import Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from ..sampler import cpu_model
+from .faults import first_fault
+from .judge import Limits, Verdict, judge
+from .observation import Observation
+from .runner import FuzzOptions, run_target
+from .targets import HTTP_SERVER_ARGS, MQTT_SERVER_ARGS, ServerSpec, http_spec, mqtt_spec
+
+__all__ = ["main", "machine", "render", "run"]
+
+ENGINES = ("dense", "streams")
+
+
+def machine() -> dict[str, Any]:
+    """What the run ran on, for the record."""
+    return {
+        "cpu": cpu_model(),
+        "cores": os.cpu_count(),
+        "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
+        "python": platform.python_version(),
+        "kernel": f"{platform.system()} {platform.release()}",
+    }
+
+
+def _share(counter: dict[str, int], total: int, n: int = 8) -> str:
+    items = collections.Counter(counter).most_common(n)
+    shown = ", ".join(f"{key} {count:,}" for key, count in items)
+    rest = total - sum(c for _, c in items)
+    return shown + (f", other {rest:,}" if rest > 0 else "")
+
+
+def render(run: dict[str, Any]) -> str:
+    """A run's report, one figure per line."""
+    c = run["counts"]
+    done = c["inputs"]
+    canary = run["canary"]
+    lines = [
+        f"target                 {run['target']}: seed {run['seed']}, {done:,} of {run['requested']:,} inputs "
+        f"in {run['seconds']:.0f} s ({c['inputs_per_second']:,.0f}/s), {run['connections']} connections at a time",
+        f"replies                {_share(c['replies'], done)}",
+    ]
+    if "statuses" in c:
+        lines.append(f"statuses               {_share(c['statuses'], sum(c['statuses'].values()), 10)}")
+    lines.append(f"endings                {_share(c['endings'], done, 10)}")
+    if "server_reasons" in c:
+        reasons = c["server_reasons"]
+        lines.append(f"server's log           {_share(reasons, sum(reasons.values()), 10)}")
+        lines.append(
+            f"                       {c['missing_ends']:,} connections without a logged end by peer "
+            f"({c['missing_accepted']:,} of them accepted), {c['unattributed_ends']:,} ends logged "
+            "without a known peer"
+        )
+    if canary["kind"] == "mqtt":
+        lines.append(
+            f"canary                 {canary['clients']} clients, {canary['exchanges']:,} pings answered "
+            f"(slowest {canary['max_latency'] * 1000:,.0f} ms), {len(canary['false_offline'])} false offline, "
+            f"{canary['probes']} accept probes, {len(canary['problems'])} problems"
+        )
+    else:
+        lines.append(
+            f"canary                 {canary['exchanges']:,} keep-alive requests 200 "
+            f"(slowest {canary['max_latency'] * 1000:,.0f} ms), {canary['probes']} accept probes, "
+            f"{len(canary['problems'])} problems"
+        )
+    fds, rss = run["fds"], run["rss"]
+    lines.append(
+        f"open files             {fds.get('before', '?')} before, {fds.get('canary', '?')} with the canary, "
+        f"{fds.get('after_run', '?')} after the run, {fds.get('after_canary', '?')} at the end"
+    )
+    if rss.get("warm") and rss.get("mid") and rss.get("end"):
+        lines.append(
+            f"server RSS             {rss['warm'] / 2**20:.1f} MiB after the warm-up, {rss['mid'] / 2**20:.1f} "
+            f"half-way, {rss['end'] / 2**20:.1f} at the end ({c['rss_growth_per_input']:+,.0f} B per input "
+            f"after the warm-up, {c['rss_growth_late_per_input']:+,.0f} in the second half)"
+        )
+    if c.get("late_under_load"):
+        lines.append(
+            f"late under load        {c['late_under_load']:,} connections not closed within {run['wait_limit']:g} s "
+            f"while the server was busy; sent again alone, all {c['replayed_alone']} sampled were closed in time"
+        )
+    exit_text = run["died"] or f"exit code {run['exit_code']} after SIGTERM"
+    lines.append(
+        f"server                 {c['crashes']} crashes, {c['fault_lines']:,} fault lines in its log, {exit_text}, "
+        f"{c['server_cpu']:.2f} cores busy over the run"
+    )
+    lines.append(f"result                 {run['result']}")
+    lines.extend(f"  - {reason}" for reason in run["reasons"])
+    if run["suspects"]:
+        lines.append(f"suspects               inputs {', '.join(str(s['index']) for s in run['suspects'][:20])}")
+    return "\n".join(lines)
+
+
+def _record(spec: ServerSpec, options: FuzzOptions, obs: Observation, verdict: Verdict) -> dict[str, Any]:
+    return {
+        "target": spec.name,
+        "protocol": spec.protocol,
+        "seed": options.seed,
+        "requested": obs.requested,
+        "connections": options.connections,
+        "seconds": round(obs.fuzz_seconds, 1),
+        "result": "PASS" if verdict.passed else "FAIL",
+        "reasons": verdict.reasons,
+        "counts": verdict.counts,
+        "canary": asdict(obs.canary),
+        "fds": obs.fds,
+        "rss": obs.rss,
+        "exit_code": obs.exit_code,
+        "died": obs.died,
+        "server_command": " ".join(["python", *spec.command[1:]]),
+        "wait_limit": spec.wait,
+        "suspects": obs.suspects,
+        "first_fault": first_fault(obs.stderr),
+    }
+
+
+def run(spec: ServerSpec, options: FuzzOptions, rss_growth: float = Limits.rss_growth) -> dict[str, Any]:
+    """Fuzz one server and judge it: the run's record (JSON-ready)."""
+    obs = run_target(spec, options)
+    verdict = judge(obs, Limits(wait=spec.wait, rss_growth=rss_growth))
+    return _record(spec, options, obs, verdict)
+
+
+def specs(target: str, engine: str, server_args: Sequence[str] = ()) -> list[ServerSpec]:
+    """The servers a ``--target``/``--engine`` pair asks for, in order, each with ``server_args`` added."""
+    out = []
+    if target in ("mqtt", "both"):
+        out += [mqtt_spec(e) for e in (ENGINES if engine == "both" else (engine,))]
+    if target in ("http", "both"):
+        out.append(http_spec())
+    for spec in out:
+        spec.command += server_args
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m loadtest fuzz``; exit 0 only if every run passed."""
+    p = argparse.ArgumentParser(prog="python -m loadtest fuzz", description=__doc__.split("\n\n")[0])
+    a = p.add_argument
+    a("--target", choices=("mqtt", "http", "both"), default="both", help="which server (default: both)")
+    a("--inputs", type=int, default=200_000, help="inputs per server, one connection each (default: 200000)")
+    a("--seed", type=int, default=None, help="the corpus and mutation seed (default: a random one, reported)")
+    a("--engine", choices=(*ENGINES, "both"), default="dense", help="the MQTT server's engine (default: dense)")
+    a("--connections", type=int, default=200, help="connections open at a time (default: 200)")
+    a("--max-seconds", type=float, default=1800.0, help="per server: stop taking inputs after this (default: 1800)")
+    a("--replay", default=None, help="comma-separated input indices: send just these (with the run's --seed)")
+    a(
+        "--max-rss-growth",
+        type=float,
+        default=Limits.rss_growth,
+        help="bytes of server RSS per input in the run's second half beyond which it fails, if it also grew "
+        f"more than {Limits.rss_slack / 2**20:.0f} MiB then (default: {Limits.rss_growth:g})",
+    )
+    a(
+        "--server-args",
+        default="",
+        help="more options for the server, as one string (say '--gc-freeze 0'); "
+        f"MQTT runs with {' '.join(MQTT_SERVER_ARGS)}, HTTP with {' '.join(HTTP_SERVER_ARGS)}",
+    )
+    a("--json", default="results/fuzz.json", help="where the results go (default: results/fuzz.json)")
+    a("--quiet", action="store_true", help="no progress lines")
+    args = p.parse_args(argv)
+    if args.inputs < 1 or args.connections < 1 or args.max_seconds <= 0:
+        p.error("--inputs, --connections and --max-seconds must be positive")
+    indices = None
+    if args.replay:
+        if args.seed is None:
+            p.error("--replay needs the --seed of the run it replays")
+        try:
+            indices = [int(i) for i in args.replay.split(",")]
+        except ValueError:
+            p.error("--replay: comma-separated input indices")
+    seed = args.seed if args.seed is not None else random.randrange(1, 2**31)
+    options = FuzzOptions(
+        inputs=args.inputs,
+        seed=seed,
+        connections=args.connections,
+        max_seconds=args.max_seconds,
+        indices=indices,
+        quiet=args.quiet,
+    )
+    runs = []
+    for spec in specs(args.target, args.engine, shlex.split(args.server_args)):
+        if not args.quiet:
+            print(f"fuzzing {spec.name} (seed {seed})...", file=sys.stderr, flush=True)
+        try:
+            record = run(spec, options, args.max_rss_growth)
+        except RuntimeError as exc:  # the server or the canary did not start
+            record = {"target": spec.name, "seed": seed, "result": "FAIL", "reasons": [f"could not run: {exc}"]}
+            print(f"target                 {spec.name}: could not run: {exc}\n", flush=True)
+        else:
+            print(render(record) + "\n", flush=True)
+        runs.append(record)
+    passed = all(r["result"] == "PASS" for r in runs)
+    out = {
+        "command": "python -m loadtest fuzz " + shlex.join(sys.argv[1:] if argv is None else argv),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "machine": machine(),
+        "result": "PASS" if passed else "FAIL",
+        "runs": runs,
+    }
+    path = Path(args.json)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(out, indent=1))
+    print(f"result                 {out['result']} ({len(runs)} runs)")
+    print(f"written                {path}")
+    return 0 if passed else 1
+

@@ -1,0 +1,155 @@
+"""The QoS load test's queued part: what a message queued for an absent persistent session
+costs the server in RSS, and whether the session gets every one back, in order, on return."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import socket
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import psutil
+
+from servers.heartbeat.encoders import encode_puback
+
+from ..mqtt_frames import frames
+from .client import RECV_SIZE, goodbye, open_client, publish_prefix, subscribe
+from .load import PAYLOAD_HEADER, QosLoad
+from .tally import Tally
+
+__all__ = ["run_queued", "settled_rss"]
+
+QUEUE_FILL_WINDOW = 100
+"""PUBLISHes the queue filler keeps unacknowledged: the fill is a set-up step, not measured."""
+
+
+def _rss(pids: Sequence[int]) -> int:
+    total = 0
+    for pid in pids:
+        with contextlib.suppress(psutil.Error):
+            total += psutil.Process(pid).memory_info().rss
+    return total
+
+
+def settled_rss(pids: Sequence[int], pause: float = 0.5) -> int:
+    """RSS of ``pids`` once the server had ``pause`` to finish what it was doing;
+    the lower of two readings, so a transient allocation is not counted."""
+    time.sleep(pause)
+    first = _rss(pids)
+    time.sleep(0.1)
+    return min(first, _rss(pids))
+
+
+def _publish_all(sock: socket.socket, topic: str, n: int, payload: int, window: int) -> None:
+    """Publish ``n`` QoS 1 messages, ``window`` unacknowledged at most; return once all are acknowledged."""
+    prefix = publish_prefix(topic, payload)
+    padding = bytes(payload - PAYLOAD_HEADER.size)
+    buf = bytearray()
+    sent = acked = 0
+    while acked < n:
+        room = min(window - (sent - acked), n - sent)
+        if room > 0:
+            now_ns = time.monotonic_ns()
+            sock.sendall(
+                b"".join(
+                    prefix + (s % 65535 + 1).to_bytes(2, "big") + PAYLOAD_HEADER.pack(0, s, now_ns) + padding
+                    for s in range(sent, sent + room)
+                )
+            )
+            sent += room
+        data = sock.recv(RECV_SIZE)
+        if not data:
+            raise ConnectionError(f"the server closed the publisher after {acked} of {n} acknowledgements")
+        buf += data
+        packets, used = frames(buf)
+        del buf[:used]
+        acked += sum(1 for first, _, _ in packets if first == 0x40)
+
+
+def _receive_all(sock: socket.socket, n: int, idle: float) -> dict[str, Any]:
+    """Take deliveries (acknowledging each) until ``n`` distinct ones came or ``idle`` seconds pass without one."""
+    tally = Tally()
+    buf = bytearray()
+    received = dup_flag = 0
+    sock.settimeout(idle)
+    while tally.unique < n:
+        try:
+            data = sock.recv(RECV_SIZE)
+        except TimeoutError:
+            break
+        if not data:
+            break
+        buf += data
+        packets, used = frames(buf)
+        acks = []
+        for first, start, end in packets:
+            if first >> 4 != 3:
+                continue
+            offset = start + 2 + ((buf[start] << 8) | buf[start + 1])
+            if (first >> 1) & 3:
+                acks.append(encode_puback(int.from_bytes(buf[offset : offset + 2], "big")))
+                offset += 2
+            if first & 0x08:
+                dup_flag += 1
+            if end - offset >= PAYLOAD_HEADER.size:
+                tally.see(PAYLOAD_HEADER.unpack_from(buf, offset)[1])
+                received += 1
+        del buf[:used]
+        if acks:
+            sock.sendall(b"".join(acks))
+    return {
+        "received": received,
+        "unique": tally.unique,
+        "duplicates": tally.duplicates,
+        "out_of_order": tally.out_of_order,
+        "dup_flagged": dup_flag,
+    }
+
+
+def run_queued(port: int, pids: Sequence[int], load: QosLoad, tag: str = "ik") -> dict[str, Any]:
+    """The queued part: RSS per message queued for an absent persistent session, and its
+    delivery on return (session present, all of them, in order)."""
+    client_id = f"{tag}-qos-away"
+    first, _ = open_client(port, client_id, clean=False)
+    try:
+        granted = subscribe(first, "q/#", 1)
+    finally:
+        goodbye(first)
+    # The publisher connects before the baseline, so its own memory is not counted.
+    publisher, _ = open_client(port, f"{tag}-qos-filler", timeout=60.0)
+    try:
+        before = settled_rss(pids)
+        t0 = time.monotonic()
+        _publish_all(publisher, "q/m", load.queued, load.payload, QUEUE_FILL_WINDOW)
+        fill_s = time.monotonic() - t0
+        after = settled_rss(pids)
+        t0 = time.monotonic()
+        back, present = open_client(port, client_id, clean=False, timeout=60.0)
+        try:
+            got = _receive_all(back, load.queued, idle=5.0)
+            drain_s = time.monotonic() - t0
+        finally:
+            goodbye(back)
+        drained = settled_rss(pids, pause=0.2)
+    finally:
+        goodbye(publisher)
+    lost = load.queued - got["unique"]
+    return {
+        "queued": load.queued,
+        "payload_bytes": load.payload,
+        "granted_qos": granted,
+        "rss_before_bytes": before,
+        "rss_queued_bytes": after,
+        "rss_drained_bytes": drained,
+        "bytes_per_queued": (after - before) / load.queued,
+        "fill_s": fill_s,
+        "session_present": present,
+        **got,
+        "lost": lost,
+        "in_order": got["out_of_order"] == 0 and got["duplicates"] == 0,
+        "drain_s": drain_s,
+        "drain_msgs_per_s": got["unique"] / drain_s if drain_s > 0 else math.nan,
+        "ok": present and lost == 0 and got["out_of_order"] == 0 and got["duplicates"] == 0,
+    }

@@ -1,0 +1,189 @@
+"""Who holds a client id, fleet-wide: the claims, offlines and losses that change a
+device's record and write its presence events, what their replies mean, and the
+re-claiming of the host's sessions after this node registered again.
+
+Each is one script call, compare-and-set on the device's epoch and owner, so a resent
+report or a second caller never emits twice. A claim never displaces a newer session
+of the same device held elsewhere: claims from different nodes can cross on the way,
+and the later accept ``time`` wins (the registry's rule).
+
+**Resynchronisation.** When a node finds its lease gone (Redis restarted empty, or the
+node was cut off longer than its lease and declared lost), it registers again,
+republishes its filters and re-claims every session its host holds; if reports were
+dropped, devices the registry has it holding that it no longer holds go offline
+(``connection-lost``). A re-claim that finds a newer session elsewhere evicts the
+local one, stale.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from ...presence import Offline, PresenceEvent
+from .. import Host
+from ..registry import takeover_of
+from .keys import FleetKeys
+from .link import RedisLink
+from .metrics import FleetCounts
+from .queue import ReportQueue
+from .sessions import PersistentSessions
+from .values import stream_id, text
+
+__all__ = ["Claims", "event_json", "record_fields"]
+
+
+def event_json(event: PresenceEvent) -> str:
+    """``event`` as the presence stream and the device record carry it."""
+    return json.dumps(event.to_dict(), separators=(",", ":"))
+
+
+def record_fields(event: PresenceEvent, owner: str, encoded: str) -> list[str]:
+    """The device hash's fields for ``event`` (flattened name/value pairs for HSET);
+    ``encoded`` is :func:`event_json`'s."""
+    return [
+        "status", event.status,
+        "epoch", event.epoch,
+        "node", event.node,
+        "worker", str(event.worker),
+        "peer", event.peer,
+        "time", repr(event.time),  # exact: crossing claims are ordered by it
+        "reason", "" if event.reason is None else event.reason.value,
+        "keep_alive", str(event.keep_alive),
+        "owner", owner,
+        "event", encoded,
+    ]  # fmt: skip
+
+
+class Claims:
+    """This node's changes to device records, and the presence events they wrote.
+
+    ``emitted`` is the id of the latest presence event this node is known to have
+    written: the reader has delivered everything once it has read that far.
+    """
+
+    def __init__(
+        self,
+        link: RedisLink,
+        keys: FleetKeys,
+        counts: FleetCounts,
+        *,
+        node: str,
+        lease: float,
+        stream_maxlen: int,
+        offline_ttl: float,
+    ) -> None:
+        self.link = link
+        self.scripts = link.scripts
+        self.keys = keys
+        self.counts = counts
+        self.prefix = keys.prefix
+        self.dev_prefix = keys.dev_prefix
+        self.k_stream = keys.stream
+        self.k_owned = keys.owned
+        self.node = node
+        self.lease = lease
+        self.stream_maxlen = stream_maxlen
+        self.offline_ttl = offline_ttl
+        self.sweep_lock_ms = str(int(max(lease * 2, 1.0) * 1000))
+        """How long a sweep lock lives: a few leases, so a sweep whose sweeper died is
+        resumed by the next node to take it. Each batch its holder ends renews it."""
+        self.emitted = (0, 0)
+
+    def claim_request(self, event: PresenceEvent, mode: str, client: Any) -> Any:
+        """The claim of ``event`` (``mode`` "claim", or "reclaim" in a resynchronisation) on
+        ``client`` (a connection or a pipeline)."""
+        assert event.client_id is not None
+        detail = takeover_of(event, event).detail
+        encoded = event_json(event)
+        args = [self.prefix, self.node, event.client_id, event.epoch, encoded, str(self.stream_maxlen), mode]
+        args += [detail, repr(event.time), *record_fields(event, self.node, encoded)]
+        keys = [self.dev_prefix + event.client_id, self.k_stream, self.k_owned]
+        return self.scripts.claim(keys, args, client=client)
+
+    def claimed(self, out: Any) -> bool:
+        """Count a claim's reply; False if a newer session (by accept time) holds the device."""
+        ids = list(out or [])
+        if ids == [b"stale"]:
+            return False
+        if ids:
+            self.counts.claims += 1
+            self.counts.takeovers += len(ids) - 1
+            self.emitted = max(self.emitted, *(stream_id(i) for i in ids))
+        return True
+
+    async def claim(self, event: PresenceEvent, mode: str) -> bool:
+        """Apply a claim; False if a newer session (by accept time) holds the device."""
+        return self.claimed(await self.link.call(self.claim_request(event, mode, self.link.redis())))
+
+    def offline_request(self, event: PresenceEvent, forget: bool, client: Any) -> Any:
+        """The end of ``event``'s session (``forget``: its record goes, a tombstone kept)."""
+        assert event.client_id is not None
+        ttl = str(int(self.offline_ttl * 1000))
+        tomb = str(int(max(60.0, self.lease * 10) * 1000))
+        encoded = event_json(event)
+        args = [self.prefix, self.node, event.client_id, event.epoch, encoded, str(self.stream_maxlen)]
+        args += ["1" if forget else "0", ttl, tomb, *record_fields(event, "", encoded)]
+        keys = [self.dev_prefix + event.client_id, self.k_stream, self.k_owned]
+        return self.scripts.offline(keys, args, client=client)
+
+    def offline_done(self, out: Any) -> None:
+        """Count an offline's reply (empty: the session had ended already)."""
+        if out:
+            self.counts.offlines += 1
+            self.emitted = max(self.emitted, stream_id(out[0]))
+
+    async def lose(self, owner: str, client_ids: list[str], reason: Offline, detail: str, check_lease: bool) -> int:
+        """End the online sessions of ``client_ids`` that ``owner`` holds; -1 if its lease is back."""
+        if not client_ids:
+            return 0
+        keys = [self.k_stream, self.keys.owned_prefix + owner, self.keys.lease_prefix + owner]
+        keys.append(self.keys.sweep_prefix + owner)
+        now = repr(round(time.time(), 3))
+        args = [self.prefix, self.node, owner, str(self.stream_maxlen), reason.value, detail, now]
+        args += [str(int(self.offline_ttl * 1000)), "1" if check_lease else "0", self.sweep_lock_ms, *client_ids]
+        n = int(await self.link.call(self.scripts.lose(keys, args)))
+        if n > 0:
+            if reason is Offline.NODE_LOST:
+                self.counts.node_lost += n
+            else:
+                self.counts.offlines += n
+            # The stream's top is at least as far as what this call added.
+            last = await self.link.call(self.link.redis().xrevrange(self.k_stream, "+", "-", count=1))
+            if last:
+                self.emitted = max(self.emitted, stream_id(last[0].identifier))
+        return n
+
+    async def resynchronise(self, host: Host, queue: ReportQueue, sessions: PersistentSessions) -> None:
+        """Re-claim every session ``host`` holds; with ``queue.reconcile``, end those it no longer holds."""
+        # Taken before any await: reports made after this moment are queued behind,
+        # so they apply after the re-claims (an offline never precedes its re-claim).
+        held_now = host.sessions()
+        reconcile = queue.reconcile
+        queue.resync = queue.reconcile = False
+        try:
+            for event in held_now:
+                if event.client_id is None:
+                    continue
+                if not await self.claim(event, "reclaim"):
+                    # A later session of this device is online elsewhere: ours is stale.
+                    host.evict(event.client_id, event.epoch, "a newer session holds this client id")
+                else:
+                    await sessions.reattach(host, event.client_id, event.epoch)
+            if reconcile:
+                live = {e.client_id for e in held_now}
+                # Devices with a report still queued are settled by that report (with its reason).
+                live |= {r.event.client_id for r in queue.items if r.event is not None}
+                owned = await self.link.call(self.link.redis().smembers(self.k_owned))
+                gone = sorted(c for c in (text(m) for m in owned) if c not in live)
+                await self.lose(self.node, gone, Offline.CONNECTION_LOST, "its offline report was dropped", False)
+                # Persistent sessions whose Detach may have been dropped wait for their clients.
+                live |= {r.report.client_id for r in queue.items if r.report is not None}
+                held = await self.link.call(self.link.redis().smembers(self.keys.held))
+                await sessions.detach_lost(self.node, sorted(c for c in map(text, held) if c not in live), False)
+        except BaseException:
+            queue.resync = True
+            queue.reconcile = queue.reconcile or reconcile
+            raise
+        self.counts.resyncs += 1

@@ -1,0 +1,371 @@
+"""The coordinator of a fleet of gateways sharing one Redis (≥ 7), through coredis.
+
+Every worker process of every gateway is one *node* of the fleet and talks to
+Redis itself. The registry's rules (:mod:`.registry`) are applied by Lua scripts,
+so each decision (claim, offline, loss) and the presence events it emits are one
+atomic step on the server, whichever node asks and however often it retries.
+
+:class:`RedisCoordinator` is the :class:`~.Coordinator` the worker sees; each job is
+a module of its own:
+
+- :mod:`.keys`: the keys in Redis (every one is listed there) and stream bounds;
+- :mod:`.scripts` (and ``lua/``): the Lua scripts;
+- :mod:`.link`: the connection, timed calls, whether Redis answers;
+- :mod:`.queue` and :mod:`.flusher`: the reports, queued and applied in order;
+- :mod:`.claims`: who holds a client id (claims, offlines, takeovers, resynchronisation);
+- :mod:`.leases` and :mod:`.sweep`: node liveness, and declaring a node lost;
+- :mod:`.filters` and :mod:`.routes`: who subscribes to what, and routing;
+- :mod:`.reader`: the presence stream, routed messages and notices, read back;
+- :mod:`.sessions` and :mod:`.retained`: persistent sessions, retained messages;
+- :mod:`.metrics`: the figures.
+
+**Nothing blocks the worker.** :meth:`RedisCoordinator.online`, ``offline``,
+``route``, ``note``, ``filters_changed``, ``session``, ``discard_session`` and
+``retain`` return at once: reports go into a bounded queue that one task flushes
+in order; while Redis is unreachable the queue holds them (past ``queue_limit``
+new ones are dropped and counted, and a resynchronisation is scheduled so the
+registry heals anyway). Only ``lookup``, ``open_session`` and ``retained`` wait,
+each bounded by a timeout. ``open_session`` goes through the same queue as the
+node's reports (so it sees them applied) and answers None after ``open_timeout``:
+the CONNECT is refused (3) rather than given an empty session that would lose the
+stored one.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Sequence
+
+import trio
+
+from ....prometheus import Metric
+from ...broker import matches_any
+from ...outbox import DEFAULT_MAX_QUEUED, DEFAULT_MAX_QUEUED_BYTES, DEFAULT_WINDOW
+from ...persistent import DEFAULT_EXPIRY, DEFAULT_TOTAL_QUEUED_BYTES, Attach, Detach, Discard, Opened, Report
+from ...presence import PresenceEvent, PresenceSink
+from ...retained import DEFAULT_MAX_BYTES, DEFAULT_MAX_COUNT
+from .. import Coordinator, Health, Host, publish_to_sinks
+from ..retention import RetainedMessage
+from .claims import Claims
+from .filters import Filters
+from .flusher import Flusher
+from .keys import FleetKeys
+from .leases import LeaseKeeper
+from .link import RedisLink
+from .metrics import FleetCounts, fleet_families, read_fleet_figures
+from .queue import OpenQuestion, Queued, ReportQueue
+from .reader import StreamReader
+from .retained import FleetRetained
+from .routes import Routes
+from .sessions import PersistentSessions
+from .sweep import Sweeper
+
+__all__ = ["RedisCoordinator"]
+
+
+class RedisCoordinator(Coordinator, FleetCounts):
+    """Shares the registry, presence events and subscriptions of a fleet through Redis.
+
+    ``node`` names this worker process fleet-wide and must be unique and not reused
+    by a later process (say ``"gw1.example:1883/w0/pid4242"``): the lease, the owned
+    set and the eviction of taken-over sessions are keyed by it. ``lease`` is how
+    long the node counts as alive without renewing; it renews every ``renew``
+    seconds and checks the other members' leases as often. ``offline_ttl``: how
+    long an offline device's record is kept (0: forever).
+
+    Persistent sessions and retained messages take the options of
+    :class:`~.inprocess.InProcessCoordinator`'s store and retention: ``max_qos``,
+    ``max_inflight`` (the window), ``max_queued`` and ``max_queued_bytes`` per
+    session, ``total_queued_bytes`` over all, ``session_expiry`` (seconds),
+    ``may_read`` (the ACL per message, as :attr:`SessionStore.may_read`; None lets
+    everything through), ``retain_presence``, ``presence_offline_ttl`` (None: while
+    the record is kept), ``max_retained_bytes`` and ``max_retained_count``. Every node
+    of a fleet should be given the same. ``open_timeout``: how long a CONNECT with
+    CleanSession=0 waits for its stored session before it is refused (3).
+
+    Its figures (:class:`~.metrics.FleetCounts`) are its attributes.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        node: str,
+        *,
+        sinks: Sequence[PresenceSink] = (),
+        presence_prefix: str = "presence/",
+        prefix: str = "idlekeeper:",
+        lease: float = 3.0,
+        renew: float = 1.0,
+        stream_maxlen: int = 100_000,
+        queue_limit: int = 100_000,
+        offline_ttl: float = 7 * 86400.0,
+        timeout: float = 2.0,
+        max_qos: int = 2,
+        max_inflight: int = DEFAULT_WINDOW,
+        max_queued: int = DEFAULT_MAX_QUEUED,
+        max_queued_bytes: int = DEFAULT_MAX_QUEUED_BYTES,
+        total_queued_bytes: int = DEFAULT_TOTAL_QUEUED_BYTES,
+        session_expiry: float = DEFAULT_EXPIRY,
+        may_read: Callable[[str | None, str, str], bool] | None = None,
+        retain_presence: bool = True,
+        presence_offline_ttl: float | None = None,
+        max_retained_bytes: int = DEFAULT_MAX_BYTES,
+        max_retained_count: int = DEFAULT_MAX_COUNT,
+        open_timeout: float = 1.0,
+    ) -> None:
+        if renew >= lease:
+            raise ValueError("renew must be shorter than lease")
+        if max_inflight < 1:
+            raise ValueError("the window (max_inflight) must hold at least one message")
+        FleetCounts.__init__(self)
+        self.node = node
+        self.sinks = list(sinks)
+        self.presence_prefix = presence_prefix
+        self.timeout = timeout
+        self.open_timeout = open_timeout
+        self._progress = trio.Event()  # set (and replaced) whenever the flusher, reader or renewer moved on
+
+        self.keys = keys = FleetKeys(prefix, node)
+        self.link = link = RedisLink(url, node, timeout=timeout, renew=renew)
+        self.reports = ReportQueue(self, limit=queue_limit)
+        self.filters = filters = Filters(link, keys, node=node)
+        self.sessions = PersistentSessions(
+            link,
+            keys,
+            self,
+            node=node,
+            max_qos=max_qos,
+            window=max_inflight,
+            max_queued=max_queued,
+            max_queued_bytes=max_queued_bytes,
+            total_queued_bytes=total_queued_bytes,
+            expiry=session_expiry,
+        )
+        self.retention = FleetRetained(
+            link,
+            keys,
+            self,
+            presence_prefix=presence_prefix,
+            presence=retain_presence,
+            offline_ttl=presence_offline_ttl,
+            max_bytes=max_retained_bytes,
+            max_count=max_retained_count,
+        )
+        # Not ``claims``: that is the counter of claims applied.
+        self.ownership = Claims(
+            link, keys, self, node=node, lease=lease, stream_maxlen=stream_maxlen, offline_ttl=offline_ttl
+        )
+        self.lease_keeper = LeaseKeeper(link, keys, self, node=node, lease=lease, renew=renew)
+        self.sweeper = Sweeper(link, keys, self.ownership, self.sessions, filters, node=node)
+        self.routes = Routes(link, keys, self, filters, self.sessions, node=node, may_read=may_read)
+        self.reader = StreamReader(
+            link,
+            keys,
+            self,
+            filters,
+            node=node,
+            sinks=self.sinks,
+            presence_prefix=presence_prefix,
+            moved_on=self._moved_on,
+        )
+        self.flusher = Flusher(
+            link,
+            self.reports,
+            self.ownership,
+            self.routes,
+            self.sessions,
+            self.retention,
+            reader_ready=self.reader.ready,
+            moved_on=self._moved_on,
+        )
+        # What the per-message calls below use, bound once.
+        self._enqueue = self.reports.put
+        self._queue = self.reports.items
+        self._remote = filters.remote
+        self._attached = self.sessions.attached
+        self.persistent_filters = filters.persistent
+        """The fleet's persistent sessions' filters, as this node last heard them."""
+
+    # ----------------------------------------------------------------- reports
+
+    def online(self, event: PresenceEvent) -> None:
+        """Queue a claim; see :meth:`Coordinator.online`."""
+        if event.client_id is None or event.status != "online":
+            raise ValueError("online() takes an online event with a client id")
+        self._enqueue(Queued("online", event))
+
+    def offline(self, event: PresenceEvent, *, forget: bool = False) -> None:
+        """Queue an offline report; see :meth:`Coordinator.offline`."""
+        if event.client_id is None or event.status != "offline":
+            raise ValueError("offline() takes an offline event with a client id")
+        self._enqueue(Queued("offline", event, forget=forget))
+
+    def note(self, event: PresenceEvent) -> None:
+        """Sinks only: they are this process's own, so nothing goes through Redis."""
+        publish_to_sinks(self.sinks, event)
+
+    def route(self, topic: str, payload: bytes, qos: int) -> None:
+        """Queue ``topic`` for the other nodes whose subscribers' filters match it, and (QoS 1
+        and 2) for the persistent sessions whose filters match it, if any."""
+        persistent = qos > 0 and bool(self.persistent_filters.matching(topic))
+        if not persistent and not any(n != self.node and matches_any(f, topic) for n, f in self._remote.items()):
+            self.route_skipped += 1
+            return
+        self._enqueue(Queued("route", topic=topic, payload=payload, qos=qos))
+
+    async def open_session(self, client_id: str, username: str | None = None) -> Opened | None:
+        """The stored session (or a new one), in order with this node's reports; None if
+        Redis does not answer within ``open_timeout`` (see :meth:`Coordinator.open_session`)."""
+        question = OpenQuestion(client_id, username)
+        if self._enqueue(Queued("open", question=question)):
+            with trio.move_on_after(self.open_timeout):
+                await question.done.wait()
+        if question.answer is None:
+            question.abandoned = True
+            self.opens_refused += 1
+        return question.answer
+
+    def discard_session(self, client_id: str) -> None:
+        """Queue the discarding of any stored session (CleanSession=1)."""
+        self.session(Discard(client_id))
+
+    def session(self, report: Report) -> None:
+        """Queue a change to a persistent session; applied in order with this node's other reports."""
+        # Which persistent sessions this node's connections hold, for a resynchronisation.
+        if isinstance(report, Attach):
+            self._attached[report.client_id] = report.epoch
+        elif isinstance(report, Detach) and self._attached.get(report.client_id) == report.epoch:
+            del self._attached[report.client_id]
+        self._enqueue(Queued("session", report=report))
+
+    def retain(self, topic: str, payload: bytes, qos: int) -> None:
+        """Queue a retained message (an empty payload clears the topic's)."""
+        self._enqueue(Queued("retain", topic=topic, payload=payload, qos=qos))
+
+    async def retained(self, topic_filter: str, cursor: str | None) -> tuple[list[RetainedMessage], str | None]:
+        """A page of the retained messages ``topic_filter`` matches, then of the devices'
+        retained presence; nothing more if Redis does not answer."""
+        if self.link.client is None:
+            return [], None
+        try:
+            with trio.fail_after(self.timeout * 2):
+                return await self.retention.read(topic_filter, cursor)
+        except (Exception, trio.TooSlowError) as exc:
+            self.link.failed(exc)
+            return [], None
+
+    def filters_changed(self, filters: set[str]) -> None:
+        """Republish this node's filters (by the renewer, within a moment)."""
+        self.filters.change(filters)
+
+    def settles(self) -> bool:
+        """See :meth:`Coordinator.settles`: other nodes route by this one's filters."""
+        return True
+
+    async def settle(self) -> bool:
+        """See :meth:`Coordinator.settle`.
+
+        Waits until this node's reports and filters so far are in Redis, then adds a
+        probe to ``filters-changed``; every other live node answers it in this node's
+        route stream once it has applied all it read with it (notices of filters and
+        of persistent filters alike: one ``XREAD`` sees both streams at one instant).
+        False if that takes longer than ``open_timeout`` (a node stalled, or Redis down).
+        """
+        with trio.move_on_after(self.open_timeout):
+            reports, filters = self.reports.enqueued, self.filters.version
+            while self.reports.applied < reports or self.filters.written < filters:
+                await self._progress.wait()
+            members = await self.lease_keeper.members()
+            dead = set(await self.lease_keeper.lapsed())
+            others = members - dead - {self.node}
+            if others:
+                await self.filters.probe(others)
+            return True
+        return False
+
+    # ------------------------------------------------------------------ reads
+
+    async def lookup(self, client_id: str) -> PresenceEvent | None:
+        """The device's record, from Redis; None if unknown or Redis is unreachable."""
+        redis = self.link.client
+        if redis is None:
+            return None
+        try:
+            with trio.fail_after(self.timeout):
+                status, raw = await redis.hmget(self.keys.dev_prefix + client_id, ["status", "event"])
+        except (Exception, trio.TooSlowError) as exc:
+            self.link.failed(exc)
+            return None
+        if raw is None or status == b"forgotten":
+            return None
+        return PresenceEvent.from_dict(json.loads(raw))
+
+    async def drain(self) -> None:
+        """Wait until every queued report was applied and this node read back what it emitted."""
+        reports = self.reports
+        while self._queue or reports.busy or reports.resync or self.reader.read_pos < self.ownership.emitted:
+            await self._progress.wait()
+
+    def health(self) -> Health:
+        """Degraded while Redis is unreachable or reports wait in the queue for over a second."""
+        now = time.monotonic()
+        link, queued_since = self.link, self.reports.queued_since
+        if not link.connected:
+            since = 0.0 if link.down_since is None else now - link.down_since
+            return Health(False, f"redis unreachable for {since:.1f} s ({link.last_error}); {len(self._queue)} queued")
+        if queued_since is not None and self._queue and now - queued_since > 1.0:
+            return Health(False, f"{len(self._queue)} reports queued for {now - queued_since:.1f} s")
+        return Health(True)
+
+    def figures(self) -> list[Metric]:
+        """Claims, takeovers, node-lost events, the queue, drops, Redis round trips, connection."""
+        return fleet_families(
+            self,
+            self.link,
+            queued=len(self._queue),
+            members=len(self._remote),
+            persistent_filters=len(self.persistent_filters),
+        )
+
+    async def refresh_figures(self) -> None:
+        """Read the fleet-wide figures of persistent sessions and retained messages."""
+        self.fleet_figures = await read_fleet_figures(self.link, self.keys)
+
+    # ------------------------------------------------------------ fleet duties
+
+    async def sweep(self, dead: str, *, lock: bool = True, batch: int = 200) -> int:
+        """End every session ``dead`` held with reason ``node-lost`` (see :meth:`.Sweeper.sweep`);
+        returns how many this call ended."""
+        return await self.sweeper.sweep(dead, lock=lock, batch=batch)
+
+    async def expire_sessions(self) -> int:
+        """Discard the persistent sessions whose clients stayed away past ``session_expiry``;
+        returns how many this call discarded. Every node runs it (a script: never twice)."""
+        return await self.sessions.expire()
+
+    async def leave(self) -> None:
+        """End what this node still holds in Redis (``shutdown``) and drop its lease
+        (see :meth:`.Sweeper.leave`)."""
+        await self.sweeper.leave()
+
+    # -------------------------------------------------------------------- run
+
+    async def run(self, host: Host, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Serve ``host`` until cancelled: renewer, stream reader, router, sweeper, flusher."""
+        self.filters.own = set(host.filters())
+        redis = self.link.connect()
+        try:
+            async with redis, trio.open_nursery() as nursery:
+                nursery.start_soon(self.reader.run, host)
+                nursery.start_soon(self.lease_keeper.keep, self.filters, self.reports, self._moved_on)
+                nursery.start_soon(self.sweeper.run, self.lease_keeper, self.refresh_figures)
+                nursery.start_soon(self.flusher.run, host)
+                # Reports are accepted (queued) from now on, whether Redis answers or not.
+                task_status.started()
+        finally:
+            self.link.disconnected()
+
+    def _moved_on(self) -> None:
+        self._progress.set()
+        self._progress = trio.Event()

@@ -1,0 +1,195 @@
+"""Who subscribes to what across the fleet: this node's topic filters published for the
+others, theirs read back, the persistent sessions' filters cached; and the probes
+that confirm every other node routes by what this one published.
+
+A node routes a message only to the nodes whose subscribers' filters match it, and
+calls Redis for persistent sessions only if its cache of their filters matches.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import trio
+
+from ...broker import topic_matches
+from .keys import ROUTE_TTL_MS, TRIM_NOTICES, TRIM_ROUTES, FleetKeys
+from .link import RedisLink
+from .values import text
+
+__all__ = ["FilterCache", "Filters"]
+
+
+class FilterCache:
+    """The persistent sessions' topic filters fleet-wide, as this node last heard them.
+
+    Exact filters sit in a set and wildcards apart, so a publish nobody persistent
+    wants costs a set lookup plus a match per wildcard, and no Redis call. Kept up to
+    date from ``pfilters-changed`` notices, each numbered (``version``): a gap means
+    notices were trimmed away, and the whole set is read again.
+    """
+
+    def __init__(self) -> None:
+        self.exact: set[str] = set()
+        self.wild: set[str] = set()
+        self.version = 0
+
+    def __len__(self) -> int:
+        return len(self.exact) + len(self.wild)
+
+    def set(self, topic_filter: str, present: bool) -> None:
+        """A filter gained its first persistent session (``present``) or lost its last."""
+        table = self.wild if "+" in topic_filter or "#" in topic_filter else self.exact
+        if present:
+            table.add(topic_filter)
+        else:
+            table.discard(topic_filter)
+
+    def replace(self, filters: Iterable[str], version: int) -> None:
+        """The whole set, as read at notice number ``version``."""
+        self.exact, self.wild = set(), set()
+        for topic_filter in filters:
+            self.set(topic_filter, True)
+        self.version = version
+
+    def matching(self, topic: str) -> list[str]:
+        """The filters that match ``topic``."""
+        out = [topic] if topic in self.exact else []
+        out += [f for f in self.wild if topic_matches(f, topic)]
+        return out
+
+
+@dataclass
+class _Probe:
+    """A settle waiting for the nodes it probed to answer."""
+
+    waiting: set[str]
+    done: trio.Event
+
+
+class Filters:
+    """The filters this node publishes and the ones it routes by.
+
+    ``remote`` (node -> its filters) and ``persistent`` are updated in place: the
+    coordinator reads them on every publish.
+    """
+
+    def __init__(self, link: RedisLink, keys: FleetKeys, *, node: str) -> None:
+        self.link = link
+        self.keys = keys
+        self.node = node
+        self.own: set[str] = set()
+        """The filters this node's subscribers hold."""
+        self.dirty = True
+        """``own`` is not yet in Redis as it is now."""
+        self.version = 0  # bumped by each change
+        self.written = 0  # the version last written to Redis
+        self.remote: dict[str, frozenset[str]] = {}
+        self.persistent = FilterCache()
+        """The fleet's persistent sessions' filters, as this node last heard them."""
+        self._changed = trio.Event()
+        self._probes: dict[str, _Probe] = {}
+        self._probe_numbers = itertools.count(1)
+
+    def change(self, filters: set[str]) -> None:
+        """This node's subscribers now hold exactly ``filters``: to be published soon."""
+        self.own = set(filters)
+        self.version += 1
+        self.dirty = True
+        self._changed.set()
+
+    def republish(self) -> None:
+        """Publish this node's filters again at the next chance (it registered afresh)."""
+        self.dirty = True
+
+    async def next_change(self) -> None:
+        """Until the filters change (at once if they changed since the last return)."""
+        await self._changed.wait()
+        self._changed = trio.Event()
+
+    async def publish(self) -> bool:
+        """Write this node's filters and announce them, if they changed; whether it did."""
+        if not self.dirty:
+            return False
+        redis, call = self.link.redis(), self.link.call
+        self.dirty = False
+        version = self.version
+        try:
+            await call(redis.hset(self.keys.filters, {self.node: json.dumps(sorted(self.own))}))
+            await call(redis.xadd(self.keys.changed, {"node": self.node}, **TRIM_NOTICES))
+        except BaseException:
+            self.dirty = True
+            raise
+        self.written = version
+        return True
+
+    async def refresh(self, node: str | None = None) -> None:
+        """Read ``node``'s filters again (None: every node's)."""
+        redis = self.link.redis()
+        if node is not None:
+            raw = await self.link.call(redis.hget(self.keys.filters, node))
+            if raw is None:
+                self.remote.pop(node, None)
+            else:
+                self.remote[node] = frozenset(json.loads(raw))
+            return
+        table = await self.link.call(redis.hgetall(self.keys.filters))
+        fresh = {text(k): frozenset(json.loads(v)) for k, v in table.items()}
+        self.remote.clear()
+        self.remote.update(fresh)
+
+    async def persistent_notice(self, fields: Any) -> None:
+        """A ``pfilters-changed`` entry: a persistent filter appeared or went."""
+        cache = self.persistent
+        version = int(fields.get(b"v", 0))
+        if version <= cache.version:
+            return  # already in what was read
+        if version != cache.version + 1:
+            await self.load_persistent()  # notices were trimmed away unread
+            return
+        cache.set(text(fields.get(b"f", b"")), fields.get(b"on") == b"1")
+        cache.version = version
+
+    async def load_persistent(self) -> None:
+        """Read the fleet's persistent filters afresh (at start, after an outage, after a gap)."""
+        redis, call = self.link.redis(), self.link.call
+        version = int(await call(redis.get(self.keys.pfilters_version)) or 0)
+        filters: list[str] = []
+        cursor: int | None = 0
+        while True:
+            cursor, chunk = await call(redis.hscan(self.keys.pfilters, cursor, count=1000))
+            filters += [text(f) for f in chunk]
+            if not cursor:
+                break
+        self.persistent.replace(filters, version)
+
+    async def probe(self, others: set[str]) -> None:
+        """Ask ``others`` to answer once they applied all they read so far; wait for every answer."""
+        token = f"{self.node}#{next(self._probe_numbers)}"
+        probe = self._probes[token] = _Probe(others, trio.Event())
+        try:
+            fields = {"node": self.node, "probe": token}
+            await self.link.call(self.link.redis().xadd(self.keys.changed, fields, **TRIM_NOTICES))
+            await probe.done.wait()
+        finally:
+            del self._probes[token]
+
+    def probed(self, fields: Any) -> None:
+        """An answer to one of this node's probes, read from its route stream."""
+        probe = self._probes.get(text(fields.get(b"probed", b"")))
+        if probe is not None:
+            probe.waiting.discard(text(fields.get(b"node", b"")))
+            if not probe.waiting:
+                probe.done.set()
+
+    async def answer_probes(self, probes: list[tuple[str, str]]) -> None:
+        """Answer other nodes' probes ((node, token) pairs) in their route streams."""
+        redis = self.link.redis()
+        for node, token in probes:
+            key = self.keys.route_prefix + node
+            await self.link.call(redis.xadd(key, {"probed": token, "node": self.node}, **TRIM_ROUTES))
+            await self.link.call(redis.pexpire(key, ROUTE_TTL_MS))

@@ -1,0 +1,97 @@
+"""Node liveness: this node's lease kept (and taken again when it was lost), the gaps
+between its renewals measured, and the members whose leases lapsed found.
+
+A node counts as alive while its lease (``node:<node>``, a TTL of ``lease`` seconds)
+exists; it renews it every ``renew`` seconds. A node that finds its lease gone
+registers again and resynchronises (see :mod:`.claims`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+import trio
+
+from .filters import Filters
+from .keys import FleetKeys
+from .link import RedisLink
+from .metrics import FleetCounts
+from .queue import ReportQueue
+from .values import text
+
+__all__ = ["LeaseKeeper"]
+
+logger = logging.getLogger("servers.heartbeat.coordination.fleet")
+
+
+class LeaseKeeper:
+    """This node's lease and membership, and which other members are alive."""
+
+    def __init__(
+        self, link: RedisLink, keys: FleetKeys, counts: FleetCounts, *, node: str, lease: float, renew: float
+    ) -> None:
+        self.link = link
+        self.keys = keys
+        self.counts = counts
+        self.node = node
+        self.lease = lease
+        self.renew_every = renew
+        self._token = f"{node}@{time.time():.3f}"
+        self._registered = False
+        self._last_renewal: float | None = None
+
+    async def renew(self) -> bool:
+        """Renew the lease; False if it was gone (taken afresh: the first time, or lost)."""
+        args = [self.node, self._token, str(int(self.lease * 1000))]
+        kept = await self.link.call(self.link.scripts.renew([self.keys.lease, self.keys.members], args))
+        self.renewed()
+        if kept == 1:
+            return True
+        if self._registered:
+            logger.warning("node %s: lease was lost; registering again and resynchronising", self.node)
+        self._registered = True
+        return False
+
+    def renewed(self) -> None:
+        """Note the gap since the last renewal: one near the lease means this node is
+        close to being declared lost while alive (too busy, or Redis too slow)."""
+        now = time.monotonic()
+        if self._last_renewal is not None:
+            gap = now - self._last_renewal
+            self.counts.renew_gap_max = max(self.counts.renew_gap_max, gap)
+            if gap > self.lease / 2:
+                logger.warning(
+                    "node %s: lease renewed %.1f s after the last (lease %.0f s)", self.node, gap, self.lease
+                )
+        self._last_renewal = now
+
+    async def members(self) -> set[str]:
+        """Every node that registered and has not been swept."""
+        return {text(m) for m in await self.link.call(self.link.redis().smembers(self.keys.members))}
+
+    async def lapsed(self) -> list[str]:
+        """The other members whose lease is gone."""
+        dead = await self.link.call(self.link.scripts.lapsed([self.keys.members], [self.keys.prefix, self.node]))
+        return [text(m) for m in dead or []]
+
+    async def keep(self, filters: Filters, queue: ReportQueue, moved_on: Callable[[], None]) -> None:
+        """The renewer task: keep the lease; register again (and have ``queue``'s flusher
+        resynchronise) when it was lost; publish this node's filters and read the others'."""
+        attempt = 0
+        while True:
+            try:
+                if not await self.renew():
+                    filters.republish()
+                    queue.resync_soon()
+                if await filters.publish():
+                    moved_on()
+                await filters.refresh()
+                attempt = 0
+                with trio.move_on_after(self.renew_every):
+                    # Woken early only to publish changed filters.
+                    await filters.next_change()
+            except (Exception, trio.TooSlowError) as exc:
+                attempt += 1
+                await self.link.failed_attempt(exc, attempt)

@@ -1,0 +1,92 @@
+"""A fleet node's connection to Redis: each call bounded and timed, whether Redis
+answers, and the pause before a task tries again after a failure."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import coredis
+import trio
+
+from .scripts import FleetScripts
+
+__all__ = ["RedisLink"]
+
+# One logger for the whole fleet coordinator, whichever of its modules logs.
+logger = logging.getLogger("servers.heartbeat.coordination.fleet")
+
+
+class RedisLink:
+    """The client of one node (``node`` names it in the log) and what its calls showed.
+
+    A task that fails waits ``failed_attempt``'s backoff (at most ``renew`` seconds)
+    and tries again; nothing here retries by itself.
+    """
+
+    def __init__(self, url: str, node: str, *, timeout: float, renew: float) -> None:
+        self.url = url
+        self.node = node
+        self.timeout = timeout
+        self.renew = renew
+        self.scripts = FleetScripts()
+        self.client: coredis.Redis[bytes] | None = None
+        self.connected = False
+        self.down_since: float | None = time.monotonic()
+        self.last_error = "not connected yet"
+        self.rtt_last = 0.0
+        """Round trip of the last call, in seconds."""
+        self.rtt_avg = 0.0
+        """Moving average of the round trips."""
+
+    def connect(self) -> coredis.Redis[bytes]:
+        """A new client, the scripts registered with it; the caller enters it (``async with``)."""
+        client: coredis.Redis[bytes] = coredis.Redis.from_url(
+            self.url, connect_timeout=self.timeout, stream_timeout=self.timeout + 1.0
+        )
+        self.client = client
+        self.scripts.register(client)
+        return client
+
+    def disconnected(self) -> None:
+        """The client is closed: nothing is sent until the next :meth:`connect`."""
+        self.client = None
+        self.connected = False
+
+    def redis(self) -> coredis.Redis[bytes]:
+        """The current client; RuntimeError when the coordinator is not running."""
+        if self.client is None:
+            raise RuntimeError("not running")
+        return self.client
+
+    def ok(self, started: float) -> None:
+        """A call begun at ``started`` (``time.perf_counter``) was answered."""
+        rtt = time.perf_counter() - started
+        self.rtt_last = rtt
+        self.rtt_avg = rtt if self.rtt_avg == 0.0 else 0.9 * self.rtt_avg + 0.1 * rtt
+        if not self.connected:
+            self.connected = True
+            self.down_since = None
+            logger.info("node %s: redis reachable", self.node)
+
+    def failed(self, exc: BaseException) -> None:
+        """A call failed with ``exc``: Redis counts as unreachable until one is answered."""
+        self.last_error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        if self.connected:
+            logger.warning("node %s: redis unreachable: %s", self.node, self.last_error)
+            self.connected = False
+            self.down_since = time.monotonic()
+
+    async def call(self, request: Any) -> Any:
+        """Await one coredis request within ``timeout``; records the round trip."""
+        started = time.perf_counter()
+        with trio.fail_after(self.timeout):
+            result = await request
+        self.ok(started)
+        return result
+
+    async def failed_attempt(self, exc: BaseException, attempt: int) -> None:
+        """Note a task's failure (its ``attempt``-th in a row) and wait before its next try."""
+        self.failed(exc)
+        await trio.sleep(min(self.renew, 0.05 * 2 ** min(attempt, 6)))

@@ -1,0 +1,189 @@
+"""Reading a fleet node's streams: every presence event, routed message, session packet
+and filters notice, in order, once each, with one blocking XREAD.
+
+**The presence stream** ``<prefix>presence`` is the fleet's presence feed. Each entry
+has the fields ``event`` (the event's JSON, as :meth:`PresenceEvent.to_dict`),
+``origin`` (the node that emitted it) and ``evict`` (for a takeover: the node that must
+close the displaced session, else empty). Every node reads the whole stream with
+``XREAD`` and delivers each event to its own MQTT subscribers; external consumers read
+it with a consumer group of their own (``XGROUP CREATE idlekeeper:presence mine $
+MKSTREAM``, then ``XREADGROUP``). Telling the previous owner of a taken-over session
+through the same stream (rather than a Pub/Sub message) means the eviction is never
+lost by a node that was briefly disconnected, and it is ordered with the events its
+subscribers see. The same goes for routed messages: a node reads the presence
+stream, its own route stream and the filters notices in one blocking ``XREAD``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import trio
+
+from ...presence import PresenceEvent, PresenceSink
+from .. import Host, publish_to_sinks
+from .filters import Filters
+from .keys import FleetKeys
+from .link import RedisLink
+from .metrics import FleetCounts
+from .routes import decode_route
+from .values import as_bytes, stream_id, text
+
+__all__ = ["StreamReader"]
+
+logger = logging.getLogger("servers.heartbeat.coordination.fleet")
+
+
+class StreamReader:
+    """The reader task, and how far it has read the presence stream (``read_pos``)."""
+
+    def __init__(
+        self,
+        link: RedisLink,
+        keys: FleetKeys,
+        counts: FleetCounts,
+        filters: Filters,
+        *,
+        node: str,
+        sinks: Sequence[PresenceSink],
+        presence_prefix: str,
+        moved_on: Callable[[], None],
+    ) -> None:
+        self.link = link
+        self.counts = counts
+        self.filters = filters
+        self.node = node
+        self.sinks = sinks
+        self.presence_prefix = presence_prefix
+        self.moved_on = moved_on
+        self.k_stream = keys.stream
+        self.k_routes = keys.routes
+        self.k_changed = keys.changed
+        self.k_pchanged = keys.pchanged
+        self.ready = trio.Event()
+        """Set once the streams' positions were first taken: what this node emits after is read back."""
+        self.read_pos = (0, 0)
+
+    async def run(self, host: Host) -> None:
+        """Deliver to ``host`` everything read, until cancelled, retrying after failures."""
+        positioned = False
+        attempt = 0
+        block_ms = max(100, int(self.link.renew * 1000))
+        keys = [self.k_stream, self.k_routes, self.k_changed, self.k_pchanged]
+        positions = dict.fromkeys(keys, (0, 0))
+        while True:
+            try:
+                redis = self.link.redis()
+                if not positioned:
+                    await self._position(positions)
+                    positioned = True
+                    self.ready.set()
+                asked = {key: f"{ms}-{seq}" for key, (ms, seq) in positions.items()}
+                with trio.fail_after(self.link.timeout + block_ms / 1000):
+                    res = await redis.xread(asked, count=1000, block=block_ms)
+                attempt = 0
+                probes = await self._apply(host, res or {}, positions)
+                # Answered once all of the read is applied, whichever stream held it.
+                await self.filters.answer_probes(probes)
+                self.moved_on()
+            except (Exception, trio.TooSlowError) as exc:
+                positioned = False
+                attempt += 1
+                await self.link.failed_attempt(exc, attempt)
+
+    async def _position(self, positions: dict[str, tuple[int, int]]) -> None:
+        """Where to read from: the streams' tops at the start; after an outage, where
+        reading stopped, unless Redis came back without what was read."""
+        redis = self.link.redis()
+        for key in positions:
+            last = await self.link.call(redis.xrevrange(key, "+", "-", count=1))
+            top = stream_id(last[0].identifier) if last else None
+            if not self.ready.is_set():
+                positions[key] = top or (0, 0)
+            elif top is None or top < positions[key]:
+                # The stream is gone or younger than what was read: Redis came
+                # back empty. Everything in the new stream is new to us.
+                positions[key] = (0, 0)
+        self.read_pos = positions[self.k_stream]
+        # After the positions: a change made meanwhile is in both, applied twice, harmlessly.
+        await self.filters.load_persistent()
+
+    async def _apply(
+        self, host: Host, res: dict[Any, Any], positions: dict[str, tuple[int, int]]
+    ) -> list[tuple[str, str]]:
+        """Deliver what one XREAD returned; the probes it holds, to answer."""
+        filters = self.filters
+        probes: list[tuple[str, str]] = []
+        for raw_key, entries in res.items():
+            key = text(raw_key)
+            for entry in entries:
+                positions[key] = stream_id(entry.identifier)
+                if key == self.k_stream:
+                    self.read_pos = positions[key]
+                    self._handle_entry(host, entry.field_values)
+                elif key == self.k_routes:
+                    if b"c" in entry.field_values:
+                        self._transmit(host, entry.field_values)
+                    elif b"probed" in entry.field_values:
+                        filters.probed(entry.field_values)
+                    else:
+                        self._deliver_routed(host, as_bytes(entry.field_values.get(b"m", b"")))
+                elif key == self.k_pchanged:
+                    await filters.persistent_notice(entry.field_values)
+                else:
+                    node = text(entry.field_values.get(b"node", b""))
+                    probe = entry.field_values.get(b"probe")
+                    if probe is not None:
+                        if node and node != self.node:
+                            probes.append((node, text(probe)))
+                    elif node and node != self.node:
+                        await filters.refresh(node)
+        return probes
+
+    def _handle_entry(self, host: Host, fields: Any) -> None:
+        try:
+            event = PresenceEvent.from_dict(json.loads(fields[b"event"]))
+        except (KeyError, ValueError, TypeError):
+            logger.exception("node %s: unreadable presence stream entry %r", self.node, fields)
+            return
+        self.counts.delivered += 1
+        origin = text(fields.get(b"origin", b""))
+        evict = text(fields.get(b"evict", b""))
+        if evict == self.node and event.client_id is not None:
+            try:
+                host.evict(event.client_id, event.epoch, event.detail or "reconnected")
+            except Exception:
+                logger.exception("node %s: evict raised", self.node)
+        if origin == self.node:
+            publish_to_sinks(self.sinks, event)
+        if event.client_id is not None:
+            try:
+                host.deliver(self.presence_prefix + event.client_id, event.payload(), 0)
+            except Exception:
+                logger.exception("node %s: deliver raised", self.node)
+
+    def _transmit(self, host: Host, fields: Any) -> None:
+        """A persistent session's packets for the connection this node holds (if it still does)."""
+        try:
+            client_id, epoch, packets = text(fields[b"c"]), text(fields[b"e"]), as_bytes(fields[b"p"])
+        except KeyError:
+            logger.warning("node %s: malformed session packets", self.node)
+            return
+        try:
+            host.transmit(client_id, epoch, [packets])
+        except Exception:
+            logger.exception("node %s: transmit raised", self.node)
+
+    def _deliver_routed(self, host: Host, data: bytes) -> None:
+        try:
+            topic, payload, qos = decode_route(data)
+        except ValueError:
+            logger.warning("node %s: malformed routed message", self.node)
+            return
+        try:
+            host.deliver(topic, payload, qos)
+        except Exception:
+            logger.exception("node %s: deliver raised", self.node)

@@ -1,0 +1,225 @@
+"""Retained messages of a fleet on Redis: stored by a script within the bounds, and
+read back a page at a time with the devices' retained presence.
+
+The store is ``retained`` and its sorted index (``lua/retain_message.lua`` keeps
+both); retained presence is read from the ``dev:`` records (SCAN), offline ones older
+than ``offline_ttl`` skipped. The semantics are those of :class:`~.retention.Retention`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import coredis
+import trio
+
+from ...broker import topic_matches
+from ...presence import PresenceEvent
+from ..retention import (
+    RETAINED_PAGE,
+    RetainedMessage,
+    exact_presence,
+    matches_every_presence_topic,
+    presence_possible,
+)
+from .keys import FleetKeys
+from .link import RedisLink
+from .metrics import FleetCounts
+from .queue import Request
+from .values import text
+
+__all__ = ["FleetRetained", "glob_escape", "retained_message"]
+
+logger = logging.getLogger("servers.heartbeat.coordination.fleet")
+
+Page = tuple[list[RetainedMessage], str | None]
+
+
+def _first_wildcard(topic_filter: str) -> int:
+    cuts = [i for i in (topic_filter.find("+"), topic_filter.find("#")) if i >= 0]
+    return min(cuts) if cuts else -1
+
+
+def glob_escape(value: str) -> str:
+    """``value`` as a literal in a SCAN MATCH pattern."""
+    return "".join("\\" + c if c in "*?[]\\" else c for c in value)
+
+
+def retained_message(topic: str, value: bytes) -> RetainedMessage:
+    """A stored retained value (the QoS digit, then the payload) as a message."""
+    return RetainedMessage(topic, value[1:], value[0] - ord("0"))
+
+
+class FleetRetained:
+    """How retained messages are stored, and read back with retained presence, a page at a time.
+
+    Cursors are strings, as :class:`~.retention.Retention`'s: ``s:<topic>`` continues the
+    retained store after that topic (its index is sorted), ``p:<n>`` continues a SCAN of
+    the device records at SCAN cursor ``n`` (a SCAN may return a device twice when Redis
+    rehashes meanwhile; a subscriber then gets its presence twice, which MQTT allows).
+    """
+
+    def __init__(
+        self,
+        link: RedisLink,
+        keys: FleetKeys,
+        counts: FleetCounts,
+        *,
+        presence_prefix: str,
+        presence: bool,
+        offline_ttl: float | None,
+        max_bytes: int,
+        max_count: int,
+        page: int = RETAINED_PAGE,
+    ) -> None:
+        self.link = link
+        self.counts = counts
+        self.prefix = keys.prefix
+        self.dev_prefix = keys.dev_prefix
+        self.presence_prefix = presence_prefix
+        self.presence = presence
+        self.offline_ttl = offline_ttl
+        self.max_bytes = max_bytes
+        self.max_count = max_count
+        self.page = page
+        self.k_retained = keys.retained
+        self.k_index = keys.retained_index
+
+    # ------------------------------------------------------------------ store
+
+    def request(self, topic: str, payload: bytes, qos: int, client: Any) -> Request:
+        """The script call that keeps (or, with an empty payload, clears) ``topic``'s message,
+        and what to do with its reply."""
+        args: list[str | bytes] = [self.prefix, topic, payload, str(qos), str(self.max_bytes), str(self.max_count)]
+
+        def done(out: Any) -> None:
+            if int(out) == 0:
+                self.counts.retained_refused += 1
+                logger.warning(
+                    "node %s: retained message on %r refused: the retained store is full", self.link.node, topic
+                )
+
+        return self.link.scripts.retain([], args, client=client), done
+
+    # ------------------------------------------------------------------- read
+
+    async def read(self, topic_filter: str, cursor: str | None) -> Page:
+        """The page of retained messages, then of retained presence, ``topic_filter``
+        matches after ``cursor`` (None: from the start), and the cursor of the rest."""
+        if cursor is None or cursor.startswith("s:"):
+            out, rest = await self._store_page(topic_filter, None if cursor is None else cursor[2:])
+            if rest is not None or not self.presence_possible(topic_filter):
+                return out, rest
+            exact = self.exact_presence(topic_filter)
+            if exact is not None:
+                record = self.link.redis().hmget(self.dev_prefix + exact, ["status", "event"])
+                status, raw = await self.link.call(record)
+                message = self.presence_message(exact, status, raw, time.time())
+                return out + ([message] if message is not None else []), None
+            return out, "p:0"
+        if not cursor.startswith("p:"):
+            return [], None
+        return await self._presence_scan(topic_filter, int(cursor[2:]))
+
+    async def _store_page(self, topic_filter: str, after: str | None) -> Page:
+        redis, call = self.link.redis(), self.link.call
+        out: list[RetainedMessage] = []
+        if "+" not in topic_filter and "#" not in topic_filter:
+            if after is None:
+                value = await call(redis.hget(self.k_retained, topic_filter))
+                if value is not None:
+                    out.append(retained_message(topic_filter, value))
+            return out, None
+        low, high, parent = self.store_range(topic_filter, after)
+        if parent is not None and after is None:
+            value = await call(redis.hget(self.k_retained, parent))
+            if value is not None:
+                out.append(retained_message(parent, value))
+        found = await call(
+            redis.zrange(self.k_index, low, high, sortby=coredis.PureToken.BYLEX, offset=0, count=self.page + 1)
+        )
+        walked = [text(t) for t in found]
+        page = walked[: self.page]
+        matched = [t for t in page if topic_matches(topic_filter, t)]
+        if matched:
+            values = await call(redis.hmget(self.k_retained, matched))
+            out += [retained_message(t, v) for t, v in zip(matched, values, strict=True) if v is not None]
+        return out, ("s:" + page[-1] if len(walked) > self.page else None)
+
+    async def _presence_scan(self, topic_filter: str, scan_cursor: int) -> Page:
+        redis = self.link.redis()
+        scan_cursor, keys = await self.link.call(
+            redis.scan(scan_cursor, match=self.scan_pattern(topic_filter), count=self.page)
+        )
+        records: list[Any] = []
+        if keys:
+            async with redis.pipeline(transaction=False) as pipe:
+                requests = [pipe.hmget(k, ["status", "event"]) for k in keys]
+            with trio.fail_after(self.link.timeout):
+                records = [await r for r in requests]
+        out = self.presence_page(topic_filter, keys, records)
+        return out, (f"p:{scan_cursor}" if scan_cursor else None)
+
+    # ------------------------------------------------------------------ pure
+
+    def store_range(self, topic_filter: str, after: str | None) -> tuple[bytes, bytes, str | None]:
+        """ZRANGEBYLEX bounds of the topics ``topic_filter`` may match after ``after``, and
+        the parent topic a trailing ``/#`` also matches (to look up on the first page)."""
+        cut = _first_wildcard(topic_filter)
+        head = topic_filter[:cut]
+        parent = head[:-1] if cut == len(topic_filter) - 1 and topic_filter.endswith("/#") else None
+        low = b"[" + head.encode() if after is None or after < head else b"(" + after.encode()
+        # No UTF-8 string holds 0xff, so every topic that starts with ``head`` sorts before this.
+        high = b"(" + head.encode() + b"\xff" if head else b"+"
+        return (b"-" if after is None and not head else low), high, parent
+
+    def presence_possible(self, topic_filter: str) -> bool:
+        """Whether ``topic_filter`` may match a presence topic (and presence is retained)."""
+        return self.presence and presence_possible(topic_filter, self.presence_prefix)
+
+    def exact_presence(self, topic_filter: str) -> str | None:
+        """The client id ``topic_filter`` names if it is one presence topic, else None."""
+        return exact_presence(topic_filter, self.presence_prefix)
+
+    def scan_pattern(self, topic_filter: str) -> str:
+        """The SCAN MATCH pattern of the device records whose presence ``topic_filter`` may match."""
+        head = ""
+        prefix = self.presence_prefix
+        if topic_filter.startswith(prefix):
+            rest = topic_filter[len(prefix) :]
+            cut = _first_wildcard(rest)
+            head = rest if cut < 0 else rest[:cut]
+        return glob_escape(self.dev_prefix + head) + "*"
+
+    def presence_message(self, client_id: str, status: Any, raw: Any, now: float) -> RetainedMessage | None:
+        """A device record's retained presence (None: forgotten, or offline past the TTL)."""
+        if raw is None or text(status or b"") == "forgotten":
+            return None
+        try:
+            event = PresenceEvent.from_dict(json.loads(raw))
+        except (ValueError, TypeError, KeyError):
+            return None
+        ttl = self.offline_ttl
+        if event.status == "offline" and ttl is not None and event.time + ttl <= now:
+            return None
+        return RetainedMessage(self.presence_prefix + client_id, event.payload(), 0)
+
+    def presence_page(
+        self, topic_filter: str, keys: Sequence[bytes], records: Sequence[Sequence[Any]]
+    ) -> list[RetainedMessage]:
+        """The retained presence among SCAN's ``keys`` (with their status and event fields)."""
+        out: list[RetainedMessage] = []
+        strip = len(self.dev_prefix)
+        everything = matches_every_presence_topic(topic_filter, self.presence_prefix)
+        now = time.time()
+        for key, (status, raw) in zip(keys, records, strict=True):
+            client_id = text(key)[strip:]
+            if everything or topic_matches(topic_filter, self.presence_prefix + client_id):
+                message = self.presence_message(client_id, status, raw, now)
+                if message is not None:
+                    out.append(message)
+        return out
