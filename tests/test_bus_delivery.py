@@ -15,6 +15,8 @@ from servers.bus import Link
 from servers.heartbeat.coordination.authority import Authority
 from servers.heartbeat.coordination.frames import (
     Ack,
+    Claimed,
+    Evict,
     Frame,
     Hello,
     OpenSession,
@@ -26,6 +28,7 @@ from servers.heartbeat.coordination.frames import (
 )
 from servers.heartbeat.coordination.local import BusCoordinator
 from servers.heartbeat.persistent import Attach, Push, Subscribed
+from servers.heartbeat.presence import PresenceEvent
 
 from .coordinator_cluster import local_cluster
 from .test_coordinators import until
@@ -46,6 +49,10 @@ class FakeLink(Link):
 
     def frames(self) -> list[Frame]:
         return [decode(line) for line in b"".join(self.lines).splitlines()]
+
+
+def session_event(client_id: str, epoch: str, at: float) -> PresenceEvent:
+    return PresenceEvent("online", client_id, "127.0.0.1:1", None, 0.0, at, worker=int(epoch[0]), epoch=epoch)
 
 
 def link_of(authority: Authority, number: int, incarnation: str, worker: int = 0) -> FakeLink:
@@ -87,8 +94,9 @@ def test_a_routed_message_resent_on_a_new_link_is_delivered_once() -> None:
         authority,
         holder,
         OpenSession(1, "dev", None),
-        Reported(1, Attach("dev", f"1.{PID}.7")),
-        Reported(2, Subscribed("dev", "jobs/#", 1)),
+        Claimed(1, session_event("dev", f"1.{PID}.7", at=1000.0)),
+        Reported(2, Attach("dev", f"1.{PID}.7")),
+        Reported(3, Subscribed("dev", "jobs/#", 1)),
     )
     sender = link_of(authority, 2, "w0-a")
     feed(authority, sender, Routed(1, "jobs/1", b"run", 1))
@@ -110,6 +118,24 @@ def test_a_new_worker_process_starts_its_numbers_afresh() -> None:
     new = link_of(authority, 2, "w0-new")
     feed(authority, new, Reported(1, Push("dev", "t", b"b", 1)))
     assert queued(authority, "dev") == 2
+
+
+def test_only_the_session_holding_the_client_id_takes_its_messages() -> None:
+    # Two connections of one device on two workers; the claim of the older CONNECT
+    # (by its event's time) reaches the authority second and loses at once. Its attach,
+    # which follows, must not take the persistent session from the newer connection.
+    authority = Authority()
+    newer_worker = link_of(authority, 1, "w1", worker=1)
+    older_worker = link_of(authority, 2, "w0", worker=0)
+    newer = session_event("dev", f"1.{PID}.1", at=2000.0)
+    older = session_event("dev", f"0.{PID}.1", at=1000.0)
+    for link, event in ((newer_worker, newer), (older_worker, older)):
+        feed(authority, link, OpenSession(1, "dev", None), Claimed(1, event), Reported(2, Attach("dev", event.epoch)))
+    stored = authority.store.get("dev")
+    assert stored is not None and stored.holder == newer.epoch
+    assert authority.stale_attaches == 1
+    evicted = [f for f in older_worker.frames() if isinstance(f, Evict)]
+    assert evicted == [Evict("dev", older.epoch, "reconnected on worker 1")]
 
 
 async def test_qos_1_messages_routed_across_a_dropped_link_arrive_once_and_in_order() -> None:

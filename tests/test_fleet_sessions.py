@@ -59,13 +59,20 @@ async def knows(node: Node, topic_filter: str) -> None:
     await until(lambda: topic_filter in cache.exact or topic_filter in cache.wild)
 
 
+def attach(node: Node, client_id: str, epoch: str) -> None:
+    """Connection ``epoch`` of ``client_id`` was admitted on ``node`` (its claim) and its
+    CONNACK is out (its attach): only the session that holds the id takes its messages."""
+    node.online(client_id, epoch)
+    node.coord.session(Attach(client_id, epoch))
+
+
 async def held_session(node: Node, client_id: str, epoch: str, subscriptions: dict[str, int]) -> None:
     """A new persistent session of ``client_id`` on ``node``, connected as ``epoch``."""
     opened = await node.coord.open_session(client_id)
     assert opened is not None
     for topic_filter, qos in subscriptions.items():
         node.coord.session(Subscribed(client_id, topic_filter, qos))
-    node.coord.session(Attach(client_id, epoch))
+    attach(node, client_id, epoch)
     await drain(node, settle=0)
 
 
@@ -88,12 +95,29 @@ async def collect(coord: RedisCoordinator, topic_filter: str) -> list[tuple[str,
 # --------------------------------------------------------------- coordinator level
 
 
+async def test_only_the_session_holding_the_client_id_takes_its_messages(redis_server: RedisServer) -> None:
+    # The device's CONNECT on a came first but was admitted last (its stored session was
+    # slow to come): the claims crossed, and a's session lost at once. Its attach, which
+    # follows, must not take the persistent session from b's.
+    async with fleet(redis_server.url, "a", "b") as (a, b):
+        await held_session(b, "c1", "e2", {"cmd/c1": 1})
+        assert await a.coord.open_session("c1") is not None
+        a.online("c1", "e1", at=time.time() - 5)
+        a.coord.session(Attach("c1", "e1"))
+        await drain(a, b)
+        assert a.host.evicted and a.host.evicted[0][:2] == ("c1", "e1")
+        assert await session_field(redis_server.url, "c1", "holder") == b"e2"
+        b.coord.route("cmd/c1", b"for the one that holds it", 1)
+        await until(lambda: len(publishes(b.host, "c1")) == 1)
+        assert publishes(a.host, "c1") == []
+
+
 async def test_a_session_is_found_whole_on_another_node(redis_server: RedisServer) -> None:
     async with fleet(redis_server.url, "a", "b", max_qos=1) as (a, b):
         assert await a.coord.open_session("c1", "alice") == Opened(False, {}, frozenset())
         for topic_filter, qos in [("cmd/c1", 1), ("cfg/#", 2), ("gone/x", 1), ("gone/x", None)]:
             a.coord.session(Subscribed("c1", topic_filter, qos))
-        a.coord.session(Attach("c1", "e1"))
+        attach(a, "c1", "e1")
         for packet_id, held in [(7, True), (8, True), (8, False)]:
             a.coord.session(Inbound("c1", packet_id, held))
         a.coord.session(Detach("c1", "e1"))
@@ -105,7 +129,7 @@ async def test_a_session_is_found_whole_on_another_node(redis_server: RedisServe
         assert b.coord.persistent_filters.matching("cfg/x/y") == ["cfg/#"]
         assert b.coord.persistent_filters.matching("gone/x") == []
         # Attached on b; a's late reports from its old connection change nothing.
-        b.coord.session(Attach("c1", "e2"))
+        attach(b, "c1", "e2")
         await drain(b)
         a.coord.session(Detach("c1", "e1"))
         a.coord.session(Acked("c1", "e1", "puback", 1))
@@ -134,7 +158,7 @@ async def test_what_queued_while_away_is_delivered_in_order_on_another_node(redi
         assert a.host.transmitted == b.host.transmitted == []
         opened = await b.coord.open_session("c1")
         assert opened is not None and opened.present
-        b.coord.session(Attach("c1", "e2"))
+        attach(b, "c1", "e2")
         await until(lambda: len(publishes(b.host, "c1")) == 6)
         got = publishes(b.host, "c1")
         expected = [(b"m%d" % i, 1) for i in range(5)] + [(b"exactly-once", 2)]
@@ -216,7 +240,7 @@ async def test_unacknowledged_messages_are_resent_with_dup_after_their_node_is_l
         await drain(b)
         opened = await b.coord.open_session("c1")
         assert opened == Opened(True, {"cmd/c1": 2}, frozenset({42}))
-        b.coord.session(Attach("c1", "e2"))
+        attach(b, "c1", "e2")
         await until(lambda: len(packets(b.host, "c1")) == 4)
         again_one, rel, again_three, four = packets(b.host, "c1")
         assert isinstance(again_one, Publish) and isinstance(again_three, Publish) and isinstance(four, Publish)
@@ -267,7 +291,7 @@ async def test_the_acl_decides_per_message_which_sessions_get_a_copy(redis_serve
         for client_id, username in [("c1", "alice"), ("c2", "bob"), ("c3", None)]:
             assert await a.coord.open_session(client_id, username) is not None
             a.coord.session(Subscribed(client_id, "all/#", 1))
-            a.coord.session(Attach(client_id, "e-" + client_id))
+            attach(a, client_id, "e-" + client_id)
         await drain(a)
         await knows(b, "all/#")
         b.coord.route("all/secret/x", b"secret", 1)

@@ -247,6 +247,41 @@ async def test_takeover_closes_the_old_connection(clock: MockClock) -> None:
     assert offline[0].reason is Offline.TAKEOVER
 
 
+async def test_a_connect_vetted_after_a_newer_one_of_its_id_does_not_take_the_session(
+    clock: MockClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A device gave up on a connection whose CONNECT was slow to vet and connected
+    # again; the old CONNECT's check ends last. MQTT's takeover is by the newer
+    # connection, so the old one is closed unanswered and the device's session stays.
+    checks: list[str] = []
+    waiting, release = trio.Event(), trio.Event()
+
+    async def first_check_waits(self: HeartbeatServer, conn: object, request: object) -> int:
+        checks.append("check")
+        if len(checks) == 1:
+            waiting.set()
+            await release.wait()
+        return 0
+
+    monkeypatch.setattr(HeartbeatServer, "authenticate", first_check_waits)
+    async with running(HeartbeatConfig(auth=PasswordFile())) as (server, events):
+        abandoned = await Client.connect(server.port, "dup", expect=None, will_topic="w/dup", will_message=b"x")
+        await waiting.wait()
+        current = await Client.connect(server.port, "dup")
+        release.set()
+        assert await abandoned.closed()
+        assert abandoned.buf == b""  # no CONNACK: it was never the session
+        await current.send(encoders.encode_pingreq())
+        assert await current.read(2) == encoders.encode_pingresp()
+        assert server.offline_by_reason["superseded"] == 1
+        assert server.counters["wills_published"] == 0
+    mine = [(e.status, e.reason) for e in events if e.client_id == "dup"]
+    assert mine[0] == ("online", None) and ("offline", Offline.TAKEOVER) not in mine
+    # Logged, as refusals are: not presence (no client id), the id only claimed.
+    [dropped] = [e for e in events if e.claimed_client_id == "dup"]
+    assert (dropped.status, dropped.reason, dropped.client_id) == ("refused", Offline.SUPERSEDED, None)
+
+
 BAD_INPUTS = {
     "truncated packet then silence": encoders.encode_connect("t", keep_alive=5)[:-3],
     "oversized packet": b"\x30\xff\xff\xff\x7f",

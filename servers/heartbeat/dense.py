@@ -141,18 +141,19 @@ class DenseConnection(Connection, idlekeeper.Protocol):
             server.exchanged(self, effect)
 
     def _accept(self, request: Accept) -> None:
-        self.stream.deadline = None  # CONNECT is in: the handshake deadline has been met
         server = self.server
+        arrived = server.connect_received(self)
         if not server.waits(request):
-            self._admit(request, server.admission(self, request, 0), None)
+            self._admit(request, server.admission(self, request, 0), None, arrived)
             return
-        self._pause_for(self._vet, request, [])
+        self._pause_for(self._vet, (request, arrived), [])
 
-    async def _vet(self, request: Accept) -> bool:
+    async def _vet(self, connect: tuple[Accept, float]) -> bool:
+        request, arrived = connect
         refusal, opened = await self.server.vet(self, request)
         if self.finished:
             return False  # the connection ended while its password or session was looked up
-        self._admit(request, refusal, opened)
+        self._admit(request, refusal, opened, arrived)
         return self.session.state is State.CONNECTED
 
     def _settle(self, effects: list[Effect], rest: list[Packet]) -> None:
@@ -183,12 +184,15 @@ class DenseConnection(Connection, idlekeeper.Protocol):
             self.stream.resume_reading()
             self._handle(waiting or [])
 
-    def _admit(self, request: Accept, refusal: bytes | None, opened: Opened | None) -> None:
+    def _admit(self, request: Accept, refusal: bytes | None, opened: Opened | None, arrived: float) -> None:
         server = self.server
         if refusal is not None:
             self._goodbye(refusal)
             return
-        self.stream.write(server.admit(self, request, opened))
+        connack = server.admit(self, request, opened, arrived)
+        if connack is None:
+            return  # superseded: closed unanswered
+        self.stream.write(connack)
         for effect in server.restored(opened):
             self._apply(effect)
         server.announce(self)

@@ -37,19 +37,20 @@ class ConnectionEvents:
             event = self.event(conn, "offline", reason, detail, epoch=online.epoch, username=online.username)
             # Exactly once, fleet-wide: the coordinator drops it if the session was already ended.
             self.coordinator.offline(event, forget=conn.session.assigned)
-        elif reason is Offline.REFUSED:
+        elif reason is Offline.REFUSED or reason is Offline.SUPERSEDED:
             # Not the device's presence: the id was only asked for, by whoever knew it.
-            self.coordinator.note(self.refused(conn, detail))
+            self.coordinator.note(self.refused(conn, detail, reason))
         elif conn.session.client_id is None:
             self.coordinator.note(self.event(conn, "offline", reason, detail))
 
-    def refused(self, conn: Connection, detail: str) -> PresenceEvent:
-        """The record of a refused CONNECT: status ``refused``, no client id (only the one
-        claimed), so no reader takes it for the named device's presence; see :mod:`.presence`."""
+    def refused(self, conn: Connection, detail: str, reason: Offline = Offline.REFUSED) -> PresenceEvent:
+        """The record of a refused (or superseded) CONNECT: status ``refused``, no client
+        id (only the one claimed), so no reader takes it for the named device's presence;
+        see :mod:`.presence`."""
         session = conn.session
-        code = REFUSALS.get(conn.refusal, f"code-{conn.refusal}")
+        code = REFUSALS.get(conn.refusal, f"code-{conn.refusal}") if reason is Offline.REFUSED else reason.value
         claimed = "" if session.assigned or session.client_id is None else session.client_id
-        event = self.event(conn, REFUSED, Offline.REFUSED, f"{code}: {detail}" if detail else code)
+        event = self.event(conn, REFUSED, reason, f"{code}: {detail}" if detail else code)
         return dataclasses.replace(event, client_id=None, claimed_client_id=claimed)
 
     def event(
@@ -60,8 +61,10 @@ class ConnectionEvents:
         detail: str = "",
         epoch: str = "",
         username: str = "",
+        at: float | None = None,
     ) -> PresenceEvent:
-        """An event of ``conn`` as it is now (how long silent, its keep-alive)."""
+        """An event of ``conn`` as it is now (how long silent, its keep-alive), stamped
+        ``at`` (now unless given)."""
         cfg = self.config
         return PresenceEvent(
             status=status,
@@ -69,7 +72,7 @@ class ConnectionEvents:
             peer=conn.peer,
             reason=reason,
             silent_for=conn.silent_for(),
-            time=time.time(),
+            time=time.time() if at is None else at,
             worker=cfg.worker,
             detail=detail,
             epoch=epoch,

@@ -92,11 +92,11 @@ class OnlineSessions:
             return self.refuse(conn, 3), None  # rather than a new session that loses the stored one
         return None, opened
 
-    def admit(self, conn: Connection, request: Accept, opened: Opened | None = None) -> bytes:
+    def admit(self, conn: Connection, request: Accept, opened: Opened | None, arrived: float) -> bytes:
         """Make ``conn`` the device's session; returns the CONNACK to send.
 
         ``opened`` is the persistent session :meth:`open` found (None: a clean session,
-        and any stored one is discarded).
+        and any stored one is discarded); ``arrived``: when its CONNECT came (wall clock).
         """
         cfg = self.config
         authenticator = self.authenticator
@@ -113,15 +113,17 @@ class OnlineSessions:
             stream.receive_timeout_since(1.5 * keep_alive, trio.current_time() - keep_alive / 4)
         else:
             stream.receive_timeout = cfg.max_idle
-        # Stamped before CONNACK goes out: a device can only reconnect elsewhere after
-        # reading it, so a later session always carries a later time (the registry
-        # orders crossing claims by it).
+        # Stamped with its CONNECT's arrival, not its admission: a device connects again
+        # only after sending the earlier CONNECT, so the later session carries the later
+        # time (the registry orders crossing claims by it) even when the earlier one's
+        # password check or stored session took longer to come.
         conn.online = self.events.event(
             conn,
             "online",
             None,
             epoch=epoch_of(cfg.worker, self._pid, next(self._epochs), cfg.node),
             username=(authenticator.username(conn, request) or "") if authenticator.identified_by_certificate else "",
+            at=arrived,
         )
         if opened is None:
             self.coordinator.discard_session(request.client_id)

@@ -16,7 +16,9 @@ An event's ``status`` is one of:
   id (or by status) never takes an attempt on a device's id for the device going
   offline. Refusals reach the sinks (the log) only: never the registry, retained
   presence or subscribers, so a flood of them neither displaces nor invents devices.
-  ``reason`` is :attr:`Offline.REFUSED` and ``detail`` names the CONNACK code.
+  ``reason`` is :attr:`Offline.REFUSED` and ``detail`` names the CONNACK code; or
+  :attr:`Offline.SUPERSEDED` for a CONNECT dropped unanswered because a later
+  connection of the same client id had already taken the session.
 """
 
 from __future__ import annotations
@@ -61,6 +63,9 @@ class Offline(str, enum.Enum):
     """It fell too far behind what it is sent: past its byte bound for too long or by too much."""
     REFUSED = "refused"
     """CONNECT was refused (bad credentials, client id, connection cap)."""
+    SUPERSEDED = "superseded"
+    """Its CONNECT was dropped unanswered: a connection of the same client id whose
+    CONNECT came later already held the session (its own took longer to vet)."""
     WORKER_LOST = "worker-lost"
     """The worker process that held it died; its supervisor declared it offline."""
     NODE_LOST = "node-lost"

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import time
 from collections.abc import Callable
 
 import trio
@@ -126,6 +127,13 @@ class HeartbeatServer:
         self.counters["connections"] += 1
         conn.stream.deadline = trio.current_time() + self.config.connect_timeout
 
+    @staticmethod
+    def connect_received(conn: Connection) -> float:
+        """CONNECT is in: the handshake deadline has been met. Returns when it came (wall
+        clock), for :meth:`admit` (not kept on the connection: a float per device)."""
+        conn.stream.deadline = None
+        return time.time()
+
     def protocol_error(self, conn: Connection, exc: ProtocolError) -> bytes | None:
         """Count and log a violation; returns the CONNACK refusal to send, if the spec has one."""
         session = conn.session
@@ -151,20 +159,40 @@ class HeartbeatServer:
         (see :meth:`.Authenticator.check`)."""
         return await self.authenticator.check(conn, request)
 
-    def admit(self, conn: Connection, request: Accept, opened: Opened | None = None) -> bytes:
+    def admit(self, conn: Connection, request: Accept, opened: Opened | None, arrived: float) -> bytes | None:
         """Make ``conn`` the device's session, ending any other connection that held it;
         returns the CONNACK to send.
 
         ``opened`` is the persistent session :meth:`vet` found (None: a clean session,
-        and any stored one is discarded). Send the CONNACK, apply :meth:`restored`,
-        then call :meth:`announce`.
+        and any stored one is discarded); ``arrived``, when the CONNECT came
+        (:meth:`connect_received`): the session's online event carries it. Send the
+        CONNACK, apply :meth:`restored`, then call :meth:`announce`.
+
+        None: a connection of the same client id whose CONNECT came *later* holds the
+        session (this one's vetting took longer), so this one is closed unanswered
+        rather than take over the newer: MQTT's takeover is by the newer connection.
+        A device that gave up waiting for a CONNACK and connected again is the usual
+        cause; its abandoned connection must not end the one it uses.
         """
         old = self.online.get(request.client_id)
         if old is not None and old is not conn:
+            if old.online is not None and old.online.time > arrived:
+                self._supersede(conn, old)
+                return None
             # Its offline event (and Will) go out now, before the new one's online event.
             old.end(Offline.TAKEOVER)
             self.ended(old, Offline.TAKEOVER, "")
-        return self.online_sessions.admit(conn, request, opened)
+        return self.online_sessions.admit(conn, request, opened, arrived)
+
+    def _supersede(self, conn: Connection, newer: Connection) -> None:
+        logger.info(
+            "CONNECT of %r from %s dropped: %s connected later and holds the session",
+            conn.session.client_id,
+            conn.peer,
+            newer.peer,
+        )
+        conn.session.superseded()
+        conn.end(Offline.SUPERSEDED)
 
     def ended(self, conn: Connection, reason: Offline, detail: str) -> None:
         """Bookkeeping when a connection ends; synchronous, so it runs even when cancelled.

@@ -284,6 +284,12 @@ class Session:
             self.inbound = set(inbound)
         return encoders.encode_connack(session_present, 0)
 
+    def superseded(self) -> None:
+        """The server drops the CONNECT unanswered (a newer connection of the client id
+        holds the session): nothing more is read or answered."""
+        self.state = State.CLOSED
+        self.will = None
+
     def refused(self, return_code: int) -> bytes:
         """The server refused the CONNECT: the CONNACK to send before closing."""
         self.state = State.CLOSED

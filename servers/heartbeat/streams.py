@@ -154,12 +154,14 @@ class StreamConnection(Connection):
 
     async def _accept(self, request: Accept) -> None:
         server = self.server
-        self.stream.deadline = None  # CONNECT is in: the handshake deadline has been met
+        arrived = server.connect_received(self)
         refusal, opened = await server.vet(self, request)
         if refusal is not None:
             await self._goodbye(refusal)
             return
-        connack = server.admit(self, request, opened)
+        connack = server.admit(self, request, opened, arrived)
+        if connack is None:
+            return  # superseded: closed unanswered
         # Announced before the CONNACK's send yields: a takeover during the send would
         # otherwise end a session nobody had heard of, and neither event would be told.
         server.announce(self, attach=False)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from ...bus import Link
 from ..broker import matches_any
-from ..persistent import Delivery, Discard, Subscribed
+from ..persistent import Attach, Delivery, Discard, Subscribed
 from ..presence import Offline, PresenceEvent, PresenceSink
 from . import log_session_drops, publish_to_sinks
 from .frames import (
@@ -136,6 +136,8 @@ class Authority:
         self.dropped_links = 0
         self.repeats = 0
         """Numbered frames that came again after a dropped link and were not applied twice."""
+        self.stale_attaches = 0
+        """Persistent sessions' attaches refused: their connection had already lost the client id."""
 
     # -- LinkHandler ---------------------------------------------------------------
 
@@ -234,6 +236,11 @@ class Authority:
             return
         if isinstance(frame, Reported):
             report = frame.report
+            if isinstance(report, Attach) and not self._owns(report.client_id, report.epoch):
+                # A session whose claim lost to a newer one (they crossed): it is being
+                # evicted, and the session's messages stay with the one that holds the id.
+                self.stale_attaches += 1
+                return
             self._transmit(self.store.apply(report, self._clock()))
             if isinstance(report, Subscribed | Discard):
                 self._filters_changed()  # persistent sessions' filters route to the authority
@@ -287,6 +294,11 @@ class Authority:
             if self.store.expire(now):
                 self._filters_changed()
             self.retention.store.prune(now)
+
+    def _owns(self, client_id: str, epoch: str) -> bool:
+        """Whether session ``epoch`` holds ``client_id`` now (its claim came after every other)."""
+        record = self.registry.get(client_id)
+        return record is not None and record.status == "online" and record.epoch == epoch
 
     def _settle(self, peer: _Peer, request: int) -> None:
         """Probe every other worker: links deliver in order, so once each has answered,

@@ -263,6 +263,10 @@ elseif op == 'attach' or op == 'reattach' then
     return 0
   end
   if op == 'reattach' and (cur[1] ~= '' or cur[3] ~= ARGV[13]) then return 0 end
+  -- Only the session that holds the client id takes its messages: one whose claim lost
+  -- to a newer session's (they crossed) is being evicted, and must not take them away.
+  local owner = redis.call('HMGET', key('dev', cid), 'status', 'epoch')
+  if owner[1] ~= 'online' or owner[2] ~= ARGV[13] then return 0 end
   return attach(cid, ARGV[13], s, cur[2])
 elseif op == 'detach' then
   local cur = redis.call('HMGET', s, 'holder', 'hnode')
