@@ -14,7 +14,7 @@ import platform
 import threading
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import psutil
@@ -22,7 +22,18 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from servers.prometheus import open_descriptors
 
-__all__ = ["Metrics", "Sample", "Sampler", "cpu_model", "histogram_quantile", "parse_metrics", "process_tree"]
+__all__ = [
+    "Metrics",
+    "Sample",
+    "Sampler",
+    "cpu_model",
+    "cpu_seconds",
+    "histogram_quantile",
+    "parse_metrics",
+    "process_tree",
+    "processes",
+    "rss_bytes",
+]
 
 
 def cpu_model() -> str:
@@ -44,6 +55,43 @@ def process_tree(pid: int) -> list[psutil.Process]:
         return [root, *root.children(recursive=True)]
     except psutil.NoSuchProcess:
         return []
+
+
+def processes(pids: Iterable[int], *, trees: bool = False) -> list[psutil.Process]:
+    """The processes ``pids`` name (with ``trees``, each with its descendants), each
+    once: a server's pids are often a supervisor and its workers already, and a
+    worker counted twice would double its memory."""
+    seen: dict[int, psutil.Process] = {}
+    for pid in pids:
+        if trees:
+            found = process_tree(pid)
+        else:
+            try:
+                found = [psutil.Process(pid)]
+            except psutil.NoSuchProcess:
+                found = []
+        for proc in found:
+            seen.setdefault(proc.pid, proc)
+    return list(seen.values())
+
+
+def rss_bytes(procs: Iterable[psutil.Process]) -> int:
+    """The resident memory of ``procs`` together (those gone meanwhile count nothing)."""
+    total = 0
+    for proc in procs:
+        with contextlib.suppress(psutil.Error):
+            total += proc.memory_info().rss
+    return total
+
+
+def cpu_seconds(procs: Iterable[psutil.Process]) -> float:
+    """The user and system CPU seconds ``procs`` have used (those gone meanwhile count nothing)."""
+    total = 0.0
+    for proc in procs:
+        with contextlib.suppress(psutil.Error):
+            times = proc.cpu_times()
+            total += times.user + times.system
+    return total
 
 
 @dataclass

@@ -32,7 +32,6 @@ stopped by its PID.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import re
 import shutil
@@ -55,7 +54,7 @@ from .mqtt_targets import MqttTarget, PeerUnavailable, start_mosquitto
 from .options import add_json, add_quiet, add_targets, command_parser, fields_from
 from .processes import free_port, start_heartbeat
 from .report import ratio, write_json, write_table
-from .sampler import process_tree
+from .sampler import cpu_seconds, processes, rss_bytes
 
 __all__ = ["CertFiles", "TlsLoad", "TlsResult", "main", "make_certs", "report", "run_target"]
 
@@ -142,26 +141,13 @@ class TlsResult:
 
 
 def rss(pids: Sequence[int]) -> int:
-    """RSS of every process of a server (a supervisor's workers included)."""
-    total = 0
-    for pid in pids:
-        for proc in process_tree(pid):
-            with contextlib.suppress(psutil.NoSuchProcess):
-                total += proc.memory_info().rss
-    return total
+    """RSS of every process of a server (a supervisor's workers included, once)."""
+    return rss_bytes(processes(pids, trees=True))
 
 
-def cpu_seconds(pids: Sequence[int]) -> float:
+def server_cpu(pids: Sequence[int]) -> float:
     """User + system CPU seconds of every process of a server."""
-    total = 0.0
-    for pid in pids:
-        for proc in process_tree(pid):
-            try:
-                times = proc.cpu_times()
-            except psutil.NoSuchProcess:
-                continue
-            total += times.user + times.system
-    return total
+    return cpu_seconds(processes(pids, trees=True))
 
 
 async def mqtt_over_tls(port: int, ctx: ssl.SSLContext, client_id: str) -> TlsClient:
@@ -309,24 +295,24 @@ def run_target(name: str, load: TlsLoad, certs: CertFiles, say: Callable[[str], 
         )
         trio.run(_close_all, held)
         time.sleep(0.5)
-        server_before = cpu_seconds(pids)
+        server_before = server_cpu(pids)
         measured = s_time(target.port, certs.ca, load.seconds, load.concurrency)
         if measured is None:
             result.notes.append("openssl s_time unavailable or failed")
         else:
             handshakes, elapsed = measured
             result.handshakes_per_s = handshakes / elapsed
-            result.handshake_cpu_ms = (cpu_seconds(pids) - server_before) / handshakes * 1000
+            result.handshake_cpu_ms = (server_cpu(pids) - server_before) / handshakes * 1000
         say(
             f"{name}: openssl s_time -new x{load.concurrency}: {result.handshakes_per_s:.0f} full handshakes/s, "
             f"{result.handshake_cpu_ms:.2f} ms of server CPU each"
         )
         me = psutil.Process()
         client_before = sum(me.cpu_times()[:2])
-        server_before = cpu_seconds(pids)
+        server_before = server_cpu(pids)
         done, result.connect_errors, elapsed = trio.run(connect_loop, target.port, ctx, load)
         result.client_cpu = (sum(me.cpu_times()[:2]) - client_before) / elapsed
-        result.server_cpu = (cpu_seconds(pids) - server_before) / elapsed
+        result.server_cpu = (server_cpu(pids) - server_before) / elapsed
         result.connects_per_s = done / elapsed
         say(
             f"{name}: {result.connects_per_s:.0f} MQTT connects/s over TLS ({result.connect_errors} errors), "

@@ -14,11 +14,9 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import psutil
-
 from ..processes import free_port, start_heartbeat, stop
 from ..redis_server import RedisServer
-from ..sampler import Metrics, parse_metrics, process_tree
+from ..sampler import Metrics, parse_metrics, process_tree, rss_bytes
 from .load import FleetLoad
 
 __all__ = ["Gateway", "start_gateways"]
@@ -59,11 +57,7 @@ class Gateway:
         """Record the gateway's RSS (every process) now."""
         if self.killed_at is not None:
             return
-        total = 0
-        for p in process_tree(self.proc.pid):
-            with contextlib.suppress(psutil.Error):
-                total += p.memory_info().rss
-        self.rss.append((now, total))
+        self.rss.append((now, rss_bytes(process_tree(self.proc.pid))))
 
     def metrics(self) -> Metrics | None:
         """Its workers' ``/metrics`` pages, summed; None if one does not answer."""

@@ -44,7 +44,7 @@ import trio
 from servers.prometheus import open_descriptors
 
 from ..processes import free_port, stop
-from ..sampler import process_tree
+from ..sampler import cpu_seconds, process_tree, rss_bytes
 from .canary_process import CanaryProcess
 from .connection import run_case
 from .corpus import make_case
@@ -108,20 +108,11 @@ def _fds(pid: int) -> int:
 
 def _cpu(pid: int) -> float:
     """CPU seconds (user and system) the server's processes have used."""
-    total = 0.0
-    for p in process_tree(pid):
-        with contextlib.suppress(psutil.Error):
-            times = p.cpu_times()
-            total += times.user + times.system
-    return total
+    return cpu_seconds(process_tree(pid))
 
 
 def _rss(pid: int) -> float:
-    total = 0.0
-    for p in process_tree(pid):
-        with contextlib.suppress(psutil.Error):
-            total += p.memory_info().rss
-    return total
+    return rss_bytes(process_tree(pid))
 
 
 # -- a run -------------------------------------------------------------------------------

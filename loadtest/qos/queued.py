@@ -3,18 +3,16 @@ costs the server in RSS, and whether the session gets every one back, in order, 
 
 from __future__ import annotations
 
-import contextlib
 import math
 import socket
 import time
 from collections.abc import Sequence
 from typing import Any
 
-import psutil
-
 from servers.heartbeat.encoders import encode_puback
 
 from ..mqtt_frames import frames
+from ..sampler import processes, rss_bytes
 from .client import RECV_SIZE, goodbye, open_client, publish_prefix, subscribe
 from .load import PAYLOAD_HEADER, QosLoad
 from .tally import Tally
@@ -25,21 +23,13 @@ QUEUE_FILL_WINDOW = 100
 """PUBLISHes the queue filler keeps unacknowledged: the fill is a set-up step, not measured."""
 
 
-def _rss(pids: Sequence[int]) -> int:
-    total = 0
-    for pid in pids:
-        with contextlib.suppress(psutil.Error):
-            total += psutil.Process(pid).memory_info().rss
-    return total
-
-
 def settled_rss(pids: Sequence[int], pause: float = 0.5) -> int:
     """RSS of ``pids`` once the server had ``pause`` to finish what it was doing;
     the lower of two readings, so a transient allocation is not counted."""
     time.sleep(pause)
-    first = _rss(pids)
+    first = rss_bytes(processes(pids))
     time.sleep(0.1)
-    return min(first, _rss(pids))
+    return min(first, rss_bytes(processes(pids)))
 
 
 def _publish_all(sock: socket.socket, topic: str, n: int, payload: int, window: int) -> None:

@@ -5,7 +5,6 @@ client, the server and the machine over the measured window."""
 from __future__ import annotations
 
 import array
-import contextlib
 import gc
 import math
 import select
@@ -17,6 +16,7 @@ from typing import Any, NamedTuple
 import psutil
 
 from ..mqtt_frames import frames
+from ..sampler import cpu_seconds
 from ..stats import summary_ms
 from .client import RECV_SIZE, goodbye, open_client, publish_prefix, subscribe
 from .load import PAYLOAD_HEADER, QosLoad
@@ -26,15 +26,6 @@ __all__ = ["CLIENT_SATURATED_PCT", "run_throughput"]
 
 CLIENT_SATURATED_PCT = 90.0
 """Client CPU (% of one core) from which the client, not the server, sets the rate."""
-
-
-def _cpu_seconds(procs: Sequence[psutil.Process]) -> float:
-    total = 0.0
-    for p in procs:
-        with contextlib.suppress(psutil.Error):
-            t = p.cpu_times()
-            total += t.user + t.system
-    return total
 
 
 class _Mark(NamedTuple):
@@ -216,7 +207,7 @@ def run_throughput(
     stop_at = started + load.duration
 
     def mark(now: float) -> _Mark:
-        client, server_cpu = time.process_time(), _cpu_seconds(server)
+        client, server_cpu = time.process_time(), cpu_seconds(server)
         return _Mark(now, state["received"], len(latencies), client, server_cpu, _busy_seconds())
 
     first_mark = mark(started)
