@@ -76,18 +76,17 @@ def peer_certificate(stream: trio.abc.Stream) -> dict[str, Any] | None:
 def peer_common_name(stream: trio.abc.Stream) -> str | None:
     """The common name (CN) in the subject of the peer's verified certificate, or None.
 
-    The identity Mosquitto's ``use_identity_as_username`` takes. With several CNs,
-    the most specific (the last) wins.
+    The identity Mosquitto's ``use_identity_as_username`` takes: with several CNs, the
+    first (a certificate ``CN=bob, CN=alice`` is bob, as Mosquitto reads it).
     """
     cert = peer_certificate(stream)
     if cert is None:
         return None
-    name = None
     for rdn in cert.get("subject", ()):
         for key, value in rdn:
             if key == "commonName":
-                name = str(value)
-    return name
+                return str(value)
+    return None
 
 
 def _failure(exc: BaseException) -> tuple[HandshakeFailure, str]:

@@ -2,8 +2,15 @@
 :mod:`servers.http`, served on a worker's own keeper.
 
 It binds to loopback by default. Its connections get the HTTP server's timeouts,
-tighter than a public server's: 10 s idle, 10 s to send, and each request head must
-be complete 10 s after its first byte (408 otherwise).
+tighter than a public server's: 5 s idle (before the first request too), 5 s between
+two reads of a body, 10 s to send, and each request head must be complete 5 s after
+its first byte (408 otherwise). At its 256 connections a new one takes the place of
+the oldest (one not with the app if there is one) instead of a 503, so ``/healthz``
+answers however many idle connections anyone holds or renews.
+
+With a :class:`~servers.bearer.TokenFile`, everything but ``/healthz`` (which
+liveness probes ask without credentials) needs ``Authorization: Bearer <token>``;
+without one, or with a wrong one, the answer is 401 with ``WWW-Authenticate: Bearer``.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ import trio
 
 import idlekeeper
 
+from .bearer import TokenFile
 from .http.app import App, Request, Response
 from .http.server import HttpConfig, HttpServer, serve_http
 from .listeners import open_listeners
@@ -26,13 +34,16 @@ from .prometheus import CONTENT_TYPE
 __all__ = ["STATUS_CONFIG", "StatusSource", "fetch_json", "serve_status", "status_app"]
 
 STATUS_CONFIG = HttpConfig(
-    keep_alive_timeout=10.0,
-    header_timeout=10.0,
-    body_timeout=10.0,
+    # Probes and scrapers send their request at once: a few seconds of idleness or
+    # of an unfinished head is a client that holds a slot, not one that is slow.
+    keep_alive_timeout=5.0,
+    header_timeout=5.0,
+    body_timeout=5.0,
     send_timeout=10.0,
     max_header_size=16 * 1024,
     max_body_size=64 * 1024,
     max_connections=256,
+    evict_at_cap=True,
     grace=1.0,
 )
 """The status endpoint's timeouts and limits: for operators and scrapers, not the public."""
@@ -63,13 +74,25 @@ def _text(status: int, body: bytes, *extra: tuple[str, str]) -> Response:
     return Response(status, [("content-type", "text/plain"), *extra], body)
 
 
-def status_app(source: StatusSource) -> App:
-    """The status endpoint as an app for :func:`servers.http.server.serve_http`."""
+def _unauthorized(authorization: str | None) -> Response:
+    challenge = 'Bearer realm="status"'
+    if authorization is not None:
+        challenge += ', error="invalid_token"'  # RFC 6750 3.1: credentials were sent, and are wrong
+    return _text(401, b"unauthorized\n", ("www-authenticate", challenge))
+
+
+def status_app(source: StatusSource, tokens: TokenFile | None = None) -> App:
+    """The status endpoint as an app for :func:`servers.http.server.serve_http`;
+    with ``tokens``, all but ``/healthz`` need one of them as a bearer token."""
 
     async def app(request: Request) -> Response:
+        path = request.path
+        if tokens is not None and path != "/healthz":
+            authorization = request.header("authorization")
+            if not tokens.allows(authorization):
+                return _unauthorized(authorization)
         if request.method not in ("GET", "HEAD"):
             return _text(405, b"method not allowed\n", ("allow", "GET, HEAD"))
-        path = request.path
         if path == "/healthz":
             health = source.healthy()
             if isinstance(health, str):
@@ -95,15 +118,17 @@ async def serve_status(
     *,
     keeper: idlekeeper.Keeper,
     host: str = "127.0.0.1",
+    tokens: TokenFile | None = None,
     task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve the status endpoint on ``keeper`` until cancelled; ``nursery.start``
-    returns the port (0 picks a free one)."""
+    returns the port (0 picks a free one). With ``tokens``, all but ``/healthz`` need
+    a bearer token (see :func:`status_app`)."""
     listeners = open_listeners(host, port)
     async with trio.open_nursery() as nursery:
         server: HttpServer = await nursery.start(
             lambda task_status: serve_http(
-                status_app(source), STATUS_CONFIG, listeners=listeners, keeper=keeper, task_status=task_status
+                status_app(source, tokens), STATUS_CONFIG, listeners=listeners, keeper=keeper, task_status=task_status
             )
         )
         task_status.started(server.port)

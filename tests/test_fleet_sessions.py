@@ -363,14 +363,48 @@ async def test_retained_messages_set_clear_bound_and_page(redis_server: RedisSer
         everything = [t for t, _, _ in await collect(b.coord, "#")]
         assert everything == ["cfg", "cfg/a", "cfg/c/d", "other/x"]  # not $SYS
         assert [t for t, _, _ in await collect(b.coord, "$SYS/#")] == ["$SYS/x"]
-        # A replacement that does not fit is refused, and the old message goes too.
+        # A replacement that does not fit is refused, and the old message stays (issue 33).
         a.coord.retain("cfg/a", b"y" * 40, 0)
         await drain(a)
-        assert await collect(b.coord, "cfg/+") == []
+        assert await collect(b.coord, "cfg/+") == [("cfg/a", b"v1", 1)]
         await b.coord.refresh_figures()
         seen = figures(b.coord)
-        assert (seen["heartbeat_retained_messages"], seen["heartbeat_retained_bytes"]) == (4, 9 + 7 + 8 + 7)
+        assert (seen["heartbeat_retained_messages"], seen["heartbeat_retained_bytes"]) == (5, 7 + 9 + 7 + 8 + 7)
         assert figures(a.coord)["heartbeat_retained_refused"] == 2
+
+
+async def test_the_fleet_keeps_at_most_its_bound_of_persistent_sessions(redis_server: RedisServer) -> None:
+    async with fleet(redis_server.url, "a", "b", max_sessions=2) as (a, b):
+        assert await a.coord.open_session("c1") == Opened(False, {}, frozenset())
+        assert await b.coord.open_session("c2") == Opened(False, {}, frozenset())
+        assert await a.coord.open_session("c3") is None  # a third, on either node: refused
+        assert await b.coord.open_session("c3") is None
+        assert a.coord.persistent_refused == 1 and b.coord.persistent_refused == 1
+        assert await b.coord.open_session("c1") == Opened(True, {}, frozenset())  # stored: resumes
+
+
+async def test_one_client_fills_only_its_share_of_the_fleets_retained_messages(redis_server: RedisServer) -> None:
+    options = {"max_retained_per_client": 3, "max_retained_bytes_per_client": 60, "retain_presence": False}
+    async with fleet(redis_server.url, "a", "b", **options) as (a, b):
+        b.coord.retain("victim/state", b"on", 1, "victim")
+        for i in range(10):
+            a.coord.retain(f"junk/{i}", b"x" * 10, 0, "attacker")  # 16 bytes each
+        await drain(a, b)
+        assert [t for t, _, _ in await collect(b.coord, "junk/#")] == ["junk/0", "junk/1", "junk/2"]
+        assert a.coord.retained_refused == 7
+        b.coord.retain("victim/state", b"off", 1, "victim")  # the store has room for others
+        a.coord.retain("junk/0", b"", 0, "someone")  # clearing frees the attacker's share
+        a.coord.retain("junk/9", b"x" * 10, 0, "attacker")
+        await drain(a, b)
+        assert await collect(a.coord, "victim/#") == [("victim/state", b"off", 1)]
+        assert [t for t, _, _ in await collect(b.coord, "junk/#")] == ["junk/1", "junk/2", "junk/9"]
+        # Taking a topic over moves it to the new client's share; a refusal keeps the old value.
+        b.coord.retain("junk/1", b"taken", 0, "victim")
+        a.coord.retain("junk/5", b"x" * 10, 0, "attacker")  # room again in its share
+        a.coord.retain("junk/5", b"y" * 60, 0, "attacker")  # past its bytes: refused, old kept
+        await drain(a, b)
+        assert await collect(b.coord, "junk/5") == [("junk/5", b"x" * 10, 0)]
+        assert await collect(b.coord, "junk/1") == [("junk/1", b"taken", 0)]
 
 
 async def test_retained_presence_online_offline_and_its_ttl(redis_server: RedisServer) -> None:

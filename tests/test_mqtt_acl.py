@@ -161,9 +161,29 @@ def test_wildcards_in_ids_disable_patterns_but_not_sections() -> None:
     # The client's own section is checked before the patterns, so it still applies.
     assert rules.can_publish(None, "x+y", "anon/1")
     assert rules.can_publish("alice", "x#", "alice/1")
-    # Mosquitto 2.0 refuses only + and #: a "/" in a client id spans levels (confirmed).
-    assert rules.can_publish(None, "a/b", "devices/a/b/x")
-    assert rules.can_publish(None, "a/b", "devices/a/b")
+    # Mosquitto 2.0 refused only + and #, so a "/" in a client id spanned levels: id
+    # "a/b" wrote into client "a"'s tree (issue 33). A %c rule no longer applies to it;
+    # a pattern without %c still does.
+    assert not rules.can_publish(None, "a/b", "devices/a/b/x")
+    assert not rules.can_publish(None, "a/b", "devices/a/b")
+    assert rules.can_publish(None, "a/b", "everyone/1")
+
+
+def test_a_separator_or_a_control_in_an_id_or_username_takes_away_only_its_own_patterns() -> None:
+    # The issue's two attacks: "sensor1/cmd" under devices/%c/#, and alice as "sensor1/bob"
+    # under devices/%c/%u/#, writing into bob's tree.
+    rules = AclFile.parse(
+        "pattern readwrite devices/%c/#\npattern readwrite devices/%c/%u/#\npattern readwrite users/%u/#\n"
+    )
+    assert not rules.can_publish(None, "sensor1/cmd", "devices/sensor1/cmd")
+    assert not rules.can_read(None, "sensor1/cmd", "devices/sensor1/cmd")
+    assert not rules.can_read_filter(None, "sensor1/cmd", "devices/sensor1/cmd/#")
+    assert not rules.can_publish("alice", "sensor1/bob", "devices/sensor1/bob/alice/x")
+    assert rules.can_publish("alice", "sensor1/bob", "users/alice/x")  # her own %u rule still holds
+    for bad in ("a/b", "a\x01b", "a\x7fb", "a\x85b"):
+        assert not rules.can_publish(bad, "c1", f"users/{bad}/x")  # as a username
+        assert rules.can_publish(bad, "c1", "devices/c1/x")  # the %c rules do not name it
+    assert rules.can_publish("bob", "sensor1", "devices/sensor1/bob/x")
 
 
 def test_patterns_without_placeholders_apply_to_everyone() -> None:
@@ -310,7 +330,9 @@ MOSQUITTO_OBSERVED: dict[tuple[str | None, str], tuple[list[str], list[str]]] = 
         ["public/x", *_ANON, "devices/anon1/x", "everyone/1", "pre%anon1/x"],
     ),
     (None, "x+y"): (_ANON, ["public/x", *_ANON]),
-    (None, "a/b"): ([*_ANON, "devices/a/b/x", "everyone/1"], ["public/x", *_ANON, "devices/a/b/x", "everyone/1"]),
+    # Mosquitto 2.0 also gave it devices/a/b/x, a tree of client id "a"'s (issue 33: the id
+    # reached past its own level); 2.1 and this server apply no %c rule to an id with "/".
+    (None, "a/b"): ([*_ANON, "everyone/1"], ["public/x", *_ANON, "everyone/1"]),
     ("", "e1"): ([*_ANON, "everyone/1"], ["public/x", *_ANON, "everyone/1"]),
     ("alice", "c1"): (
         ["alice/x", "alice-again/x", "out/alice/c1", *_ALICE_DEVICES],
@@ -416,10 +438,19 @@ def ref_allowed(rules: list[Rule], username: str | None, client_id: str, topic: 
     if not patterns or any(c in s for s in (client_id, username or "") for c in "+#"):
         return False
     subs = {"%c": client_id, "%u": username or ""}
+
+    def unsafe(value: str | None) -> bool:  # a level separator, NUL or a control character
+        return value is not None and any(c == "/" or ord(c) < 0x20 or 0x7F <= ord(c) <= 0x9F for c in value)
+
+    def applies(placeholders: list[str]) -> bool:
+        if "%u" in placeholders and (username is None or unsafe(username)):
+            return False
+        return not ("%c" in placeholders and unsafe(client_id))
+
     expanded = [
         (re.sub("%[cu]", lambda m: subs[m.group()], r.topic), r.access)
         for r in patterns
-        if username is not None or "%u" not in re.findall("%[cu]", r.topic)
+        if applies(re.findall("%[cu]", r.topic))
     ]
     return scan(expanded) is True
 

@@ -6,6 +6,7 @@ passwords against the server as its own process."""
 from __future__ import annotations
 
 import base64
+import collections
 import hashlib
 import os
 import shutil
@@ -27,6 +28,8 @@ from loadtest.mqtt_targets import mosquitto_binary, start_mosquitto
 from loadtest.processes import free_port
 from servers.heartbeat import auth, encoders
 from servers.heartbeat.auth import AuthFileError, AuthResult, PasswordFile
+from servers.heartbeat.authenticator import Authenticator
+from servers.heartbeat.config import HeartbeatConfig
 
 from .test_heartbeat_clients import IN_CI, Server, start_server
 
@@ -380,3 +383,17 @@ def test_a_flood_of_wrong_passwords_does_not_slow_a_device_elsewhere(start_serve
     assert figures["heartbeat_auth_source_delay_seconds"] > 0
     # Not a timing test: a bound far above one check and far below one throttle delay.
     assert waited < 5.0
+
+
+@pytest.mark.parametrize(
+    ("name", "code"),
+    [("device-7", 0), ("org/device-7", 0), (None, 4), ("", 4), ("a+b", 4), ("a#", 4), ("a\x01b", 4), ("x" * 33, 4)],
+)
+def test_a_certificate_name_stands_for_a_username_only_if_one_could_be_it(
+    monkeypatch: pytest.MonkeyPatch, name: str | None, code: int
+) -> None:
+    # "/" passes (a username may hold one; it only takes the %u patterns away), what
+    # would take away every pattern or could not be a username does not.
+    authenticator = Authenticator(HeartbeatConfig(max_username=32), collections.Counter())
+    monkeypatch.setattr(Authenticator, "username", lambda self, conn, request: name)
+    assert authenticator.certified(None, None) == code  # type: ignore[arg-type]

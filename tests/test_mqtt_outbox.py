@@ -11,9 +11,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from servers.heartbeat.outbox import Message, Outbox
-from servers.heartbeat.persistent import SessionStore
+from servers.heartbeat.persistent import Opened, SessionStore
 
 from .mqtt_wire import parse_server_packets
+
+
+def opened(store: SessionStore, client_id: str, clean: bool) -> Opened:
+    """``store.open``, which refuses only past its bound (not reached here)."""
+    result = store.open(client_id, clean)
+    assert result is not None
+    return result
 
 
 def _msg(n: int, qos: int = 1) -> Message:
@@ -188,23 +195,23 @@ def test_every_message_is_delivered_once_in_order_whatever_the_client_does(
 
 def test_store_keeps_a_persistent_session_and_clean_discards_it() -> None:
     store = SessionStore(window=2)
-    assert not store.open("dev", clean=False).present
+    assert not opened(store, "dev", clean=False).present
     store.subscribe("dev", "cmd/dev", 1)
     store.attach("dev", "e1")
     store.detach("dev", "e1", now=10.0)
     assert store.route("cmd/dev", b"a", 1) == []  # away: queued
     assert store.route("cmd/dev", b"z", 0) == []  # QoS 0 is not queued
-    again = store.open("dev", clean=False)
+    again = opened(store, "dev", clean=False)
     assert again.present and again.subscriptions == {"cmd/dev": 1}
     delivery = store.attach("dev", "e2")
     assert delivery is not None and [p.payload for p in parse_server_packets(delivery.packets)] == [b"a"]
-    assert not store.open("dev", clean=True).present
+    assert not opened(store, "dev", clean=True).present
     assert store.get("dev") is None and store.route("cmd/dev", b"b", 1) == []
 
 
 def test_store_ignores_a_superseded_connection_and_expires_absent_sessions() -> None:
     store = SessionStore(expiry=100.0)
-    store.open("dev", clean=False)
+    opened(store, "dev", clean=False)
     store.subscribe("dev", "cmd/#", 2)
     store.attach("dev", "old")
     [d] = store.route("cmd/x", b"1", 2)
@@ -215,7 +222,7 @@ def test_store_ignores_a_superseded_connection_and_expires_absent_sessions() -> 
     assert store.get("dev") is not None and store.get("dev").holder == "new"  # type: ignore[union-attr]
     store.detach("dev", "new", now=10.0)
     assert store.expire(109.0) == []
-    store.open("dev", clean=False)
+    opened(store, "dev", clean=False)
     store.attach("dev", "newer")
     assert store.expire(200.0) == []  # back before its expiry
     store.detach("dev", "newer", now=300.0)
@@ -225,7 +232,7 @@ def test_store_ignores_a_superseded_connection_and_expires_absent_sessions() -> 
 def test_store_total_bound_drops_and_names_each_session_once() -> None:
     store = SessionStore(total_queued_bytes=30)
     for dev in ("a", "b"):
-        store.open(dev, clean=False)
+        opened(store, dev, clean=False)
         store.subscribe(dev, "t", 1)
     for _ in range(4):
         store.route("t", b"0123456789", 1)  # 11 bytes per copy
@@ -235,11 +242,11 @@ def test_store_total_bound_drops_and_names_each_session_once() -> None:
 
 def test_store_qos2_inbound_ids_survive_in_the_session() -> None:
     store = SessionStore()
-    store.open("dev", clean=False)
+    opened(store, "dev", clean=False)
     store.hold_inbound("dev", 7)
-    assert store.open("dev", clean=False).inbound == frozenset({7})
+    assert opened(store, "dev", clean=False).inbound == frozenset({7})
     store.release_inbound("dev", 7)
-    assert store.open("dev", clean=False).inbound == frozenset()
+    assert opened(store, "dev", clean=False).inbound == frozenset()
 
 
 def test_a_message_carries_dup_only_once_it_was_written() -> None:
@@ -249,3 +256,14 @@ def test_a_message_carries_dup_only_once_it_was_written() -> None:
     [again] = box.attach()
     one, two = parse_server_packets([first, again])
     assert (one.dup, two.dup) == (False, True) and one.packet_id == two.packet_id
+
+
+def test_the_store_keeps_at_most_its_bound_of_sessions_and_a_stored_one_still_resumes() -> None:
+    store = SessionStore(max_sessions=2)
+    opened(store, "a", False)
+    opened(store, "b", False)
+    assert store.open("c", False) is None  # a third: refused
+    assert store.refused == 1
+    assert opened(store, "a", False).present  # stored ones resume
+    store.discard("b")
+    assert not opened(store, "c", False).present  # room again

@@ -212,13 +212,35 @@ def test_byte_cap_refuses_growth_allows_shrinking() -> None:
     assert store.store("t1", b"123456", 1, now=0.0)  # grows into the room it left
     assert store.bytes == 18
     assert store.refused == 1
-    # A replacement that does not fit is refused, and the old message goes with it:
-    # the publisher has moved on and the old value is stale.
+    # A replacement that does not fit is refused, and the old message stays: dropping it
+    # let a client that filled the store erase others' values (issue 33).
     assert not store.store("t1", b"123456789", 1, now=0.0)
-    assert store.get("t1", now=0.0) is None
-    assert (store.count, store.bytes, store.refused) == (1, 10, 2)
+    assert store.get("t1", now=0.0) == Retained("t1", b"123456", 1)
+    assert (store.count, store.bytes, store.refused) == (2, 18, 2)
     assert not store.store("big", b"x" * 100, 1, now=0.0)  # larger than the whole cap
     assert store.refused == 3
+
+
+def test_a_client_fills_only_its_own_share_and_a_refusal_keeps_the_old_value() -> None:
+    # Issue 33: an attacker filled the store, then the victim's update to its own topic
+    # was refused and its old value removed.
+    store = RetainedStore(max_bytes=100, max_owner_count=3, max_owner_bytes=42)
+    assert store.store("victim/state", b"on", 1, now=0.0, owner="victim")
+    for i in range(10):
+        store.store(f"junk/{i}", b"x" * 8, 0, now=0.0, owner="attacker")
+    assert store.held_by("attacker") == (3, 3 * 14)  # its share, no more
+    assert store.refused_quota == 7
+    assert store.store("victim/state", b"off", 1, now=0.0, owner="victim")  # room left for others
+    assert store.get("victim/state", now=0.0) == Retained("victim/state", b"off", 1, None, "victim")
+    # Another client taking a topic over takes its bytes into its own share.
+    assert store.store("junk/0", b"mine", 0, now=0.0, owner="victim")
+    assert store.held_by("attacker") == (2, 2 * 14) and store.held_by("victim") == (2, 15 + 10)
+    # Past the whole store's bound, a refused update leaves the old value.
+    store.max_bytes = store.bytes
+    assert not store.store("victim/state", b"offline", 1, now=0.0, owner="victim")
+    assert store.get("victim/state", now=0.0) == Retained("victim/state", b"off", 1, None, "victim")
+    assert store.store("victim/state", b"", 1, now=0.0, owner="attacker")  # clearing always works
+    assert store.held_by("victim") == (1, 10)
 
 
 def test_shrinking_replacement_succeeds_even_over_the_cap() -> None:
@@ -440,9 +462,17 @@ class RetainedModel(RuleBasedStateMachine):
         self.refused = 0
         self.now = 0.0
 
-    @initialize(max_count=st.integers(1, 30), max_bytes=st.integers(1, 200), chunk=st.sampled_from([2, 4]))
-    def configure(self, max_count: int, max_bytes: int, chunk: int) -> None:
-        self.store = RetainedStore(max_count=max_count, max_bytes=max_bytes)
+    @initialize(
+        max_count=st.integers(1, 30),
+        max_bytes=st.integers(1, 200),
+        owner_count=st.integers(1, 10),
+        owner_bytes=st.integers(1, 100),
+        chunk=st.sampled_from([2, 4]),
+    )
+    def configure(self, max_count: int, max_bytes: int, owner_count: int, owner_bytes: int, chunk: int) -> None:
+        self.store = RetainedStore(
+            max_count=max_count, max_bytes=max_bytes, max_owner_count=owner_count, max_owner_bytes=owner_bytes
+        )
         self.store._topics = _SortedTopics(chunk)  # small blocks, so splits and merges happen
 
     def fits(self, topic: str, entry: Retained) -> bool:
@@ -451,6 +481,16 @@ class RetainedModel(RuleBasedStateMachine):
         if old is None:
             return len(self.model) < self.store.max_count and total + size_of(entry) <= self.store.max_bytes
         return size_of(entry) <= size_of(old) or total - size_of(old) + size_of(entry) <= self.store.max_bytes
+
+    def owner_fits(self, topic: str, entry: Retained) -> bool:
+        if not entry.owner:
+            return True
+        mine = [e for e in self.model.values() if e.owner == entry.owner]
+        held = sum(map(size_of, mine))
+        old = self.model.get(topic)
+        if old is not None and old.owner == entry.owner:
+            return size_of(entry) <= size_of(old) or held - size_of(old) + size_of(entry) <= self.store.max_owner_bytes
+        return len(mine) < self.store.max_owner_count and held + size_of(entry) <= self.store.max_owner_bytes
 
     def live(self, topic_filter: str) -> list[Retained]:
         return [
@@ -464,11 +504,12 @@ class RetainedModel(RuleBasedStateMachine):
         payload=st.binary(max_size=12),
         qos=st.integers(0, 2),
         ttl=st.none() | st.integers(-1, 5),
+        owner=st.sampled_from(["", "o1", "o2"]),
     )
-    def publish(self, topic: str, payload: bytes, qos: int, ttl: int | None) -> None:
+    def publish(self, topic: str, payload: bytes, qos: int, ttl: int | None, owner: str) -> None:
         expires_at = None if ttl is None else self.now + ttl
-        stored = self.store.store(topic, payload, qos, self.now, expires_at)
-        entry = Retained(topic, payload, qos, expires_at)
+        stored = self.store.store(topic, payload, qos, self.now, expires_at, owner)
+        entry = Retained(topic, payload, qos, expires_at, owner)
         expected = True
         if not payload or entry.expired(self.now):
             self.model.pop(topic, None)
@@ -476,10 +517,10 @@ class RetainedModel(RuleBasedStateMachine):
             if not self.fits(topic, entry):
                 # The store frees expired messages first (here all of them: far fewer than its batch).
                 self.model = {t: e for t, e in self.model.items() if not e.expired(self.now)}
-            if self.fits(topic, entry):
+            if self.fits(topic, entry) and self.owner_fits(topic, entry):
                 self.model[topic] = entry
             else:
-                self.model.pop(topic, None)
+                # Refused, and the topic keeps what it had.
                 self.refused += 1
                 expected = False
         assert stored is expected
@@ -522,6 +563,9 @@ class RetainedModel(RuleBasedStateMachine):
         assert self.store.bytes == sum(map(size_of, self.model.values()))
         assert self.store.refused == self.refused
         assert list(self.store._topics) == sorted(self.model)
+        for owner in ("o1", "o2"):
+            mine = [e for e in self.model.values() if e.owner == owner]
+            assert self.store.held_by(owner) == (len(mine), sum(map(size_of, mine)))
 
 
 RetainedModel.TestCase.settings = settings(max_examples=60, stateful_step_count=40, deadline=None)

@@ -158,3 +158,40 @@ def test_session_frames_cross_the_bus_whole_and_bad_fields_are_refused() -> None
     bad = encode(Reported(1, Acked("dev", "e", "puback", 7))).replace(b'"packet_id":7', b'"packet_id":"7"')
     with pytest.raises(FrameError, match="packet_id"):
         decode(bad)
+
+
+def test_a_byte_budget_forgets_ids_seen_once_before_devices_that_come_back() -> None:
+    # Issue 33: 60 KB ids, one session each, grew the records by the megabyte.
+    from servers.heartbeat.coordination.registry import record_size
+
+    budget = 4 * record_size("returning-0") + 2 * record_size("x" * 500)
+    reg = Registry(max_bytes=budget)
+    for i in range(4):  # devices that come back now and then
+        for epoch in ("a", "b"):
+            reg.online(online(f"returning-{i}", f"{epoch}{i}", 0))
+            reg.offline(offline(f"returning-{i}", f"{epoch}{i}", 0))
+    reg.online(online("alive-and-once", "l1", 0))  # online: never forgotten, even seen once
+    for i in range(50):  # a flood of made-up ids, each seen once
+        client = f"{i:03d}" + "x" * 497
+        reg.online(online(client, f"f{i}", 0))
+        reg.offline(offline(client, f"f{i}", 0))
+    assert reg.bytes <= budget + record_size("alive-and-once")
+    assert all(reg.get(f"returning-{i}") is not None for i in range(4))
+    assert reg.get("alive-and-once") is not None
+    assert reg.get("049" + "x" * 497) is not None  # the newest of the flood fits, the oldest went
+    assert reg.get("000" + "x" * 497) is None
+    # Forgetting keeps the count right.
+    assert reg.bytes == sum(record_size(e.client_id or "") for e in reg)
+
+
+def test_a_device_that_comes_back_is_no_longer_first_to_go() -> None:
+    reg = Registry(max_records=3)
+    for epoch in ("1", "2"):  # it came back once: no longer seen once
+        reg.online(online("old-friend", epoch, 0))
+        reg.offline(offline("old-friend", epoch, 0))
+    for i in (1, 2):
+        reg.online(online(f"stranger-{i}", f"s{i}", 0))
+        reg.offline(offline(f"stranger-{i}", f"s{i}", 0))
+    reg.online(online("stranger-3", "s3", 0))  # one too many
+    # The longest offline is the old friend, but a stranger goes: the oldest of them.
+    assert [e.client_id for e in reg] == ["old-friend", "stranger-2", "stranger-3"]

@@ -16,6 +16,7 @@ import trustme
 from trio.testing import MockClock
 
 import idlekeeper
+import idlekeeper.tls
 from idlekeeper import HandshakeFailure, Reason
 
 Handler = Callable[[idlekeeper.WatchedStream], Awaitable[object]]
@@ -288,3 +289,13 @@ async def test_a_bad_handshake_timeout_is_refused_at_start_not_per_connection(
         with refused:
             async with trio.open_nursery() as nursery:
                 await nursery.start(partial(serve, handshake_timeout=seconds))
+
+
+def test_the_first_common_name_is_the_identity(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A subject "CN=bob, CN=alice" (two RDNs, as getpeercert() lists them): Mosquitto's
+    # use_identity_as_username takes the first, and so does the server (issue 33).
+    subject = ((("commonName", "bob"),), (("organizationName", "x"),), (("commonName", "alice"),))
+    monkeypatch.setattr(idlekeeper.tls, "peer_certificate", lambda stream: {"subject": subject})
+    assert idlekeeper.peer_common_name(trio.testing.memory_stream_pair()[0]) == "bob"
+    monkeypatch.setattr(idlekeeper.tls, "peer_certificate", lambda stream: {"subject": ((("countryName", "FR"),),)})
+    assert idlekeeper.peer_common_name(trio.testing.memory_stream_pair()[0]) is None

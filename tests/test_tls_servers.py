@@ -26,6 +26,7 @@ import trio
 import trio.testing
 import trustme
 from paho.mqtt.enums import CallbackAPIVersion
+from paho.mqtt.reasoncodes import ReasonCode
 
 from loadtest.processes import free_port, start_heartbeat, start_http
 from servers.heartbeat import encoders
@@ -77,8 +78,8 @@ def certs(tmp_path_factory: pytest.TempPathFactory) -> Certs:
     for blob in server.cert_chain_pems:
         blob.write_to_path(str(where / "server.pem"), append=True)
     server.private_key_pem.write_to_path(str(where / "server.key"))
-    for name in ("device-7", "dashboard"):
-        leaf = ca.issue_cert(f"{name}.example", common_name=name)
+    for name, cn in (("device-7", "device-7"), ("dashboard", "dashboard"), ("wildcard", "evil+#")):
+        leaf = ca.issue_cert(f"{name}.example", common_name=cn)
         for blob in leaf.cert_chain_pems:
             blob.write_to_path(str(where / f"{name}.pem"), append=True)
         leaf.private_key_pem.write_to_path(str(where / f"{name}.key"))
@@ -210,6 +211,32 @@ def mqtt_server(tmp_path: Path, certs: Certs) -> Iterator[object]:
     yield start
     for server in started:
         stop(server.proc)
+
+
+def test_a_certificate_whose_cn_no_username_may_be_is_refused(mqtt_server: object, certs: Certs) -> None:
+    # Signed by the trusted CA, so the handshake passes; its CN would take the client's
+    # ACL patterns away (a wildcard), so it does not stand for a username: CONNACK 4.
+    server: MqttServer = mqtt_server(  # type: ignore[operator]
+        "--tls-ca-file", certs.ca_file, "--tls-require-certificate", "--use-identity-as-username"
+    )
+    refused: list[int] = []
+    done = threading.Event()
+
+    def on_connect(c: object, u: object, flags: object, rc: ReasonCode, props: object) -> None:
+        refused.append(rc.value)
+        done.set()
+
+    client = paho_tls(certs, "wild", "wildcard")
+    client.on_connect = on_connect
+    client.connect("127.0.0.1", server.port, keepalive=5)
+    client.loop_start()
+    try:
+        assert done.wait(5)
+    finally:
+        client.loop_stop()
+    assert refused == [0x86]  # paho names 3.1.1's CONNACK 4 by MQTT 5's code: bad user name or password
+    logged = server.wait_for(lambda e: e["status"] == "refused")
+    assert logged[0]["claimed_client_id"] == "wild" and logged[0]["detail"] == "bad-credentials"
 
 
 @needs_mosquitto_clients

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 import trio
 
 from .. import runner
+from ..bearer import TokenFile, TokenFileError
 from ..bus import Hub
 from ..config import add_worker_arguments
 from ..gcpolicy import freeze_on_keeper
@@ -22,6 +23,7 @@ from ..workers import supervisor_pid
 from .access import acl_reader
 from .acl import AclFile
 from .auth import PasswordFile
+from .cli_limits import add_limit_arguments, limits_from
 from .config import ENGINES, HeartbeatConfig
 from .coordination import Coordinator
 from .coordination.authority import Authority
@@ -92,6 +94,14 @@ def parser() -> argparse.ArgumentParser:
         help="HTTP status port (/healthz, /metrics, /devices/<id>); worker i serves on this port + i",
     )
     a("--status-host", default="127.0.0.1", help="status endpoint address (default: loopback only)")
+    a(
+        "--status-token-file",
+        default=None,
+        metavar="PATH",
+        help="bearer tokens, one a line (# comments), one of which /metrics and /devices then need in "
+        "'Authorization: Bearer <token>' (401 otherwise); /healthz stays open; reloaded on SIGHUP "
+        "(default: no authentication)",
+    )
     a(
         "--auth-file",
         default=None,
@@ -205,6 +215,7 @@ def parser() -> argparse.ArgumentParser:
         help="bytes of retained topics and payloads kept (presence not included); beyond, new ones are "
         "refused and counted (default: 512 MiB)",
     )
+    add_limit_arguments(p)
     add_tls_arguments(p, client_certificates=True)  # TLS runs on the streams engine
     a("--bus", default=None, help=argparse.SUPPRESS)
     a("--bus-buffer", type=int, default=64 * 1024 * 1024, help=argparse.SUPPRESS)
@@ -238,6 +249,7 @@ def config_from(args: argparse.Namespace, worker: int) -> HeartbeatConfig:
         retain_presence=not args.no_retain_presence,
         presence_offline_ttl=args.presence_offline_ttl or None,
         max_retained_bytes=args.max_retained_bytes,
+        **limits_from(args),
     )
     if args.cluster:
         # One node per worker *process*: a worker that crashed and was restarted is a
@@ -274,10 +286,13 @@ def coordinator_for(args: argparse.Namespace, config: HeartbeatConfig) -> tuple[
             max_queued=config.max_queued,
             max_queued_bytes=config.max_queued_bytes,
             session_expiry=config.session_expiry,
+            max_sessions=config.max_persistent_sessions,
             may_read=acl_reader(config),
             retain_presence=config.retain_presence,
             presence_offline_ttl=config.presence_offline_ttl,
             max_retained_bytes=config.max_retained_bytes,
+            max_retained_per_client=config.max_retained_per_client,
+            max_retained_bytes_per_client=config.max_retained_bytes_per_client,
         )
         return fleet, own
     if not args.bus:
@@ -300,19 +315,24 @@ def authority_hub(args: argparse.Namespace) -> Hub:
     # The bounds and rules of the sessions it keeps for every worker (the log is its own, above).
     config = config_from(argparse.Namespace(**{**vars(args), "presence_log": None}), 0)
     authority = Authority(
-        sinks, presence_prefix=config.presence_prefix, max_records=config.max_device_records, state=mqtt_state(config)
+        sinks, presence_prefix=config.presence_prefix, max_records=config.max_device_records,
+        max_record_bytes=config.max_device_record_bytes,
+        state=mqtt_state(config),
     )
     return Hub(authority, max_buffer=args.bus_buffer)
 
 
-async def reload_on_hangup(server: HeartbeatServer) -> None:
-    """SIGHUP (from the operator, or passed on by the supervisor) reloads the ACL file.
+async def reload_on_hangup(server: HeartbeatServer, status_tokens: TokenFile | None = None) -> None:
+    """SIGHUP (from the operator, or passed on by the supervisor) reloads the ACL file
+    and the status token file.
 
     Always listened for: SIGHUP's default action would end the worker.
     """
     with trio.open_signal_receiver(signal.SIGHUP) as hangups:
         async for _ in hangups:
             server.reload_acl()
+            if status_tokens is not None:
+                status_tokens.reload()
 
 
 async def run_worker(args: argparse.Namespace, worker: int, reuse_port: bool) -> None:
@@ -321,6 +341,7 @@ async def run_worker(args: argparse.Namespace, worker: int, reuse_port: bool) ->
     coordinator, sinks = coordinator_for(args, config)
     listeners = open_listeners(args.host, args.port, reuse_port=reuse_port)
     status_port = None if args.status_port is None else args.status_port + worker
+    status_tokens = TokenFile.load(args.status_token_file) if args.status_token_file else None
 
     async def start(nursery: trio.Nursery) -> HeartbeatServer:
         server: HeartbeatServer = await nursery.start(
@@ -329,13 +350,14 @@ async def run_worker(args: argparse.Namespace, worker: int, reuse_port: bool) ->
                 listeners=listeners,
                 status_port=status_port,
                 status_host=args.status_host,
+                status_tokens=status_tokens,
                 coordinator=coordinator,
                 task_status=task_status,
             )
         )
         if args.gc_freeze > 0:
             freeze_on_keeper(server.keeper, args.gc_freeze)  # ends with the keeper
-        nursery.start_soon(reload_on_hangup, server)
+        nursery.start_soon(reload_on_hangup, server, status_tokens)
         return server
 
     def ready(server: HeartbeatServer) -> Ready:
@@ -355,6 +377,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     cli = parser()
     args = cli.parse_args(argv)
     check_tls_arguments(cli, args)
+    if args.status_token_file:
+        if args.status_port is None:
+            cli.error("--status-token-file needs --status-port")
+        try:
+            TokenFile.load(args.status_token_file)  # a bad file is told here, once, not by every worker
+        except TokenFileError as exc:
+            cli.error(str(exc))
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     # In a fleet the workers share through Redis, so the supervisor needs no authority.
     hub = None if args.cluster else (lambda: authority_hub(args))

@@ -18,7 +18,11 @@ section. Within each of the two, a matching ``deny`` wins over any grant whereve
 stands; a grant lacking the access asked for does not decide.
 A pattern naming ``%u`` does not apply to anonymous clients. When the file has
 patterns, a client whose username or client id holds ``+`` or ``#`` gets nothing
-from them (it could otherwise widen its own rules).
+from them (as Mosquitto 2.0: it could otherwise widen its own rules). Beyond that, a
+pattern naming ``%c`` does not apply to a client whose id holds ``/``, U+0000 or a
+control character, nor one naming ``%u`` to a client whose username does (as Mosquitto
+2.1): such a value would reach into another client's tree (``devices/%c/#`` with the
+id ``sensor1/cmd`` is ``devices/sensor1/cmd/#``).
 
 Like Mosquitto 2.0, the file never refuses a subscription: what a client may read is
 decided per message, at delivery (:meth:`AclFile.can_read`, retained messages too),
@@ -113,6 +117,16 @@ def _has_wildcard(topic: str) -> bool:
     return "+" in topic or "#" in topic
 
 
+# What a %c or %u value must not hold: a level separator would reach beyond the
+# client's own level of the pattern; NUL and controls are never a name. (A wildcard
+# takes every pattern away: see _has_wildcard's callers.)
+_UNSAFE_VALUE = re.compile("[/\x00-\x1f\x7f-\x9f]")
+
+
+def _unsafe(value: str | None) -> bool:
+    return value is not None and _UNSAFE_VALUE.search(value) is not None
+
+
 class _RuleSet:
     """One client's rules for a single phase (its own section, or the expanded patterns)."""
 
@@ -179,14 +193,22 @@ def _covers(grant: str, topic_filter: str) -> bool:
 
 
 class _Pattern:
-    __slots__ = ("access", "pieces", "uses_username")
+    __slots__ = ("access", "pieces", "uses_client_id", "uses_username")
 
     def __init__(self, topic: str, access: Access) -> None:
         # Odd pieces are the placeholders, replaced left to right as Mosquitto does
         # ("%%c" is a literal "%" then the client id).
         self.pieces = tuple(_PLACEHOLDER.split(topic))
+        self.uses_client_id = "%c" in self.pieces[1::2]
         self.uses_username = "%u" in self.pieces[1::2]
         self.access = access
+
+    def applies(self, username: str | None, client_id: str) -> bool:
+        """Whether this pattern is a rule for a client with no wildcard in its id or
+        username (see the module docs)."""
+        if self.uses_username and (username is None or _unsafe(username)):
+            return False
+        return not (self.uses_client_id and _unsafe(client_id))
 
     def expand(self, username: str | None, client_id: str) -> str:
         values = {"%c": client_id, "%u": username or ""}
@@ -285,7 +307,7 @@ class AclFile:
             grants += [
                 p.expand(username, client_id)
                 for p in self._patterns
-                if p.access & Access.READ and (username is not None or not p.uses_username)
+                if p.access & Access.READ and p.applies(username, client_id)
             ]
         return any(_covers(grant, topic_filter) for grant in grants)
 
@@ -328,14 +350,10 @@ class AclFile:
             return self._expanded[key]
         except KeyError:
             pass
-        rules: _RuleSet | None
-        if _has_wildcard(client_id) or (username is not None and _has_wildcard(username)):
-            rules = None
-        else:
+        rules: _RuleSet | None = None
+        if not (_has_wildcard(client_id) or (username is not None and _has_wildcard(username))):
             rules = _RuleSet(
-                (p.expand(username, client_id), p.access)
-                for p in self._patterns
-                if username is not None or not p.uses_username
+                (p.expand(username, client_id), p.access) for p in self._patterns if p.applies(username, client_id)
             )
         # Bounded so that a reconnect storm of distinct clients cannot grow it without
         # limit; a miss costs one expansion, O(patterns).

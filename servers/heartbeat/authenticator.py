@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import re
 
 import trio
 
@@ -14,12 +15,19 @@ import idlekeeper
 from .auth import AuthResult
 from .config import HeartbeatConfig
 from .connection import Connection, peer_closed, peer_of
+from .logs import shown
+from .policy import utf8_length
 from .session import Accept
 from .throttle import Admission, AuthGate, Hold, source_key
 
 __all__ = ["Authenticator"]
 
 logger = logging.getLogger("servers.heartbeat")
+
+# What a certificate's CN may not hold when it stands for the username: what the
+# CONNECT's reader refuses in one (controls, non-characters' neighbours U+0000 and
+# the C1 block), and a wildcard, which would take the client's ACL patterns away.
+_UNFIT_NAME = re.compile("[+#\x00-\x1f\x7f-\x9f]")
 
 
 class Authenticator:
@@ -54,9 +62,14 @@ class Authenticator:
 
     def certified(self, conn: Connection, request: Accept) -> int:
         """When clients are identified by certificate: 0, or 4 (bad credentials) for a
-        certificate without a CN. The certificate was the credential, checked at the
-        handshake (Mosquitto's use_identity_as_username: no password file)."""
-        return 0 if self.username(conn, request) is not None else 4
+        certificate whose (first) CN is missing, empty, or holds what no username may
+        (``+``, ``#``, a control character), or is longer than a username may be. The
+        certificate was the credential, checked at the handshake (Mosquitto's
+        use_identity_as_username: no password file)."""
+        name = self.username(conn, request)
+        if not name or _UNFIT_NAME.search(name) is not None or utf8_length(name) > self.config.max_username:
+            return 4
+        return 0
 
     async def check(self, conn: Connection, request: Accept) -> int:
         """The password check; 0 if accepted, else the CONNACK refusal code.
@@ -106,7 +119,7 @@ class Authenticator:
             now = trio.current_time()
             delay = max(gate.sources.wait(source, now), gate.users.wait(username, now))
             if delay > 0:
-                logger.info("password of %r from %s refused: more checks wait %.1f s", username, source, delay)
+                logger.info("password of %s from %s refused: more checks wait %.1f s", shown(username), source, delay)
         return int(result)
 
     def _before_hashing(self, source: str, username: str, password: bytes | None) -> int | None:

@@ -1,9 +1,10 @@
 """Topic matching, subscriptions and routing: which subscribers get a message published on a topic.
 
-Pure (no I/O). :func:`topic_matches` is the one implementation of MQTT's filter rules (4.7).
-Exact filters (no wildcards) sit in a dict, so a device subscribed to its own command
-topic costs O(1) per publish however many devices there are; wildcard filters
-(``presence/#``) are few and are matched one by one.
+Pure (no I/O). :func:`topic_matches` is the reference statement of MQTT's filter
+rules (4.7). Exact filters (no wildcards) sit in a dict, so a device subscribed to its
+own command topic costs O(1) per publish however many devices there are; wildcard
+filters sit in a tree of levels (:mod:`.topics`), so a publish costs a step per level
+of its topic and per filter it matches, however many wildcard filters one client holds.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Generic, Protocol, TypeVar
 from .budget import SUBSCRIBER_BYTES, TOTAL_BYTES, Offer, SendBudget
 from .encoders import encode_publish
 from .outbox import DEFAULT_MAX_QUEUED, DEFAULT_WINDOW, Message, Outbox
+from .topics import FilterIndex, TopicTree, is_wildcard
 
 __all__ = ["MAX_QUEUED", "Broker", "Subscriber", "Subscriptions", "matches_any", "topic_matches"]
 
@@ -43,12 +45,11 @@ def topic_matches(topic_filter: str, topic: str) -> bool:
 
 
 def matches_any(filters: Collection[str], topic: str) -> bool:
-    """Whether any of ``filters`` matches ``topic`` (an exact filter is found at once)."""
+    """Whether any of ``filters`` matches ``topic``: a :class:`~.topics.FilterIndex` walks
+    its tree; any other collection is scanned (an exact filter is found at once)."""
+    if isinstance(filters, FilterIndex):
+        return filters.matches(topic)
     return topic in filters or any(topic_matches(f, topic) for f in filters)
-
-
-def _is_wildcard(topic_filter: str) -> bool:
-    return "+" in topic_filter or "#" in topic_filter
 
 
 class Subscriptions(Generic[K]):
@@ -58,6 +59,8 @@ class Subscriptions(Generic[K]):
         self._max_qos = max_qos
         self._exact: dict[str, dict[K, int]] = {}
         self._wild: dict[str, dict[K, int]] = {}
+        self._tree: TopicTree[dict[K, int]] = TopicTree()
+        """The dicts of ``_wild`` by their filters' levels, for :meth:`route`."""
         self._by_key: dict[K, set[str]] = {}
 
     def __len__(self) -> int:
@@ -66,20 +69,29 @@ class Subscriptions(Generic[K]):
     def subscribe(self, key: K, topic_filter: str, qos: int) -> int:
         """Add or replace a subscription; returns the granted QoS (capped)."""
         granted = min(qos, self._max_qos)
-        table = self._wild if _is_wildcard(topic_filter) else self._exact
-        table.setdefault(topic_filter, {})[key] = granted
+        if is_wildcard(topic_filter):
+            subs = self._wild.get(topic_filter)
+            if subs is None:
+                subs = self._wild[topic_filter] = {}
+                self._tree.set(topic_filter, subs)
+            subs[key] = granted
+        else:
+            self._exact.setdefault(topic_filter, {})[key] = granted
         self._by_key.setdefault(key, set()).add(topic_filter)
         return granted
 
     def unsubscribe(self, key: K, topic_filter: str) -> bool:
         """Remove one subscription; returns whether it existed."""
-        table = self._wild if _is_wildcard(topic_filter) else self._exact
+        wild = is_wildcard(topic_filter)
+        table = self._wild if wild else self._exact
         subs = table.get(topic_filter)
         if not subs or key not in subs:
             return False
         del subs[key]
         if not subs:
             del table[topic_filter]
+            if wild:
+                self._tree.pop(topic_filter)
         filters = self._by_key.get(key)
         if filters is not None:
             filters.discard(topic_filter)
@@ -100,14 +112,17 @@ class Subscriptions(Generic[K]):
         """Whether ``key`` has any subscription."""
         return key in self._by_key
 
+    def held(self, key: K) -> Collection[str]:
+        """The filters ``key`` holds (a view: read it, do not keep it)."""
+        return self._by_key.get(key, ())
+
     def route(self, topic: str) -> dict[K, int]:
         """Subscribers of ``topic`` with the QoS to deliver at (the highest match wins)."""
         out: dict[K, int] = dict(self._exact.get(topic, {}))
-        for topic_filter, subs in self._wild.items():
-            if topic_matches(topic_filter, topic):
-                for key, qos in subs.items():
-                    if qos > out.get(key, -1):
-                        out[key] = qos
+        for subs in self._tree.match(topic):
+            for key, qos in subs.items():
+                if qos > out.get(key, -1):
+                    out[key] = qos
         return out
 
 

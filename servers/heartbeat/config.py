@@ -9,11 +9,20 @@ from ..config import WorkerConfig
 from .acl import AclFile
 from .auth import PasswordFile
 from .budget import DEFAULT_MAX_OUTBOX_BYTES, DEFAULT_MAX_SUBSCRIBER_BYTES
+from .connect_rate import DEFAULT_CONNECT_RATE
+from .coordination.registry import DEFAULT_MAX_BYTES as DEFAULT_RECORD_BYTES
 from .outbox import DEFAULT_MAX_QUEUED, DEFAULT_MAX_QUEUED_BYTES, DEFAULT_WINDOW
-from .persistent import DEFAULT_EXPIRY
+from .persistent import DEFAULT_EXPIRY, DEFAULT_MAX_SESSIONS
+from .policy import (
+    DEFAULT_MAX_CLIENT_ID,
+    DEFAULT_MAX_QOS,
+    DEFAULT_MAX_SUBSCRIPTION_BYTES,
+    DEFAULT_MAX_SUBSCRIPTIONS,
+    DEFAULT_MAX_USERNAME,
+    DEFAULT_PRESENCE_PREFIX,
+)
 from .presence import PresenceSink
-from .retained import DEFAULT_MAX_BYTES
-from .session import DEFAULT_MAX_QOS, DEFAULT_PRESENCE_PREFIX
+from .retained import DEFAULT_MAX_BYTES, DEFAULT_MAX_OWNER_BYTES, DEFAULT_MAX_OWNER_COUNT
 from .throttle import ThrottlePolicy
 
 __all__ = ["ENGINES", "HeartbeatConfig"]
@@ -39,6 +48,14 @@ class HeartbeatConfig(WorkerConfig):
     """Topic prefix of presence events; devices' own publishes under it are dropped."""
     max_qos: int = DEFAULT_MAX_QOS
     """Highest QoS granted to subscribers and routed for publishers: 0, 1 or 2."""
+    max_client_id: int = DEFAULT_MAX_CLIENT_ID
+    """Bytes of UTF-8 a client id may have; longer, CONNACK 2 (see :mod:`.policy`)."""
+    max_username: int = DEFAULT_MAX_USERNAME
+    """Bytes of UTF-8 a username may have; longer, CONNACK 4."""
+    max_subscriptions: int = DEFAULT_MAX_SUBSCRIPTIONS
+    """Topic filters one client may hold; past it, 0x80 in SUBACK."""
+    max_subscription_bytes: int = DEFAULT_MAX_SUBSCRIPTION_BYTES
+    """Bytes of filter text one client may hold; past it, 0x80 in SUBACK."""
     max_inflight: int = DEFAULT_WINDOW
     """QoS 1 and 2 messages sent to a client and not yet acknowledged, at most."""
     max_queued: int = DEFAULT_MAX_QUEUED
@@ -51,18 +68,29 @@ class HeartbeatConfig(WorkerConfig):
     """Bytes queued for all subscribers' sockets in this worker; beyond, QoS 0 messages are dropped."""
     session_expiry: float = DEFAULT_EXPIRY
     """Seconds a persistent session (CleanSession=0) is kept after its client left."""
+    max_persistent_sessions: int = DEFAULT_MAX_SESSIONS
+    """Persistent sessions kept at once; past it, a new one is refused (CONNACK 3), a stored one resumes."""
     retain_presence: bool = True
     """Presence events are retained: a new subscription to ``presence/#`` first gets every device's last one."""
     presence_offline_ttl: float | None = 7 * 24 * 3600.0
     """Seconds an offline device's presence stays retained (None: as long as its record is kept)."""
     max_retained_bytes: int = DEFAULT_MAX_BYTES
     """Bytes of retained topics and payloads kept, presence not included; beyond, new ones are refused."""
+    max_retained_per_client: int = DEFAULT_MAX_OWNER_COUNT
+    """Retained messages one client (the one that last set each) may hold; beyond, refused (the old one stays)."""
+    max_retained_bytes_per_client: int = DEFAULT_MAX_OWNER_BYTES
+    """Bytes of retained topics and payloads one client may hold; beyond, refused (the old one stays)."""
     engine: str = "dense"
     """``dense`` (one task serves every connection) or ``streams`` (a task per connection)."""
     coalesce: float = 0.0
     """Dense engine: seconds packets are gathered per pass while they keep coming (CPU for latency)."""
+    max_connect_rate: float = DEFAULT_CONNECT_RATE
+    """CONNECTs a second from one source address, after a burst of a minute's worth; past
+    it, CONNACK 3 (see :mod:`.connect_rate`). 0: unbounded."""
     max_device_records: int = 1_000_000
-    """Presence records kept for /devices; the longest-offline are forgotten first."""
+    """Presence records kept for /devices; past it, offline ones are forgotten, ids seen once first."""
+    max_device_record_bytes: int = DEFAULT_RECORD_BYTES
+    """Bytes of presence records kept (each ~384 B plus its client id); past it, likewise."""
     auth: PasswordFile | None = None
     auth_throttle: ThrottlePolicy | None = field(default_factory=ThrottlePolicy)
     """How failed password checks are throttled per source address and per username
@@ -87,6 +115,9 @@ class HeartbeatConfig(WorkerConfig):
             raise ValueError(f"auth_threads must be at least 1, not {self.auth_threads}")
         if self.max_subscriber_bytes < 1 or self.max_outbox_bytes < 1:
             raise ValueError("max_subscriber_bytes and max_outbox_bytes must be at least 1")
+        for name in ("max_client_id", "max_username", "max_subscriptions", "max_subscription_bytes"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, not {getattr(self, name)}")
         if self.tls is not None and self.engine == "dense":
             # TLS runs on trio's SSLStream, a stream per connection: the streams engine.
             logger.warning("TLS is served by the streams engine (a task per connection): engine streams selected")

@@ -12,8 +12,9 @@ import trio
 import idlekeeper
 from idlekeeper import Reason
 
-from .config import HeartbeatConfig
+from .logs import shown
 from .outbox import Outbox
+from .policy import SessionPolicy
 from .presence import Offline, PresenceEvent
 from .session import Session, State
 
@@ -30,18 +31,18 @@ class Connection:
 
     ``stream`` is the connection's watch: a watched stream (streams engine) or a
     dense engine's transport; both carry the deadlines the server sets per phase.
-    Its session is bounded as ``config`` says.
+    Its session follows the server's ``policy``.
     Subclasses say how bytes reach a subscriber (:meth:`push`).
     """
 
     __slots__ = ("ended_by", "finished", "held", "online", "peer", "persistent", "refusal", "session", "stream")
 
-    def __init__(self, stream: idlekeeper.Watch, config: HeartbeatConfig) -> None:
+    def __init__(self, stream: idlekeeper.Watch, policy: SessionPolicy) -> None:
         self.stream = stream
         self.peer = peer_of(stream)
         self.online: PresenceEvent | None = None
         """The session's online event once CONNECT is accepted (its epoch names the session)."""
-        self.session = Session(max_qos=config.max_qos, presence_prefix=config.presence_prefix)
+        self.session = Session(policy)
         self.ended_by: Offline | None = None
         self.finished = False
         self.held: Outbox | None = None
@@ -112,7 +113,8 @@ class Connection:
         ``send-overflow``, like any other end (one offline event, its Will)."""
         if self.ended_by is not None or self.finished:
             return
-        logger.warning("subscriber %s (%s) cut off: send-overflow, %s", self.peer, self.session.client_id, detail)
+        client_id = shown(self.session.client_id)
+        logger.warning("subscriber %s (%s) cut off: send-overflow, %s", self.peer, client_id, detail)
         self.end(Offline.SEND_OVERFLOW)
 
     def may_read(self, topic: str) -> bool:

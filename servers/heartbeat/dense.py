@@ -63,7 +63,7 @@ class DenseConnection(Connection, idlekeeper.Protocol):
     def connection_made(self, transport: idlekeeper.Transport) -> None:
         """Accepted: start the CONNECT deadline."""
         server = self.server
-        Connection.__init__(self, transport, server.config)
+        Connection.__init__(self, transport, server.policy)
         self.reader = PacketReader(server.config.max_packet_size)
         server.opened(self)
 
@@ -129,7 +129,7 @@ class DenseConnection(Connection, idlekeeper.Protocol):
         if isinstance(effect, Send):
             self.stream.write(effect.data)
         elif isinstance(effect, Route):
-            server.published(effect)
+            server.published(self, effect)
         elif isinstance(effect, Accept):
             self._accept(effect)
         elif isinstance(effect, AddSubscription):

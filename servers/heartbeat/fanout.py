@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import time
 
 import trio
 
@@ -14,15 +15,26 @@ from .budget import SendBudget
 from .config import HeartbeatConfig
 from .connection import Connection
 from .coordination import Coordinator
+from .logs import OncePer, shown
 from .persistent import Acked, Inbound, Subscribed
 from .retained_delivery import RetainedDelivery
-from .session import Acknowledged, AddSubscription, Denied, HoldInbound, ReleaseInbound, RemoveSubscription, Route, Will
+from .session import (
+    Acknowledged,
+    AddSubscription,
+    Denied,
+    HoldInbound,
+    ReleaseInbound,
+    RemoveSubscription,
+    Route,
+    SubscriptionRefused,
+    Will,
+)
 
 __all__ = ["Exchange", "FanOut"]
 
 logger = logging.getLogger("servers.heartbeat")
 
-Exchange = Acknowledged | HoldInbound | ReleaseInbound | Denied
+Exchange = Acknowledged | HoldInbound | ReleaseInbound | Denied | SubscriptionRefused
 """Session effects both engines hand to :meth:`FanOut.exchanged` as they are."""
 
 
@@ -58,20 +70,22 @@ class FanOut:
         subscriptions whose retained messages follow it."""
         self._settle_failing = False
         self._announced: set[str] = set()
+        self._logged = OncePer()
 
-    def published(self, message: Route) -> None:
+    def published(self, conn: Connection, message: Route) -> None:
         """A client's PUBLISH: count it and route it to every subscriber (retained,
-        it is kept for later ones; existing subscribers get it without the flag)."""
+        it is kept for later ones, within the client's share; existing subscribers get
+        it without the flag)."""
         self.counters["messages_in"] += 1
         if message.retain:
-            self.coordinator.retain(message.topic, message.payload, message.qos)
+            self.coordinator.retain(message.topic, message.payload, message.qos, conn.session.client_id or "")
         self.route(message.topic, message.payload, message.qos)
 
-    def publish_will(self, will: Will) -> None:
+    def publish_will(self, conn: Connection, will: Will) -> None:
         """A device died: its Will goes out like its own PUBLISH would have."""
         self.counters["wills_published"] += 1
         if will.retain:
-            self.coordinator.retain(will.topic, will.message, will.qos)
+            self.coordinator.retain(will.topic, will.message, will.qos, conn.session.client_id or "")
         self.route(will.topic, will.message, will.qos)
 
     def route(self, topic: str, payload: bytes, qos: int) -> int:
@@ -131,11 +145,17 @@ class FanOut:
 
     def exchanged(self, conn: Connection, effect: Exchange) -> None:
         """A step of a QoS 1 or 2 exchange: the client's outbox (or its persistent session)
-        takes it; or a PUBLISH that was denied, counted."""
+        takes it; or a PUBLISH denied or a filter refused, counted (and logged once per
+        client per spell: a client may repeat them at will)."""
         client_id = conn.session.client_id or ""
         if isinstance(effect, Denied):
             self.counters["denied_publishes"] += 1
-            logger.info("publish from %s (%s) to %r denied", conn.peer, client_id, effect.topic)
+            self._refusal(conn, "publish", f"publish to {shown(effect.topic)} denied")
+            return
+        if isinstance(effect, SubscriptionRefused):
+            self.counters["refused_subscriptions"] += 1
+            why = "it holds as many filters as allowed (--max-subscriptions, --max-subscription-bytes)"
+            self._refusal(conn, "subscribe", f"subscription to {shown(effect.topic_filter)} refused: {why}")
             return
         if isinstance(effect, Acknowledged):
             if conn.persistent:
@@ -152,6 +172,13 @@ class FanOut:
         elif conn.persistent:
             held = isinstance(effect, HoldInbound)
             self.coordinator.session(Inbound(client_id, effect.packet_id, held))
+
+    def _refusal(self, conn: Connection, kind: str, what: str) -> None:
+        """Log a refusal of ``conn``'s, once per client and kind per spell: a client may
+        repeat it at will, and the counters carry the totals."""
+        client_id = conn.session.client_id or ""
+        if self._logged.due((client_id, kind), time.monotonic()):
+            logger.info("%s (%s): %s; more are counted, not logged", conn.peer, shown(client_id), what)
 
     def forget(self, conn: Connection) -> None:
         """``conn`` ended: nothing waits for its SUBACK, its queue no longer counts, and

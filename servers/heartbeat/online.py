@@ -64,14 +64,37 @@ class OnlineSessions:
         return self.config.auth is not None or not request.clean_session
 
     def admission(self, conn: Connection, request: Accept, code: int) -> bytes | None:
-        """After the password check (``code``, 0 if accepted): the refusal CONNACK, or None to admit."""
+        """After the password check (``code``, 0 if accepted): the refusal CONNACK, or None to admit.
+
+        A Will is a PUBLISH that waits: a topic the client could not publish to (the
+        server's own, presence and ``$`` topics, or one the ACL does not let it write)
+        refuses the CONNECT with 5 (not authorized), as Mosquitto does.
+        """
         cfg = self.config
         if not code and len(self.online) >= cfg.max_connections and request.client_id not in self.online:
             code = 3  # server unavailable: the polite refusal beyond the cap
             self.counters["refused_capacity"] += 1
+        will = request.will
+        if not code and will is not None and not self.may_will(conn, request.client_id, will.topic, request):
+            code = 5
+            self.counters["refused_wills"] += 1
         if not code:
             return None
         return self.refuse(conn, code)
+
+    def may_will(self, conn: Connection, client_id: str, topic: str, request: Accept | None = None) -> bool:
+        """Whether the client may leave a Will on ``topic``: as if it published there now
+        (the ACL in force now: at CONNECT, and again when the Will goes out)."""
+        if conn.session.reserved(topic):
+            return False
+        acl = self.config.acl
+        if acl is None:
+            return True
+        rules = conn.session.permissions
+        if rules is not None:
+            return rules.may_publish(topic)
+        username = self.authenticator.username(conn, request) if request is not None else None
+        return acl.can_publish(username, client_id, topic)
 
     def refuse(self, conn: Connection, code: int) -> bytes:
         """Refuse the CONNECT with ``code``: counted, and its end is recorded as a refusal."""

@@ -30,6 +30,7 @@ from .outbox import DEFAULT_MAX_QUEUED, DEFAULT_MAX_QUEUED_BYTES, DEFAULT_WINDOW
 
 __all__ = [
     "DEFAULT_EXPIRY",
+    "DEFAULT_MAX_SESSIONS",
     "DEFAULT_TOTAL_QUEUED_BYTES",
     "Acked",
     "Attach",
@@ -45,6 +46,8 @@ __all__ = [
     "Subscribed",
 ]
 
+DEFAULT_MAX_SESSIONS = 1_000_000
+"""Persistent sessions kept at once unless told otherwise (each about a kilobyte, queue aside)."""
 DEFAULT_EXPIRY = 24 * 3600.0
 """Seconds a persistent session outlives its client's last connection."""
 DEFAULT_TOTAL_QUEUED_BYTES = 256 * 1024 * 1024
@@ -167,7 +170,12 @@ class SessionStore:
         total_queued_bytes: int = DEFAULT_TOTAL_QUEUED_BYTES,
         expiry: float = DEFAULT_EXPIRY,
         may_read: Callable[[str | None, str, str], bool] | None = None,
+        max_sessions: int = DEFAULT_MAX_SESSIONS,
     ) -> None:
+        self.max_sessions = max_sessions
+        """Sessions kept at once: past it, a new one is refused (a stored one still resumes)."""
+        self.refused = 0
+        """New sessions refused at ``max_sessions``."""
         self.may_read = may_read
         """Access rules: whether (username, client id) may read a topic; None lets everything through."""
         self.window = window
@@ -217,9 +225,10 @@ class SessionStore:
 
     # -- a client's connections ---------------------------------------------------------
 
-    def open(self, client_id: str, clean: bool, now: float = 0.0, username: str | None = None) -> Opened:
+    def open(self, client_id: str, clean: bool, now: float = 0.0, username: str | None = None) -> Opened | None:
         """A CONNECT was accepted: CleanSession=1 discards any stored session (and keeps
-        none); CleanSession=0 resumes the stored one or starts one."""
+        none); CleanSession=0 resumes the stored one or starts one, unless ``max_sessions``
+        are kept already (None: refused, counted)."""
         if clean:
             self.discard(client_id)
             return Opened(False, {}, frozenset())
@@ -231,6 +240,9 @@ class SessionStore:
         if stored is not None:
             stored.username = username
             return Opened(True, dict(stored.subscriptions), frozenset(stored.inbound))
+        if len(self._sessions) >= self.max_sessions:
+            self.refused += 1
+            return None
         outbox = Outbox(self.window, self.max_queued, self.max_queued_bytes, attached=False)
         stored = StoredSession(client_id, outbox, username)
         self._sessions[client_id] = stored

@@ -21,12 +21,16 @@ however the store changed in between. :meth:`RetainedStore.page` bounds the entr
 *examined* instead of those returned, for sparse filters such as ``+/status`` where
 a million topics might be walked to find a few.
 
-Bounds. ``max_count`` messages and ``max_bytes`` of topic (UTF-8) plus payload. A
-store that would pass either is refused and counted in ``refused``; one that
-replaces a message with one no larger always succeeds. A refused replacement also
-drops the topic's old message: the publisher has moved on, MQTT-3.3.1-7 has a server
-that keeps a QoS 0 message discard the previous one whether it then keeps the new
-one or not, and an old retained "online" is worse than none.
+Bounds. ``max_count`` messages and ``max_bytes`` of topic (UTF-8) plus payload in
+all, and for each *owner* (the client, or its user, whose PUBLISH put a message
+there) ``max_owner_count`` and ``max_owner_bytes``, so that no one client can fill
+the store for everyone. A store that would pass any of them is refused and counted in
+``refused`` (``refused_quota`` for an owner's share); one that replaces a message of
+its own owner with one no larger always succeeds. A refused store leaves the topic's
+retained message as it was: dropping it, as this store did and as MQTT-3.3.1-7 reads
+for a QoS 0 message (the previous one is discarded, the new one kept "at the server's
+discretion"), let a client that had filled the store erase other clients' values by
+making their next updates fail (issue 33). Clearing (an empty payload) always works.
 
 Expiry. A message may carry ``expires_at``; from then on it is never returned, and
 :meth:`RetainedStore.prune` frees it. A heap of ``(expires_at, topic)`` finds them in
@@ -55,12 +59,24 @@ from typing import NamedTuple
 
 from .broker import topic_matches
 
-__all__ = ["DEFAULT_MAX_BYTES", "DEFAULT_MAX_COUNT", "Page", "Retained", "RetainedStore"]
+__all__ = [
+    "DEFAULT_MAX_BYTES",
+    "DEFAULT_MAX_COUNT",
+    "DEFAULT_MAX_OWNER_BYTES",
+    "DEFAULT_MAX_OWNER_COUNT",
+    "Page",
+    "Retained",
+    "RetainedStore",
+]
 
 DEFAULT_MAX_COUNT = 2_000_000
 """Retained messages held at most unless told otherwise (a million devices' presence, twice over)."""
 DEFAULT_MAX_BYTES = 512 * 1024 * 1024
 """Topic plus payload bytes held at most unless told otherwise."""
+DEFAULT_MAX_OWNER_COUNT = 10_000
+"""Retained messages one owner (a client, or its user) may hold unless told otherwise."""
+DEFAULT_MAX_OWNER_BYTES = 16 * 1024 * 1024
+"""Topic plus payload bytes one owner may hold unless told otherwise."""
 
 # Keys per block of the sorted index: an insert or removal moves at most 2 * _CHUNK
 # pointers, yet a million topics still make only a few thousand blocks to bisect.
@@ -77,12 +93,14 @@ class Retained:
     """One retained message: deliver it with RETAIN=1 at ``min(qos, granted qos)``.
 
     ``expires_at`` is on the store's clock; ``None`` means it never expires.
+    ``owner`` is whose share it counts against ("": nobody's).
     """
 
     topic: str
     payload: bytes
     qos: int
     expires_at: float | None = None
+    owner: str = ""
 
     def expired(self, now: float) -> bool:
         """Whether the message has expired at ``now`` (expiry is inclusive)."""
@@ -193,33 +211,61 @@ class RetainedStore:
     """The server's retained messages: stored on PUBLISH with RETAIN=1, found on SUBSCRIBE.
 
     ``count`` and ``bytes`` are what is held, including expired messages not yet
-    pruned; ``refused`` counts stores turned away by ``max_count`` or ``max_bytes``.
+    pruned; ``refused`` counts stores turned away by a bound, ``refused_quota`` those
+    turned away by their owner's share.
     """
 
-    __slots__ = ("max_count", "max_bytes", "refused", "_entries", "_topics", "_expiry", "_expiring", "_bytes")
+    __slots__ = (
+        "max_count",
+        "max_bytes",
+        "max_owner_count",
+        "max_owner_bytes",
+        "refused",
+        "refused_quota",
+        "_entries",
+        "_topics",
+        "_expiry",
+        "_expiring",
+        "_bytes",
+        "_owners",
+    )
 
-    def __init__(self, *, max_count: int = DEFAULT_MAX_COUNT, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
+    def __init__(
+        self,
+        *,
+        max_count: int = DEFAULT_MAX_COUNT,
+        max_bytes: int = DEFAULT_MAX_BYTES,
+        max_owner_count: int = DEFAULT_MAX_OWNER_COUNT,
+        max_owner_bytes: int = DEFAULT_MAX_OWNER_BYTES,
+    ) -> None:
         self.max_count = max_count
         self.max_bytes = max_bytes
+        self.max_owner_count = max_owner_count
+        self.max_owner_bytes = max_owner_bytes
         self.refused = 0
+        self.refused_quota = 0
         self._entries: dict[str, Retained] = {}
         self._topics = _SortedTopics()
         self._expiry: list[tuple[float, str]] = []
         self._expiring = 0  # live entries with an expiry: each has exactly one valid heap item
         self._bytes = 0
+        self._owners: dict[str, list[int]] = {}  # owner -> [messages, bytes]
 
     @property
     def count(self) -> int:
         """Retained messages held."""
         return len(self._entries)
 
-    def store(self, topic: str, payload: bytes, qos: int, now: float, expires_at: float | None = None) -> bool:
-        """Apply a PUBLISH with RETAIN=1: replace the topic's retained message.
+    def store(
+        self, topic: str, payload: bytes, qos: int, now: float, expires_at: float | None = None, owner: str = ""
+    ) -> bool:
+        """Apply a PUBLISH with RETAIN=1 from ``owner``: replace the topic's retained message.
 
         An empty payload clears the topic and stores nothing (MQTT-3.3.1-10/11), as does
         an ``expires_at`` already reached. Returns False if the message would pass
-        ``max_count`` or ``max_bytes`` even after freeing some expired messages; the topic
-        then has no retained message. Replacing with a message no larger always succeeds.
+        ``max_count`` or ``max_bytes`` even after freeing some expired messages, or
+        ``owner``'s share; the topic then keeps the message it had. Replacing one's own
+        message with one no larger always succeeds.
         """
         old = self._entries.get(topic)
         if not payload or (expires_at is not None and expires_at <= now):
@@ -231,20 +277,25 @@ class RetainedStore:
             self.prune(now, _PRUNE_ON_FULL)
             old = self._entries.get(topic)
             if not self._fits(topic, size, old):
-                if old is not None:
-                    self._drop(topic, old)
                 self.refused += 1
                 return False
+        if owner and not self._owner_fits(owner, size, old):
+            self.refused += 1
+            self.refused_quota += 1
+            return False
         if old is None:
             self._topics.add(topic)
         else:
             # Keep the string the dict, the index and the heap already hold: a
             # replacement's equal topic is another object, and a copy per entry.
             topic = old.topic
-            self._bytes -= _size(topic, old.payload)
+            old_size = _size(topic, old.payload)
+            self._bytes -= old_size
+            self._charge(old.owner, -1, -old_size)
             if old.expires_at is not None:
                 self._expiring -= 1
-        self._entries[topic] = Retained(topic, payload, qos, expires_at)
+        self._entries[topic] = Retained(topic, payload, qos, expires_at, owner)
+        self._charge(owner, 1, size)
         self._bytes += size
         if expires_at is not None:
             self._expiring += 1
@@ -321,6 +372,29 @@ class RetainedStore:
         """Topic (UTF-8) plus payload bytes held, as counted against ``max_bytes``."""
         return self._bytes
 
+    def held_by(self, owner: str) -> tuple[int, int]:
+        """Messages and bytes ``owner`` holds."""
+        share = self._owners.get(owner)
+        return (0, 0) if share is None else (share[0], share[1])
+
+    def _owner_fits(self, owner: str, size: int, old: Retained | None) -> bool:
+        count, held = self.held_by(owner)
+        if old is not None and old.owner == owner:
+            old_size = _size(old.topic, old.payload)
+            return size <= old_size or held - old_size + size <= self.max_owner_bytes
+        return count < self.max_owner_count and held + size <= self.max_owner_bytes
+
+    def _charge(self, owner: str, count: int, size: int) -> None:
+        if not owner:
+            return
+        share = self._owners.get(owner)
+        if share is None:
+            share = self._owners[owner] = [0, 0]
+        share[0] += count
+        share[1] += size
+        if not share[0]:
+            del self._owners[owner]
+
     def _fits(self, topic: str, size: int, old: Retained | None) -> bool:
         if old is None:
             return len(self._entries) < self.max_count and self._bytes + size <= self.max_bytes
@@ -330,7 +404,9 @@ class RetainedStore:
     def _drop(self, topic: str, entry: Retained) -> None:
         del self._entries[topic]
         self._topics.remove(topic)
-        self._bytes -= _size(topic, entry.payload)
+        size = _size(topic, entry.payload)
+        self._bytes -= size
+        self._charge(entry.owner, -1, -size)
         if entry.expires_at is not None:
             self._expiring -= 1
 

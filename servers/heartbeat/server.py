@@ -25,7 +25,7 @@ from __future__ import annotations
 import collections
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 import trio
 
@@ -35,18 +35,22 @@ from ..prometheus import Metric, render, worker_registry
 from .access import reload_acl
 from .authenticator import Authenticator
 from .config import HeartbeatConfig
-from .connection import Connection
+from .connect_rate import ConnectRate
+from .connection import Connection, peer_of
 from .coordination import Coordinator
 from .coordination.inprocess import InProcessCoordinator
 from .events import ConnectionEvents
 from .fanout import FanOut
+from .logs import OncePer, shown
 from .metrics import worker_figures
 from .online import OnlineSessions
 from .packets import ProtocolError
 from .persistent import Opened
+from .policy import SessionPolicy
 from .presence import Offline, PresenceEvent
 from .session import Accept, State
 from .stores import mqtt_state
+from .throttle import source_key
 
 __all__ = ["HeartbeatServer"]
 
@@ -84,6 +88,7 @@ class HeartbeatServer:
             config.extra_sinks,
             presence_prefix=config.presence_prefix,
             max_records=config.max_device_records,
+            max_record_bytes=config.max_device_record_bytes,
             state=mqtt_state(config),
         )
         self.connections: set[Connection] = set()
@@ -94,6 +99,16 @@ class HeartbeatServer:
         self.events = ConnectionEvents(config, self.coordinator)
         self.online_sessions = OnlineSessions(config, self.coordinator, self.counters, self.authenticator, self.events)
         self.fanout = FanOut(config, self.coordinator, self.counters, nursery)
+        self.policy = SessionPolicy(
+            max_qos=config.max_qos,
+            presence_prefix=config.presence_prefix,
+            max_client_id=config.max_client_id,
+            max_username=config.max_username,
+            max_subscriptions=config.max_subscriptions,
+            max_subscription_bytes=config.max_subscription_bytes,
+            held=self._held,
+        )
+        """What every connection's session applies (one object for them all)."""
         self.online: dict[str, Connection] = self.online_sessions.online
         """Client id -> the connection holding its session here."""
         self.broker = self.fanout.broker
@@ -108,10 +123,12 @@ class HeartbeatServer:
         self.settle = self.fanout.settle
         self.route = self.fanout.route
         self.waits = self.online_sessions.waits
-        self.admission = self.online_sessions.admission
         self.restored = self.online_sessions.restored
         self.announce = self.online_sessions.announce
         self.attach = self.online_sessions.attach
+        self.connect_rate = ConnectRate(config.max_connect_rate) if config.max_connect_rate else None
+        """CONNECTs per source address (see :mod:`.connect_rate`); None: unbounded."""
+        self._logged = OncePer()
         self.port = 0
         self.engine: idlekeeper.Engine | None = None
         """The dense engine serving the connections, if that is the engine."""
@@ -138,21 +155,47 @@ class HeartbeatServer:
         """Count and log a violation; returns the CONNACK refusal to send, if the spec has one."""
         session = conn.session
         self.counters["protocol_errors"] += 1
-        logger.info("protocol error from %s (%s): %s %s", conn.peer, session.client_id, exc.reason, exc.detail)
+        logger.info("protocol error from %s (%s): %s %s", conn.peer, shown(session.client_id), exc.reason, exc.detail)
         if exc.connack_code is not None and session.state in (State.AWAITING_CONNECT, State.CONNECTING):
             return session.refused(exc.connack_code)
         return None
 
+    def admission(self, conn: Connection, request: Accept, code: int) -> bytes | None:
+        """The quick part of admission, after the credentials' verdict (``code``, 0 if
+        accepted): the refusal CONNACK, or None to admit."""
+        return self.online_sessions.admission(conn, request, code or self._source_rate(conn))
+
     async def vet(self, conn: Connection, request: Accept) -> tuple[bytes | None, Opened | None]:
-        """The slow part of admission (when :meth:`waits` says so): the credentials, then
-        (CleanSession=0) the stored session from the coordinator. Returns the refusal
-        CONNACK, or the session to resume (None for a clean one); then :meth:`admit`."""
+        """The slow part of admission (when :meth:`waits` says so): the source's rate
+        (before any hashing), the credentials, then (CleanSession=0) the stored session
+        from the coordinator. Returns the refusal CONNACK, or the session to resume
+        (None for a clean one); then :meth:`admit`."""
         authenticator = self.authenticator
-        if authenticator.identified_by_certificate:
+        code = self._source_rate(conn)
+        if not code and authenticator.identified_by_certificate:
             code = authenticator.certified(conn, request)
-        else:
+        elif not code:
             code = await self.authenticate(conn, request)
         return await self.online_sessions.open(conn, request, code)
+
+    def _source_rate(self, conn: Connection) -> int:
+        """3 (server unavailable) if the client's address connects faster than allowed, else 0."""
+        rate = self.connect_rate
+        if rate is None:
+            return 0
+        source = source_key(peer_of(conn.stream, port=False))
+        if rate.admit(source, trio.current_time()):
+            return 0
+        self.counters["refused_connect_rate"] += 1
+        if self._logged.due(source, trio.current_time()):
+            logger.warning(
+                "CONNECTs from %s refused (3): faster than --max-connect-rate %g a second after a burst of %g;"
+                " more are counted, not logged",
+                source,
+                rate.rate,
+                rate.burst,
+            )
+        return 3
 
     async def authenticate(self, conn: Connection, request: Accept) -> int:
         """The password check; 0 if accepted, else the CONNACK refusal code
@@ -186,8 +229,8 @@ class HeartbeatServer:
 
     def _supersede(self, conn: Connection, newer: Connection) -> None:
         logger.info(
-            "CONNECT of %r from %s dropped: %s connected later and holds the session",
-            conn.session.client_id,
+            "CONNECT of %s from %s dropped: %s connected later and holds the session",
+            shown(conn.session.client_id),
             conn.peer,
             newer.peer,
         )
@@ -209,11 +252,20 @@ class HeartbeatServer:
         if was_online:
             will = conn.session.will
             if will is not None and reason not in (Offline.DISCONNECT, Offline.REFUSED):
-                self.fanout.publish_will(will)
+                # Checked again: the ACL may have been reloaded since the CONNECT.
+                if self.online_sessions.may_will(conn, conn.session.client_id or "", will.topic):
+                    self.fanout.publish_will(conn, will)
+                else:
+                    self.counters["denied_wills"] += 1
         self.offline_by_reason[reason.value] += 1
         if was_online:
             self.online_sessions.detach(conn)
         self.events.ended(conn, reason, detail, was_online)
+
+    def _held(self, client_id: str) -> Collection[str]:
+        """The filters the connection holding ``client_id`` here subscribes to."""
+        conn = self.online.get(client_id)
+        return () if conn is None else self.broker.subscriptions.held(conn)
 
     def reload_acl(self) -> bool:
         """Re-read the ACL file (SIGHUP); a broken file keeps the rules in force (logged)."""

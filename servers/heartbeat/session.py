@@ -11,11 +11,13 @@ from __future__ import annotations
 import enum
 import itertools
 import os
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Protocol
 
 from . import encoders, packets
 from .packets import ProtocolError
+from .policy import DEFAULT_MAX_QOS, DEFAULT_PRESENCE_PREFIX, SessionPolicy, utf8_length
 
 __all__ = [
     "DEFAULT_MAX_QOS",
@@ -24,6 +26,7 @@ __all__ = [
     "Acknowledged",
     "Denied",
     "AddSubscription",
+    "SubscriptionRefused",
     "Effect",
     "Goodbye",
     "HoldInbound",
@@ -119,6 +122,14 @@ class Denied:
 
 
 @dataclass(frozen=True, slots=True)
+class SubscriptionRefused:
+    """A filter refused (0x80 in its SUBACK) because the client holds as many filters,
+    or as many bytes of them, as the server allows (:class:`~.policy.SessionPolicy`)."""
+
+    topic_filter: str
+
+
+@dataclass(frozen=True, slots=True)
 class Acknowledged:
     """The client acknowledged a message the server sent: ``kind`` is ``puback``,
     ``pubrec`` or ``pubcomp`` (the server's outbox for the client takes it)."""
@@ -153,6 +164,7 @@ Effect = (
     | HoldInbound
     | ReleaseInbound
     | Denied
+    | SubscriptionRefused
 )
 
 
@@ -172,17 +184,15 @@ class Permissions(Protocol):
         ...
 
 
-DEFAULT_MAX_QOS = 2
-"""The highest QoS a session grants and routes at unless told otherwise."""
 MAX_INBOUND_QOS2 = 1000
 """QoS 2 messages a client may have taken (PUBREC sent) without releasing (PUBREL)."""
 SUBACK_FAILURE = 0x80
 """The SUBACK return code of a refused subscription (MQTT-3.9.3)."""
-DEFAULT_PRESENCE_PREFIX = "presence/"
-"""Where presence events are published unless told otherwise; devices may not publish there."""
-
 _ids = itertools.count(1)
 _ID_PREFIX = f"auto-{os.getpid():x}-"
+
+
+_DEFAULT = SessionPolicy()
 
 
 def assign_client_id() -> str:
@@ -193,10 +203,13 @@ def assign_client_id() -> str:
 class Session:
     """MQTT 3.1.1 packet-order rules and replies for one connection.
 
-    ``max_qos`` caps the QoS granted in SUBACK and the QoS a PUBLISH is routed at.
-    ``presence_prefix`` is the server's own topic space: a device's PUBLISH there is
-    acknowledged as usual but dropped and counted in ``denied_publishes``. The server
-    passes both from its configuration, so they match what it publishes and grants.
+    ``policy`` is the server's (:class:`~.policy.SessionPolicy`, one for every session):
+    its ``max_qos`` caps the QoS granted in SUBACK and the QoS a PUBLISH is routed at;
+    the topics it reserves (presence, ``$``) are the server's own: a device's PUBLISH
+    there is acknowledged as usual but dropped and counted in ``denied_publishes``; a
+    client id past its length or holding ``+`` or ``#`` gets CONNACK 2, a username past
+    its length CONNACK 4; a filter past the client's share gets 0x80 in SUBACK.
+    ``max_qos`` and ``presence_prefix`` alone make a policy of their own (for tests).
     ``permissions``, set by the server once the client is known, refuses a
     subscription (0x80 in SUBACK) or drops a publish (3.1.1 has no refusal for one:
     it is acknowledged, dropped and counted).
@@ -215,11 +228,16 @@ class Session:
         "denied_publishes",
         "permissions",
         "inbound",
-        "_max_qos",
-        "_presence_prefix",
+        "_policy",
     )
 
-    def __init__(self, *, max_qos: int = DEFAULT_MAX_QOS, presence_prefix: str = DEFAULT_PRESENCE_PREFIX) -> None:
+    def __init__(
+        self,
+        policy: SessionPolicy | None = None,
+        *,
+        max_qos: int = DEFAULT_MAX_QOS,
+        presence_prefix: str = DEFAULT_PRESENCE_PREFIX,
+    ) -> None:
         self.state = State.AWAITING_CONNECT
         self.client_id: str | None = None
         self.assigned = False
@@ -229,8 +247,11 @@ class Session:
         self.permissions: Permissions | None = None
         self.inbound: set[int] | None = None
         """QoS 2 packet ids held until PUBREL (made on the first one: most devices never use QoS 2)."""
-        self._max_qos = max_qos
-        self._presence_prefix = presence_prefix
+        if policy is None:
+            policy = _DEFAULT if (max_qos, presence_prefix) == (DEFAULT_MAX_QOS, DEFAULT_PRESENCE_PREFIX) else (
+                SessionPolicy(max_qos=max_qos, presence_prefix=presence_prefix)
+            )
+        self._policy = policy
 
     def receive(self, packet: packets.Packet) -> list[Effect]:
         """Effects of one packet from the client. Raises ProtocolError on a violation."""
@@ -284,6 +305,10 @@ class Session:
             self.inbound = set(inbound)
         return encoders.encode_connack(session_present, 0)
 
+    def reserved(self, topic: str) -> bool:
+        """Whether ``topic`` is the server's alone (presence, ``$`` topics): no client writes there."""
+        return self._policy.reserved(topic)
+
     def superseded(self) -> None:
         """The server drops the CONNECT unanswered (a newer connection of the client id
         holds the session): nothing more is read or answered."""
@@ -299,6 +324,23 @@ class Session:
     def _connect(self, packet: packets.Connect) -> Accept:
         self.state = State.CONNECTING
         client_id = packet.client_id
+        policy = self._policy
+        if "+" in client_id or "#" in client_id:
+            # It names the device's presence topic, where MQTT forbids wildcards (MQTT-3.3.2-2).
+            raise ProtocolError("identifier-rejected", connack_code=2, detail="a wildcard (+ or #) in the client id")
+        if utf8_length(client_id) > policy.max_client_id:
+            raise ProtocolError(
+                "identifier-rejected",
+                connack_code=2,
+                detail=f"a client id of {utf8_length(client_id)} bytes (at most {policy.max_client_id})",
+            )
+        username = packet.username
+        if username is not None and utf8_length(username) > policy.max_username:
+            raise ProtocolError(
+                "bad-username",
+                connack_code=4,
+                detail=f"a username of {utf8_length(username)} bytes (at most {policy.max_username})",
+            )
         assigned = False
         if not client_id:
             if not packet.clean_session:
@@ -325,13 +367,27 @@ class Session:
 
     def _subscribe(self, packet: packets.Subscribe) -> list[Effect]:
         permissions = self.permissions
+        policy = self._policy
         effects: list[Effect] = []
         granted: list[int] = []
+        # What the client holds already (the broker's set), and what this packet adds:
+        # a filter held again only replaces its QoS, so it counts once.
+        held: Collection[str] = () if policy.held is None or self.client_id is None else policy.held(self.client_id)
+        count, size = len(held), sum(utf8_length(f) for f in held) if held else 0
+        added: set[str] = set()
         for topic_filter, qos in packet.topics:
             if permissions is not None and not permissions.may_subscribe(topic_filter):
                 granted.append(SUBACK_FAILURE)
                 continue
-            level = min(qos, self._max_qos)
+            if policy.held is not None and topic_filter not in held and topic_filter not in added:
+                length = utf8_length(topic_filter)
+                if count >= policy.max_subscriptions or size + length > policy.max_subscription_bytes:
+                    granted.append(SUBACK_FAILURE)
+                    effects.append(SubscriptionRefused(topic_filter))
+                    continue
+                count, size = count + 1, size + length
+                added.add(topic_filter)
+            level = min(qos, policy.max_qos)
             granted.append(level)
             effects.append(AddSubscription(topic_filter, level))
         effects.append(Send(encoders.encode_suback(packet.packet_id, granted)))
@@ -352,14 +408,12 @@ class Session:
             inbound.add(packet_id)
             effects.append(HoldInbound(packet_id))
         topic = packet.topic
-        if topic.startswith(self._presence_prefix) or (
-            self.permissions is not None and not self.permissions.may_publish(topic)
-        ):
-            # Presence is the server's to publish; a device may not forge it.
+        if self._policy.reserved(topic) or (self.permissions is not None and not self.permissions.may_publish(topic)):
+            # Presence (and every $ topic) is the server's to publish; a device may not forge it.
             self.denied_publishes += 1
             effects.append(Denied(topic))
         else:
-            effects.append(Route(topic, packet.payload, min(packet.qos, self._max_qos), packet.retain))
+            effects.append(Route(topic, packet.payload, min(packet.qos, self._policy.max_qos), packet.retain))
         if packet.qos == 1 and packet_id is not None:
             effects.append(Send(encoders.encode_puback(packet_id)))
         elif packet.qos == 2 and packet_id is not None:

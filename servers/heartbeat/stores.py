@@ -16,7 +16,11 @@ def mqtt_state(config: HeartbeatConfig) -> MqttState:
     """The sessions and retained messages a coordinator keeps, bounded as ``config`` says."""
     return MqttState(
         session_store(config),
-        RetainedStore(max_bytes=config.max_retained_bytes),
+        RetainedStore(
+            max_bytes=config.max_retained_bytes,
+            max_owner_count=config.max_retained_per_client,
+            max_owner_bytes=config.max_retained_bytes_per_client,
+        ),
         retain_presence=config.retain_presence,
         presence_offline_ttl=config.presence_offline_ttl,
     )
@@ -30,5 +34,6 @@ def session_store(config: HeartbeatConfig) -> SessionStore:
         max_queued=config.max_queued,
         max_queued_bytes=config.max_queued_bytes,
         expiry=config.session_expiry,
+        max_sessions=config.max_persistent_sessions,
         may_read=acl_reader(config),
     )

@@ -48,7 +48,7 @@ class StreamConnection(Connection):
     stream: idlekeeper.WatchedStream
 
     def __init__(self, server: HeartbeatServer, stream: idlekeeper.WatchedStream) -> None:
-        super().__init__(stream, server.config)
+        super().__init__(stream, server.policy)
         self.server = server
         self.outbox: collections.deque[bytes] | None = None
         self.pending = 0
@@ -140,7 +140,7 @@ class StreamConnection(Connection):
                     return
             await self._send(effect.data)
         elif isinstance(effect, Route):
-            server.published(effect)
+            server.published(self, effect)
         elif isinstance(effect, Accept):
             await self._accept(effect)
         elif isinstance(effect, AddSubscription):

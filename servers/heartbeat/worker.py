@@ -9,6 +9,7 @@ import trio
 
 import idlekeeper
 
+from ..bearer import TokenFile
 from ..listeners import open_listeners, port_of
 from ..status import serve_status
 from .config import HeartbeatConfig
@@ -26,6 +27,7 @@ async def serve_heartbeat(
     listeners: list[trio.SocketListener] | None = None,
     status_port: int | None = None,
     status_host: str = "127.0.0.1",
+    status_tokens: TokenFile | None = None,
     coordinator: Coordinator | None = None,
     task_status: trio.TaskStatus[HeartbeatServer] = trio.TASK_STATUS_IGNORED,
 ) -> None:
@@ -38,6 +40,9 @@ async def serve_heartbeat(
     server.shutdown()`` first for a graceful stop (subscribers hear every device go
     offline); cancelling alone ends every connection at once, each with reason
     ``shutdown`` and its TCP close.
+
+    ``status_port`` (None: none) serves :mod:`servers.status` on this worker's keeper;
+    with ``status_tokens``, all of it but ``/healthz`` needs a bearer token.
     """
     keeping = idlekeeper.open_keeper(tick=config.tick, lookahead=config.lookahead)
     async with keeping as keeper, trio.open_nursery() as nursery:
@@ -49,5 +54,7 @@ async def serve_heartbeat(
         server.port = port_of(listeners)
         await nursery.start(serve_dense if config.engine == "dense" else serve_streams, server, listeners)
         if status_port is not None:
-            await nursery.start(partial(serve_status, server, status_port, keeper=keeper, host=status_host))
+            await nursery.start(
+                partial(serve_status, server, status_port, keeper=keeper, host=status_host, tokens=status_tokens)
+            )
         task_status.started(server)

@@ -46,6 +46,11 @@ class HttpConfig(WorkerConfig):
     grace: float = 10.0
     engine: str = "dense"
     """``dense`` (no task per connection) or ``streams``; TLS always uses ``streams``."""
+    evict_at_cap: bool = False
+    """At ``max_connections``, close the oldest connection to take a new one (one not
+    with the app if there is one) rather than refuse the new one with 503, as nginx
+    reuses idle keep-alive connections: then a crowd of idle connections cannot lock
+    a new client out. For small servers (the status endpoint); off by default."""
 
 
 class Phase:
@@ -70,12 +75,15 @@ class HttpServer:
         """The app's lifespan (its shutdown runs at the end of :meth:`shutdown`), if it has one."""
         self.config = config
         self.keeper = keeper
-        self.connections: set[Any] = set()
+        self.connections: dict[Any, None] = {}
+        """The open connections, oldest first (a dict keeps insertion order)."""
         self.in_flight = 0
         """Requests with the app now."""
         self.closing = False
         self.requests_total = 0
         self.refused_total = 0
+        self.evicted_total = 0
+        """Connections closed to make room for a new one (``config.evict_at_cap``)."""
         self.unread_cut_total = 0
         """Connections cut because finished responses sat unacknowledged in the kernel
         for the send timeout (dense driver)."""
@@ -101,6 +109,25 @@ class HttpServer:
             return True
         return cfg.max_connection_age is not None and trio.current_time() - started >= cfg.max_connection_age
 
+    def make_room(self, newcomer: object = None) -> bool:
+        """At the connection cap: close the oldest connection (other than
+        ``newcomer``) not with the app, else the oldest, if ``config.evict_at_cap``;
+        whether one was closed. It leaves :attr:`connections` at once."""
+        if not self.config.evict_at_cap or self.closing:
+            return False
+        connections = self.connections
+        victim = next((c for c in connections if c is not newcomer and not self._with_app(c)), None)
+        if victim is None:
+            # Every slot has a request in flight: the oldest gives way, as a client
+            # that hangs up would (its app hears http.disconnect).
+            victim = next((c for c in connections if c is not newcomer), None)
+            if victim is None:
+                return False
+        del connections[victim]
+        self.evicted_total += 1
+        self._evict(victim)
+        return True
+
     def exchange_started(self) -> None:
         self.in_flight += 1
         self.requests_total += 1
@@ -122,6 +149,8 @@ class HttpServer:
             "Connections cut when the client acknowledged none of its queued responses for the send timeout.",
             self.unread_cut_total,
         )
+        if self.config.evict_at_cap:
+            f.counter("http_evicted_total", "Connections closed to make room for a new one.", self.evicted_total)
         return f.families
 
     async def shutdown(self) -> None:
@@ -156,6 +185,14 @@ class HttpServer:
         raise NotImplementedError
 
     def _cut_all(self) -> None:
+        raise NotImplementedError
+
+    def _with_app(self, conn: Any) -> bool:
+        """Whether ``conn`` has a request with the app now."""
+        raise NotImplementedError
+
+    def _evict(self, conn: Any) -> None:
+        """Close ``conn`` now to make room (:meth:`make_room`)."""
         raise NotImplementedError
 
 

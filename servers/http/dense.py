@@ -98,8 +98,8 @@ class HttpProtocol(idlekeeper.Protocol):
         self.t = transport
         server = self.server
         self.started = trio.current_time()
-        server.connections.add(self)
-        if len(server.connections) > server.config.max_connections or server.closing:
+        server.connections[self] = None
+        if (len(server.connections) > server.config.max_connections or server.closing) and not server.make_room(self):
             server.refused_total += 1
             self.refuse(503, "", log=False)
 
@@ -159,7 +159,7 @@ class HttpProtocol(idlekeeper.Protocol):
         if self.delivery is not None:
             self.delivery.cancel()
             self.delivery = None
-        self.server.connections.discard(self)
+        self.server.connections.pop(self, None)
         for event in (self._readable, self._writable, self._gone_event):
             if event is not None:
                 event.set()

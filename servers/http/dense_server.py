@@ -10,7 +10,7 @@ engine and the exchanges' nursery that :func:`~.dense.run_dense` opens for it.
 from __future__ import annotations
 
 import contextvars
-from typing import Protocol
+from typing import Any, Protocol
 
 import outcome
 import trio
@@ -117,3 +117,9 @@ class DenseHttpServer(HttpServer):
         self.exchanges.cancel_scope.cancel()
         for conn in list(self.connections):
             conn.t.abort()
+
+    def _with_app(self, conn: Any) -> bool:
+        return conn.exchange is not None
+
+    def _evict(self, conn: Any) -> None:
+        conn.t.abort()

@@ -109,21 +109,27 @@ class StreamsHttpServer(HttpServer):
         for conn in list(self.connections):
             conn.stream.cancel_scope.cancel()
 
+    def _with_app(self, conn: _StreamConn) -> bool:
+        return conn.phase is Phase.APP or conn.phase is Phase.BODY
+
+    def _evict(self, conn: _StreamConn) -> None:
+        conn.stream.cancel_scope.cancel()
+
     async def handle(self, stream: idlekeeper.WatchedStream) -> None:
         """One connection, from accept to close."""
         cfg = self.config
-        if len(self.connections) >= cfg.max_connections or self.closing:
+        if (len(self.connections) >= cfg.max_connections or self.closing) and not self.make_room():
             self.refused_total += 1
             await send_error(stream, 503)
             return
         conn = _StreamConn(stream, cfg)
-        self.connections.add(conn)
+        self.connections[conn] = None
         try:
             await self._serve(conn)
         except (trio.BrokenResourceError, trio.ClosedResourceError, ClientGone):
             pass
         finally:
-            self.connections.discard(conn)
+            self.connections.pop(conn, None)
             if (
                 stream.expired
                 and stream.reason in (Reason.ABSOLUTE, Reason.RECEIVE)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import abc
 import logging
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Protocol
@@ -27,6 +28,7 @@ from typing import Protocol
 import trio
 
 from ...prometheus import Families, Metric
+from ..logs import OncePer, shown
 from ..persistent import Opened, Report, SessionStore
 from ..presence import PresenceEvent, PresenceSink
 from .retention import RetainedMessage, Retention
@@ -36,6 +38,7 @@ __all__ = [
     "Health",
     "Host",
     "log_session_drops",
+    "log_sessions_full",
     "publish_to_sinks",
     "retained_figures",
     "session_figures",
@@ -90,11 +93,22 @@ def publish_to_sinks(sinks: Iterable[PresenceSink], event: PresenceEvent) -> Non
             logger.exception("presence sink %r raised", sink)
 
 
+def log_sessions_full(store: SessionStore, logged: OncePer) -> None:
+    """Log, once per spell, that new persistent sessions are refused (the store is full)."""
+    if logged.due("sessions-full", time.monotonic()):
+        logger.warning(
+            "persistent sessions at their bound (%d, --max-persistent-sessions): a CONNECT with"
+            " CleanSession=0 and no stored session is refused (3); more are counted, not logged",
+            store.max_sessions,
+        )
+
+
 def log_session_drops(store: SessionStore) -> None:
     """Log, once per session, each persistent session that began to drop messages."""
     dropping = store.newly_dropping
     while dropping:
-        logger.warning("persistent session %r is full: messages for it are dropped (counted)", dropping.popleft())
+        client_id = shown(dropping.popleft())
+        logger.warning("persistent session %s is full: messages for it are dropped (counted)", client_id)
 
 
 def session_figures(store: SessionStore) -> list[Metric]:
@@ -106,6 +120,11 @@ def session_figures(store: SessionStore) -> list[Metric]:
         "heartbeat_persistent_dropped_total",
         "Messages dropped for a full persistent session queue or the total bound.",
         store.dropped,
+    )
+    f.counter(
+        "heartbeat_persistent_refused_total",
+        "New persistent sessions refused: the store held --max-persistent-sessions.",
+        store.refused,
     )
     f.counter(
         "heartbeat_persistent_expired_total",
@@ -209,8 +228,9 @@ class Coordinator(abc.ABC):
 
     # -- retained messages; by default none is kept --------------------------------------
 
-    def retain(self, topic: str, payload: bytes, qos: int) -> None:
-        """A PUBLISH with RETAIN=1: kept for later subscribers (an empty payload clears)."""
+    def retain(self, topic: str, payload: bytes, qos: int, owner: str = "") -> None:
+        """A PUBLISH with RETAIN=1 from client ``owner``: kept for later subscribers, within
+        the owner's share (an empty payload clears; a refusal keeps the old message)."""
         return
 
     async def retained(self, topic_filter: str, cursor: str | None) -> tuple[list[RetainedMessage], str | None]:

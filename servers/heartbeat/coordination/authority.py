@@ -15,13 +15,14 @@ import itertools
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ...bus import Link
-from ..broker import matches_any
+from ..logs import OncePer
 from ..persistent import Attach, Delivery, Discard, Subscribed
 from ..presence import Offline, PresenceEvent, PresenceSink
-from . import log_session_drops, publish_to_sinks
+from ..topics import FilterIndex
+from . import log_session_drops, log_sessions_full, publish_to_sinks
 from .frames import (
     Ack,
     Claimed,
@@ -54,6 +55,7 @@ from .frames import (
     decode,
     encode,
 )
+from .registry import DEFAULT_MAX_BYTES as DEFAULT_RECORD_BYTES
 from .registry import Registry
 from .retention import MqttState
 
@@ -94,6 +96,8 @@ class _Peer:
     worker: int = -1
     pid: int = 0
     filters: frozenset[str] = frozenset()
+    index: FilterIndex = field(default_factory=FilterIndex)
+    """``filters``, matched per message without a scan of them."""
     remote_sent: frozenset[str] | None = None
     acked: int = 0
     seq: int = 0
@@ -110,15 +114,17 @@ class Authority:
         *,
         presence_prefix: str = "presence/",
         max_records: int = 1_000_000,
+        max_record_bytes: int = DEFAULT_RECORD_BYTES,
         clock: Callable[[], float] = time.time,
         state: MqttState | None = None,
     ) -> None:
         self.sinks = list(sinks)
         self.presence_prefix = presence_prefix
-        self.registry = Registry(max_records)
+        self.registry = Registry(max_records, max_record_bytes)
         self._clock = clock
         state = state if state is not None else MqttState()
         self.store = state.store
+        self._logged = OncePer()
         """Every worker's persistent sessions: a reconnect on another worker, or after a
         worker died, finds its session here."""
         self.retention = state.retention(self.registry, presence_prefix, clock)
@@ -245,12 +251,16 @@ class Authority:
             if isinstance(report, Subscribed | Discard):
                 self._filters_changed()  # persistent sessions' filters route to the authority
         elif isinstance(frame, Kept):
-            if not self.retention.retain(frame.topic, frame.payload, frame.qos):
-                logger.warning("authority: retained message on %r refused: the retained store is full", frame.topic)
+            self.retention.retain(frame.topic, frame.payload, frame.qos, frame.owner)
         elif isinstance(frame, OpenSession):
             opened = self.store.open(frame.client_id, False, self._clock(), frame.username)
-            subscriptions = tuple(opened.subscriptions.items())
-            peer.link.send(encode(SessionOpened(frame.request, opened.present, subscriptions, opened.inbound)))
+            if opened is None:
+                log_sessions_full(self.store, self._logged)
+                answer = SessionOpened(frame.request, False, (), frozenset(), refused=True)
+            else:
+                subscriptions = tuple(opened.subscriptions.items())
+                answer = SessionOpened(frame.request, opened.present, subscriptions, opened.inbound)
+            peer.link.send(encode(answer))
         elif isinstance(frame, RetainedQuery):
             messages, cursor = self.retention.page(frame.topic_filter, frame.cursor)
             peer.link.send(encode(RetainedPage(frame.request, messages, cursor)))
@@ -268,6 +278,7 @@ class Authority:
             publish_to_sinks(self.sinks, frame.event)
         elif isinstance(frame, Filters):
             peer.filters = frame.filters
+            peer.index.replace(frame.filters)
             self._filters_changed()
         elif isinstance(frame, Lookup):
             peer.link.send(encode(Found(frame.request, self.registry.get(frame.client_id))))
@@ -397,7 +408,7 @@ class Authority:
         for peer in list(self._peers.values()):
             if peer is skip or not peer.filters:
                 continue
-            if matches_any(peer.filters, frame.topic):
+            if peer.index.matches(frame.topic):
                 line = line or encode(frame)
                 peer.link.send(line)
 

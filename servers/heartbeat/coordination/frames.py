@@ -173,12 +173,14 @@ class Reported(Frame):
 
 @dataclass(frozen=True, slots=True)
 class Kept(Frame):
-    """A retained message to keep (an empty payload clears); numbered like a report."""
+    """A retained message to keep (an empty payload clears), from client ``owner``
+    (whose share it counts against); numbered like a report."""
 
     seq: int
     topic: str
     payload: bytes
     qos: int
+    owner: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -261,6 +263,8 @@ class SessionOpened(Frame):
     subscriptions: tuple[tuple[str, int], ...]
     """(filter, granted QoS) pairs: a list, not a JSON object, so any filter text is safe."""
     inbound: frozenset[int]
+    refused: bool = False
+    """No session: the store keeps as many as it may (the CONNECT is refused, 3)."""
 
 
 @dataclass(frozen=True, slots=True)

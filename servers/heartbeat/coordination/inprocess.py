@@ -9,9 +9,20 @@ from collections.abc import Sequence
 import trio
 
 from ...prometheus import Families, Metric
+from ..logs import OncePer
 from ..persistent import Delivery, Opened, Report
 from ..presence import PresenceEvent, PresenceSink
-from . import Coordinator, Health, Host, log_session_drops, publish_to_sinks, retained_figures, session_figures
+from . import (
+    Coordinator,
+    Health,
+    Host,
+    log_session_drops,
+    log_sessions_full,
+    publish_to_sinks,
+    retained_figures,
+    session_figures,
+)
+from .registry import DEFAULT_MAX_BYTES as DEFAULT_RECORD_BYTES
 from .registry import Registry
 from .retention import MqttState, RetainedMessage
 
@@ -32,13 +43,15 @@ class InProcessCoordinator(Coordinator):
         *,
         presence_prefix: str = "presence/",
         max_records: int = 1_000_000,
+        max_record_bytes: int = DEFAULT_RECORD_BYTES,
         state: MqttState | None = None,
     ) -> None:
         self.sinks = list(sinks)
         self.presence_prefix = presence_prefix
-        self.registry = Registry(max_records)
+        self.registry = Registry(max_records, max_record_bytes)
         state = state if state is not None else MqttState()
         self.store = state.store
+        self._logged = OncePer()
         self.retention = state.retention(self.registry, presence_prefix, time.time)
         self._host: Host | None = None
 
@@ -81,9 +94,12 @@ class InProcessCoordinator(Coordinator):
             self._transmit(delivery)
         log_session_drops(self.store)
 
-    async def open_session(self, client_id: str, username: str | None = None) -> Opened:
+    async def open_session(self, client_id: str, username: str | None = None) -> Opened | None:
         """See :meth:`Coordinator.open_session`."""
-        return self.store.open(client_id, False, trio.current_time(), username)
+        opened = self.store.open(client_id, False, trio.current_time(), username)
+        if opened is None:
+            log_sessions_full(self.store, self._logged)
+        return opened
 
     def discard_session(self, client_id: str) -> None:
         """See :meth:`Coordinator.discard_session`."""
@@ -95,10 +111,9 @@ class InProcessCoordinator(Coordinator):
         if delivery is not None:
             self._transmit(delivery)
 
-    def retain(self, topic: str, payload: bytes, qos: int) -> None:
+    def retain(self, topic: str, payload: bytes, qos: int, owner: str = "") -> None:
         """See :meth:`Coordinator.retain`."""
-        if not self.retention.retain(topic, payload, qos):
-            logger.warning("retained message on %r refused: the retained store is full", topic)
+        self.retention.retain(topic, payload, qos, owner)
 
     async def retained(self, topic_filter: str, cursor: str | None) -> tuple[list[RetainedMessage], str | None]:
         """See :meth:`Coordinator.retained`."""

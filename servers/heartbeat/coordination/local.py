@@ -32,9 +32,9 @@ from dataclasses import dataclass, field
 import trio
 
 from ...prometheus import Families, Metric
-from ..broker import matches_any
 from ..persistent import Discard, Opened, Report
 from ..presence import PresenceEvent, PresenceSink
+from ..topics import FilterIndex
 from . import Coordinator, Health, Host, publish_to_sinks
 from .frames import (
     Ack,
@@ -115,7 +115,8 @@ class BusCoordinator(Coordinator):
         self._unacked: collections.deque[tuple[int, Frame, float]] = collections.deque()
         self._out: list[bytes] = []
         self._wake = trio.Event()
-        self._remote: frozenset[str] = frozenset()
+        self._remote = FilterIndex()
+        """The other workers' filters, changed only by what each RemoteFilters frame changes."""
         self._lookups: dict[int, _Lookup] = {}
         self._requests = itertools.count(1)
         self._acked = trio.Event()
@@ -154,7 +155,7 @@ class BusCoordinator(Coordinator):
         remote = self._remote
         if self.orphaned or not remote:
             return
-        if matches_any(remote, topic):
+        if remote.matches(topic):
             self.routed += 1
             if qos and self._unacked_bytes + len(payload) <= MAX_UNACKED_ROUTED_BYTES:
                 self._unacked_bytes += len(payload)
@@ -181,10 +182,10 @@ class BusCoordinator(Coordinator):
         if not self.orphaned:
             self._numbered(Reported(self._next(), report))
 
-    def retain(self, topic: str, payload: bytes, qos: int) -> None:
+    def retain(self, topic: str, payload: bytes, qos: int, owner: str = "") -> None:
         """See :meth:`Coordinator.retain`; numbered too."""
         if not self.orphaned:
-            self._numbered(Kept(self._next(), topic, payload, qos))
+            self._numbered(Kept(self._next(), topic, payload, qos, owner))
 
     async def open_session(self, client_id: str, username: str | None = None) -> Opened | None:
         """Asks the authority; None if it does not answer in time (the CONNECT is then
@@ -192,7 +193,7 @@ class BusCoordinator(Coordinator):
         if self.orphaned:
             return Opened(False, {}, frozenset())  # the supervisor, and its sessions, are gone
         answer = await self._ask(lambda request: OpenSession(request, client_id, username))
-        if not isinstance(answer, SessionOpened):
+        if not isinstance(answer, SessionOpened) or answer.refused:
             return None
         return Opened(answer.present, dict(answer.subscriptions), answer.inbound)
 
@@ -393,7 +394,7 @@ class BusCoordinator(Coordinator):
         elif isinstance(frame, Evict):
             host.evict(frame.client_id, frame.epoch, frame.detail)
         elif isinstance(frame, RemoteFilters):
-            self._remote = frame.filters
+            self._remote.replace(frame.filters)
         elif isinstance(frame, Transmit):
             host.transmit(frame.client_id, frame.epoch, frame.packets)
         elif isinstance(frame, Probe):

@@ -53,16 +53,36 @@ def takeover_of(old: PresenceEvent, new: PresenceEvent) -> PresenceEvent:
     )
 
 
-class Registry:
-    """The last presence event of each client id, bounded to ``max_records``.
+RECORD_BYTES = 384
+"""What a record costs in memory besides its client id (tracemalloc, CPython 3.11:
+the event, its strings, the dict slot): 392 bytes with a 10-byte id, 638 with 256."""
+DEFAULT_MAX_BYTES = 512 * 1024 * 1024
+"""Bytes of records kept at most unless told otherwise (about a million of them)."""
 
-    Online devices are never forgotten; past the bound, the longest-offline records
-    go first (the dict is kept oldest-first by re-inserting on every change).
+
+def record_size(client_id: str) -> int:
+    """The bytes a record of ``client_id`` counts against the budget."""
+    return RECORD_BYTES + (len(client_id) if client_id.isascii() else len(client_id.encode()))
+
+
+class Registry:
+    """The last presence event of each client id, bounded to ``max_records`` records and
+    ``max_bytes`` of them (:func:`record_size`).
+
+    Online devices are never forgotten; past a bound, offline records go, the ids seen
+    only once first (a flood of made-up ids must not push out devices that come back),
+    then the longest-offline (the dict is kept oldest-first by re-inserting on every
+    change).
     """
 
-    def __init__(self, max_records: int = 1_000_000) -> None:
+    def __init__(self, max_records: int = 1_000_000, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
         self.max_records = max_records
+        self.max_bytes = max_bytes
+        self.bytes = 0
+        """Bytes of records held, as counted against ``max_bytes``."""
         self._records: dict[str, PresenceEvent] = {}
+        self._once: dict[str, None] = {}
+        """Client ids with one session so far, in the order they first came."""
         self.online_count = 0
 
     def __len__(self) -> int:
@@ -85,6 +105,10 @@ class Registry:
             return Claim([], event)  # it crossed a newer session's report: it lost already
         emit: list[PresenceEvent] = []
         evict = None
+        if old is None:
+            self._once[event.client_id] = None
+        else:
+            self._once.pop(event.client_id, None)
         if old is not None and old.status == "online":
             emit.append(takeover_of(old, event))
             evict = old
@@ -107,7 +131,7 @@ class Registry:
         if old is not None:
             self.online_count -= 1
         if forget:
-            self._records.pop(event.client_id, None)
+            self._forget(event.client_id)
         else:
             self._store(event)
         return event
@@ -126,12 +150,32 @@ class Registry:
         return out
 
     def _store(self, event: PresenceEvent) -> None:
-        assert event.client_id is not None
-        self._records.pop(event.client_id, None)
-        self._records[event.client_id] = event
+        client_id = event.client_id
+        assert client_id is not None
+        if self._records.pop(client_id, None) is None:
+            self.bytes += record_size(client_id)
+        self._records[client_id] = event
         excess = len(self._records) - self.max_records
-        if excess > 0:
-            # Only a few records at the old end are looked at: online ones there are skipped.
-            window = itertools.islice(self._records.items(), excess * 2 + 16)
-            for key in [k for k, e in window if e.status != "online"][:excess]:
-                del self._records[key]
+        if excess > 0 or self.bytes > self.max_bytes:
+            self._shed(max(excess, 1))
+
+    def _shed(self, excess: int) -> None:
+        """Forget ``excess`` offline records (or more, until the bytes fit), ids seen once
+        first. Only a few records at the old end of each order are looked at: online
+        ones there are skipped, and a call costs O(excess), never O(records)."""
+        for order in (self._once, self._records):
+            while excess > 0 or self.bytes > self.max_bytes:
+                window = itertools.islice(order, excess * 2 + 16)
+                gone = [k for k in window if self._records[k].status != "online"][: max(excess, 16)]
+                if not gone:
+                    break
+                for key in gone:
+                    self._forget(key)
+                    excess -= 1
+                    if excess <= 0 and self.bytes <= self.max_bytes:
+                        return
+
+    def _forget(self, client_id: str) -> None:
+        if self._records.pop(client_id, None) is not None:
+            self.bytes -= record_size(client_id)
+        self._once.pop(client_id, None)

@@ -18,10 +18,13 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..broker import topic_matches
+from ..logs import OncePer, shown
 from ..persistent import SessionStore
 from ..retained import RetainedStore
 from .registry import Registry
@@ -35,6 +38,8 @@ __all__ = [
     "matches_every_presence_topic",
     "presence_possible",
 ]
+
+logger = logging.getLogger("servers.heartbeat.coordination")
 
 RETAINED_PAGE = 500
 """Entries examined per page."""
@@ -124,11 +129,25 @@ class Retention:
         self._clock = clock
         self._snapshots: dict[int, list[str]] = {}
         self._numbers = itertools.count(1)
+        self._logged = OncePer()
 
-    def retain(self, topic: str, payload: bytes, qos: int) -> bool:
-        """A PUBLISH with RETAIN=1: stored, or cleared by an empty payload. False if
-        the store's bounds refused it (counted there)."""
-        return self.store.store(topic, payload, qos, self._clock())
+    def retain(self, topic: str, payload: bytes, qos: int, owner: str = "") -> bool:
+        """A PUBLISH with RETAIN=1 from ``owner``: stored, or cleared by an empty payload.
+        False if the store's bounds or the owner's share refused it (counted there, and
+        logged once per owner per spell)."""
+        stored = self.store.store(topic, payload, qos, self._clock(), owner=owner)
+        if not stored and self._logged.due(owner, time.monotonic()):
+            count, size = self.store.held_by(owner)
+            logger.warning(
+                "retained message on %s from %s refused: the store is full, or the client's share is"
+                " (it holds %d messages, %d bytes; --max-retained-per-client, --max-retained-bytes-per-client);"
+                " the topic keeps its message; more are counted, not logged",
+                shown(topic),
+                shown(owner),
+                count,
+                size,
+            )
+        return stored
 
     def page(
         self, topic_filter: str, cursor: str | None, limit: int = RETAINED_PAGE

@@ -73,6 +73,7 @@ class Claims:
         lease: float,
         stream_maxlen: int,
         offline_ttl: float,
+        once_ttl: float = 0.0,
     ) -> None:
         self.link = link
         self.scripts = link.scripts
@@ -86,6 +87,8 @@ class Claims:
         self.lease = lease
         self.stream_maxlen = stream_maxlen
         self.offline_ttl = offline_ttl
+        self.once_ttl = once_ttl
+        """Seconds an offline record lives when its id had one session only (0: as long as any)."""
         self.sweep_lock_ms = str(int(max(lease * 2, 1.0) * 1000))
         """How long a sweep lock lives: a few leases, so a sweep whose sweeper died is
         resumed by the next node to take it. Each batch its holder ends renews it."""
@@ -120,7 +123,7 @@ class Claims:
     def offline_request(self, event: PresenceEvent, forget: bool, client: Any) -> Any:
         """The end of ``event``'s session (``forget``: its record goes, a tombstone kept)."""
         assert event.client_id is not None
-        ttl = str(int(self.offline_ttl * 1000))
+        ttl = self._ttls()
         tomb = str(int(max(60.0, self.lease * 10) * 1000))
         encoded = event_json(event)
         args = [self.prefix, self.node, event.client_id, event.epoch, encoded, str(self.stream_maxlen)]
@@ -134,6 +137,10 @@ class Claims:
             self.counts.offlines += 1
             self.emitted = max(self.emitted, stream_id(out[0]))
 
+    def _ttls(self) -> str:
+        """The scripts' "<ttl>,<ttl seen once>" argument, in ms."""
+        return f"{int(self.offline_ttl * 1000)},{int(self.once_ttl * 1000)}"
+
     async def lose(self, owner: str, client_ids: list[str], reason: Offline, detail: str, check_lease: bool) -> int:
         """End the online sessions of ``client_ids`` that ``owner`` holds; -1 if its lease is back."""
         if not client_ids:
@@ -142,7 +149,7 @@ class Claims:
         keys.append(self.keys.sweep_prefix + owner)
         now = repr(round(time.time(), 3))
         args = [self.prefix, self.node, owner, str(self.stream_maxlen), reason.value, detail, now]
-        args += [str(int(self.offline_ttl * 1000)), "1" if check_lease else "0", self.sweep_lock_ms, *client_ids]
+        args += [self._ttls(), "1" if check_lease else "0", self.sweep_lock_ms, *client_ids]
         n = int(await self.link.call(self.scripts.lose(keys, args)))
         if n > 0:
             if reason is Offline.NODE_LOST:

@@ -40,11 +40,19 @@ from collections.abc import Callable, Sequence
 import trio
 
 from ....prometheus import Metric
-from ...broker import matches_any
 from ...outbox import DEFAULT_MAX_QUEUED, DEFAULT_MAX_QUEUED_BYTES, DEFAULT_WINDOW
-from ...persistent import DEFAULT_EXPIRY, DEFAULT_TOTAL_QUEUED_BYTES, Attach, Detach, Discard, Opened, Report
+from ...persistent import (
+    DEFAULT_EXPIRY,
+    DEFAULT_MAX_SESSIONS,
+    DEFAULT_TOTAL_QUEUED_BYTES,
+    Attach,
+    Detach,
+    Discard,
+    Opened,
+    Report,
+)
 from ...presence import PresenceEvent, PresenceSink
-from ...retained import DEFAULT_MAX_BYTES, DEFAULT_MAX_COUNT
+from ...retained import DEFAULT_MAX_BYTES, DEFAULT_MAX_COUNT, DEFAULT_MAX_OWNER_BYTES, DEFAULT_MAX_OWNER_COUNT
 from .. import Coordinator, Health, Host, publish_to_sinks
 from ..retention import RetainedMessage
 from .claims import Claims
@@ -72,7 +80,9 @@ class RedisCoordinator(Coordinator, FleetCounts):
     set and the eviction of taken-over sessions are keyed by it. ``lease`` is how
     long the node counts as alive without renewing; it renews every ``renew``
     seconds and checks the other members' leases as often. ``offline_ttl``: how
-    long an offline device's record is kept (0: forever).
+    long an offline device's record is kept (0: forever); ``once_ttl``: how long,
+    when its client id had a single session (a flood of made-up ids must not keep
+    Redis full for a week; 0: as long as the others).
 
     Persistent sessions and retained messages take the options of
     :class:`~.inprocess.InProcessCoordinator`'s store and retention: ``max_qos``,
@@ -80,7 +90,8 @@ class RedisCoordinator(Coordinator, FleetCounts):
     session, ``total_queued_bytes`` over all, ``session_expiry`` (seconds),
     ``may_read`` (the ACL per message, as :attr:`SessionStore.may_read`; None lets
     everything through), ``retain_presence``, ``presence_offline_ttl`` (None: while
-    the record is kept), ``max_retained_bytes`` and ``max_retained_count``. Every node
+    the record is kept), ``max_retained_bytes`` and ``max_retained_count``, and each
+    client's share, ``max_retained_per_client`` and ``max_retained_bytes_per_client``. Every node
     of a fleet should be given the same. ``open_timeout``: how long a CONNECT with
     CleanSession=0 waits for its stored session before it is refused (3).
 
@@ -100,6 +111,7 @@ class RedisCoordinator(Coordinator, FleetCounts):
         stream_maxlen: int = 100_000,
         queue_limit: int = 100_000,
         offline_ttl: float = 7 * 86400.0,
+        once_ttl: float = 86400.0,
         timeout: float = 2.0,
         max_qos: int = 2,
         max_inflight: int = DEFAULT_WINDOW,
@@ -107,11 +119,14 @@ class RedisCoordinator(Coordinator, FleetCounts):
         max_queued_bytes: int = DEFAULT_MAX_QUEUED_BYTES,
         total_queued_bytes: int = DEFAULT_TOTAL_QUEUED_BYTES,
         session_expiry: float = DEFAULT_EXPIRY,
+        max_sessions: int = DEFAULT_MAX_SESSIONS,
         may_read: Callable[[str | None, str, str], bool] | None = None,
         retain_presence: bool = True,
         presence_offline_ttl: float | None = None,
         max_retained_bytes: int = DEFAULT_MAX_BYTES,
         max_retained_count: int = DEFAULT_MAX_COUNT,
+        max_retained_per_client: int = DEFAULT_MAX_OWNER_COUNT,
+        max_retained_bytes_per_client: int = DEFAULT_MAX_OWNER_BYTES,
         open_timeout: float = 1.0,
     ) -> None:
         if renew >= lease:
@@ -141,6 +156,7 @@ class RedisCoordinator(Coordinator, FleetCounts):
             max_queued_bytes=max_queued_bytes,
             total_queued_bytes=total_queued_bytes,
             expiry=session_expiry,
+            max_sessions=max_sessions,
         )
         self.retention = FleetRetained(
             link,
@@ -151,10 +167,19 @@ class RedisCoordinator(Coordinator, FleetCounts):
             offline_ttl=presence_offline_ttl,
             max_bytes=max_retained_bytes,
             max_count=max_retained_count,
+            max_owner_count=max_retained_per_client,
+            max_owner_bytes=max_retained_bytes_per_client,
         )
         # Not ``claims``: that is the counter of claims applied.
         self.ownership = Claims(
-            link, keys, self, node=node, lease=lease, stream_maxlen=stream_maxlen, offline_ttl=offline_ttl
+            link,
+            keys,
+            self,
+            node=node,
+            lease=lease,
+            stream_maxlen=stream_maxlen,
+            offline_ttl=offline_ttl,
+            once_ttl=once_ttl,
         )
         self.lease_keeper = LeaseKeeper(link, keys, self, node=node, lease=lease, renew=renew)
         self.sweeper = Sweeper(link, keys, self.ownership, self.sessions, filters, node=node)
@@ -209,7 +234,7 @@ class RedisCoordinator(Coordinator, FleetCounts):
         """Queue ``topic`` for the other nodes whose subscribers' filters match it, and (QoS 1
         and 2) for the persistent sessions whose filters match it, if any."""
         persistent = qos > 0 and bool(self.persistent_filters.matching(topic))
-        if not persistent and not any(n != self.node and matches_any(f, topic) for n, f in self._remote.items()):
+        if not persistent and not any(n != self.node and f.matches(topic) for n, f in self._remote.items()):
             self.route_skipped += 1
             return
         self._enqueue(Queued("route", topic=topic, payload=payload, qos=qos))
@@ -239,9 +264,9 @@ class RedisCoordinator(Coordinator, FleetCounts):
             del self._attached[report.client_id]
         self._enqueue(Queued("session", report=report))
 
-    def retain(self, topic: str, payload: bytes, qos: int) -> None:
-        """Queue a retained message (an empty payload clears the topic's)."""
-        self._enqueue(Queued("retain", topic=topic, payload=payload, qos=qos))
+    def retain(self, topic: str, payload: bytes, qos: int, owner: str = "") -> None:
+        """Queue a retained message from client ``owner`` (an empty payload clears the topic's)."""
+        self._enqueue(Queued("retain", topic=topic, payload=payload, qos=qos, owner=owner))
 
     async def retained(self, topic_filter: str, cursor: str | None) -> tuple[list[RetainedMessage], str | None]:
         """A page of the retained messages ``topic_filter`` matches, then of the devices'

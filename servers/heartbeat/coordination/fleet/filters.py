@@ -16,7 +16,7 @@ from typing import Any
 
 import trio
 
-from ...broker import topic_matches
+from ...topics import FilterIndex, TopicTree
 from .keys import ROUTE_TTL_MS, TRIM_NOTICES, TRIM_ROUTES, FleetKeys
 from .link import RedisLink
 from .values import text
@@ -27,40 +27,44 @@ __all__ = ["FilterCache", "Filters"]
 class FilterCache:
     """The persistent sessions' topic filters fleet-wide, as this node last heard them.
 
-    Exact filters sit in a set and wildcards apart, so a publish nobody persistent
-    wants costs a set lookup plus a match per wildcard, and no Redis call. Kept up to
-    date from ``pfilters-changed`` notices, each numbered (``version``): a gap means
-    notices were trimmed away, and the whole set is read again.
+    Exact filters sit in a set and wildcards in a tree of levels, so a publish nobody
+    persistent wants costs a set lookup plus a step per level of its topic, and no
+    Redis call. Kept up to date from ``pfilters-changed`` notices, each numbered
+    (``version``): a gap means notices were trimmed away, and the whole set is read again.
     """
 
     def __init__(self) -> None:
-        self.exact: set[str] = set()
-        self.wild: set[str] = set()
+        self._index = FilterIndex()
         self.version = 0
 
+    @property
+    def exact(self) -> set[str]:
+        """The filters without wildcards."""
+        return self._index.exact
+
+    @property
+    def wild(self) -> TopicTree[str]:
+        """The wildcard filters (each its own value)."""
+        return self._index.wild
+
     def __len__(self) -> int:
-        return len(self.exact) + len(self.wild)
+        return len(self._index)
 
     def set(self, topic_filter: str, present: bool) -> None:
         """A filter gained its first persistent session (``present``) or lost its last."""
-        table = self.wild if "+" in topic_filter or "#" in topic_filter else self.exact
         if present:
-            table.add(topic_filter)
+            self._index.add(topic_filter)
         else:
-            table.discard(topic_filter)
+            self._index.discard(topic_filter)
 
     def replace(self, filters: Iterable[str], version: int) -> None:
         """The whole set, as read at notice number ``version``."""
-        self.exact, self.wild = set(), set()
-        for topic_filter in filters:
-            self.set(topic_filter, True)
+        self._index.replace(frozenset(filters))
         self.version = version
 
     def matching(self, topic: str) -> list[str]:
         """The filters that match ``topic``."""
-        out = [topic] if topic in self.exact else []
-        out += [f for f in self.wild if topic_matches(f, topic)]
-        return out
+        return self._index.matching(topic)
 
 
 @dataclass
@@ -88,7 +92,8 @@ class Filters:
         """``own`` is not yet in Redis as it is now."""
         self.version = 0  # bumped by each change
         self.written = 0  # the version last written to Redis
-        self.remote: dict[str, frozenset[str]] = {}
+        self.remote: dict[str, FilterIndex] = {}
+        """Each other node's filters, changed in place by what each of its updates changes."""
         self.persistent = FilterCache()
         """The fleet's persistent sessions' filters, as this node last heard them."""
         self._changed = trio.Event()
@@ -135,12 +140,14 @@ class Filters:
             if raw is None:
                 self.remote.pop(node, None)
             else:
-                self.remote[node] = frozenset(json.loads(raw))
+                self.remote.setdefault(node, FilterIndex()).replace(frozenset(json.loads(raw)))
             return
         table = await self.link.call(redis.hgetall(self.keys.filters))
         fresh = {text(k): frozenset(json.loads(v)) for k, v in table.items()}
-        self.remote.clear()
-        self.remote.update(fresh)
+        for gone in self.remote.keys() - fresh.keys():
+            del self.remote[gone]
+        for name, filters in fresh.items():
+            self.remote.setdefault(name, FilterIndex()).replace(filters)
 
     async def persistent_notice(self, fields: Any) -> None:
         """A ``pfilters-changed`` entry: a persistent filter appeared or went."""

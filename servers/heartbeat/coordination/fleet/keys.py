@@ -39,6 +39,8 @@ Retained messages (see :mod:`.retained`)::
     retained              hash: topic -> QoS digit followed by the payload
     retained-index        sorted set: every retained topic (score 0, paged by ZRANGEBYLEX)
     retained-stats        hash: bytes (topics and payloads), refused
+    retained-owner        hash: topic -> the client whose message it is (its share)
+    retained-shares       hash: client -> messages it holds; client + NUL -> their bytes
 
 The Lua scripts (:mod:`.scripts`) derive the per-client keys from the prefix
 themselves, so only the names Python uses are here.

@@ -72,7 +72,9 @@ class RedisLink:
 
     def failed(self, exc: BaseException) -> None:
         """A call failed with ``exc``: Redis counts as unreachable until one is answered."""
-        self.last_error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        # A client library may quote a call's arguments (a 64 KB client id) in its error.
+        self.last_error = error if len(error) <= 300 else f"{error[:300]}... ({len(error)} characters)"
         if self.connected:
             logger.warning("node %s: redis unreachable: %s", self.node, self.last_error)
             self.connected = False

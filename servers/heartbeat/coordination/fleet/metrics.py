@@ -34,6 +34,7 @@ class FleetCounts:
         self.persistent_routed = 0
         self.persistent_dropped = 0
         self.persistent_expired = 0
+        self.persistent_refused = 0
         self.persistent_detached = 0
         self.retained_refused = 0
         self.opens_refused = 0
@@ -97,6 +98,11 @@ def fleet_families(
         "heartbeat_persistent_expired_total",
         "Persistent sessions this node expired after their client stayed away.",
         counts.persistent_expired,
+    )
+    f.counter(
+        "heartbeat_persistent_refused_total",
+        "New persistent sessions refused for this node's clients: the fleet held --max-persistent-sessions.",
+        counts.persistent_refused,
     )
     f.counter(
         "heartbeat_persistent_routed_total",

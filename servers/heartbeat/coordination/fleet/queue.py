@@ -51,6 +51,7 @@ class Queued:
     topic: str = ""
     payload: bytes = b""
     qos: int = 0
+    owner: str = ""
     report: Report | None = None
     question: OpenQuestion | None = None
 

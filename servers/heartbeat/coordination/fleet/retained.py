@@ -18,6 +18,7 @@ import coredis
 import trio
 
 from ...broker import topic_matches
+from ...logs import OncePer, shown
 from ...presence import PresenceEvent
 from ..retention import (
     RETAINED_PAGE,
@@ -74,6 +75,8 @@ class FleetRetained:
         offline_ttl: float | None,
         max_bytes: int,
         max_count: int,
+        max_owner_count: int,
+        max_owner_bytes: int,
         page: int = RETAINED_PAGE,
     ) -> None:
         self.link = link
@@ -85,23 +88,34 @@ class FleetRetained:
         self.offline_ttl = offline_ttl
         self.max_bytes = max_bytes
         self.max_count = max_count
+        self.max_owner_count = max_owner_count
+        self.max_owner_bytes = max_owner_bytes
+        self._logged = OncePer()
         self.page = page
         self.k_retained = keys.retained
         self.k_index = keys.retained_index
 
     # ------------------------------------------------------------------ store
 
-    def request(self, topic: str, payload: bytes, qos: int, client: Any) -> Request:
-        """The script call that keeps (or, with an empty payload, clears) ``topic``'s message,
-        and what to do with its reply."""
-        args: list[str | bytes] = [self.prefix, topic, payload, str(qos), str(self.max_bytes), str(self.max_count)]
+    def request(self, topic: str, payload: bytes, qos: int, owner: str, client: Any) -> Request:
+        """The script call that keeps (or, with an empty payload, clears) ``topic``'s message
+        from client ``owner``, and what to do with its reply."""
+        args: list[str | bytes] = [
+            *(self.prefix, topic, payload, str(qos), str(self.max_bytes), str(self.max_count)),
+            *(owner, str(self.max_owner_count), str(self.max_owner_bytes)),
+        ]
 
         def done(out: Any) -> None:
             if int(out) == 0:
                 self.counts.retained_refused += 1
-                logger.warning(
-                    "node %s: retained message on %r refused: the retained store is full", self.link.node, topic
-                )
+                if self._logged.due(owner, time.monotonic()):
+                    logger.warning(
+                        "node %s: retained message on %s from %s refused: the store is full, or the client's"
+                        " share is; the topic keeps its message; more are counted, not logged",
+                        self.link.node,
+                        shown(topic),
+                        shown(owner),
+                    )
 
         return self.link.scripts.retain([], args, client=client), done
 

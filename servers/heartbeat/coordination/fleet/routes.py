@@ -13,7 +13,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ...broker import matches_any
 from .filters import Filters
 from .keys import ROUTE_MAXLEN, ROUTE_TTL_MS, FleetKeys
 from .link import RedisLink
@@ -65,7 +64,7 @@ class Routes:
         """The calls that route ``report`` (a "route" report) on ``client`` (a connection or
         a pipeline), each with what to do with its reply; none if nobody wants it now."""
         out: list[Request] = []
-        targets = [n for n, f in self.remote.items() if n != self.node and matches_any(f, report.topic)]
+        targets = [n for n, f in self.remote.items() if n != self.node and f.matches(report.topic)]
         if targets:
             data = encode_route(report.topic, report.payload, report.qos)
             keys = [self.route_prefix + n for n in targets]

@@ -17,9 +17,11 @@ notices maxlen, then the operation's own arguments from ARGV[12] on.
 
 ``retain_message.lua`` keeps ``retained`` (topic -> QoS digit and payload),
 ``retained-index`` (the topics, all scores 0, for ZRANGEBYLEX) and ``retained-stats``
-(bytes, refused). ARGV: prefix, topic, payload, qos, max bytes, max count; 1 kept (or
-cleared), 0 refused. As the retained store: a replacement no larger always fits, and
-a refused replacement drops the old message too (the publisher has moved on).
+(bytes, refused), and each message's owner (the client that set it last) with the
+count and bytes each owner holds. ARGV: prefix, topic, payload, qos, max bytes, max
+count, owner, owner's max count, owner's max bytes; 1 kept (or cleared), 0 refused. As
+the retained store: a replacement no larger always fits, and a refused one leaves the
+topic's old message in place (one client filling the store must not erase another's).
 """
 
 from __future__ import annotations
@@ -37,8 +39,9 @@ def _read(name: str) -> str:
 
 
 _CLAIM = _read("claim_session.lua")
-_OFFLINE = _read("end_session.lua")
-_LOSE = _read("end_lost_sessions.lua")
+_LIFE = _read("record_life.lua")  # how long an offline record lives, for the two below
+_OFFLINE = _LIFE + _read("end_session.lua")
+_LOSE = _LIFE + _read("end_lost_sessions.lua")
 _FINISH = _read("finish_sweep.lua")
 _RENEW = _read("renew_lease.lua")
 _LAPSED = _read("lapsed_members.lua")

@@ -31,10 +31,23 @@ in milliseconds, so nodes whose clocks differ agree on expiry.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
 from typing import Any
 
-from ...persistent import Acked, Attach, Detach, Discard, Inbound, Opened, Push, Report, Subscribed
+from ...logs import OncePer, shown
+from ...persistent import (
+    DEFAULT_MAX_SESSIONS,
+    Acked,
+    Attach,
+    Detach,
+    Discard,
+    Inbound,
+    Opened,
+    Push,
+    Report,
+    Subscribed,
+)
 from .. import Host
 from .keys import NOTICE_MAXLEN, ROUTE_MAXLEN, ROUTE_TTL_MS, FleetKeys
 from .link import RedisLink
@@ -92,9 +105,12 @@ def username_of(stored: bytes | str) -> str | None:
     return value[1:] if value.startswith("=") else None
 
 
-def opened_from(reply: Any) -> Opened:
-    """The open operation's reply: ``{present, {filter, qos, ...}, {inbound ids}, expired}``."""
+def opened_from(reply: Any) -> Opened | None:
+    """The open operation's reply: ``{present, {filter, qos, ...}, {inbound ids}, expired}``;
+    None for a present of -1 (refused: the fleet keeps as many sessions as it may)."""
     present, flat, inbound = int(reply[0]), list(reply[1] or []), reply[2] or []
+    if present < 0:
+        return None
     subscriptions = {text(flat[i]): int(flat[i + 1]) for i in range(0, len(flat), 2)}
     return Opened(bool(present), subscriptions, frozenset(int(i) for i in inbound))
 
@@ -123,8 +139,11 @@ class PersistentSessions:
         max_queued_bytes: int,
         total_queued_bytes: int,
         expiry: float,
+        max_sessions: int = DEFAULT_MAX_SESSIONS,
     ) -> None:
         self.link = link
+        self.max_sessions = max_sessions
+        self._logged = OncePer()
         self.scripts = link.scripts
         self.counts = counts
         self.prefix = keys.prefix
@@ -165,9 +184,18 @@ class PersistentSessions:
             question.answer = opened_from(out)
             if int(out[3]):
                 self.counts.persistent_expired += 1
+            if question.answer is None:
+                self.counts.persistent_refused += 1
+                if self._logged.due("full", time.monotonic()):
+                    logger.warning(
+                        "node %s: persistent sessions at their bound (%d, --max-persistent-sessions): a new one"
+                        " is refused (3); more are counted, not logged",
+                        self.node,
+                        self.max_sessions,
+                    )
             question.done.set()
 
-        args = [question.client_id, username_arg(question.username)]
+        args = [question.client_id, username_arg(question.username), str(self.max_sessions)]
         return [(self.script("open", args, client), opened)]
 
     def routed(self, out: Any) -> None:
@@ -180,9 +208,9 @@ class PersistentSessions:
     def _full(self, client_id: str | bytes) -> None:
         # Logged once per session (the script says which drop was its first), counted always.
         logger.warning(
-            "node %s: persistent session %r is full: messages for it are dropped (counted)",
+            "node %s: persistent session %s is full: messages for it are dropped (counted)",
             self.node,
-            text(client_id),
+            shown(text(client_id)),
         )
 
     async def expire(self) -> int:

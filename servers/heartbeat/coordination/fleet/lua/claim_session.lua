@@ -32,6 +32,8 @@ if status == 'online' then
   if cur_owner ~= me then redis.call('SREM', prefix .. 'owned:' .. cur_owner, cid) end
 end
 redis.call('HSET', dev, unpack(ARGV, 10))
+-- Sessions seen of this id (a record of one seen once lives shorter once offline).
+redis.call('HINCRBY', dev, 'sessions', 1)
 redis.call('PERSIST', dev)
 redis.call('SADD', owned, cid)
 out[#out + 1] = redis.call('XADD', stream, 'MAXLEN', '~', maxlen, '*', 'event', ev, 'origin', me, 'evict', '')

@@ -1,7 +1,8 @@
 
 local stream, owned, lease, lock = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local prefix, me, dead, maxlen = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
-local reason, detail, now, ttl = ARGV[5], ARGV[6], ARGV[7], tonumber(ARGV[8])
+local reason, detail, now = ARGV[5], ARGV[6], ARGV[7]
+-- life(dev): how long an offline record lives (record_life.lua, put before this).
 if ARGV[9] == '1' and redis.call('EXISTS', lease) == 1 then return -1 end
 if redis.call('GET', lock) == me then redis.call('PEXPIRE', lock, ARGV[10]) end
 local n = 0
@@ -20,7 +21,8 @@ for i = 11, #ARGV do
     local js = cjson.encode(e)
     redis.call('XADD', stream, 'MAXLEN', '~', maxlen, '*', 'event', js, 'origin', me, 'evict', '')
     redis.call('HSET', dev, 'status', 'offline', 'owner', '', 'event', js, 'reason', reason, 'time', now)
-    if ttl > 0 then redis.call('PEXPIRE', dev, ttl) end
+    local keep = life(dev)
+    if keep > 0 then redis.call('PEXPIRE', dev, keep) end
     n = n + 1
   end
   redis.call('SREM', owned, cid)

@@ -235,7 +235,8 @@ end
 local cid = ARGV[12]
 local s = key('ps', cid)
 if op == 'open' then
-  -- ARGV[13] the username ('' for none, else '=' .. name).
+  -- ARGV[13] the username ('' for none, else '=' .. name); ARGV[14] how many sessions
+  -- the fleet keeps at most (a new one past it is refused: -1).
   local holder = redis.call('HGET', s, 'holder')
   local expired = 0
   if holder then
@@ -248,6 +249,11 @@ if op == 'open' then
       redis.call('HSET', s, 'user', ARGV[13])
       return {1, redis.call('HGETALL', key('psub', cid)), redis.call('SMEMBERS', key('pin', cid)), 0}
     end
+  end
+  local most = tonumber(ARGV[14] or '0')
+  if most > 0 and redis.call('ZCARD', sessions) >= most then
+    redis.call('HINCRBY', stats, 'refused', 1)
+    return {-1, {}, {}, expired}
   end
   -- Counted as left now: a connection that dies before its CONNACK never attaches.
   redis.call('HSET', s, 'holder', '', 'hnode', '', 'was', '', 'left', now, 'user', ARGV[13],
