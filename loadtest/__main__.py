@@ -8,6 +8,7 @@ python -m loadtest demo                                  the main job (also: mak
 python -m loadtest fleet --nodes 3 --kill-node           gateways sharing presence through Redis
 python -m loadtest tls                                   MQTT over TLS: memory per connection, handshakes/s vs Mosquitto
 python -m loadtest fuzz --target both --inputs 200000    hostile input against both servers, judged
+python -m loadtest abuse                                 issue 33's attacks with a healthy fleet beside them, judged
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ COMMANDS = {
     "qos": "loadtest.qos",
     "tls": "loadtest.tls_load",
     "fuzz": "loadtest.fuzz",
+    "abuse": "loadtest.abuse",
 }
 
 

@@ -1,0 +1,69 @@
+"""``python -m benchmarks.topics``: its figures read the way the report says, and a tiny
+run of it against real servers (ours, and Mosquitto where installed)."""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from benchmarks.topics import ROOT, Row, cpu_of, main, memory_per_filter, ratios, table
+from benchmarks.topics_load import Window, percentile
+
+IN_CI = os.environ.get("CI") == "true"
+
+
+def _row(server: str, filters: int, topic: str, cpu: float, rtts: list[float]) -> Row:
+    window = Window(5.0, 1000, cpu, True, rtts, [0.002], 10)
+    return Row(server, filters, 0.5, topic, 200.0, window, cpu / 1000)
+
+
+def test_percentiles_are_nearest_rank() -> None:
+    values = [float(v) for v in range(1, 101)]
+    assert (percentile(values, 0.5), percentile(values, 0.99), percentile(values, 1.0)) == (50.0, 99.0, 100.0)
+    assert percentile([3.0], 0.99) == 3.0
+    assert math.isnan(percentile([], 0.5))
+
+
+def test_each_window_is_set_against_the_same_window_of_mosquitto() -> None:
+    rows = [
+        _row("ours", 1000, "none", 0.2, [0.001, 0.004]),
+        _row("mosquitto", 1000, "none", 0.05, [0.001, 0.002]),
+        _row("ours", 1000, "one", 0.3, [0.001]),  # mosquitto has no such window: no ratio
+    ]
+    assert "| ours | 1,000 | 0.50 s | none | 200 | 200.0 µs | 1.0 ms | 4.0 ms | 2.0 ms | 10 |" in table(rows)
+    lines = ratios(rows).splitlines()
+    assert lines[2] == "| ours | 1,000 | none | 200 | 1.00× | 4.00× | 1.00× | 2.00× |"
+    assert len(lines) == 3
+
+
+def test_the_cpu_of_a_process_grows_as_it_works() -> None:
+    before = cpu_of([os.getpid()])
+    sum(i * i for i in range(300_000))
+    assert cpu_of([os.getpid()]) > before > 0
+
+
+def test_a_wildcard_filter_costs_a_few_hundred_bytes() -> None:
+    got = memory_per_filter(str(ROOT), 2000)
+    assert 100 < got["subscriptions"] < 2000
+    assert 50 < got["index"] < got["subscriptions"]
+
+
+@pytest.mark.skipif(shutil.which("mosquitto") is None and not Path("/usr/sbin/mosquitto").exists() and not IN_CI,
+                    reason="mosquitto not installed")  # fmt: skip
+def test_a_tiny_run_beside_mosquitto(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["--filters", "0,50", "--rates", "100", "--seconds", "0.5", "--devices", "2", "--memory", "100"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    rows = [line.split(" | ") for line in out.splitlines() if line.startswith(("| ours |", "| mosquitto |"))]
+    windows = {(r[0][2:], r[1], r[3]): r for r in rows if len(r) == 10}
+    for server in ("ours", "mosquitto"):
+        assert {t for s, n, t in windows if s == server and n == "50"} == {"subscribing", "quiet", "none", "one"}
+        one = windows[(server, "50", "one")]
+        assert one[9].rstrip(" |") != "0"  # the one filter that matches got the messages
+        assert windows[(server, "50", "none")][9].rstrip(" |") == "0"
+        assert windows[(server, "50", "quiet")][6].endswith(" ms")  # the devices' pings were answered
+    assert "| server / mosquitto |" in out and "bytes per wildcard filter" in out
