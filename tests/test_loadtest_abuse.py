@@ -142,6 +142,20 @@ def test_forged_presence_fails_for_a_ghost_an_impostor_a_replay_and_a_wildcard()
     assert "ghost-0 never had a session" in judge(obs).reasons[0]
 
 
+def test_a_retained_copy_of_an_event_beside_its_live_copy_is_not_a_replay() -> None:
+    # A fleet sends a subscriber the event stored in Redis and, through the stream, the live one.
+    obs = clean()  # its subscriber got the device's online event live, once, as logged
+    obs.fleet.presence.insert(0, seen(f"presence/{DEVICE}", json.dumps(ONLINE).encode(), retained=True))
+    assert failed(obs) == []
+    obs.fleet.presence.append(_message(f"presence/{DEVICE}", ONLINE))  # live a second time: a replay
+    assert failed(obs) == ["presence-forged"]
+    # A retained message is no licence to forge: it must be an event of the log.
+    obs = clean()
+    ghost = {"status": "online", "client_id": "ghost-0"}
+    obs.fleet.presence.append(seen("presence/ghost-0", json.dumps(ghost).encode(), retained=True))
+    assert failed(obs) == ["presence-forged"]
+
+
 def test_a_lost_presence_event_fails_inside_the_subscribers_window_only() -> None:
     obs = clean()
     obs.fleet.presence = []
@@ -213,30 +227,31 @@ def test_the_catalog_and_the_report() -> None:
     assert "connack-0 x100" in text and "PASS round-trip" in text
     starve = ATTACKS["status-starve"]
     rows = table([rec, not_applicable(starve, "mosquitto")]).splitlines()
-    assert len(rows) == 4  # the head, its rule, a row per attack
-    assert rows[2].startswith("| made-up | PASS | not run | 1.00 ms (0.50) | — | — | +10,486 B/id | — |")
-    assert rows[3].startswith("| status-starve | not run | n/a: no status port |")
+    assert len(rows) == 4  # the head, its rule, a row per attack and server run
+    assert rows[2].startswith("| made-up | idlekeeper | PASS | 1.00 ms (0.50) | — | +10,486 B/id | connack-0 x100 |")
+    assert rows[3].startswith("| status-starve | mosquitto | n/a: no status port |")
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(mosquitto_binary() is None, reason="mosquitto is not installed")
 def test_a_short_real_run_is_judged_by_what_the_server_did(tmp_path: Path) -> None:
     out = tmp_path / "abuse.json"
-    argv = ["--targets", "idlekeeper,mosquitto", "--attacks", "will-forgery,wildcard-ids"]
+    argv = ["--targets", "idlekeeper,fleet,mosquitto", "--attacks", "will-forgery,wildcard-ids"]
     argv += ["--healthy", "3", "--seconds", "2", "--baseline", "1", "--json", str(out), "--quiet"]
     code = cli.main(argv)
     data = json.loads(out.read_text())
     runs = {(r["attack"], r["target"]): r for r in data["runs"]}
-    assert set(runs) == {(a, t) for a in ("will-forgery", "wildcard-ids") for t in ("idlekeeper", "mosquitto")}
-    ours_failed = [r["attack"] for r in data["runs"] if r["target"] == "idlekeeper" and r["result"] == "FAIL"]
+    targets = ("idlekeeper", "fleet", "mosquitto")
+    assert set(runs) == {(a, t) for a in ("will-forgery", "wildcard-ids") for t in targets}
+    ours_failed = [r["attack"] for r in data["runs"] if r["target"] != "mosquitto" and r["result"] == "FAIL"]
     assert code == (1 if ours_failed else 0)
     assert data["result"] == ("FAIL" if ours_failed else "PASS")
-    assert out.with_suffix(".md").read_text().startswith("| attack | idlekeeper | mosquitto |")
+    assert out.with_suffix(".md").read_text().startswith("| attack | server | result |")
     # Mosquitto has no presence: the attack on it is not applicable, neither passed nor failed.
     assert runs["wildcard-ids", "mosquitto"]["result"] == "n/a"
 
-    ran: list[tuple[str, str]] = [("will-forgery", "idlekeeper"), ("will-forgery", "mosquitto")]
-    for key in [*ran, ("wildcard-ids", "idlekeeper")]:
+    ran = [("will-forgery", t) for t in targets] + [("wildcard-ids", "idlekeeper"), ("wildcard-ids", "fleet")]
+    for key in ran:
         run = runs[key]
         assert "figures" in run, run["reasons"]
         f = run["figures"]
@@ -249,12 +264,13 @@ def test_a_short_real_run_is_judged_by_what_the_server_did(tmp_path: Path) -> No
 
     # Ours: a Will accepted on a ghost's presence topic is published when its forger
     # resets (retained), so the judge must find it; refused (CONNACK 5), nothing is forged.
-    forged = runs["will-forgery", "idlekeeper"]
-    checks = {c["name"]: c["status"] for c in forged["checks"]}
-    ghosts_in = forged["answers"].get("ghost-connack-0", 0)
-    assert checks["presence-forged"] == checks["retained-ghosts"] == ("FAIL" if ghosts_in else "PASS")
-    assert checks["presence-lost"] == "PASS" and checks["healthz"] == "PASS"
-    # An id with a wildcard accepted becomes a presence topic with one; refused, none does.
-    wild = runs["wildcard-ids", "idlekeeper"]
-    checks = {c["name"]: c["status"] for c in wild["checks"]}
-    assert checks["presence-forged"] == ("FAIL" if wild["answers"].get("connack-0", 0) else "PASS")
+    for ours in targets[:2]:
+        forged = runs["will-forgery", ours]
+        checks = {c["name"]: c["status"] for c in forged["checks"]}
+        ghosts_in = forged["answers"].get("ghost-connack-0", 0)
+        assert checks["presence-forged"] == checks["retained-ghosts"] == ("FAIL" if ghosts_in else "PASS")
+        assert checks["presence-lost"] == "PASS" and checks["healthz"] == "PASS"
+        # An id with a wildcard accepted becomes a presence topic with one; refused, none does.
+        wild = runs["wildcard-ids", ours]
+        checks = {c["name"]: c["status"] for c in wild["checks"]}
+        assert checks["presence-forged"] == ("FAIL" if wild["answers"].get("connack-0", 0) else "PASS")

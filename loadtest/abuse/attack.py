@@ -23,6 +23,7 @@ import trio
 
 from .client import Client, OnPublish
 from .observation import AttackOutcome, Finding
+from .targets import is_ours
 
 __all__ = ["ATTACKER", "VICTIM", "Attack", "Inbox", "Scene", "bounded", "connected", "quiet", "victim"]
 
@@ -52,7 +53,7 @@ class Scene:
     @property
     def ours(self) -> bool:
         """The server under attack is ours (it has presence topics and a status port)."""
-        return self.target == "idlekeeper"
+        return is_ours(self.target)
 
     def answer(self, what: str, n: int = 1) -> None:
         """Count an answer the server gave the attacker."""

@@ -1,7 +1,7 @@
 """``python -m loadtest abuse``: each attack of issue 33 replayed with a healthy fleet
 beside it, on our server and on Mosquitto; it fails when a healthy client is hurt.
 
-    python -m loadtest abuse [--targets idlekeeper,mosquitto] [--attacks all|a,b,...]
+    python -m loadtest abuse [--targets idlekeeper,fleet,mosquitto] [--attacks all|a,b,...]
         [--healthy 20] [--seconds 8] [--baseline 3] [--json results/abuse.json] [--quiet]
 
 For each attack in turn, each server is started afresh with the options the attack
@@ -36,7 +36,7 @@ from .fleet_process import FleetOptions
 from .judge import Limits, judge
 from .report import failed_record, not_applicable, record, render, table
 from .runner import RunOptions, run_attack
-from .targets import TARGETS
+from .targets import TARGETS, is_ours
 
 __all__ = ["main", "parser"]
 
@@ -100,7 +100,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     records: list[dict[str, Any]] = []
     for cls in attacks:
         for target in targets:
-            if target != "idlekeeper" and cls.not_for_mosquitto:
+            if not is_ours(target) and cls.not_for_mosquitto:
                 rec = not_applicable(cls, target)
             else:
                 if not args.quiet:
@@ -113,7 +113,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     rec = record(obs, judge(obs, limits), cls.summary)
             records.append(rec)
             print(render(rec) + "\n", flush=True)
-    ours_failed = [r["attack"] for r in records if r["target"] == "idlekeeper" and r["result"] == "FAIL"]
+    ours_failed = [r["attack"] for r in records if is_ours(r["target"]) and r["result"] == "FAIL"]
     markdown = table(records)
     print(markdown + "\n")
     out = {

@@ -88,7 +88,11 @@ class Fleet:
 
     def _all_offline(self) -> bool:
         gone = {p.client_id for p in self.report.presence if p.status == "offline"}
-        return all(client_id in gone for client_id in self.expected)
+        # And every probe seen online: in a fleet its offline event comes through Redis,
+        # later than the subscriber's round trip to its gateway.
+        probes = {p.client_id for p in self.report.presence if p.status == "online"}
+        probes = {c for c in probes if c is not None and c.startswith(f"{self.tag}-probe-")}
+        return all(client_id in gone for client_id in [*self.expected, *probes])
 
     def _rtt(self, sent: float, rtt: float) -> None:
         self.report.pings.append((sent, rtt))
@@ -98,7 +102,7 @@ class Fleet:
 
         def heard(topic: str, payload: bytes, retain: bool) -> None:
             if topic.startswith(PRESENCE_PREFIX):
-                self.report.presence.append(seen(topic, payload))
+                self.report.presence.append(seen(topic, payload, retain))
 
         client = await Client.start(nursery, self.port, self.source, on_publish=heard)
         name = f"{self.tag}-presence"

@@ -35,6 +35,8 @@ class PresenceSeen:
     """When it came (wall clock)."""
     wildcard: bool = False
     """The topic holds ``+`` or ``#``: no valid topic name (MQTT-4.7.1-1) may."""
+    retained: bool = False
+    """Sent as a retained message (on subscribing), not live."""
 
 
 @dataclass

@@ -45,15 +45,16 @@ def digest(topic: str, payload: bytes) -> str:
     return hashlib.sha1(topic.encode("utf-8", "surrogatepass") + b"\0" + body).hexdigest()
 
 
-def seen(topic: str, payload: bytes) -> PresenceSeen:
-    """The record of a presence message as the subscriber got it, now."""
+def seen(topic: str, payload: bytes, retained: bool = False) -> PresenceSeen:
+    """The record of a presence message as the subscriber got it, now (``retained``:
+    sent with the retain flag, on subscribing)."""
     _, data = _canonical(payload)
     client_id = status = None
     if isinstance(data, dict):
         client_id = None if data.get("client_id") is None else excerpt(str(data.get("client_id")))
         status = None if data.get("status") is None else str(data.get("status"))
     return PresenceSeen(
-        excerpt(topic), digest(topic, payload), client_id, status, time.time(), "+" in topic or "#" in topic
+        excerpt(topic), digest(topic, payload), client_id, status, time.time(), "+" in topic or "#" in topic, retained
     )
 
 

@@ -13,8 +13,6 @@ from .observation import Observation
 
 __all__ = ["failed_record", "not_applicable", "record", "render", "table"]
 
-OURS = "idlekeeper"
-
 
 def record(obs: Observation, verdict: Verdict, summary: str) -> dict[str, Any]:
     """One attack on one server, judged (JSON-ready)."""
@@ -102,23 +100,26 @@ def _result(rec: dict[str, Any] | None) -> str:
 
 
 def table(records: list[dict[str, Any]]) -> str:
-    """Every attack with ours and Mosquitto side by side: the verdict, the healthy p99
-    round trip under attack (its baseline in brackets) and their ratio, server memory
-    per hostile unit, and what the attacker was told."""
+    """Every attack with each server a row (ours, ours in a fleet, Mosquitto): the
+    verdict, the healthy p99 round trip under attack (its baseline in brackets) and its
+    ratio to Mosquitto's, server memory per hostile unit, and what the attacker was told."""
     by: dict[tuple[str, str], dict[str, Any]] = {(r["attack"], r["target"]): r for r in records}
     attacks = list(dict.fromkeys(r["attack"] for r in records))
     lines = [
-        "| attack | idlekeeper | mosquitto | healthy p99, ours (baseline) | mosquitto's | ours / mosquitto "
-        "| memory, ours | mosquitto's | ours told the attacker | mosquitto told it |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| attack | server | result | healthy p99 (baseline) | ÷ mosquitto's | memory per hostile unit "
+        "| what the attacker was told |",
+        "|---|---|---|---|---|---|---|",
     ]
     for name in attacks:
-        ours, theirs = by.get((name, OURS)), by.get((name, "mosquitto"))
-        times = "—"
-        if ours is not None and theirs is not None and "figures" in ours and "figures" in theirs:
-            times = ratio(number(ours["figures"]["p99_ms"]), number(theirs["figures"]["p99_ms"]))
-        lines.append(
-            f"| {name} | {_result(ours)} | {_result(theirs)} | {_p99(ours)} | {_p99(theirs)} | {times} "
-            f"| {_per_unit(ours)} | {_per_unit(theirs)} | {_told(ours)} | {_told(theirs)} |"
-        )
+        theirs = by.get((name, "mosquitto"))
+        for target in dict.fromkeys(r["target"] for r in records):
+            rec = by.get((name, target))
+            if rec is None:
+                continue
+            times = "—"
+            if target != "mosquitto" and theirs is not None and "figures" in rec and "figures" in theirs:
+                times = ratio(number(rec["figures"]["p99_ms"]), number(theirs["figures"]["p99_ms"]))
+            lines.append(
+                f"| {name} | {target} | {_result(rec)} | {_p99(rec)} | {times} | {_per_unit(rec)} | {_told(rec)} |"
+            )
     return "\n".join(lines)

@@ -18,7 +18,7 @@ from .fleet import device_ids
 from .fleet_process import FleetOptions, HealthyFleet
 from .observation import Observation
 from .presence_audit import read_log
-from .targets import start_target
+from .targets import is_ours, start_target
 
 __all__ = ["RunOptions", "run_attack"]
 
@@ -97,7 +97,7 @@ def run_attack(cls: type[Attack], target: str, options: RunOptions) -> Observati
     Raises RuntimeError (or OSError) when the server, the fleet or the victims could not start.
     """
     attack = cls()
-    ours = target == "idlekeeper"
+    ours = is_ours(target)
     server = start_target(
         target,
         cls.ours_args if ours else (),
