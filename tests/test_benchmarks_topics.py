@@ -67,3 +67,16 @@ def test_a_tiny_run_beside_mosquitto(capsys: pytest.CaptureFixture[str]) -> None
         assert windows[(server, "50", "none")][9].rstrip(" |") == "0"
         assert windows[(server, "50", "quiet")][6].endswith(" ms")  # the devices' pings were answered
     assert "| server / mosquitto |" in out and "bytes per wildcard filter" in out
+
+
+def test_each_tree_may_have_options_of_its_own() -> None:
+    from argparse import Namespace
+
+    from benchmarks.topics import ours_args
+
+    both = Namespace(ours_args="--max-subscriptions 30000", root_list=["/a", "/b"])
+    assert ours_args(both, "/a") == ours_args(both, "/b") == ["--max-subscriptions", "30000"]
+    apart = Namespace(ours_args=";--max-subscriptions 30000", root_list=["/old", "/new"])
+    assert ours_args(apart, "/old") == [] and ours_args(apart, "/new") == ["--max-subscriptions", "30000"]
+    with pytest.raises(SystemExit):
+        main(["--roots", "/a,/b,/c", "--ours-args", "x;y"])

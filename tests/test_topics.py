@@ -107,6 +107,9 @@ class SubscriptionsModel(RuleBasedStateMachine):
         super().__init__()
         self.subs: Subscriptions[str] = Subscriptions(max_qos=1)
         self.model: dict[str, dict[str, int]] = {}
+        self.changes = self.subs.track()
+        self.announced: set[str] = set()
+        """The filters held, as the changes taken so far tell them."""
 
     @rule(target=keys, key=st.sampled_from(["k1", "k2", "k3"]))
     def new_key(self, key: str) -> str:
@@ -153,6 +156,10 @@ class SubscriptionsModel(RuleBasedStateMachine):
     def same_subscriptions(self) -> None:
         held = {f for filters in self.model.values() for f in filters}
         assert self.subs.filters() == held
+        added, removed = self.changes.take()
+        assert not added & self.announced and removed <= self.announced
+        self.announced = (self.announced | added) - removed
+        assert self.announced == held
         assert len(self.subs) == sum(len(filters) for filters in self.model.values())
         assert all(self.subs.has(key) is (key in self.model) for key in ("k1", "k2", "k3"))
         # Wildcard filters no one holds any more leave no node behind.
@@ -180,6 +187,12 @@ class FilterIndexModel(RuleBasedStateMachine):
     def add(self, topic_filter: str) -> None:
         self.index.add(topic_filter)
         self.model.add(topic_filter)
+
+    @rule(added=st.sets(st.one_of(FILTERS, TOPICS), max_size=3), removed=st.sets(FILTERS, max_size=3))
+    def update(self, added: set[str], removed: set[str]) -> None:
+        removed -= added  # a change names each filter once
+        self.index.update(added, removed)
+        self.model = (self.model - removed) | added
 
     @rule(topic_filter=st.one_of(FILTERS, TOPICS))
     def discard(self, topic_filter: str) -> None:

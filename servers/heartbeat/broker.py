@@ -15,7 +15,7 @@ from typing import Generic, Protocol, TypeVar
 from .budget import SUBSCRIBER_BYTES, TOTAL_BYTES, Offer, SendBudget
 from .encoders import encode_publish
 from .outbox import DEFAULT_MAX_QUEUED, DEFAULT_WINDOW, Message, Outbox
-from .topics import FilterIndex, TopicTree, is_wildcard
+from .topics import FilterChanges, FilterIndex, TopicTree, is_wildcard
 
 __all__ = ["MAX_QUEUED", "Broker", "Subscriber", "Subscriptions", "matches_any", "topic_matches"]
 
@@ -62,6 +62,7 @@ class Subscriptions(Generic[K]):
         self._tree: TopicTree[dict[K, int]] = TopicTree()
         """The dicts of ``_wild`` by their filters' levels, for :meth:`route`."""
         self._by_key: dict[K, set[str]] = {}
+        self._changes: FilterChanges | None = None
 
     def __len__(self) -> int:
         return sum(len(filters) for filters in self._by_key.values())
@@ -69,14 +70,16 @@ class Subscriptions(Generic[K]):
     def subscribe(self, key: K, topic_filter: str, qos: int) -> int:
         """Add or replace a subscription; returns the granted QoS (capped)."""
         granted = min(qos, self._max_qos)
-        if is_wildcard(topic_filter):
-            subs = self._wild.get(topic_filter)
-            if subs is None:
-                subs = self._wild[topic_filter] = {}
+        wild = is_wildcard(topic_filter)
+        table = self._wild if wild else self._exact
+        subs = table.get(topic_filter)
+        if subs is None:
+            subs = table[topic_filter] = {}
+            if wild:
                 self._tree.set(topic_filter, subs)
-            subs[key] = granted
-        else:
-            self._exact.setdefault(topic_filter, {})[key] = granted
+            if self._changes is not None:
+                self._changes.came(topic_filter)
+        subs[key] = granted
         self._by_key.setdefault(key, set()).add(topic_filter)
         return granted
 
@@ -92,6 +95,8 @@ class Subscriptions(Generic[K]):
             del table[topic_filter]
             if wild:
                 self._tree.pop(topic_filter)
+            if self._changes is not None:
+                self._changes.went(topic_filter)
         filters = self._by_key.get(key)
         if filters is not None:
             filters.discard(topic_filter)
@@ -107,6 +112,17 @@ class Subscriptions(Generic[K]):
     def filters(self) -> set[str]:
         """Every filter that has at least one subscriber."""
         return set(self._exact) | set(self._wild)
+
+    def track(self) -> FilterChanges:
+        """Record, from now on, each filter that gains its first subscriber or loses its
+        last; the record starts with every filter held now as come. It has one reader (a
+        second call returns the same record), who takes from it: untaken, it holds an
+        entry per filter held."""
+        if self._changes is None:
+            self._changes = FilterChanges()
+            for topic_filter in (*self._exact, *self._wild):
+                self._changes.came(topic_filter)
+        return self._changes
 
     def has(self, key: K) -> bool:
         """Whether ``key`` has any subscription."""

@@ -69,7 +69,7 @@ class FanOut:
         """Connections whose next reply (the SUBACK) waits for :meth:`settle`, with the
         subscriptions whose retained messages follow it."""
         self._settle_failing = False
-        self._announced: set[str] = set()
+        self._filter_changes = self.broker.subscriptions.track()
         self._logged = OncePer()
 
     def published(self, conn: Connection, message: Route) -> None:
@@ -195,10 +195,10 @@ class FanOut:
         return self.broker.subscriptions.filters()
 
     def announce_filters(self) -> bool:
-        """Tell the coordinator if this worker's filters changed; returns whether they did."""
-        filters = self.filters()
-        if filters == self._announced:
+        """Tell the coordinator which filters came and went since the last call (a step
+        per filter that did, however many are held); returns whether any did."""
+        changes = self._filter_changes
+        if not changes:
             return False
-        self._announced = filters
-        self.coordinator.filters_changed(filters)
+        self.coordinator.filters_changed(*changes.take())
         return True

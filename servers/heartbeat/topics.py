@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Set
 from typing import Generic, TypeVar
 
-__all__ = ["FilterIndex", "TopicTree", "is_wildcard"]
+__all__ = ["FilterChanges", "FilterIndex", "TopicTree", "is_wildcard"]
 
 V = TypeVar("V")
 
@@ -243,9 +243,10 @@ class FilterIndex:
     """A set of topic filters that answers whether a topic matches any of them: exact
     filters in a set (one lookup), wildcards in a :class:`TopicTree`.
 
-    Made for the sets other workers or nodes send whole: :meth:`replace` takes the new
+    Made for the sets other workers or nodes send: whole, :meth:`replace` takes the new
     set and changes only the filters that came or went, so an update costs two set
-    differences (C speed) and tree work for what changed, never a rebuild per message.
+    differences (C speed) and tree work for what changed, never a rebuild per message;
+    as changes, :meth:`update` costs only what changed.
     """
 
     __slots__ = ("exact", "wild", "_all")
@@ -278,6 +279,13 @@ class FilterIndex:
         if topic_filter in self._all:
             self._own().discard(topic_filter)
             self._take(topic_filter)
+
+    def update(self, added: Iterable[str], removed: Iterable[str]) -> None:
+        """Hold ``added`` too and stop holding ``removed`` (a change sent as such)."""
+        for topic_filter in removed:
+            self.discard(topic_filter)
+        for topic_filter in added:
+            self.add(topic_filter)
 
     def _own(self) -> set[str]:
         held = self._all
@@ -317,3 +325,37 @@ class FilterIndex:
             self.wild.pop(topic_filter)
         else:
             self.exact.discard(topic_filter)
+
+
+class FilterChanges:
+    """The filters that came into a set and went out of it since they were last taken.
+
+    A filter that comes and goes again between two takes is no change at all, so what is
+    taken is the difference between the set then and the set now, at a step per change
+    rather than a comparison of the whole sets.
+    """
+
+    __slots__ = ("_pending",)
+
+    def __init__(self) -> None:
+        # True: not in the set at the last take, in it now; False: the other way round.
+        self._pending: dict[str, bool] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self._pending)
+
+    def came(self, topic_filter: str) -> None:
+        """``topic_filter`` joined the set."""
+        if self._pending.pop(topic_filter, True):
+            self._pending[topic_filter] = True
+
+    def went(self, topic_filter: str) -> None:
+        """``topic_filter`` left the set."""
+        if not self._pending.pop(topic_filter, False):
+            self._pending[topic_filter] = False
+
+    def take(self) -> tuple[frozenset[str], frozenset[str]]:
+        """The filters that came and those that went since the last take; starts afresh."""
+        pending, self._pending = self._pending, {}
+        came = frozenset(f for f, joined in pending.items() if joined)
+        return came, frozenset(pending.keys() - came)

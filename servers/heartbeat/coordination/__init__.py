@@ -21,7 +21,7 @@ from __future__ import annotations
 import abc
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -67,7 +67,7 @@ class Host(Protocol):
         ...
 
     def filters(self) -> set[str]:
-        """Every topic filter this worker's subscribers hold now."""
+        """Every topic filter this worker's subscribers hold now (to resynchronise)."""
         ...
 
     def transmit(self, client_id: str, epoch: str, packets: list[bytes]) -> None:
@@ -174,8 +174,13 @@ class Coordinator(abc.ABC):
         """Deliver a device's message to matching subscribers of the *other* workers."""
 
     @abc.abstractmethod
-    def filters_changed(self, filters: set[str]) -> None:
-        """This worker's subscribers now hold exactly ``filters``."""
+    def filters_changed(self, added: Collection[str], removed: Collection[str] = ()) -> None:
+        """Since the last call, this worker's subscribers came to hold ``added`` (each
+        filter's first subscriber) and let go of ``removed`` (its last one left).
+
+        Only what changed, so a SUBSCRIBE costs the same however many filters the worker
+        holds; where the whole set is needed (a new link), :meth:`Host.filters` gives it.
+        A filter named again in ``added`` (or one not held, in ``removed``) is no change."""
 
     def settles(self) -> bool:
         """Whether :meth:`settle` can wait: other workers or nodes route by this one's

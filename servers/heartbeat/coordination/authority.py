@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from ...bus import Link
 from ..logs import OncePer
-from ..persistent import Attach, Delivery, Discard, Subscribed
+from ..persistent import Attach, Delivery
 from ..presence import Offline, PresenceEvent, PresenceSink
 from ..topics import FilterIndex
 from . import log_session_drops, log_sessions_full, publish_to_sinks
@@ -32,6 +32,7 @@ from .frames import (
     Ended,
     Evict,
     Filters,
+    FiltersChanged,
     Found,
     Frame,
     FrameError,
@@ -43,6 +44,7 @@ from .frames import (
     Probe,
     Probed,
     RemoteFilters,
+    RemoteFiltersChanged,
     Reported,
     Resync,
     RetainedPage,
@@ -55,6 +57,7 @@ from .frames import (
     decode,
     encode,
 )
+from .holders import Holders
 from .registry import DEFAULT_MAX_BYTES as DEFAULT_RECORD_BYTES
 from .registry import Registry
 from .retention import MqttState
@@ -79,6 +82,8 @@ def _held_by(worker: int, pid: int) -> Callable[[PresenceEvent], bool]:
 
 # Seconds between sweeps for persistent sessions and retained messages that expired.
 _SWEEP_EVERY = 60.0
+# The persistent sessions' filters, as a holder beside the links (numbered from 1).
+_SESSIONS = -1
 
 
 @dataclass
@@ -95,10 +100,8 @@ class _Peer:
     link: Link
     worker: int = -1
     pid: int = 0
-    filters: frozenset[str] = frozenset()
     index: FilterIndex = field(default_factory=FilterIndex)
-    """``filters``, matched per message without a scan of them."""
-    remote_sent: frozenset[str] | None = None
+    """Its worker's filters, matched per message without a scan of them."""
     acked: int = 0
     seq: int = 0
     drained: bool = False
@@ -130,6 +133,10 @@ class Authority:
         self.retention = state.retention(self.registry, presence_prefix, clock)
         self._swept = clock()
         self._peers: dict[int, _Peer] = {}
+        self._holders: Holders[int] = Holders()
+        """Every link's filters and the persistent sessions', and what each worker routes by."""
+        self._persistent = self.store.subscriptions.track()
+        self._holders.change(_SESSIONS, *self._persistent.take())
         self._workers: dict[int, int] = {}  # pid -> worker index, for every pid that said hello
         # The highest number applied from each worker process's coordinator (its
         # incarnation): a frame resent after a dropped link is acknowledged, not applied again.
@@ -149,7 +156,7 @@ class Authority:
 
     def connected(self, link: Link) -> None:
         """A worker connected; it says who it is in its first frame."""
-        self._peers[link.number] = _Peer(link, pid=link.pid)
+        self._peers[link.number] = _Peer(link, pid=link.pid, index=self._holders.index(link.number))
 
     def received(self, link: Link, line: bytes) -> None:
         """Apply one frame."""
@@ -182,6 +189,7 @@ class Authority:
                 peer.worker,
                 peer.pid,
             )
+        self._holders.leave(link.number)
         self._filters_changed()
         self._check_drained()
         for token, settling in list(self._settling.items()):
@@ -248,8 +256,6 @@ class Authority:
                 self.stale_attaches += 1
                 return
             self._transmit(self.store.apply(report, self._clock()))
-            if isinstance(report, Subscribed | Discard):
-                self._filters_changed()  # persistent sessions' filters route to the authority
         elif isinstance(frame, Kept):
             self.retention.retain(frame.topic, frame.payload, frame.qos, frame.owner)
         elif isinstance(frame, OpenSession):
@@ -276,10 +282,10 @@ class Authority:
             log_session_drops(self.store)
         elif isinstance(frame, Noted):
             publish_to_sinks(self.sinks, frame.event)
+        elif isinstance(frame, FiltersChanged):
+            self._holders.change(peer.link.number, frame.added, frame.removed)
         elif isinstance(frame, Filters):
-            peer.filters = frame.filters
-            peer.index.replace(frame.filters)
-            self._filters_changed()
+            self._holders.replace(peer.link.number, frame.filters)
         elif isinstance(frame, Lookup):
             peer.link.send(encode(Found(frame.request, self.registry.get(frame.client_id))))
         elif isinstance(frame, Hello):
@@ -287,7 +293,7 @@ class Authority:
             peer.incarnation = frame.incarnation
             self._workers[peer.pid] = peer.worker
             self._incarnations.setdefault(peer.pid, set()).add(frame.incarnation)
-            self._send_remote_filters(peer)
+            peer.link.send(encode(RemoteFilters(self._holders.listen(peer.link.number))))
         elif isinstance(frame, Resync):
             self._resync(peer, frame.sessions)
         elif isinstance(frame, Settle):
@@ -302,9 +308,12 @@ class Authority:
         now = self._clock()
         if now - self._swept > _SWEEP_EVERY:
             self._swept = now
-            if self.store.expire(now):
-                self._filters_changed()
+            self.store.expire(now)
             self.retention.store.prune(now)
+        # Whatever this frame changed (a worker's filters, a persistent session's, by a
+        # report, an open or the sweep) goes out before the next frame is applied: a
+        # Settle's probes must follow the changes made by the frames before it.
+        self._filters_changed()
 
     def _owns(self, client_id: str, epoch: str) -> bool:
         """Whether session ``epoch`` holds ``client_id`` now (its claim came after every other)."""
@@ -406,25 +415,21 @@ class Authority:
     def _deliver(self, frame: Deliver, skip: _Peer | None = None) -> None:
         line = b""
         for peer in list(self._peers.values()):
-            if peer is skip or not peer.filters:
+            if peer is skip or not peer.index:
                 continue
             if peer.index.matches(frame.topic):
                 line = line or encode(frame)
                 peer.link.send(line)
 
     def _filters_changed(self) -> None:
-        for peer in list(self._peers.values()):
-            self._send_remote_filters(peer)
-
-    def _send_remote_filters(self, peer: _Peer) -> None:
-        if peer.worker < 0:
-            return
-        remote = frozenset().union(
-            *(p.filters for p in list(self._peers.values()) if p is not peer), self.store.subscriptions.filters()
-        )
-        if remote != peer.remote_sent:
-            peer.remote_sent = remote
-            peer.link.send(encode(RemoteFilters(remote)))
+        """Send each worker what changed in the filters held by others than it (the
+        persistent sessions' included: their messages route to the authority)."""
+        if self._persistent:
+            self._holders.change(_SESSIONS, *self._persistent.take())
+        for number, added, removed in self._holders.taken():
+            peer = self._peers.get(number)
+            if peer is not None:
+                peer.link.send(encode(RemoteFiltersChanged(added, removed)))
 
     def _check_drained(self) -> None:
         peers = [p for p in list(self._peers.values()) if p.worker >= 0]

@@ -33,6 +33,7 @@ __all__ = [
     "Ended",
     "Evict",
     "Filters",
+    "FiltersChanged",
     "Found",
     "Frame",
     "FrameError",
@@ -40,6 +41,7 @@ __all__ = [
     "Lookup",
     "Noted",
     "RemoteFilters",
+    "RemoteFiltersChanged",
     "Probe",
     "Probed",
     "Resync",
@@ -114,9 +116,19 @@ class Routed(Frame):
 
 @dataclass(frozen=True, slots=True)
 class Filters(Frame):
-    """Every topic filter this worker's subscribers hold."""
+    """Every topic filter this worker's subscribers hold (after a reconnection: what the
+    authority knew of them went with the old link)."""
 
     filters: frozenset[str]
+
+
+@dataclass(frozen=True, slots=True)
+class FiltersChanged(Frame):
+    """Filters this worker's subscribers came to hold (a first subscriber) or no longer
+    hold (the last one left) since the last :class:`Filters` or :class:`FiltersChanged`."""
+
+    added: frozenset[str]
+    removed: frozenset[str]
 
 
 @dataclass(frozen=True, slots=True)
@@ -236,6 +248,16 @@ class RemoteFilters(Frame):
 
 
 @dataclass(frozen=True, slots=True)
+class RemoteFiltersChanged(Frame):
+    """Filters that the other workers' subscribers (or persistent sessions) came to hold,
+    none of them before, or that none of them holds any more: applied to the last
+    :class:`RemoteFilters`, each change costs what changed, not the whole set again."""
+
+    added: frozenset[str]
+    removed: frozenset[str]
+
+
+@dataclass(frozen=True, slots=True)
 class Probe(Frame):
     """Answer :class:`Probed` with ``token`` (a barrier: links deliver in order)."""
 
@@ -288,9 +310,9 @@ class RetainedPage(Frame):
 _TYPES: dict[str, type[Frame]] = {
     cls.__name__: cls
     for cls in (
-        *(Hello, Claimed, Ended, Noted, Routed, Filters, Resync, Lookup, Drained),
+        *(Hello, Claimed, Ended, Noted, Routed, Filters, FiltersChanged, Resync, Lookup, Drained),
         *(OpenSession, Reported, Kept, RetainedQuery, Settle, Probed),
-        *(Ack, Deliver, Evict, Found, RemoteFilters, CloseSubscribers),
+        *(Ack, Deliver, Evict, Found, RemoteFilters, RemoteFiltersChanged, CloseSubscribers),
         *(SessionOpened, Transmit, RetainedPage, Probe, Settled),
     )
 }

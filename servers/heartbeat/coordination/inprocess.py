@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 import trio
 
@@ -123,7 +123,7 @@ class InProcessCoordinator(Coordinator):
         if self._host is not None:
             self._host.transmit(delivery.client_id, str(delivery.holder), delivery.packets)
 
-    def filters_changed(self, filters: set[str]) -> None:
+    def filters_changed(self, added: Collection[str], removed: Collection[str] = ()) -> None:
         """Nobody else to tell."""
 
     async def lookup(self, client_id: str) -> PresenceEvent | None:

@@ -26,7 +26,7 @@ import logging
 import os
 import secrets
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 
 import trio
@@ -45,6 +45,7 @@ from .frames import (
     Ended,
     Evict,
     Filters,
+    FiltersChanged,
     Found,
     Frame,
     FrameError,
@@ -56,6 +57,7 @@ from .frames import (
     Probe,
     Probed,
     RemoteFilters,
+    RemoteFiltersChanged,
     Reported,
     Resync,
     RetainedPage,
@@ -116,7 +118,8 @@ class BusCoordinator(Coordinator):
         self._out: list[bytes] = []
         self._wake = trio.Event()
         self._remote = FilterIndex()
-        """The other workers' filters, changed only by what each RemoteFilters frame changes."""
+        """The other workers' filters: whole on each (re)connection, then changed by each
+        RemoteFiltersChanged frame."""
         self._lookups: dict[int, _Lookup] = {}
         self._requests = itertools.count(1)
         self._acked = trio.Event()
@@ -165,9 +168,10 @@ class BusCoordinator(Coordinator):
                 self.routed_unkept += 1
             self._send(Routed(0, topic, payload, qos))
 
-    def filters_changed(self, filters: set[str]) -> None:
-        """See :meth:`Coordinator.filters_changed`."""
-        self._send(Filters(frozenset(filters)))
+    def filters_changed(self, added: Collection[str], removed: Collection[str] = ()) -> None:
+        """See :meth:`Coordinator.filters_changed`. Unlinked, the change is dropped: the
+        whole set goes on the next link (:meth:`_greet`)."""
+        self._send(FiltersChanged(frozenset(added), frozenset(removed)))
 
     def _next(self) -> int:
         self._seq += 1
@@ -393,6 +397,8 @@ class BusCoordinator(Coordinator):
             self._acked.set()
         elif isinstance(frame, Evict):
             host.evict(frame.client_id, frame.epoch, frame.detail)
+        elif isinstance(frame, RemoteFiltersChanged):
+            self._remote.update(frame.added, frame.removed)
         elif isinstance(frame, RemoteFilters):
             self._remote.replace(frame.filters)
         elif isinstance(frame, Transmit):

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 
 import trio
 
@@ -280,9 +280,9 @@ class RedisCoordinator(Coordinator, FleetCounts):
             self.link.failed(exc)
             return [], None
 
-    def filters_changed(self, filters: set[str]) -> None:
+    def filters_changed(self, added: Collection[str], removed: Collection[str] = ()) -> None:
         """Republish this node's filters (by the renewer, within a moment)."""
-        self.filters.change(filters)
+        self.filters.change(added, removed)
 
     def settles(self) -> bool:
         """See :meth:`Coordinator.settles`: other nodes route by this one's filters."""

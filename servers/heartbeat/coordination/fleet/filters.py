@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import itertools
 import json
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -100,9 +100,11 @@ class Filters:
         self._probes: dict[str, _Probe] = {}
         self._probe_numbers = itertools.count(1)
 
-    def change(self, filters: set[str]) -> None:
-        """This node's subscribers now hold exactly ``filters``: to be published soon."""
-        self.own = set(filters)
+    def change(self, added: Collection[str], removed: Collection[str]) -> None:
+        """This node's subscribers came to hold ``added`` and let go of ``removed``: to be
+        published soon. Changes between two writes make one write (of the whole set)."""
+        self.own.difference_update(removed)
+        self.own.update(added)
         self.version += 1
         self.dirty = True
         self._changed.set()
