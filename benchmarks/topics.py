@@ -3,7 +3,7 @@ round trips against the number of filters, ours beside Mosquitto.
 
     python -m benchmarks.topics [--filters 0,1000,10000,20000] [--rates 200] [--seconds 5]
                                 [--devices 10] [--ping-every 0.25] [--servers ours,mosquitto]
-                                [--roots DIR[,DIR...]] [--ours-args ARGS] [--memory 20000]
+                                [--roots DIR[,DIR...]] [--ours-args ARGS[;ARGS...]] [--memory 20000]
 
 For each server and each count N of ``--filters``: a server is started afresh (ours:
 ``python -m servers.heartbeat``, one worker, the dense engine, with ``--ours-args``;
@@ -134,6 +134,15 @@ async def measure(
     return out
 
 
+def ours_args(args: argparse.Namespace, root: str) -> list[str]:
+    """``--ours-args`` for ``root``: one set for every tree, or one per tree (``;`` between):
+    an earlier tree may not know an option a later one needs."""
+    sets = args.ours_args.split(";")
+    if len(sets) == 1:
+        return shlex.split(sets[0])
+    return shlex.split(sets[args.root_list.index(root)])
+
+
 def run_server(server: str, root: str, args: argparse.Namespace) -> list[Row]:
     """Every count of filters on a fresh ``server`` (ours from ``root``, or mosquitto)."""
     split = split_cpus()
@@ -144,7 +153,7 @@ def run_server(server: str, root: str, args: argparse.Namespace) -> list[Row]:
         if server == "mosquitto":
             proc = start_mosquitto("mosquitto", port).proc
         else:
-            proc = start_heartbeat(port, 1, ["--engine", "dense", *shlex.split(args.ours_args)], cwd=root)
+            proc = start_heartbeat(port, 1, ["--engine", "dense", *ours_args(args, root)], cwd=root)
         try:
             pids = [p.pid for p in process_tree(proc.pid)]
             if split is not None:
@@ -279,12 +288,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--ping-every", type=float, default=0.25, help="seconds between a device's pings (default: 0.25)")
     p.add_argument("--servers", default="ours,mosquitto", help="comma-separated: ours, mosquitto (default: both)")
     p.add_argument("--roots", default=str(ROOT), help="comma-separated source trees to run our server from")
-    p.add_argument("--ours-args", default="", help="more options for our server (e.g. '--max-subscriptions 30000')")
+    p.add_argument(
+        "--ours-args",
+        default="",
+        help="more options for our server (e.g. '--max-subscriptions 30000'); with several --roots, "
+        "one set per root may be given, ';' between them",
+    )
     p.add_argument("--memory", type=int, default=20000, help="filters held for the memory figures; 0: none")
     args = p.parse_args(argv)
     args.filter_list = [int(n) for n in _numbers(args.filters, int)]
     args.rate_list = _numbers(args.rates, float)
     args.root_list = [str(Path(r).resolve()) for r in args.roots.split(",") if r]
+    if ";" in args.ours_args and len(args.ours_args.split(";")) != len(args.root_list):
+        p.error("--ours-args: one set for every root, or as many sets (';' between them) as --roots")
     servers = [s for s in args.servers.split(",") if s]
     if unknown := set(servers) - {"ours", "mosquitto"}:
         p.error(f"unknown server(s): {', '.join(sorted(unknown))}")

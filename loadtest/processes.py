@@ -105,10 +105,12 @@ def start_server(
         seen.append(line.rstrip())
         ready += len(find_ready(line, name))  # lines from several workers may have run together
     if ready < workers:
+        code = proc.poll()
+        why = f"it exited with {code}" if code is not None else f"none within {timeout:g} s"
         proc.kill()
         proc.wait()
         tail = "\n".join(seen[-10:])
-        raise RuntimeError(f"{module} did not start ({ready} of {workers} workers listening):\n{tail}")
+        raise RuntimeError(f"{module} did not start ({ready} of {workers} workers listening; {why}):\n{tail}")
     return proc
 
 
