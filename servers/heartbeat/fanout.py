@@ -64,7 +64,7 @@ class FanOut:
         )
         self.broker: Broker[Connection] = Broker(config.max_qos, budget, config.max_inflight, config.max_queued)
         self.broker.checks_reads = config.acl is not None
-        self.retained = RetainedDelivery(coordinator, self.broker)
+        self.retained = RetainedDelivery(coordinator, self.broker, nursery)
         self.unsettled: dict[Connection, list[AddSubscription]] = {}
         """Connections whose next reply (the SUBACK) waits for :meth:`settle`, with the
         subscriptions whose retained messages follow it."""
@@ -110,7 +110,7 @@ class FanOut:
             self.unsettled.setdefault(conn, []).append(effect)  # retained ones go after the SUBACK
         else:
             # After the SUBACK, which the session's effects put after this one.
-            self.nursery.start_soon(self.retained.send, conn, effect)
+            self.retained.start(conn, effect)
 
     async def settle(self, conn: Connection) -> None:
         """Hold the SUBACK of a subscription others did not route to yet until they do.
@@ -123,7 +123,7 @@ class FanOut:
         self.counters["subscribe_settles"] += 1
         settled = await self.coordinator.settle()
         for effect in subscriptions:  # they start once the caller has written the SUBACK
-            self.nursery.start_soon(self.retained.send, conn, effect)
+            self.retained.start(conn, effect)
         if settled:
             self._settle_failing = False
             return

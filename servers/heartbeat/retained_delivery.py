@@ -1,7 +1,16 @@
 """Retained messages for a new subscription: paged from the coordinator's store to the
-subscriber, each by the path its QoS and the subscriber's session take."""
+subscriber, each by the path its QoS and the subscriber's session take.
+
+A connection's subscriptions are served one after another by one task, and at most
+:data:`READS_AT_ONCE` pages are read at once on a worker: a client that subscribes to
+a thousand filters in one packet must not start a thousand tasks that trio would run
+in one batch (in a fleet each is a Redis call: 60-110 ms in which no healthy device's
+PINGREQ was answered, before).
+"""
 
 from __future__ import annotations
+
+import collections
 
 import trio
 
@@ -13,15 +22,40 @@ from .outbox import Message
 from .persistent import Push
 from .session import AddSubscription
 
-__all__ = ["RetainedDelivery"]
+__all__ = ["READS_AT_ONCE", "RetainedDelivery"]
+
+READS_AT_ONCE = 8
+"""Pages of retained messages a worker reads from its coordinator at once."""
 
 
 class RetainedDelivery:
     """Sends a new subscription the retained messages it matches, a page at a time."""
 
-    def __init__(self, coordinator: Coordinator, broker: Broker[Connection]) -> None:
+    def __init__(self, coordinator: Coordinator, broker: Broker[Connection], nursery: trio.Nursery) -> None:
         self.coordinator = coordinator
         self.broker = broker
+        self.nursery = nursery
+        self._waiting: dict[Connection, collections.deque[AddSubscription]] = {}
+        """The subscriptions each connection's task has yet to serve."""
+        self._reads = trio.CapacityLimiter(READS_AT_ONCE)
+
+    def start(self, conn: Connection, effect: AddSubscription) -> None:
+        """Send ``effect``'s retained messages, after those of ``conn``'s earlier
+        subscriptions (call it once the SUBACK is written)."""
+        waiting = self._waiting.get(conn)
+        if waiting is not None:
+            waiting.append(effect)
+            return
+        self._waiting[conn] = collections.deque([effect])
+        self.nursery.start_soon(self._serve, conn)
+
+    async def _serve(self, conn: Connection) -> None:
+        waiting = self._waiting[conn]
+        try:
+            while waiting and not conn.finished:
+                await self.send(conn, waiting.popleft())
+        finally:
+            del self._waiting[conn]
 
     async def send(self, conn: Connection, effect: AddSubscription) -> None:
         """The retained messages the new subscription matches, page by page, with the
@@ -29,7 +63,8 @@ class RetainedDelivery:
         is long, so a million of them never sit in memory at once."""
         cursor: str | None = None
         while True:
-            messages, cursor = await self.coordinator.retained(effect.topic_filter, cursor)
+            async with self._reads:
+                messages, cursor = await self.coordinator.retained(effect.topic_filter, cursor)
             if conn.finished:
                 return
             for m in messages:
