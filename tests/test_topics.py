@@ -14,7 +14,7 @@ from servers.heartbeat.topics import FilterIndex, TopicTree, is_wildcard
 
 # Few level names, so that filters and topics share prefixes and collide; "" makes
 # empty levels (a//b) and leading or trailing slashes; "$SYS" and "$x" start $-topics.
-LEVELS = st.sampled_from(["", "a", "b", "ab", "$SYS", "$x", "x"])
+LEVELS = st.sampled_from(["", "a", "b", "ab", "$SYS", "$x", "x", "é"])
 TOPICS = st.lists(LEVELS, min_size=1, max_size=5).map("/".join)
 # Valid filters (as the reader lets them in): `+` levels anywhere, `#` only last.
 FILTERS = st.builds(
@@ -162,6 +162,8 @@ class SubscriptionsModel(RuleBasedStateMachine):
         assert self.announced == held
         assert len(self.subs) == sum(len(filters) for filters in self.model.values())
         assert all(self.subs.has(key) is (key in self.model) for key in ("k1", "k2", "k3"))
+        for key in ("k1", "k2", "k3"):  # kept as filters come and go, for the per-client bound
+            assert self.subs.held_bytes(key) == sum(len(f.encode()) for f in self.model.get(key, {}))
         # Wildcard filters no one holds any more leave no node behind.
         assert self.subs._tree.nodes() == 1 + prefixes({f for f in held if is_wildcard(f)})
 

@@ -15,6 +15,7 @@ from typing import Generic, Protocol, TypeVar
 from .budget import SUBSCRIBER_BYTES, TOTAL_BYTES, Offer, SendBudget
 from .encoders import encode_publish
 from .outbox import DEFAULT_MAX_QUEUED, DEFAULT_WINDOW, Message, Outbox
+from .policy import utf8_length
 from .topics import FilterChanges, FilterIndex, TopicTree, is_wildcard
 
 __all__ = ["MAX_QUEUED", "Broker", "Subscriber", "Subscriptions", "matches_any", "topic_matches"]
@@ -62,6 +63,9 @@ class Subscriptions(Generic[K]):
         self._tree: TopicTree[dict[K, int]] = TopicTree()
         """The dicts of ``_wild`` by their filters' levels, for :meth:`route`."""
         self._by_key: dict[K, set[str]] = {}
+        self._bytes: dict[K, int] = {}
+        """The bytes of each key's filters, for the per-client bound: a SUBSCRIBE must not
+        cost a step per filter its client already holds."""
         self._changes: FilterChanges | None = None
 
     def __len__(self) -> int:
@@ -80,7 +84,10 @@ class Subscriptions(Generic[K]):
             if self._changes is not None:
                 self._changes.came(topic_filter)
         subs[key] = granted
-        self._by_key.setdefault(key, set()).add(topic_filter)
+        held = self._by_key.setdefault(key, set())
+        if topic_filter not in held:
+            held.add(topic_filter)
+            self._bytes[key] = self._bytes.get(key, 0) + utf8_length(topic_filter)
         return granted
 
     def unsubscribe(self, key: K, topic_filter: str) -> bool:
@@ -100,8 +107,11 @@ class Subscriptions(Generic[K]):
         filters = self._by_key.get(key)
         if filters is not None:
             filters.discard(topic_filter)
-            if not filters:
+            if filters:
+                self._bytes[key] -= utf8_length(topic_filter)
+            else:
                 del self._by_key[key]
+                del self._bytes[key]
         return True
 
     def drop(self, key: K) -> None:
@@ -131,6 +141,10 @@ class Subscriptions(Generic[K]):
     def held(self, key: K) -> Collection[str]:
         """The filters ``key`` holds (a view: read it, do not keep it)."""
         return self._by_key.get(key, ())
+
+    def held_bytes(self, key: K) -> int:
+        """The bytes of filter text ``key`` holds (kept as it changes, not summed per call)."""
+        return self._bytes.get(key, 0)
 
     def route(self, topic: str) -> dict[K, int]:
         """Subscribers of ``topic`` with the QoS to deliver at (the highest match wins)."""

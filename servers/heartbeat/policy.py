@@ -76,9 +76,9 @@ class SessionPolicy:
     max_username: int = DEFAULT_MAX_USERNAME
     max_subscriptions: int = DEFAULT_MAX_SUBSCRIPTIONS
     max_subscription_bytes: int = DEFAULT_MAX_SUBSCRIPTION_BYTES
-    held: Callable[[str], Collection[str]] | None = None
-    """The filters a client id holds on this worker now (the broker's own set); None:
-    subscriptions are not counted (a session tested on its own)."""
+    held: Callable[[str], tuple[Collection[str], int]] | None = None
+    """The filters a client id holds on this worker now (the broker's own set) and their
+    bytes; None: subscriptions are not counted (a session tested on its own)."""
 
     def reserved(self, topic: str) -> bool:
         """Whether only the server writes ``topic``: presence and the ``$`` topics."""

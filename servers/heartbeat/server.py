@@ -262,10 +262,13 @@ class HeartbeatServer:
             self.online_sessions.detach(conn)
         self.events.ended(conn, reason, detail, was_online)
 
-    def _held(self, client_id: str) -> Collection[str]:
-        """The filters the connection holding ``client_id`` here subscribes to."""
+    def _held(self, client_id: str) -> tuple[Collection[str], int]:
+        """The filters the connection holding ``client_id`` here subscribes to, and their bytes."""
         conn = self.online.get(client_id)
-        return () if conn is None else self.broker.subscriptions.held(conn)
+        if conn is None:
+            return (), 0
+        subscriptions = self.broker.subscriptions
+        return subscriptions.held(conn), subscriptions.held_bytes(conn)
 
     def reload_acl(self) -> bool:
         """Re-read the ACL file (SIGHUP); a broken file keeps the rules in force (logged)."""

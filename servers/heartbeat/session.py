@@ -372,8 +372,11 @@ class Session:
         granted: list[int] = []
         # What the client holds already (the broker's set), and what this packet adds:
         # a filter held again only replaces its QoS, so it counts once.
-        held: Collection[str] = () if policy.held is None or self.client_id is None else policy.held(self.client_id)
-        count, size = len(held), sum(utf8_length(f) for f in held) if held else 0
+        held: Collection[str] = ()
+        size = 0
+        if policy.held is not None and self.client_id is not None:
+            held, size = policy.held(self.client_id)
+        count = len(held)
         added: set[str] = set()
         for topic_filter, qos in packet.topics:
             if permissions is not None and not permissions.may_subscribe(topic_filter):
