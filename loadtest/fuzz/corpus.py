@@ -49,7 +49,12 @@ wait for the server to close (its own timeouts bound that); or reset at once."""
 # Client ids: mostly the empty one (the server assigns an id and forgets it) and a
 # small set, so devices take each other over and records do not pile up.
 CLIENT_IDS = ("", "", "", "fuzz-0", "fuzz-1", "fuzz-2", "fuzz-3", "fuzz-4", "fuzz-5", "f" * 23, "fuzz/é", "fuzz-7")
+HOSTILE_IDS = ("fuzz+1", "fuzz#2", "fuzz/cmd", "f" * 300)
+"""Valid MQTT, refused or narrowed by the server (issue 33): wildcards in an id, a ``/``
+that a pattern ACL must not widen, an id past ``--max-client-id``."""
 TOPICS = ("fuzz/a/b", "fuzz/0/state", "fuzz/1/state", "fuzz/x", "fuzz/é/ü")
+SERVER_TOPICS = ("presence/fuzz-1", "$SYS/fuzz")
+"""Topics only the server writes: a PUBLISH there is dropped, a Will there refuses the CONNECT."""
 FILTERS = ("fuzz/+/state", "fuzz/a/#", "fuzz/a/b", "fuzz/x", "presence/fuzz-1", "+/+/state", "fuzz/#", "#")
 FILTER_WEIGHTS = (6, 4, 6, 4, 2, 2, 1, 0.3)
 
@@ -103,15 +108,16 @@ def _packet_id(rng: random.Random) -> int:
 
 
 def _mqtt_connect(rng: random.Random) -> tuple[str, bytes]:
-    client_id = rng.choice(CLIENT_IDS)
-    name = "connect"
+    hostile = rng.random() < 0.05
+    client_id = rng.choice(HOSTILE_IDS if hostile else CLIENT_IDS)
+    name = "connect-hostile-id" if hostile else "connect"
     will_topic: str | None = None
     will_message: bytes | None = None
     will_qos = 0
     will_retain = False
     if rng.random() < 0.2:
         name += "-will"
-        will_topic = f"fuzz/will/{rng.randrange(4)}"
+        will_topic = rng.choice(SERVER_TOPICS) if rng.random() < 0.1 else f"fuzz/will/{rng.randrange(4)}"
         will_message = rng.randbytes(rng.randint(0, 16))
         will_qos = rng.randrange(3)
         will_retain = rng.random() < 0.1
@@ -145,7 +151,7 @@ def _mqtt_op(rng: random.Random) -> tuple[str, bytes]:
     if r < 0.70:
         qos = rng.choice((0, 0, 1, 2))
         packet = encoders.encode_publish(
-            rng.choice(TOPICS),
+            rng.choice(SERVER_TOPICS) if rng.random() < 0.03 else rng.choice(TOPICS),
             rng.randbytes(rng.randint(0, 64)),
             qos=qos,
             retain=rng.random() < 0.05,
