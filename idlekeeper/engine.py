@@ -82,7 +82,13 @@ class Engine(Dispatcher):
             raise RuntimeError("this engine is closed")
         out = []
         for listener in listeners:
-            sock = listener if isinstance(listener, socket.socket) else socket.socket(fileno=listener.socket.detach())
+            if isinstance(listener, socket.socket):
+                sock = listener
+            else:
+                # Wake any task blocked in its accept() (ClosedResourceError) before the
+                # descriptor changes hands: trio must not keep it registered.
+                trio.lowlevel.notify_closing(listener.socket)
+                sock = socket.socket(fileno=listener.socket.detach())
             sock.setblocking(False)
             entry = Listener(self, sock, factory, idle, receive, send, max_age, on_expire)
             self._listeners.append(entry)
@@ -200,8 +206,15 @@ async def serve_protocol(
     ``engine.listeners[0].getsockname()[1]``).
     """
     listeners = await trio.open_tcp_listeners(port, host=host, backlog=backlog)
-    async with open_engine(keeper) as engine:
-        engine.serve(listeners, factory, idle=idle, receive=receive, send=send, max_age=max_age, on_expire=on_expire)
-        task_status.started(engine)
-        await trio.sleep_forever()
+    try:
+        async with open_engine(keeper) as engine:
+            deadlines = {"idle": idle, "receive": receive, "send": send, "max_age": max_age}
+            engine.serve(listeners, factory, **deadlines, on_expire=on_expire)
+            task_status.started(engine)
+            await trio.sleep_forever()
+    finally:
+        # Those the engine did not take over (a start cancelled or failed) close here.
+        for listener in listeners:
+            if listener.socket.fileno() != -1:
+                listener.socket.close()
     raise AssertionError("unreachable")  # pragma: no cover

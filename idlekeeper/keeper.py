@@ -377,10 +377,18 @@ async def open_keeper(
     rather than at every tick, and for real expiries on time. 0 visits each entry at
     its own tick.
     """
+    # Checked before the nursery opens, as trio checks its own arguments: inside it a
+    # ValueError would come out wrapped in an ExceptionGroup that `except ValueError` misses.
+    if not (isinstance(tick, (int, float)) and math.isfinite(tick) and tick > 0):
+        raise ValueError(f"tick must be a positive finite number of seconds, not {tick!r}")
+    if hook_timeout is not None and not hook_timeout > 0:
+        raise ValueError(f"hook_timeout must be None or more than 0 seconds, not {hook_timeout!r}")
     if hook_threads < 1:
         raise ValueError("hook_threads must be at least 1")
     if lookahead is None:
         lookahead = max(1.0, tick)
+    if not (math.isfinite(lookahead) and lookahead >= 0):
+        raise ValueError(f"lookahead must be 0 or a positive finite number of seconds, not {lookahead!r}")
     async with trio.open_nursery() as nursery:
         keeper = Keeper(
             nursery,
