@@ -19,7 +19,7 @@ from .stats import HandshakeFailure, KeeperStats, LagHistogram
 from .timers import TimerHandle, Timers
 from .tls import DEFAULT_HANDSHAKE_TIMEOUT, peer_certificate, peer_common_name
 from .transport import Transport
-from .watch import ExpireHook, Watch, WatchedStream, WatchState
+from .watch import ExpireHook, HalfCloseableWatchedStream, Watch, WatchedStream, WatchState
 from .wheel import TimingWheel, WheelEntry
 
 __all__ = [
@@ -32,6 +32,7 @@ __all__ = [
     "Expired",
     "ExpireHook",
     "HandshakeFailure",
+    "HalfCloseableWatchedStream",
     "Handler",
     "Keeper",
     "KeeperStats",

@@ -28,7 +28,7 @@ from .lookahead import LookaheadWheel
 from .stall import SocketLike, send_would_progress, unread_bytes
 from .stats import KeeperStats
 from .timers import TimerHandle, Timers
-from .watch import STALL_CHECK, ExpireHook, Watch, WatchedStream, WatchState, find_socket
+from .watch import STALL_CHECK, ExpireHook, HalfCloseableWatchedStream, Watch, WatchedStream, WatchState, find_socket
 from .wheel import WheelEntry
 
 __all__ = ["Keeper", "open_keeper"]
@@ -120,11 +120,12 @@ class Keeper:
         if socket is None:
             socket = find_socket(stream)
         check = self._stall_check if stall_check is None else stall_check
-        watch = (
-            Watch(self, socket, close=close, stall_check=check, on_expire=on_expire)
-            if stream is None
-            else WatchedStream(self, stream, socket, close=close, stall_check=check, on_expire=on_expire)
-        )
+        watch: Watch
+        if stream is None:
+            watch = Watch(self, socket, close=close, stall_check=check, on_expire=on_expire)
+        else:
+            kind = HalfCloseableWatchedStream if isinstance(stream, trio.abc.HalfCloseableStream) else WatchedStream
+            watch = kind(self, stream, socket, close=close, stall_check=check, on_expire=on_expire)
         self._configure(watch, idle, receive, send, deadline, max_age)
         return watch
 

@@ -323,14 +323,17 @@ class Watch(ConnectionDeadlines):
         return f"<Watch {state} idle={self._idle} receive={self._receive} send={self._send} deadline={self._deadline}>"
 
 
-class WatchedStream(Watch, trio.abc.HalfCloseableStream):
+class WatchedStream(Watch, trio.abc.Stream):
     """A :class:`Watch` that is also a stream, recording activity as data moves.
 
     ``with keeper.watch(stream, ...) as conn:`` gives one: read and write ``conn``
     as you would ``stream``; change ``conn.idle_timeout`` and friends as the
     protocol changes phase; ``async with conn`` (or ``conn.aclose()``) closes it.
     Works over any ``trio.abc.Stream``: ``SocketStream``, ``SSLStream``, a memory
-    stream in a test. ``send_eof`` needs a half-closeable transport.
+    stream in a test. Over a ``trio.abc.HalfCloseableStream`` (a ``SocketStream``)
+    the watch is a :class:`HalfCloseableWatchedStream`, with ``send_eof``; over
+    another (an ``SSLStream``) it is not one, so code that asks ``isinstance(s,
+    trio.abc.HalfCloseableStream)``, as ``trio.StapledStream`` does, gets the truth.
     """
 
     __slots__ = ("transport_stream",)
@@ -381,13 +384,6 @@ class WatchedStream(Watch, trio.abc.HalfCloseableStream):
         """Pass through to the transport."""
         await self.transport_stream.wait_send_all_might_not_block()
 
-    async def send_eof(self) -> None:
-        """Half-close the transport, if it supports that."""
-        transport = self.transport_stream
-        if not isinstance(transport, trio.abc.HalfCloseableStream):
-            raise TypeError(f"{type(transport).__name__} does not support send_eof")
-        await transport.send_eof()
-
     async def aclose(self) -> None:
         """Close the transport. After an expiry that already closed it, this is quiet."""
         try:
@@ -395,3 +391,15 @@ class WatchedStream(Watch, trio.abc.HalfCloseableStream):
         except (trio.ClosedResourceError, trio.BrokenResourceError):
             if not self.expired:
                 raise
+
+
+class HalfCloseableWatchedStream(WatchedStream, trio.abc.HalfCloseableStream):
+    """A :class:`WatchedStream` over a half-closeable stream, with ``send_eof``."""
+
+    __slots__ = ()
+
+    transport_stream: trio.abc.HalfCloseableStream
+
+    async def send_eof(self) -> None:
+        """Half-close the transport."""
+        await self.transport_stream.send_eof()

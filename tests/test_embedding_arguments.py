@@ -81,3 +81,41 @@ async def test_listeners_of_a_start_that_fails_are_closed(monkeypatch: pytest.Mo
                 )
             )
     assert opened and all(listener.socket.fileno() == -1 for listener in opened)
+
+
+class _Plain(trio.abc.Stream):
+    """A stream with no half-close, as an SSLStream has none."""
+
+    def __init__(self) -> None:
+        self.sent = b""
+        self.closed = False
+
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        self.sent += bytes(data)
+
+    async def wait_send_all_might_not_block(self) -> None:
+        await trio.lowlevel.checkpoint()
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes:
+        await trio.lowlevel.checkpoint()
+        return b""
+
+    async def aclose(self) -> None:
+        self.closed = True
+        await trio.lowlevel.checkpoint()
+
+
+async def test_a_watched_stream_is_half_closeable_only_when_its_stream_is(clock: MockClock) -> None:
+    # Issue 34, item 5: it always claimed to be, so StapledStream(conn, conn).send_eof()
+    # called a send_eof that raised TypeError instead of closing the send side.
+    plain = _Plain()
+    a, b = trio.testing.memory_stream_pair()
+    async with idlekeeper.open_keeper() as keeper:
+        with keeper.watch(plain, idle=5) as conn, keeper.watch(a, idle=5) as halves:
+            assert isinstance(conn, idlekeeper.WatchedStream)
+            assert not isinstance(conn, trio.abc.HalfCloseableStream)
+            assert isinstance(halves, idlekeeper.HalfCloseableWatchedStream)
+            await trio.StapledStream(conn, conn).send_eof()  # no half-close: closes the send side
+            assert plain.closed
+            await halves.send_eof()
+            assert await b.receive_some(10) == b""

@@ -64,7 +64,7 @@ async def linger(conn: idlekeeper.WatchedStream, seconds: float = 1.0, limit: in
         try:
             # TLS has no half-close (trio's SSLStream cannot send_eof): the response's
             # Content-Length and "Connection: close" tell the client it is complete.
-            if isinstance(conn.transport_stream, trio.abc.HalfCloseableStream):
+            if isinstance(conn, trio.abc.HalfCloseableStream):
                 await conn.send_eof()
             drained = 0
             while drained < limit:
