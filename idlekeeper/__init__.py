@@ -8,8 +8,9 @@ Quick start::
 See :func:`open_keeper`, :meth:`Keeper.watch` and :class:`WatchedStream`.
 """
 
+from typing import TYPE_CHECKING, Any
+
 from .deadlines import ConnectionDeadlines, Reason
-from .engine import Engine, open_engine, serve_protocol
 from .epochs import Epoch, EpochClock
 from .keeper import Keeper, open_keeper
 from .lost import EngineClosed, Expired
@@ -57,3 +58,19 @@ __all__ = [
 ]
 
 __version__ = "0.1.0"
+
+if TYPE_CHECKING:
+    from .engine import Engine, open_engine, serve_protocol
+
+_ENGINE_NAMES = ("Engine", "open_engine", "serve_protocol")
+
+
+def __getattr__(name: str) -> Any:
+    """The dense engine's names, imported when first asked for: it needs Linux, and
+    ``import idlekeeper`` must work wherever trio runs (off Linux, asking for one of
+    them raises an ImportError that says so)."""
+    if name in _ENGINE_NAMES:
+        from . import engine
+
+        return getattr(engine, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -36,6 +36,7 @@ from typing import NoReturn
 
 import trio
 
+from . import _linux_only  # noqa: F401  (a clear ImportError off Linux, before anything else)
 from .accept import Listener, ProtocolFactory
 from .coalesce import run_passes
 from .dispatch import Dispatcher

@@ -119,3 +119,35 @@ async def test_a_watched_stream_is_half_closeable_only_when_its_stream_is(clock:
             assert plain.closed
             await halves.send_eof()
             assert await b.receive_some(10) == b""
+
+
+_OFF_LINUX = """
+import select, socket, sys
+import trio  # trio picks its own I/O backend first; the names go after
+for name in [n for n in dir(select) if n.lower().startswith("epoll")]:
+    delattr(select, name)
+for name in ("CMSG_SPACE", "CMSG_LEN"):
+    if hasattr(socket, name):
+        delattr(socket, name)
+sys.modules["fcntl"] = None
+sys.modules["termios"] = None
+import idlekeeper
+assert callable(idlekeeper.open_keeper) and callable(idlekeeper.serve_tcp)
+try:
+    idlekeeper.open_engine
+except ImportError as exc:
+    print("engine:", exc)
+else:
+    raise SystemExit("the engine imported without epoll")
+"""
+
+
+def test_the_package_imports_without_linux_only_names() -> None:
+    # Issue 34, item 3: `import idlekeeper` failed off Linux (select.EPOLLIN on macOS,
+    # socket.CMSG_SPACE on Windows); only the dense engine needs them, and says so.
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", _OFF_LINUX], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "dense engine" in done.stdout and "needs Linux" in done.stdout
