@@ -80,7 +80,7 @@ class Engine(Dispatcher):
         the listening sockets.
         """
         if self._closed:
-            raise RuntimeError("this engine is closed")
+            raise trio.ClosedResourceError("this engine is closed")
         out = []
         for listener in listeners:
             if isinstance(listener, socket.socket):
@@ -132,7 +132,7 @@ class Engine(Dispatcher):
         The socket is made non-blocking: a blocking send would stall the engine's task.
         """
         if self._closed:
-            raise RuntimeError("this engine is closed")
+            raise trio.ClosedResourceError("this engine is closed")
         sock.setblocking(False)
         return self._start(sock, protocol, idle, receive, send, max_age, on_expire)
 

@@ -113,10 +113,12 @@ class Keeper:
         ``socket`` defaults to the socket under ``stream``; it is used to check for
         unread bytes before an inactivity expiry (unless ``stall_check`` is false),
         and closed on expiry when ``close`` is true. ``on_expire(watch)`` runs after
-        an expiry, as a task if async, in a worker thread if not.
+        an expiry, as a task if async, in a worker thread if not. Once the keeper's
+        block has exited it raises ``trio.ClosedResourceError``, as a closed trio
+        resource does.
         """
         if self._closed:
-            raise RuntimeError("this keeper is closed")
+            raise trio.ClosedResourceError("this keeper is closed")
         if socket is None:
             socket = find_socket(stream)
         check = self._stall_check if stall_check is None else stall_check

@@ -5,6 +5,7 @@ gets handled as trio expects (MockClock)."""
 from __future__ import annotations
 
 import math
+import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -151,3 +152,15 @@ def test_the_package_imports_without_linux_only_names() -> None:
     done = subprocess.run([sys.executable, "-c", _OFF_LINUX], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert "dense engine" in done.stdout and "needs Linux" in done.stdout
+
+
+async def test_a_closed_keeper_or_engine_refuses_as_a_closed_trio_resource(clock: MockClock) -> None:
+    # Issue 34, items 2 and 8: a RuntimeError, where trio's resources raise ClosedResourceError.
+    async with idlekeeper.open_keeper() as keeper:
+        async with idlekeeper.open_engine(keeper) as engine:
+            pass
+        a, _ = socket.socketpair()
+        with a, pytest.raises(trio.ClosedResourceError, match="engine is closed"):
+            engine.adopt(a, Protocol())
+    with pytest.raises(trio.ClosedResourceError, match="keeper is closed"):
+        keeper.watch(idle=1)
