@@ -823,7 +823,7 @@ async def test_leaving_open_engine_tells_every_protocol(keeper: idlekeeper.Keepe
     assert len(engine) == 0 and keeper.stats.watched == 0 and keeper.stats.filed == 0
     for client in clients:
         assert await read_until_eof(client) == (b"", trio.current_time())
-    with listening_socket() as spare, pytest.raises(RuntimeError):
+    with listening_socket() as spare, pytest.raises(trio.ClosedResourceError):
         engine.serve([spare], Probe)
 
 

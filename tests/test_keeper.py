@@ -253,7 +253,7 @@ async def test_silent_for_counts_from_the_last_receive(keeper: idlekeeper.Keeper
 async def test_closed_keeper_refuses_watches(clock: MockClock) -> None:
     async with idlekeeper.open_keeper() as k:
         pass
-    with pytest.raises(RuntimeError):
+    with pytest.raises(trio.ClosedResourceError):
         k.watch(idle=1)
 
 
