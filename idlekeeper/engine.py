@@ -142,15 +142,22 @@ class Engine(Dispatcher):
         super()._close()
 
 
+READ_SIZE = 64 * 1024
+MAX_EVENTS = 1024
+ACCEPT_BATCH = 256
+HIGH_WATER = 256 * 1024
+LOW_WATER = 64 * 1024
+
+
 @asynccontextmanager
 async def open_engine(
     keeper: Keeper,
     *,
-    read_size: int = 64 * 1024,
-    max_events: int = 1024,
-    accept_batch: int = 256,
-    high_water: int = 256 * 1024,
-    low_water: int = 64 * 1024,
+    read_size: int = READ_SIZE,
+    max_events: int = MAX_EVENTS,
+    accept_batch: int = ACCEPT_BATCH,
+    high_water: int = HIGH_WATER,
+    low_water: int = LOW_WATER,
     coalesce: float = 0.0,
 ) -> AsyncIterator[Engine]:
     """Start a dense engine (one task) whose connections ``keeper`` watches.
@@ -198,17 +205,33 @@ async def serve_protocol(
     send: float | None = None,
     max_age: float | None = None,
     on_expire: ExpireHook | None = None,
+    read_size: int = READ_SIZE,
+    max_events: int = MAX_EVENTS,
+    accept_batch: int = ACCEPT_BATCH,
+    high_water: int = HIGH_WATER,
+    low_water: int = LOW_WATER,
+    coalesce: float = 0.0,
     task_status: trio.TaskStatus[Engine] = trio.TASK_STATUS_IGNORED,
 ) -> NoReturn:
     """Serve TCP on ``port`` with a dense engine, one ``factory()`` protocol per connection.
 
     The dense counterpart of :func:`~idlekeeper.serve_tcp`; compatible with
     ``nursery.start``, which returns the :class:`Engine` (port 0 picks a free port:
-    ``engine.listeners[0].getsockname()[1]``).
+    ``engine.listeners[0].getsockname()[1]``). ``read_size`` to ``coalesce`` are
+    :func:`open_engine`'s.
     """
     listeners = await trio.open_tcp_listeners(port, host=host, backlog=backlog)
     try:
-        async with open_engine(keeper) as engine:
+        opening = open_engine(
+            keeper,
+            read_size=read_size,
+            max_events=max_events,
+            accept_batch=accept_batch,
+            high_water=high_water,
+            low_water=low_water,
+            coalesce=coalesce,
+        )
+        async with opening as engine:
             deadlines = {"idle": idle, "receive": receive, "send": send, "max_age": max_age}
             engine.serve(listeners, factory, **deadlines, on_expire=on_expire)
             task_status.started(engine)

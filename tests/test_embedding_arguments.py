@@ -164,3 +164,33 @@ async def test_a_closed_keeper_or_engine_refuses_as_a_closed_trio_resource(clock
             engine.adopt(a, Protocol())
     with pytest.raises(trio.ClosedResourceError, match="keeper is closed"):
         keeper.watch(idle=1)
+
+
+async def test_serve_protocol_takes_the_engines_options(clock: MockClock) -> None:
+    # Issue 34, item 8: it could not pass them, so a dense server that wanted coalescing
+    # or a smaller read had to assemble open_engine and serve itself.
+    async with idlekeeper.open_keeper() as keeper, trio.open_nursery() as nursery:
+        engine: idlekeeper.Engine = await nursery.start(
+            lambda task_status: idlekeeper.serve_protocol(
+                Protocol,
+                0,
+                keeper=keeper,
+                host="127.0.0.1",
+                read_size=4096,
+                max_events=64,
+                accept_batch=8,
+                high_water=8192,
+                low_water=1024,
+                coalesce=0.05,
+                task_status=task_status,
+            )
+        )
+        got = (engine.read_size, engine.max_events, engine.accept_batch, engine.high_water, engine.low_water)
+        assert got == (4096, 64, 8, 8192, 1024) and engine.coalesce == 0.05
+        with pytest.raises(ValueError, match="low_water"):
+            await nursery.start(
+                lambda task_status: idlekeeper.serve_protocol(
+                    Protocol, 0, keeper=keeper, host="127.0.0.1", low_water=10, high_water=5, task_status=task_status
+                )
+            )
+        nursery.cancel_scope.cancel()
