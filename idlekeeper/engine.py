@@ -232,8 +232,9 @@ async def serve_protocol(
             coalesce=coalesce,
         )
         async with opening as engine:
-            deadlines = {"idle": idle, "receive": receive, "send": send, "max_age": max_age}
-            engine.serve(listeners, factory, **deadlines, on_expire=on_expire)
+            engine.serve(
+                listeners, factory, idle=idle, receive=receive, send=send, max_age=max_age, on_expire=on_expire
+            )
             task_status.started(engine)
             await trio.sleep_forever()
     finally:

@@ -16,9 +16,9 @@ from .budget import SUBSCRIBER_BYTES, TOTAL_BYTES, Offer, SendBudget
 from .encoders import encode_publish
 from .outbox import DEFAULT_MAX_QUEUED, DEFAULT_WINDOW, Message, Outbox
 from .policy import utf8_length
-from .topics import FilterChanges, FilterIndex, TopicTree, is_wildcard
+from .topics import FilterChanges, TopicTree, is_wildcard
 
-__all__ = ["MAX_QUEUED", "Broker", "Subscriber", "Subscriptions", "matches_any", "topic_matches"]
+__all__ = ["MAX_QUEUED", "Broker", "Subscriber", "Subscriptions", "topic_matches"]
 
 K = TypeVar("K", bound=Hashable)
 
@@ -43,14 +43,6 @@ def topic_matches(topic_filter: str, topic: str) -> bool:
         if i >= count or (part != "+" and part != levels[i]):
             return False
     return len(parts) == count
-
-
-def matches_any(filters: Collection[str], topic: str) -> bool:
-    """Whether any of ``filters`` matches ``topic``: a :class:`~.topics.FilterIndex` walks
-    its tree; any other collection is scanned (an exact filter is found at once)."""
-    if isinstance(filters, FilterIndex):
-        return filters.matches(topic)
-    return topic in filters or any(topic_matches(f, topic) for f in filters)
 
 
 class Subscriptions(Generic[K]):
