@@ -58,9 +58,9 @@ class ConnectionDeadlines(WheelEntry):
     """
 
     __slots__ = (
-        "rx",
-        "tx",
-        "sending",
+        "_rx",
+        "_tx",
+        "_sending",
         "_idle",
         "_receive",
         "_send",
@@ -72,9 +72,9 @@ class ConnectionDeadlines(WheelEntry):
 
     def __init__(self) -> None:
         super().__init__()
-        self.rx: Epoch = NEVER
-        self.tx: Epoch = NEVER
-        self.sending = False
+        self._rx: Epoch = NEVER
+        self._tx: Epoch = NEVER
+        self._sending = False
         self._idle: float | None = None
         self._receive: float | None = None
         self._send: float | None = None
@@ -105,22 +105,22 @@ class ConnectionDeadlines(WheelEntry):
         """Absolute time by which the connection ends, ``inf`` for none."""
         return self._deadline
 
-    def set_idle_timeout(self, seconds: float | None, now: float) -> None:
+    def _set_idle_timeout(self, seconds: float | None, now: float) -> None:
         """Set (or with None clear) the idle timeout, counting from ``now``."""
         self._idle = _check_timeout("idle timeout", seconds)
         self._idle_since = now
 
-    def set_receive_timeout(self, seconds: float | None, now: float) -> None:
+    def _set_receive_timeout(self, seconds: float | None, now: float) -> None:
         """Set (or with None clear) the receive timeout, counting from ``now``."""
         self._receive = _check_timeout("receive timeout", seconds)
         self._receive_since = now
 
-    def set_send_timeout(self, seconds: float | None, now: float) -> None:
+    def _set_send_timeout(self, seconds: float | None, now: float) -> None:
         """Set (or with None clear) the send timeout, counting from ``now``."""
         self._send = _check_timeout("send timeout", seconds)
         self._send_since = now
 
-    def set_deadline(self, when: float | None) -> None:
+    def _set_deadline(self, when: float | None) -> None:
         """Set the absolute deadline (``None`` or ``inf`` clears it)."""
         if when is None:
             when = _INF
@@ -143,18 +143,18 @@ class ConnectionDeadlines(WheelEntry):
         """
         when = self._deadline
         reason: Reason | None = Reason.ABSOLUTE if when != _INF else None
-        if self._send is not None and self.sending:
-            t = max(self._send_since, latest(self.tx, now)) + self._send
+        if self._send is not None and self._sending:
+            t = max(self._send_since, latest(self._tx, now)) + self._send
             if t < when:
                 when, reason = t, Reason.SEND
         if self._receive is not None or self._idle is not None:
-            rx = latest(self.rx, now)
+            rx = latest(self._rx, now)
             if self._receive is not None:
                 t = max(self._receive_since, rx) + self._receive
                 if t < when:
                     when, reason = t, Reason.RECEIVE
             if self._idle is not None:
-                t = max(self._idle_since, rx, latest(self.tx, now)) + self._idle
+                t = max(self._idle_since, rx, latest(self._tx, now)) + self._idle
                 if t < when:
                     when, reason = t, Reason.IDLE
         return when, reason
@@ -169,8 +169,8 @@ class ConnectionDeadlines(WheelEntry):
         plain store and no wheel operation.
         """
         when = self.resolve(now)[0] if resolved is None else resolved
-        if self._send is not None and not self.sending:
-            t = max(self._send_since, latest(self.tx, now), now) + self._send
+        if self._send is not None and not self._sending:
+            t = max(self._send_since, latest(self._tx, now), now) + self._send
             if t < when:
                 when = t
         return when

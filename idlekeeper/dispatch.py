@@ -27,7 +27,7 @@ from . import arrival as _arrival
 from .accept import Listener
 from .epochs import Epoch
 from .keeper import Keeper
-from .lost import EngineClosed
+from .lost import EngineClosedError
 from .protocol import Protocol
 from .transport import CLOSED, EOF_SENT, NO_READ, PEER_EOF, Transport
 from .watch import ExpireHook
@@ -184,7 +184,7 @@ class Dispatcher:
         except OSError as exc:
             self._drop(t, exc)
             return
-        t.rx = t._epochs.current if at is None else Epoch(at)
+        t._rx = t._epochs.current if at is None else Epoch(at)
         protocol = t._protocol
         if protocol is None:
             return
@@ -215,7 +215,7 @@ class Dispatcher:
     ) -> Transport:
         keeper = self.keeper
         t = Transport(keeper, self, sock, stall_check=keeper._stall_check, on_expire=on_expire)
-        keeper._configure(t, idle, receive, send, None, max_age)
+        t._first_deadlines(idle, receive, send, None, max_age, trio.current_time())
         t._protocol = protocol
         if self.arrivals is not None:
             _arrival.enable(sock)
@@ -270,7 +270,7 @@ class Dispatcher:
             del self._fds[fd]
         sock.close()
         t._wbuf = None
-        t.sending = False
+        t._sending = False
         t.stop()
         self._lost.append((t, exc))
         if self._in_pass:
@@ -300,9 +300,9 @@ class Dispatcher:
                     logger.exception("idlekeeper: connection_lost of %r raised", protocol)
 
     def _close(self) -> None:
-        """Close every connection (its protocol told :class:`EngineClosed`) and the sets."""
+        """Close every connection (its protocol told :class:`EngineClosedError`) and the sets."""
         for t in list(self._fds.values()):
-            self._drop(t, EngineClosed())
+            self._drop(t, EngineClosedError())
         self._deliver_lost()
         self._epoll.close()
         self._urgent.close()

@@ -37,6 +37,7 @@ from typing import NoReturn
 import trio
 
 from . import _linux_only  # noqa: F401  (a clear ImportError off Linux, before anything else)
+from ._constructors import NoPublicConstructor
 from .accept import Listener, ProtocolFactory
 from .coalesce import run_passes
 from .dispatch import Dispatcher
@@ -48,12 +49,14 @@ from .watch import ExpireHook
 __all__ = ["Engine", "open_engine", "serve_protocol"]
 
 
-class Engine(Dispatcher):
+class Engine(Dispatcher, metaclass=NoPublicConstructor):
     """One epoll set and one trio task serving many connections; see the module.
 
     Create it with :func:`open_engine`; hand it listeners with :meth:`serve`.
     All methods are synchronous.
     """
+
+    _OPENER = "idlekeeper.open_engine()"
 
     # A class default, as the constructor is the Dispatcher's. Set first thing on close:
     # serve and adopt refuse from then on, even from a connection_lost the close tells.
@@ -163,7 +166,7 @@ async def open_engine(
     """Start a dense engine (one task) whose connections ``keeper`` watches.
 
     When the block exits, listeners close and every connection is closed, its
-    protocol told :class:`~idlekeeper.protocol.EngineClosed`. ``read_size`` is the
+    protocol told :class:`~idlekeeper.EngineClosedError`. ``read_size`` is the
     most one read takes; ``max_events`` the most ready sockets one pass handles;
     ``accept_batch`` the most connections one pass accepts per listener.
     ``coalesce`` (seconds, default 0) trades latency for CPU: while packets keep
@@ -173,7 +176,7 @@ async def open_engine(
     its bytes (:mod:`idlekeeper.arrival`), so a silent peer is found as soon as
     without coalescing.
     """
-    engine = Engine(
+    engine = Engine._create(
         keeper,
         read_size=read_size,
         max_events=max_events,

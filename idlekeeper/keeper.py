@@ -5,25 +5,27 @@ a connection under it. The reaper sleeps until the earliest filed deadline (fore
 while nothing is filed), wakes, advances the wheel to now, and for each due entry
 either files it again (it had activity since it was filed) or expires it: a
 synchronous ``CancelScope.cancel()`` and, by default, closing the socket. User
-hooks run elsewhere (tasks, worker threads: :mod:`.hooks`), so they cannot hold the
-reaper up.
+callbacks run by one rule (:mod:`.hooks`): in the trio thread, hooks after the
+pass's expiries, so that none can hold up another connection's expiry. A long pass
+stops every :data:`REAP_CHUNK` entries to let the rest of the program run.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractContextManager, asynccontextmanager
 from time import perf_counter
-from typing import Any, cast
+from typing import Any
 
 import trio
 
 from . import _loop_epochs
+from ._constructors import NoPublicConstructor
+from .alarm import Alarm
 from .deadlines import Reason
-from .epochs import EpochClock
-from .hooks import HookRunner, is_async
+from .hooks import CallbackRunner
 from .lookahead import LookaheadWheel
 from .stall import SocketLike, send_would_progress, unread_bytes
 from .stats import KeeperStats
@@ -38,12 +40,25 @@ logger = logging.getLogger("idlekeeper")
 DEFAULT_TICK = 0.1
 _WATCHING = WatchState.WATCHING
 
+REAP_CHUNK = 1024
+"""The most entries a reaper pass handles between two checkpoints."""
+REAP_BUDGET = 0.004
+"""The longest (seconds) a reaper pass works between two checkpoints (checked every
+64 entries). A mass disconnect hands the reaper every connection at once: the rest of
+the program now runs every few ms, not after the whole pass (2 s for 200,000 expiries
+here); later chunks expire later by that time, as the lag histogram shows."""
+_REAP_GROUP = 64
 
-class Keeper:
+
+class Keeper(metaclass=NoPublicConstructor):
     """Deadlines for many connections, kept by one reaper task.
 
-    Create it with :func:`open_keeper`. All methods are synchronous and O(1).
+    Made by :func:`open_keeper` only (``Keeper(...)`` raises ``TypeError``): it owns
+    a task and a run-wide instrument that only the ``async with`` block cleans up.
+    All methods are synchronous and O(1).
     """
+
+    _OPENER = "idlekeeper.open_keeper()"
 
     def __init__(
         self,
@@ -61,16 +76,23 @@ class Keeper:
         # promised lateness: rounding takes at most half a tick, and the other half is
         # left for the reaper's wake-up and the loop pass that stamped the activity.
         self._wheel: LookaheadWheel[WheelEntry] = LookaheadWheel(tick / 2, trio.current_time(), lookahead)
-        self._timers = Timers(trio.current_time, wheel=self._wheel, on_error=self._timer_error, on_schedule=self._poke)
-        self._epochs = _loop_epochs.acquire()
-        self._stall_check = stall_check
-        self._sleep_scope: trio.CancelScope | None = None
-        self._window: tuple[trio.CancelScope, float] | None = None
-        """Another task's wait to share wake-ups with (see :meth:`shared_wakeup`)."""
-        self._closed = False
         self.stats = KeeperStats(self._wheel.__len__)
         """Live counters; see :class:`~idlekeeper.stats.KeeperStats`."""
-        self._hooks = HookRunner(nursery, self.stats, timeout=hook_timeout, threads=hook_threads)
+        self._callbacks = CallbackRunner(nursery, self.stats, timeout=hook_timeout, threads=hook_threads)
+        self._alarm = Alarm(lookahead / 2)
+        self._timers = Timers(
+            trio.current_time, wheel=self._wheel, on_error=self._timer_error, on_schedule=self._alarm.poke
+        )
+        self._epochs = _loop_epochs.acquire()
+        self._stall_check = stall_check
+        self._closed = False
+        # Watches the wheel does not hold because none of their deadlines is set: the
+        # keeper's close must still find them. Rare, so a set costs nothing per watch.
+        self._unfiled: set[Watch] = set()
+        # The entries of the pass under way not handled yet: a pass that stops at a
+        # checkpoint holds entries no longer in the wheel.
+        self._pass: list[WheelEntry] = []
+        self._pass_at = 0
 
     # -- public ----------------------------------------------------------------
 
@@ -86,9 +108,9 @@ class Keeper:
         return self._wheel.lookahead
 
     @property
-    def epochs(self) -> EpochClock:
-        """The run's activity clock (for code that records activity by hand)."""
-        return self._epochs
+    def closed(self) -> bool:
+        """Whether the keeper's block has exited (it then refuses new watches and timers)."""
+        return self._closed
 
     def watch(
         self,
@@ -112,10 +134,12 @@ class Keeper:
         and ``max_age`` the same relative to now (the earlier one wins).
         ``socket`` defaults to the socket under ``stream``; it is used to check for
         unread bytes before an inactivity expiry (unless ``stall_check`` is false),
-        and closed on expiry when ``close`` is true. ``on_expire(watch)`` runs after
-        an expiry, as a task if async, in a worker thread if not. Once the keeper's
-        block has exited it raises ``trio.ClosedResourceError``, as a closed trio
-        resource does.
+        and closed on expiry when ``close`` is true. ``on_expire(watch)`` is called
+        after an expiry, in the trio thread, once the reaper pass's expiries are
+        done; an async one runs as a task (see :func:`open_keeper` for the rule,
+        and :class:`~idlekeeper.in_thread` for a hook that must block). Once the
+        keeper's block has exited it raises ``trio.ClosedResourceError``, as a closed
+        trio resource does.
         """
         if self._closed:
             raise trio.ClosedResourceError("this keeper is closed")
@@ -128,41 +152,21 @@ class Keeper:
         else:
             kind = HalfCloseableWatchedStream if isinstance(stream, trio.abc.HalfCloseableStream) else WatchedStream
             watch = kind(self, stream, socket, close=close, stall_check=check, on_expire=on_expire)
-        self._configure(watch, idle, receive, send, deadline, max_age)
+        watch._first_deadlines(idle, receive, send, deadline, max_age, trio.current_time())
         return watch
 
-    def _configure(
-        self,
-        watch: Watch,
-        idle: float | None,
-        receive: float | None,
-        send: float | None,
-        deadline: float | None,
-        max_age: float | None,
-    ) -> None:
-        """Set a new watch's first deadlines (before it is started, so nothing is filed yet)."""
-        now = trio.current_time()
-        if idle is not None:
-            watch.set_idle_timeout(idle, now)
-        if receive is not None:
-            watch.set_receive_timeout(receive, now)
-        if send is not None:
-            watch.set_send_timeout(send, now)
-        when = math.inf if deadline is None else deadline
-        if max_age is not None:
-            when = min(when, now + max_age)
-        watch.set_deadline(when)
-
     def call_at(self, when: float, callback: Callable[..., object], *args: Any, slack: float = 0.0) -> TimerHandle:
-        """Run ``callback(*args)`` from the reaper once, no earlier than trio time ``when``.
+        """Run ``callback(*args)`` once, no earlier than trio time ``when``.
 
-        A plain callback runs inline in the reaper and must be quick; an async one
-        is started as a task. ``slack`` (seconds) lets it run up to that much later,
-        with whatever else the reaper wakes for in that time (re-filing visits come
-        about once a ``lookahead``), instead of waking the process for it alone: for
-        chores whose exact time does not matter.
+        By the rule of :func:`open_keeper`: a plain callback is called by the reaper
+        (keep it quick: it is the reaper's time), an async one is started as a task;
+        one that raises is logged and counted, never passed on. ``slack`` (seconds)
+        lets it run up to that much later, with whatever else the reaper wakes for in
+        that time (re-filing visits come about once a ``lookahead``), instead of
+        waking the process for it alone: for chores whose exact time does not matter.
         """
-        return self._timers.call_at(when, self._adapt(callback), *args, slack=slack)
+        self._check_open()
+        return self._timers.call_at(when, self._callbacks.adapt(callback), *args, slack=slack)
 
     def call_later(self, delay: float, callback: Callable[..., object], *args: Any, slack: float = 0.0) -> TimerHandle:
         """Like :meth:`call_at`, ``delay`` seconds from now."""
@@ -178,10 +182,10 @@ class Keeper:
     ) -> TimerHandle:
         """Run ``callback(*args)`` every ``interval`` seconds until the handle is
         cancelled (each call up to ``slack`` late, as for :meth:`call_at`)."""
-        return self._timers.call_every(interval, self._adapt(callback), *args, first=first, slack=slack)
+        self._check_open()
+        return self._timers.call_every(interval, self._callbacks.adapt(callback), *args, first=first, slack=slack)
 
-    @contextmanager
-    def shared_wakeup(self, latest: float, earliest: float) -> Iterator[trio.CancelScope]:
+    def shared_wakeup(self, latest: float, earliest: float) -> AbstractContextManager[trio.CancelScope]:
         """A cancel scope for a wait that must end by ``latest`` and may end as early as
         ``earliest``, kept in step with the reaper so that trio wakes the process once
         for both.
@@ -199,51 +203,38 @@ class Keeper:
         the place of the last). On a box shared by 60 processes, every wake-up starts
         with cold caches.
         """
-        with trio.CancelScope(deadline=latest) as scope:
-            window = (scope, earliest)
-            self._window = window
-            self._align()
-            try:
-                yield scope
-            finally:
-                if self._window is window:
-                    self._window = None
-
-    def _align(self) -> None:
-        window, sleep = self._window, self._sleep_scope
-        if window is None or sleep is None:
-            return
-        scope, earliest = window
-        alarm, latest = sleep.deadline, scope.deadline
-        if latest <= trio.current_time():
-            return  # over, though its owner has not run yet to leave the block
-        if earliest <= alarm < latest:
-            scope.deadline = alarm
-        elif latest < alarm <= latest + self._wheel.lookahead / 2:
-            sleep.deadline = latest
+        return self._alarm.shared_wakeup(latest, earliest)
 
     @property
     def hooks_pending(self) -> int:
-        """``on_expire`` hooks queued or running."""
-        return self._hooks.pending
+        """Callbacks queued or running: ``on_expire`` hooks, and timer callbacks that
+        run as tasks."""
+        return self._callbacks.pending
 
     async def wait_hooks(self) -> None:
-        """Wait until every ``on_expire`` hook queued so far has finished.
+        """Wait until every callback counted by :attr:`hooks_pending` has finished.
 
         For tests and graceful shutdown (so that "offline" notifications are out
-        before the process exits). A sync hook blocked forever blocks this too.
+        before the block exits, which would cancel the async ones still running).
         """
-        await self._hooks.wait()
+        await self._callbacks.wait()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise trio.ClosedResourceError("this keeper is closed")
 
     # -- called by Watch -------------------------------------------------------
 
     def _enter(self, watch: Watch) -> None:
+        self._check_open()
         self.stats.watched += 1
         self._changed(watch)
 
     def _exit(self, watch: Watch) -> None:
         self.stats.watched -= 1
         self._wheel.cancel(watch)
+        if self._unfiled:
+            self._unfiled.discard(watch)
 
     def _changed(self, watch: Watch) -> None:
         if watch._state is not _WATCHING or watch.reason is not None or self._closed:
@@ -255,45 +246,61 @@ class Keeper:
             # reaper drops it when it comes due (one visit, versus a wheel removal now
             # and an insertion when the next deadline is set, as a server does twice
             # per request).
+            if not watch.filed:
+                self._unfiled.add(watch)
             return
         due = wheel.due(watch)
         if due is not None and due <= when:
             return  # filed early enough already; the reaper will re-file it lazily
-        self._poke(wheel.schedule(watch, when))
+        if self._unfiled:
+            self._unfiled.discard(watch)
+        self._alarm.poke(wheel.schedule(watch, when))
 
     # -- the reaper --------------------------------------------------------------
-
-    def _poke(self, due: float) -> None:
-        """Wake the reaper sooner if ``due`` is before its alarm."""
-        scope = self._sleep_scope
-        if scope is not None and due < scope.deadline:
-            scope.deadline = due
-            self._align()
 
     async def _reap(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         wheel = self._wheel
         stats = self.stats
         task_status.started()
         while True:
-            alarm = wheel.next_deadline()
-            with trio.CancelScope(deadline=math.inf if alarm is None else alarm) as scope:
-                self._sleep_scope = scope
-                self._align()
-                await trio.sleep_forever()
-            self._sleep_scope = None
+            await self._alarm.sleep_until(wheel.next_deadline())
             stats.wakeups += 1
-            started = perf_counter()
             now = trio.current_time()
-            for entry in wheel.advance(now):
-                try:
-                    if isinstance(entry, Watch):
-                        self._due(entry, now)
-                    elif isinstance(entry, TimerHandle):
-                        self._timers.fire(entry, now)
-                except Exception:  # pragma: no cover - a bug, but never the reaper's death
-                    logger.exception("idlekeeper: error handling %r", entry)
+            entries = self._pass = wheel.advance(now)
+            start = 0
+            end = len(entries)
+            while True:
+                started = perf_counter()
+                limit, most, stop = started + REAP_BUDGET, min(start + REAP_CHUNK, end), start
+                while stop < most:
+                    group = min(stop + _REAP_GROUP, most)
+                    for i in range(stop, group):
+                        self._handle(entries[i], now)
+                    stop = group
+                    if perf_counter() >= limit:
+                        break
+                self._pass_at = stop
+                stats.busy_seconds += perf_counter() - started
+                if stop == end:
+                    break
+                start = stop
+                stats.pass_yields += 1
+                await trio.lowlevel.checkpoint()
+                # Later than the pass's start: what is handed out was due by then
+                # already, and a later time only measures its lag truly.
+                now = trio.current_time()
+            self._pass = []
+            self._pass_at = 0
             stats.timers_fired = self._timers.fired
-            stats.busy_seconds += perf_counter() - started
+
+    def _handle(self, entry: WheelEntry, now: float) -> None:
+        try:
+            if isinstance(entry, Watch):
+                self._due(entry, now)
+            elif isinstance(entry, TimerHandle):
+                self._timers.fire(entry, now)
+        except Exception:  # pragma: no cover - a bug, but never the reaper's death
+            logger.exception("idlekeeper: error handling %r", entry)
 
     def _due(self, watch: Watch, now: float) -> None:
         if watch._state is not _WATCHING or watch.reason is not None:
@@ -311,7 +318,7 @@ class Keeper:
         self.stats.expired[reason] += 1
         self.stats.lag.observe(now - when)
         if watch.on_expire is not None:
-            self._hooks.run(watch.on_expire, watch)
+            self._callbacks.hook(watch.on_expire, watch)
 
     def _peer_kept_up(self, watch: Watch, sock: SocketLike, reason: Reason) -> bool:
         """Whether the kernel shows the peer active though our stamps are old.
@@ -321,35 +328,44 @@ class Keeper:
         if reason is Reason.ABSOLUTE:
             return False
         if reason is not Reason.SEND and unread_bytes(sock) > 0:
-            watch.rx = self._epochs.current
+            watch._rx = self._epochs.current
             return True
-        if watch.sending and reason is not Reason.RECEIVE and send_would_progress(sock):
-            watch.tx = self._epochs.current
+        if watch._sending and reason is not Reason.RECEIVE and send_would_progress(sock):
+            watch._tx = self._epochs.current
             return True
         return False
 
     def _refile(self, watch: Watch, now: float, resolved: float | None = None) -> None:
         when = watch.check_time(now, resolved)
-        if when != math.inf:
-            self.stats.refiles += 1
-            self._wheel.schedule(watch, when)
-
-    # -- timer callbacks, kept off the reaper ----------------------------------
-
-    def _adapt(self, callback: Callable[..., object]) -> Callable[..., object]:
-        if not is_async(callback):
-            return callback
-        nursery = self._nursery
-        task = cast(Callable[..., Awaitable[object]], callback)
-
-        def start(*args: Any) -> None:
-            nursery.start_soon(task, *args)
-
-        return start
+        if when == math.inf:
+            self._unfiled.add(watch)
+            return
+        if self._unfiled:
+            self._unfiled.discard(watch)
+        self.stats.refiles += 1
+        self._wheel.schedule(watch, when)
 
     def _timer_error(self, handle: TimerHandle, exc: BaseException) -> None:
-        self.stats.hook_errors += 1
-        logger.error("idlekeeper: timer callback %r raised", handle.callback, exc_info=exc)
+        self._callbacks.failed(handle.callback, exc)
+
+    # -- closing -------------------------------------------------------------------
+
+    def _close(self) -> None:
+        """End everything the keeper still holds, synchronously (see :func:`open_keeper`)."""
+        self._closed = True
+        entries = [*self._wheel.clear(), *self._pass[self._pass_at :], *self._unfiled]
+        self._pass, self._unfiled = [], set()
+        ended = 0
+        for entry in entries:
+            if isinstance(entry, TimerHandle):
+                entry.cancel()
+            elif isinstance(entry, Watch) and entry._end_by_close():
+                ended += 1
+        self.stats.watched -= ended
+        self.stats.closed_watches += ended
+        if ended:
+            logger.info("idlekeeper: keeper closed with %d connections watched; they are cancelled", ended)
+        self._callbacks.close()
 
 
 @asynccontextmanager
@@ -368,8 +384,15 @@ async def open_keeper(
     wheel's slots are half a tick wide, which leaves half a tick for wake-up
     latency; the reaper wakes at most twice per tick, and only for due slots.
     ``stall_check`` looks for unread bytes (and a drained send buffer) before an
-    inactivity expiry. Async ``on_expire`` hooks are cut off after
-    ``hook_timeout``; plain ones run in up to ``hook_threads`` worker threads.
+    inactivity expiry.
+
+    Callbacks (``on_expire`` hooks and ``call_at`` / ``call_every`` callbacks) run
+    by one rule: in the trio thread, a plain function called, an async one started
+    as a task and cut off after ``hook_timeout`` seconds; one that raises or overruns
+    is logged to the ``idlekeeper`` logger and counted in ``stats.hook_errors``. A
+    hook is called once the expiries of its reaper pass are all done. Only a
+    callback wrapped in :class:`~idlekeeper.in_thread` runs in a worker thread, up to
+    ``hook_threads`` at once.
 
     ``lookahead`` (seconds; default the larger of 1 s and ``tick``) batches the
     reaper's work: when it wakes, it also visits what is filed up to ``lookahead``
@@ -379,6 +402,21 @@ async def open_keeper(
     exact to the tick. So the reaper wakes for re-filing about once a ``lookahead``
     rather than at every tick, and for real expiries on time. 0 visits each entry at
     its own tick.
+
+    Leaving the block closes the keeper, synchronously and in this order: every
+    connection still watched is *cancelled*, as :meth:`Watch.cancel` does (its cancel
+    scope cancelled, its socket closed unless ``close=False``), without ``on_expire``
+    since nothing expired, and its :attr:`~Watch.state` becomes ``DONE``; pending
+    timers are cancelled; plain hooks still queued are called; async callbacks still
+    running are cancelled, and logged and counted in ``stats.hooks_cancelled``
+    (``await keeper.wait_hooks()`` first to let them finish). Then ``watch``,
+    ``call_at`` and the like raise ``trio.ClosedResourceError``.
+
+    The keeper stamps activity with the loop pass it happened in (a shared
+    :mod:`epoch <idlekeeper.epochs>`, so that a receive costs one attribute store).
+    For that, the first keeper of a ``trio.run`` installs a ``trio.abc.Instrument``
+    for the whole run, whose ``before_io_wait`` reads the clock once per loop pass;
+    the last keeper to close removes it.
     """
     # Checked before the nursery opens, as trio checks its own arguments: inside it a
     # ValueError would come out wrapped in an ExceptionGroup that `except ValueError` misses.
@@ -393,7 +431,7 @@ async def open_keeper(
     if not (math.isfinite(lookahead) and lookahead >= 0):
         raise ValueError(f"lookahead must be 0 or a positive finite number of seconds, not {lookahead!r}")
     async with trio.open_nursery() as nursery:
-        keeper = Keeper(
+        keeper = Keeper._create(
             nursery,
             tick=tick,
             stall_check=stall_check,
@@ -405,6 +443,8 @@ async def open_keeper(
             await nursery.start(keeper._reap)
             yield keeper
         finally:
-            keeper._closed = True
-            _loop_epochs.release()
-            nursery.cancel_scope.cancel()
+            try:
+                keeper._close()
+            finally:
+                _loop_epochs.release()
+                nursery.cancel_scope.cancel()

@@ -101,6 +101,10 @@ class LookaheadWheel(Generic[E]):
         holder = self._holder(entry)
         return holder is not None and holder.cancel(entry)
 
+    def clear(self) -> list[E]:
+        """Take every entry out and return them, in no particular order."""
+        return self._near.clear() + self._far.clear()
+
     def next_deadline(self) -> float | None:
         """When :meth:`advance` will next have something to return, or None if empty.
 

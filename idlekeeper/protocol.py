@@ -56,7 +56,7 @@ class Protocol:
         """The connection is closed; called exactly once.
 
         ``exc`` is None after a close of ours or a clean EOF,
-        :class:`~idlekeeper.Expired` when a deadline ended it,
-        :class:`~idlekeeper.EngineClosed` when the engine stopped, or the ``OSError``
+        :class:`~idlekeeper.ExpiredError` when a deadline ended it,
+        :class:`~idlekeeper.EngineClosedError` when the engine stopped, or the ``OSError``
         that broke it (a reset, say).
         """

@@ -99,6 +99,9 @@ class KeeperStats:
         "wakeups",
         "stall_saves",
         "hook_errors",
+        "hooks_cancelled",
+        "closed_watches",
+        "pass_yields",
         "timers_fired",
         "busy_seconds",
         "lag",
@@ -119,7 +122,17 @@ class KeeperStats:
         self.stall_saves = 0
         """Inactivity expiries skipped because the peer's bytes were waiting unread."""
         self.hook_errors = 0
-        """``on_expire`` hooks that raised or timed out."""
+        """Callbacks (``on_expire`` hooks, timer callbacks) that raised or overran
+        ``hook_timeout``."""
+        self.hooks_cancelled = 0
+        """Callbacks running as tasks (async, or :func:`~idlekeeper.in_thread` not yet
+        started) that the keeper's close cancelled; each close that cancels any logs
+        them."""
+        self.closed_watches = 0
+        """Watches still live when the keeper closed, ended by the close."""
+        self.pass_yields = 0
+        """Times a reaper pass stopped to let the rest of the program run (one every
+        :data:`~idlekeeper.keeper.REAP_CHUNK` entries of a long pass)."""
         self.timers_fired = 0
         """Delayed callbacks run by the reaper."""
         self.busy_seconds = 0.0
@@ -153,6 +166,9 @@ class KeeperStats:
             "wakeups": self.wakeups,
             "stall_saves": self.stall_saves,
             "hook_errors": self.hook_errors,
+            "hooks_cancelled": self.hooks_cancelled,
+            "closed_watches": self.closed_watches,
+            "pass_yields": self.pass_yields,
             "timers_fired": self.timers_fired,
             "busy_seconds": self.busy_seconds,
             "handshakes": self.handshakes,

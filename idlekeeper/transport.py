@@ -20,7 +20,7 @@ import socket as stdsocket
 from typing import TYPE_CHECKING, Protocol
 
 from .deadlines import Reason
-from .lost import Expired
+from .lost import ExpiredError
 from .watch import Watch
 
 if TYPE_CHECKING:
@@ -81,7 +81,7 @@ class Transport(Watch):
     Deadlines are the :class:`~idlekeeper.Watch` attributes (``idle_timeout``,
     ``receive_timeout``, ``send_timeout``, ``deadline``), set per phase as with a
     watched stream. Expiry closes the socket at once and the protocol hears
-    :class:`~idlekeeper.Expired` in ``connection_lost``.
+    :class:`~idlekeeper.ExpiredError` in ``connection_lost``.
     """
 
     __slots__ = ("_loop", "_protocol", "_wbuf", "_io")
@@ -127,11 +127,11 @@ class Transport(Watch):
             # Stamped even if the kernel took nothing: a send starts now, and its
             # timeout counts from here (as WatchedStream.send_all), not from the last
             # write the kernel took whole, which may be long ago.
-            self.tx = self._epochs.current
+            self._tx = self._epochs.current
             if sent == len(data):
                 return
             buf = self._wbuf = bytearray(memoryview(data)[sent:])
-            self.sending = True
+            self._sending = True
             self._loop._update(self)
         else:
             buf += data
@@ -152,14 +152,14 @@ class Transport(Watch):
         except OSError as exc:
             self._loop._drop(self, exc)
             return
-        self.tx = self._epochs.current
+        self._tx = self._epochs.current
         del buf[:sent]
         if buf:
             if self._io & BACKPRESSURE and len(buf) <= self._loop.low_water:
                 self._relieve()
             return
         self._wbuf = None
-        self.sending = False
+        self._sending = False
         if self._io & BACKPRESSURE:
             self._relieve()
         if self._io & CLOSING:
@@ -260,9 +260,9 @@ class Transport(Watch):
 
     def cancel(self) -> None:
         """Abort the connection from outside (a takeover, a shutdown); the protocol
-        hears ``connection_lost(None)``, or :class:`Expired` after an expiry."""
+        hears ``connection_lost(None)``, or :class:`ExpiredError` after an expiry."""
         reason = self.reason
-        self._loop._drop(self, None if reason is None else Expired(reason))
+        self._loop._drop(self, None if reason is None else ExpiredError(reason))
 
     def _call(self, name: str) -> None:
         protocol = self._protocol

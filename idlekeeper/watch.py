@@ -2,15 +2,17 @@
 
 :class:`Watch` is what ``keeper.watch(...)`` returns: a ``with`` block whose cancel
 scope the keeper's reaper cancels when a deadline passes. Given a stream, the watch
-is a :class:`WatchedStream`: a Watch that is also a ``trio.abc.HalfCloseableStream``
-over that stream, whose every ``receive_some`` and ``send_all`` records activity
-with a single attribute store (see :mod:`idlekeeper.epochs`). One object, not two,
-so that the store does not first chase a pointer to another object.
+is a :class:`WatchedStream`, a Watch that is also a ``trio.abc.Stream`` over it (a
+:class:`HalfCloseableWatchedStream` over a half-closeable one), whose every
+``receive_some`` and ``send_all`` records activity with a single attribute store
+(see :mod:`idlekeeper.epochs`). One object, not two, so that the store does not
+first chase a pointer to another object.
 """
 
 from __future__ import annotations
 
 import enum
+import math
 from collections.abc import Awaitable, Callable
 from types import TracebackType
 from typing import Protocol
@@ -24,7 +26,8 @@ from .stall import SocketLike
 __all__ = ["ExpireHook", "Watch", "WatchState", "WatchedStream"]
 
 ExpireHook = Callable[["Watch"], Awaitable[None] | None]
-"""``on_expire(watch)``: a plain function (run in a worker thread) or an async one."""
+"""``on_expire(watch)``: a plain function or an async one, run in the trio thread
+(see :func:`~idlekeeper.open_keeper`), or one wrapped in :class:`~idlekeeper.in_thread`."""
 
 # A pending send larger than this is fed to the transport in pieces, each of which
 # stamps progress: "between two successful writes", as nginx's send_timeout, rather
@@ -40,12 +43,14 @@ class WatchState(enum.Enum):
     WATCHING = "watching"
     """Inside its ``with`` block (or between :meth:`Watch.start` and :meth:`Watch.stop`)."""
     DONE = "done"
-    """Left; the keeper has forgotten it."""
+    """Left, or ended by its keeper's close; the keeper has forgotten it."""
 
 
 # Bits of Watch._flags, fixed when the watch is made.
 CLOSE_ON_EXPIRY = 1
 STALL_CHECK = 2
+ENDED_BY_CLOSE = 4
+CANCELLED = 8
 
 # Module globals: the keeper tests the state on every deadline change, and a global
 # is one dictionary look-up where ``WatchState.WATCHING`` is two.
@@ -57,8 +62,7 @@ _DONE = WatchState.DONE
 class _Owner(Protocol):
     """What a watch needs from its keeper (kept abstract to avoid an import cycle)."""
 
-    @property
-    def epochs(self) -> EpochClock: ...
+    _epochs: EpochClock
 
     def _enter(self, watch: Watch) -> None: ...
 
@@ -116,7 +120,7 @@ class Watch(ConnectionDeadlines):
     ) -> None:
         super().__init__()
         self._owner = owner
-        self._epochs = owner.epochs
+        self._epochs = owner._epochs
         # Made when first needed: a connection served without a task of its own never
         # enters one, and a scope is a few hundred bytes of each of a million watches.
         self._scope: trio.CancelScope | None = None
@@ -141,8 +145,10 @@ class Watch(ConnectionDeadlines):
     def __enter__(self) -> Watch:
         if self._state is not _NEW:
             raise RuntimeError("a Watch can be entered only once")
-        self.cancel_scope.__enter__()
+        # Started first: a closed keeper refuses it, and the scope must not be
+        # entered then, since nothing would exit it.
         self.start()
+        self.cancel_scope.__enter__()
         return self
 
     def __exit__(
@@ -166,7 +172,11 @@ class Watch(ConnectionDeadlines):
             raise RuntimeError("a Watch can be started only once")
         self._state = _WATCHING
         self._entered = self._epochs.current
-        self._owner._enter(self)
+        try:
+            self._owner._enter(self)
+        except BaseException:
+            self._state = _DONE
+            raise
 
     def stop(self) -> None:
         """Stop keeping this watch's deadlines; the keeper forgets it. Idempotent."""
@@ -196,6 +206,8 @@ class Watch(ConnectionDeadlines):
         """The scope the keeper cancels on expiry."""
         if self._scope is None:
             self._scope = trio.CancelScope()
+            if self._flags & CANCELLED:
+                self._scope.cancel()
         return self._scope
 
     @property
@@ -219,7 +231,7 @@ class Watch(ConnectionDeadlines):
 
     @idle_timeout.setter
     def idle_timeout(self, seconds: float | None) -> None:
-        self.set_idle_timeout(seconds, trio.current_time())
+        self._set_idle_timeout(seconds, trio.current_time())
         if seconds is not None:  # None only removes a deadline: the filing stands
             self._owner._changed(self)
 
@@ -230,7 +242,7 @@ class Watch(ConnectionDeadlines):
 
     @receive_timeout.setter
     def receive_timeout(self, seconds: float | None) -> None:
-        self.set_receive_timeout(seconds, trio.current_time())
+        self._set_receive_timeout(seconds, trio.current_time())
         if seconds is not None:  # None only removes a deadline: the filing stands
             self._owner._changed(self)
 
@@ -245,9 +257,9 @@ class Watch(ConnectionDeadlines):
         deadline is never earlier than the timeout allows.
         """
         now = trio.current_time()
-        base = self.rx if self.rx is not NEVER else self._entered
+        base = self._rx if self._rx is not NEVER else self._entered
         since = now if base is NEVER else min(max(since, latest(base, now)), now)
-        self.set_receive_timeout(seconds, since)
+        self._set_receive_timeout(seconds, since)
         self._owner._changed(self)
 
     @property
@@ -257,7 +269,7 @@ class Watch(ConnectionDeadlines):
 
     @send_timeout.setter
     def send_timeout(self, seconds: float | None) -> None:
-        self.set_send_timeout(seconds, trio.current_time())
+        self._set_send_timeout(seconds, trio.current_time())
         if seconds is not None:  # None only removes a deadline: the filing stands
             self._owner._changed(self)
 
@@ -268,22 +280,22 @@ class Watch(ConnectionDeadlines):
 
     @deadline.setter
     def deadline(self, when: float | None) -> None:
-        self.set_deadline(when)
+        self._set_deadline(when)
         self._owner._changed(self)
 
     # -- activity by hand, for connections that are not read through .stream -------
 
     def mark_received(self) -> None:
         """Record that something was received now."""
-        self.rx = self._epochs.current
+        self._rx = self._epochs.current
 
     def mark_sent(self) -> None:
         """Record that a send made progress now."""
-        self.tx = self._epochs.current
+        self._tx = self._epochs.current
 
     def touch(self) -> None:
         """Record activity in both directions."""
-        self.rx = self.tx = self._epochs.current
+        self._rx = self._tx = self._epochs.current
 
     def silent_for(self, now: float | None = None) -> float:
         """Seconds since the peer was last heard from (since watching began, if never).
@@ -294,7 +306,7 @@ class Watch(ConnectionDeadlines):
         """
         if now is None:
             now = trio.current_time()
-        since = self.rx if self.rx is not NEVER else self._entered
+        since = self._rx if self._rx is not NEVER else self._entered
         if since is NEVER:
             return 0.0
         return max(0.0, now - latest(since, now))
@@ -305,11 +317,44 @@ class Watch(ConnectionDeadlines):
         """End the watched block from outside, as an expiry does but with no reason:
         cancel its scope and, if the watch closes on expiry, close its socket
         (a takeover or a shutdown, say). Synchronous and O(1)."""
-        self.cancel_scope.cancel()
+        self._flags |= CANCELLED
+        # A watch kept without a block has no scope: one made later comes cancelled (here it doubled a mass expiry).
+        if self._scope is not None:
+            self._scope.cancel()
         if self._flags & CLOSE_ON_EXPIRY and self._socket is not None:
             close = getattr(self._socket, "close", None)
             if close is not None:
                 close()
+
+    def _first_deadlines(
+        self,
+        idle: float | None,
+        receive: float | None,
+        send: float | None,
+        deadline: float | None,
+        max_age: float | None,
+        now: float,
+    ) -> None:
+        """Set a new watch's first deadlines (before it is started: nothing is filed yet)."""
+        if idle is not None:
+            self._set_idle_timeout(idle, now)
+        if receive is not None:
+            self._set_receive_timeout(receive, now)
+        if send is not None:
+            self._set_send_timeout(send, now)
+        when = math.inf if deadline is None else deadline
+        if max_age is not None:
+            when = min(when, now + max_age)
+        self._set_deadline(when)
+
+    def _end_by_close(self) -> bool:
+        """The keeper is closing: cancel this watch if it is live. Returns whether it was."""
+        if self._state is not _WATCHING or self.reason is not None:
+            return False
+        self._state = _DONE
+        self._flags |= ENDED_BY_CLOSE
+        self.cancel()
+        return True
 
     def _expire(self, reason: Reason, lag: float) -> None:
         self.reason = reason
@@ -360,14 +405,14 @@ class WatchedStream(Watch, trio.abc.Stream):
     async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
         """Receive from the transport; a return (data or EOF) counts as receive activity."""
         data = await self.transport_stream.receive_some(max_bytes)
-        self.rx = self._epochs.current
+        self._rx = self._epochs.current
         return data
 
     async def send_all(self, data: bytes | bytearray | memoryview) -> None:
         """Send everything; each piece the transport accepts counts as send progress."""
         epochs = self._epochs
-        self.tx = epochs.current
-        self.sending = True
+        self._tx = epochs.current
+        self._sending = True
         try:
             if len(data) <= SEND_CHUNK:
                 await self.transport_stream.send_all(data)
@@ -375,10 +420,10 @@ class WatchedStream(Watch, trio.abc.Stream):
                 view = memoryview(data).cast("B")
                 for start in range(0, len(view), SEND_CHUNK):
                     await self.transport_stream.send_all(view[start : start + SEND_CHUNK])
-                    self.tx = epochs.current
+                    self._tx = epochs.current
         finally:
-            self.sending = False
-        self.tx = epochs.current
+            self._sending = False
+        self._tx = epochs.current
 
     async def wait_send_all_might_not_block(self) -> None:
         """Pass through to the transport."""
@@ -389,7 +434,7 @@ class WatchedStream(Watch, trio.abc.Stream):
         try:
             await self.transport_stream.aclose()
         except (trio.ClosedResourceError, trio.BrokenResourceError):
-            if not self.expired:
+            if not (self.expired or self._flags & ENDED_BY_CLOSE):
                 raise
 
 

@@ -204,6 +204,22 @@ class TimingWheel(Generic[E]):
         if not bucket:
             self._maps[slot >> _BITS] &= ~(1 << (slot & _MASK))
 
+    def clear(self) -> list[E]:
+        """Take every entry out of the wheel and return them, in no particular order
+        (for an owner that is closing and must deal with each one)."""
+        out = list(self._due)
+        self._due = {}
+        buckets = self._buckets
+        for slot, bucket in enumerate(buckets):
+            if bucket:
+                out.extend(bucket)
+                buckets[slot] = {}
+        for entry in out:
+            entry._wheel_slot = _UNFILED
+        self._maps = [0] * _LEVELS
+        self._count = 0
+        return out
+
     # -- time passing ----------------------------------------------------------
 
     def _next_tick(self) -> int | None:

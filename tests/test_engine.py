@@ -30,7 +30,7 @@ import trio.testing
 from trio.testing import MockClock
 
 import idlekeeper
-from idlekeeper import Engine, EngineClosed, Expired, Reason, Transport
+from idlekeeper import Engine, EngineClosedError, ExpiredError, Reason, Transport
 from idlekeeper.stall import unread_bytes
 
 HOST = "127.0.0.1"
@@ -177,9 +177,9 @@ async def lost(probe: Probe) -> None:
 
 
 def assert_expired(probe: Probe, reason: Reason, since: float, timeout: float, tick: float) -> float:
-    """Lost exactly once, with Expired(reason), never before since+timeout and less than a tick after."""
+    """Lost exactly once, with ExpiredError(reason), never before since+timeout and less than a tick after."""
     lost_at, exc = probe.lost_once
-    assert isinstance(exc, Expired), exc
+    assert isinstance(exc, ExpiredError), exc
     assert exc.reason is reason
     assert probe.t.reason is reason
     assert since + timeout <= lost_at < since + timeout + tick, (lost_at, since, timeout)
@@ -205,7 +205,7 @@ async def test_echo_round_trip_and_callback_order(keeper: idlekeeper.Keeper, clo
         assert probe.events == ["made", "data"]
         assert len(engine) == 1 and list(engine.transports()) == [probe.t]
         assert keeper.stats.watched == 1
-        assert probe.t.active and probe.t.reading and not probe.t.sending
+        assert probe.t.active and probe.t.reading and not probe.t._sending
         client.close()  # a clean close: FIN, nothing unread on either side
         await lost(probe)
         assert probe.events == ["made", "data", "eof", "lost"]
@@ -288,10 +288,10 @@ async def test_send_expiry_of_a_peer_that_never_reads(keeper: idlekeeper.Keeper,
         _client = await connect(addr)  # never reads
         await until(lambda: bool(probes), "accept")
         [probe] = probes
-        assert probe.t.sending and probe.t.get_write_buffer_size() > 0
+        assert probe.t._sending and probe.t.get_write_buffer_size() > 0
         await trio.sleep(10)
     assert_expired(probe, Reason.SEND, probe.made_at, 4, keeper.tick)
-    assert probe.t.get_write_buffer_size() == 0 and not probe.t.sending  # dropped with the socket
+    assert probe.t.get_write_buffer_size() == 0 and not probe.t._sending  # dropped with the socket
     assert keeper.stats.expired[Reason.SEND] == 1
 
 
@@ -320,7 +320,7 @@ async def test_send_timeout_counts_from_when_a_write_starts_waiting(
         assert not probe.lost  # nothing was pending: no send timeout
         probe.t.write(b"late")
         write_at = trio.current_time()
-        assert probe.t.get_write_buffer_size() == 4 and probe.t.sending
+        assert probe.t.get_write_buffer_size() == 4 and probe.t._sending
         await trio.sleep(10)
     assert_expired(probe, Reason.SEND, write_at, 4, keeper.tick)
 
@@ -385,7 +385,7 @@ async def test_partial_writes_arrive_intact_to_a_slow_reader(keeper: idlekeeper.
         def data_received(self, data: bytes) -> None:
             super().data_received(data)
             self.t.write(payload)
-            at_write.append((self.t.get_write_buffer_size(), self.t.sending))
+            at_write.append((self.t.get_write_buffer_size(), self.t._sending))
 
     probes, factory = collecting(Sender)
     async with serving(keeper, factory, send=5) as (_engine, addr):
@@ -399,7 +399,7 @@ async def test_partial_writes_arrive_intact_to_a_slow_reader(keeper: idlekeeper.
             assert chunk
             got += chunk
             [probe] = probes
-            mid.append((probe.t.get_write_buffer_size(), probe.t.sending))
+            mid.append((probe.t.get_write_buffer_size(), probe.t._sending))
         [(queued, sending)] = at_write
         assert 0 < queued < len(payload) and sending  # the kernel took some, the rest queued
         assert mid[0][0] > 0 and mid[0][1]  # still queued and sending after the first read
@@ -408,7 +408,7 @@ async def test_partial_writes_arrive_intact_to_a_slow_reader(keeper: idlekeeper.
         assert bytes(got) == payload  # intact and in order
         assert trio.current_time() > 5  # far longer than send=5: steady progress is not stalling
         await until(lambda: probe.t.get_write_buffer_size() == 0, "drained")
-        assert not probe.t.sending and not probe.lost
+        assert not probe.t._sending and not probe.lost
         assert probe.events == ["made", "data", "pause", "resume"]  # default water marks
         client.close()
         await lost(probe)
@@ -630,7 +630,7 @@ async def test_emfile_at_accept_pauses_and_recovers(
         finally:
             for sock in waiting:
                 sock.close()
-    assert [type(p.lost_once[1]) for p in probes] == [EngineClosed] * 4
+    assert [type(p.lost_once[1]) for p in probes] == [EngineClosedError] * 4
 
 
 # -- 9. thousands of connections --------------------------------------------------------------------
@@ -817,7 +817,7 @@ async def test_leaving_open_engine_tells_every_protocol(keeper: idlekeeper.Keepe
         listener = engine.listeners[0]
     for probe in probes:
         _, exc = probe.lost_once
-        assert isinstance(exc, EngineClosed)
+        assert isinstance(exc, EngineClosedError)
         assert probe.t.protocol is None and not probe.t.active
     assert listener.fileno() == -1 and engine.listeners == []
     assert len(engine) == 0 and keeper.stats.watched == 0 and keeper.stats.filed == 0
@@ -968,7 +968,7 @@ async def test_coalescing_tells_an_expired_connection_at_once_not_a_window_later
                 await chatty.send(b"x")
                 await trio.sleep(0.4)
             when, exc = silent_probe.lost_once
-            assert isinstance(exc, Expired) and exc.reason is Reason.RECEIVE
+            assert isinstance(exc, ExpiredError) and exc.reason is Reason.RECEIVE
             assert deadline <= when <= deadline + 0.1 + 1e-6
             assert len(engine) == 1
             chatty.close()

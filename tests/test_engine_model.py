@@ -5,8 +5,8 @@ Same draws and same verdict as tests/test_keeper_model.py: when and why each
 connection ends, never early, at most one wheel slot (half a tick) late, exactly
 once. Here an "rx" is the client sending a byte, which the engine must read and
 stamp; a "tx" is the protocol writing a byte, which the client drains. The end is
-what the protocol hears in ``connection_lost``: ``Expired(reason)``, or
-``EngineClosed`` for a connection with no deadline when the engine stops.
+what the protocol hears in ``connection_lost``: ``ExpiredError(reason)``, or
+``EngineClosedError`` for a connection with no deadline when the engine stops.
 
 MockClock(autojump_threshold=0) and real sockets agree because a send on a Unix
 socket pair is in the peer's buffer when the system call returns: trio's run loop
@@ -26,7 +26,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import idlekeeper
-from idlekeeper import EngineClosed, Expired, Transport
+from idlekeeper import EngineClosedError, ExpiredError, Transport
 
 from .test_keeper_model import Conn, conns, model
 
@@ -126,10 +126,10 @@ def test_engine_matches_model(connections: list[Conn], tick: float) -> None:
         [(ended_at, exc)] = protocol.lost
         assert client.closed_at == ended_at  # the socket closed at the verdict
         if reason is None:
-            assert isinstance(exc, EngineClosed)
+            assert isinstance(exc, EngineClosedError)
             assert ended_at >= END  # never expired: no deadline at all
         else:
-            assert isinstance(exc, Expired)
+            assert isinstance(exc, ExpiredError)
             assert exc.reason is reason
             assert ended_at >= when - 1e-9, "expired early"
             assert ended_at < when + tick / 2 + 1e-9, "expired more than one slot late"

@@ -26,7 +26,7 @@ def test_latest_is_never_before_the_true_activity(steps: list[tuple[float, bool]
             clock.seal(now + step / 2)  # the pass ends a little later
             now += step / 2
         for true_time, epoch in stamps:
-            assert isinstance(epoch, idlekeeper.Epoch)
+            assert isinstance(epoch, idlekeeper.epochs.Epoch)
             assert latest(epoch, now) >= true_time
     assert latest(NEVER, now) == float("-inf")
 
@@ -36,11 +36,11 @@ async def test_loop_seals_epochs_with_real_clock() -> None:
     async with idlekeeper.open_keeper() as keeper:
         slack = []
         for _ in range(50):
-            epoch = keeper.epochs.current
+            epoch = keeper._epochs.current
             t = trio.current_time()
             time.sleep(0.0005)  # noqa: ASYNC251 - blocking work inside one loop pass is the point
             await trio.lowlevel.checkpoint()  # the pass ends; the epoch is sealed
-            assert epoch is not keeper.epochs.current
+            assert epoch is not keeper._epochs.current
             assert epoch.end >= t
             slack.append(epoch.end - t)
         assert min(slack) < 0.05
@@ -48,17 +48,17 @@ async def test_loop_seals_epochs_with_real_clock() -> None:
 
 async def test_two_keepers_share_one_instrument() -> None:
     async with idlekeeper.open_keeper() as a, idlekeeper.open_keeper() as b:
-        assert a.epochs is b.epochs
-        before = a.epochs.current
+        assert a._epochs is b._epochs
+        before = a._epochs.current
         await trio.lowlevel.checkpoint()
-        assert a.epochs.current is not before
+        assert a._epochs.current is not before
     async with idlekeeper.open_keeper() as c:
-        assert c.epochs is not a.epochs  # the last keeper out removed the old one
+        assert c._epochs is not a._epochs  # the last keeper out removed the old one
 
 
 async def test_stamps_under_mock_clock_are_exact(autojump_clock: trio.testing.MockClock) -> None:
     async with idlekeeper.open_keeper() as keeper:
         await trio.sleep(3)
-        epoch = keeper.epochs.current
+        epoch = keeper._epochs.current
         await trio.sleep(2)
         assert epoch.end == 3.0

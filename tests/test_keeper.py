@@ -133,7 +133,7 @@ async def test_send_timeout_only_counts_while_sending(keeper: idlekeeper.Keeper,
     with keeper.watch(send=3) as w:
         await trio.sleep(20)  # nothing pending: no send deadline
         assert w.active
-        w.sending = True
+        w._sending = True
         w.mark_sent()
         began = trio.current_time()
         await trio.sleep(20)
@@ -355,8 +355,8 @@ async def test_hooks_cannot_stall_or_kill_the_reaper(clock: MockClock) -> None:
 
     ended: dict[str, float] = {}
 
-    # One hook thread, so that the blocked hook also holds up the raising one
-    # queued behind it -- but never the reaper.
+    # One hook thread, so that the blocked hook (in a thread, as asked) also holds up
+    # the raising one queued behind it -- but never the reaper.
     async with idlekeeper.open_keeper(tick=0.1, hook_timeout=60, hook_threads=1) as keeper:
 
         async def conn(name: str, idle: float, hook: idlekeeper.ExpireHook | None) -> None:
@@ -367,8 +367,9 @@ async def test_hooks_cannot_stall_or_kill_the_reaper(clock: MockClock) -> None:
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(conn, "hangs", 1, hangs)
-            nursery.start_soon(conn, "blocks", 1, blocks)
-            nursery.start_soon(conn, "raises", 1.2, raises)
+            nursery.start_soon(conn, "blocks", 1, idlekeeper.in_thread(blocks))
+            nursery.start_soon(conn, "raises_in_thread", 1.2, idlekeeper.in_thread(raises))
+            nursery.start_soon(conn, "raises", 1, raises)
             nursery.start_soon(conn, "raises_async", 1, raises_async)
             for i in range(20):
                 nursery.start_soon(conn, f"plain{i}", 1.5 + i * 0.5, None)
@@ -376,11 +377,11 @@ async def test_hooks_cannot_stall_or_kill_the_reaper(clock: MockClock) -> None:
         for i in range(20):
             assert 1.5 + i * 0.5 <= ended[f"plain{i}"] < 1.5 + i * 0.5 + keeper.tick
         await trio.sleep(61)  # the hanging async hook hits hook_timeout
-        assert keeper.stats.hook_errors == 2  # raises_async, and hangs timing out
-        assert keeper.hooks_pending == 2  # blocks, and raises queued behind it
+        assert keeper.stats.hook_errors == 3  # raises, raises_async, and hangs timing out
+        assert keeper.hooks_pending == 2  # blocks, and raises_in_thread queued behind it
         release.set()
         await keeper.wait_hooks()
-        assert keeper.stats.hook_errors == 3
+        assert keeper.stats.hook_errors == 4
         assert sorted(hook_log) == ["blocks", "hangs"]
         # And the reaper is still alive.
         with keeper.watch(idle=1) as w:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from idlekeeper import Timers
+from idlekeeper.timers import Timers
 
 
 class FakeClock:

@@ -90,6 +90,16 @@ class WheelMachine(RuleBasedStateMachine):
         self.model[name] = deadline
         self.fired.discard(name)
 
+    @rule()
+    def clear(self) -> None:
+        """What a closing keeper does: take out every entry, each exactly once."""
+        out = self.wheel.clear()
+        names = [item.name for item in out]
+        assert sorted(names) == sorted(self.model), "clear lost or invented an entry"
+        assert all(not item.filed for item in out)
+        assert len(self.wheel) == 0 and self.wheel.next_deadline() is None
+        self.model.clear()
+
     @rule(step=STEP_TICKS)
     def advance(self, step: float) -> None:
         self.now += step * self.tick

@@ -113,14 +113,14 @@ async def activity_costs(conns: int, passes: int, repeats: int) -> dict[str, Any
             # Exactly the statement WatchedStream.receive_some runs per read.
             for _ in range(passes):
                 for self in streams:
-                    self.rx = self._epochs.current
-                    self.rx = self._epochs.current
-                    self.rx = self._epochs.current
-                    self.rx = self._epochs.current
-                    self.rx = self._epochs.current
-                    self.rx = self._epochs.current
-                    self.rx = self._epochs.current
-                    self.rx = self._epochs.current
+                    self._rx = self._epochs.current
+                    self._rx = self._epochs.current
+                    self._rx = self._epochs.current
+                    self._rx = self._epochs.current
+                    self._rx = self._epochs.current
+                    self._rx = self._epochs.current
+                    self._rx = self._epochs.current
+                    self._rx = self._epochs.current
 
         def cancel_scope_deadline() -> None:
             for p in range(passes):

@@ -45,7 +45,7 @@ def reaper_cpu(
             # slice per tick), against a timeout of 1.5 K: MQTT's rule.
             slices = max(1, round(timeout / 1.5 / tick))
             per_slice = math.ceil(len(talkers) / slices)
-            epochs = keeper.epochs
+            epochs = keeper._epochs
             driver_ns = 0
             gc.collect()
             gc.freeze()
@@ -56,7 +56,7 @@ def reaper_cpu(
                 t0 = time.perf_counter_ns()
                 lo = (slice_no % slices) * per_slice
                 for w in talkers[lo : lo + per_slice]:
-                    w.rx = epochs.current
+                    w._rx = epochs.current
                 driver_ns += time.perf_counter_ns() - t0
                 slice_no += 1
                 await trio.sleep(tick)

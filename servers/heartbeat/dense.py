@@ -91,7 +91,7 @@ class DenseConnection(Connection, idlekeeper.Protocol):
         if outcome is None:
             if self.session.state is State.CLOSED:
                 outcome = Offline.DISCONNECT  # unless refused: ended_by says so
-            elif isinstance(exc, idlekeeper.EngineClosed):
+            elif isinstance(exc, idlekeeper.EngineClosedError):
                 outcome = Offline.SHUTDOWN
             else:
                 outcome = Offline.CONNECTION_LOST
