@@ -285,6 +285,19 @@ async def test_closing_in_the_middle_of_a_pass_still_ends_every_watch(clock: Moc
     assert keeper.stats.watched == 0
 
 
+async def test_a_watch_kept_without_a_block_still_hands_out_a_cancelled_scope(clock: MockClock) -> None:
+    # An expiry no longer makes a scope only to cancel it; one asked for later comes cancelled.
+    async with idlekeeper.open_keeper() as keeper:
+        w = keeper.watch(idle=1)
+        w.start()
+        await trio.sleep(2)
+        assert w.expired and w.cancel_scope.cancel_called
+        fresh = keeper.watch(idle=1)
+        fresh.start()
+        assert not fresh.cancel_scope.cancel_called
+        fresh.stop()
+
+
 # -- 8. the API surface ------------------------------------------------------------------
 
 
