@@ -287,7 +287,7 @@ BAD_INPUTS = {
     "oversized packet": b"\x30\xff\xff\xff\x7f",
     "5-byte varint": b"\x30\xff\xff\xff\xff\x01",
     "reserved flag bits": b"\x12\x00",
-    "protocol level 3": encoders.encode_connect("old", protocol_level=3, protocol_name="MQIsdp"),
+    "protocol level 3 named MQTT": encoders.encode_connect("old", protocol_level=3),
     "protocol level 5": encoders.encode_connect("new", protocol_level=5),
     "publish before connect": encoders.encode_publish("a/b", b"x"),
     "random bytes": bytes(range(7, 250, 3)),

@@ -272,7 +272,7 @@ VIOLATIONS: list[tuple[str, bytes, str, int | None]] = [
     ("unsubscribe-id-0", encode_unsubscribe(0, ["a"]), "bad-packet-id", None),
     ("unsubscribe-bad-filter", encode_unsubscribe(1, ["a/#b"]), "bad-topic-filter", None),
     # CONNECT.
-    ("mqtt-3.1-mqisdp", encode_connect("x", protocol_level=3, protocol_name="MQIsdp"), "bad-protocol-level", 1),
+    ("mqisdp-level-4", encode_connect("x", protocol_level=4, protocol_name="MQIsdp"), "bad-protocol-level", 1),
     ("mqtt-5", encode_connect("x", protocol_level=5), "bad-protocol-level", 1),
     ("mqtt-level-3", encode_connect("x", protocol_level=3), "bad-protocol-level", 1),
     ("unknown-protocol", encode_connect("x", protocol_name="HTTP"), "unknown-protocol", None),

@@ -228,7 +228,10 @@ def _parse_connect(src: bytes, pos: int, end: int) -> Connect:
         if level != 4:
             raise ProtocolError("bad-protocol-level", connack_code=1, detail=f"MQTT protocol level {level}")
     elif name == "MQIsdp":
-        raise ProtocolError("bad-protocol-level", connack_code=1, detail=f"MQTT 3.1 (MQIsdp, level {level})")
+        # MQTT 3.1, which old devices still send: the same layout as 3.1.1 (the session
+        # handles its differences: an id required, no session-present flag).
+        if level != 3:
+            raise ProtocolError("bad-protocol-level", connack_code=1, detail=f"MQIsdp with level {level}, not 3")
     else:
         raise ProtocolError("unknown-protocol", detail=repr(name[:32]))
     if pos >= end:

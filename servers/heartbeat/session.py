@@ -201,7 +201,7 @@ def assign_client_id() -> str:
 
 
 class Session:
-    """MQTT 3.1.1 packet-order rules and replies for one connection.
+    """MQTT 3.1.1 (and 3.1) packet-order rules and replies for one connection.
 
     ``policy`` is the server's (:class:`~.policy.SessionPolicy`, one for every session):
     its ``max_qos`` caps the QoS granted in SUBACK and the QoS a PUBLISH is routed at;
@@ -221,6 +221,7 @@ class Session:
     # One per connection, a million of them on a dense server: slots, not a dict.
     __slots__ = (
         "state",
+        "protocol_level",
         "client_id",
         "assigned",
         "keep_alive",
@@ -239,6 +240,8 @@ class Session:
         presence_prefix: str = DEFAULT_PRESENCE_PREFIX,
     ) -> None:
         self.state = State.AWAITING_CONNECT
+        self.protocol_level = 4
+        """3 for MQTT 3.1 (``MQIsdp``), 4 for 3.1.1, once the CONNECT has said."""
         self.client_id: str | None = None
         self.assigned = False
         self.keep_alive = 0
@@ -248,8 +251,10 @@ class Session:
         self.inbound: set[int] | None = None
         """QoS 2 packet ids held until PUBREL (made on the first one: most devices never use QoS 2)."""
         if policy is None:
-            policy = _DEFAULT if (max_qos, presence_prefix) == (DEFAULT_MAX_QOS, DEFAULT_PRESENCE_PREFIX) else (
-                SessionPolicy(max_qos=max_qos, presence_prefix=presence_prefix)
+            policy = (
+                _DEFAULT
+                if (max_qos, presence_prefix) == (DEFAULT_MAX_QOS, DEFAULT_PRESENCE_PREFIX)
+                else (SessionPolicy(max_qos=max_qos, presence_prefix=presence_prefix))
             )
         self._policy = policy
 
@@ -303,7 +308,8 @@ class Session:
         self.state = State.CONNECTED
         if inbound:
             self.inbound = set(inbound)
-        return encoders.encode_connack(session_present, 0)
+        # MQTT 3.1's CONNACK has no session-present flag: its first byte is reserved, 0.
+        return encoders.encode_connack(session_present and self.protocol_level >= 4, 0)
 
     def reserved(self, topic: str) -> bool:
         """Whether ``topic`` is the server's alone (presence, ``$`` topics): no client writes there."""
@@ -323,8 +329,14 @@ class Session:
 
     def _connect(self, packet: packets.Connect) -> Accept:
         self.state = State.CONNECTING
+        self.protocol_level = packet.protocol_level
         client_id = packet.client_id
         policy = self._policy
+        if not client_id and packet.protocol_level == 3:
+            # MQTT 3.1 requires an id (1 to 23 characters; longer ones are taken, as by Mosquitto).
+            raise ProtocolError(
+                "identifier-rejected", connack_code=2, detail="an empty client id from an MQTT 3.1 client"
+            )
         if "+" in client_id or "#" in client_id:
             # It names the device's presence topic, where MQTT forbids wildcards (MQTT-3.3.2-2).
             raise ProtocolError("identifier-rejected", connack_code=2, detail="a wildcard (+ or #) in the client id")
