@@ -126,8 +126,14 @@ def _mqtt_connect(rng: random.Random) -> tuple[str, bytes]:
         name += "-auth"
         username = rng.choice(("fuzz", "", "üser"))
         password = rng.randbytes(rng.randint(0, 12)) if rng.random() < 0.7 else None
+    level, protocol = 4, "MQTT"
+    if rng.random() < 0.1:  # MQTT 3.1, which old devices still send
+        name += "-31"
+        level, protocol = 3, "MQIsdp"
     packet = encoders.encode_connect(
         client_id,
+        protocol_level=level,
+        protocol_name=protocol,
         keep_alive=rng.choice((1, 1, 1, 2, 2, 0, 30)),
         clean_session=rng.random() < 0.85,
         will_topic=will_topic,
