@@ -68,6 +68,8 @@ class Fleet:
         self.report = FleetReport(devices=device_ids(tag, devices))
         self.clients: list[Client] = []
         self.stopping = False
+        self.probing_one = False
+        """A probe is connecting or saying goodbye (the end waits for it)."""
         self.subscriber: Client | None = None
 
     def _dropped(self, name: str, client: Client) -> None:
@@ -92,6 +94,12 @@ class Fleet:
         # later than the subscriber's round trip to its gateway.
         probes = {p.client_id for p in self.report.presence if p.status == "online"}
         probes = {c for c in probes if c is not None and c.startswith(f"{self.tag}-probe-")}
+        # And every probe the server accepted, heard online yet or not: the last one's
+        # events may still be on their way when the end begins.
+        report = self.report
+        probes.update(
+            c for c, (_, outcome, _) in zip(report.probe_ids, report.probes, strict=False) if outcome == "connack-0"
+        )
         return all(client_id in gone for client_id in [*self.expected, *probes])
 
     def _rtt(self, sent: float, rtt: float) -> None:
@@ -148,6 +156,7 @@ class Fleet:
             self.report.probe_ids.append(client_id)
             began = time.monotonic()
             outcome = f"no CONNACK within {REPLY_TIMEOUT:g} s"
+            self.probing_one = True
             try:
                 async with trio.open_nursery() as nursery:
                     client = await Client.start(nursery, self.port, self.source)
@@ -159,6 +168,8 @@ class Fleet:
                     await client.disconnect()
             except (OSError, trio.TooSlowError) as exc:
                 outcome = f"connect failed: {exc!r}"
+            finally:
+                self.probing_one = False
             self.report.probes.append((began, outcome, time.monotonic() - began))
 
     async def polling(self, port: int, interval: float) -> None:
@@ -182,6 +193,9 @@ class Fleet:
         self.stopping = True
         with trio.move_on_after(ANSWER_GRACE):
             while any(c.pings for c in self.clients if not c.closed):  # noqa: ASYNC110 - a few polls at the end
+                await trio.sleep(0.02)
+        with trio.move_on_after(REPLY_TIMEOUT):
+            while self.probing_one:  # noqa: ASYNC110 - the last probe finishes within its timeouts
                 await trio.sleep(0.02)
         for client in self.clients:
             self.report.pings.extend((sent, math.inf) for sent in client.pings)
