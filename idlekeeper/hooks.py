@@ -14,7 +14,7 @@ the trio thread rather than a worker thread so that a hook may touch trio object
 (``send_nowait`` on a channel, ``Event.set``) and so that a test's ``MockClock``
 does not jump while a thread runs. A hook that blocks the thread blocks the whole
 program, as any plain code in a trio program does: wrap such a hook in
-:func:`in_thread`.
+:class:`in_thread`.
 """
 
 from __future__ import annotations
@@ -53,9 +53,9 @@ class in_thread:  # lower case: used like a function, as trio.to_thread.run_sync
     most once per call, and never after the keeper has closed: one not yet started
     when the keeper closes does not start (it is reported, see
     :attr:`~idlekeeper.KeeperStats.hooks_cancelled`), and one running holds the
-    keeper's exit until it returns (logged), since a thread cannot be cancelled. For the
-    same reason ``hook_timeout`` does not apply to it. In the thread it must not touch trio objects except through
-    ``trio.from_thread``.
+    keeper's exit until it returns (logged), since a thread cannot be cancelled. For
+    the same reason ``hook_timeout`` does not apply to it. In the thread it must not
+    touch trio objects except through ``trio.from_thread``.
     """
 
     __slots__ = ("function",)
@@ -80,6 +80,11 @@ def is_async(fn: Callable[..., object]) -> bool:
     return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
         getattr(fn, "__call__", None)  # noqa: B004 - async callable objects
     )
+
+
+def _as_task(fn: Callable[..., object]) -> bool:
+    # Async callables and thread hooks run as tasks of their own; plain ones are called.
+    return isinstance(fn, in_thread) or is_async(fn)
 
 
 def _name(fn: object) -> str:
@@ -112,7 +117,7 @@ class CallbackRunner:
 
     def hook(self, fn: Callable[..., object], *args: Any) -> None:
         """Queue an ``on_expire`` hook; returns at once (see the module for when it runs)."""
-        if is_async(fn) or isinstance(fn, in_thread):
+        if _as_task(fn):
             self._start(fn, args)
             return
         self.pending += 1
@@ -127,7 +132,7 @@ class CallbackRunner:
         """A timer callback as the reaper calls it: a plain one as it is (errors are
         reported by the timers, through :meth:`failed`), another one as a starter of
         its task."""
-        if not (is_async(fn) or isinstance(fn, in_thread)):
+        if not _as_task(fn):
             return fn
 
         def start(*args: Any) -> None:

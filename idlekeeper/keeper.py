@@ -141,8 +141,7 @@ class Keeper(metaclass=NoPublicConstructor):
         keeper's block has exited it raises ``trio.ClosedResourceError``, as a closed
         trio resource does.
         """
-        if self._closed:
-            raise trio.ClosedResourceError("this keeper is closed")
+        self._check_open()
         if socket is None:
             socket = find_socket(stream)
         check = self._stall_check if stall_check is None else stall_check
@@ -267,23 +266,21 @@ class Keeper(metaclass=NoPublicConstructor):
             stats.wakeups += 1
             now = trio.current_time()
             entries = self._pass = wheel.advance(now)
-            start = 0
-            end = len(entries)
+            done, end = 0, len(entries)
             while True:
                 started = perf_counter()
-                limit, most, stop = started + REAP_BUDGET, min(start + REAP_CHUNK, end), start
-                while stop < most:
-                    group = min(stop + _REAP_GROUP, most)
-                    for i in range(stop, group):
+                limit, most = started + REAP_BUDGET, min(done + REAP_CHUNK, end)
+                while done < most:
+                    group = min(done + _REAP_GROUP, most)
+                    for i in range(done, group):
                         self._handle(entries[i], now)
-                    stop = group
+                    done = group
                     if perf_counter() >= limit:
                         break
-                self._pass_at = stop
+                self._pass_at = done
                 stats.busy_seconds += perf_counter() - started
-                if stop == end:
+                if done == end:
                     break
-                start = stop
                 stats.pass_yields += 1
                 await trio.lowlevel.checkpoint()
                 # Later than the pass's start: what is handed out was due by then

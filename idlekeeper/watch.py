@@ -46,7 +46,7 @@ class WatchState(enum.Enum):
     """Left, or ended by its keeper's close; the keeper has forgotten it."""
 
 
-# Bits of Watch._flags, fixed when the watch is made.
+# Bits of Watch._flags: the first two fixed when the watch is made, the others set later.
 CLOSE_ON_EXPIRY = 1
 STALL_CHECK = 2
 ENDED_BY_CLOSE = 4
@@ -318,8 +318,8 @@ class Watch(ConnectionDeadlines):
         cancel its scope and, if the watch closes on expiry, close its socket
         (a takeover or a shutdown, say). Synchronous and O(1)."""
         self._flags |= CANCELLED
-        # A watch kept without a block has no scope: one made later comes cancelled (here it doubled a mass expiry).
-        if self._scope is not None:
+        # Not made here for a watch kept without a block (half a mass expiry's cost):
+        if self._scope is not None:  # a scope asked for later comes cancelled
             self._scope.cancel()
         if self._flags & CLOSE_ON_EXPIRY and self._socket is not None:
             close = getattr(self._socket, "close", None)
@@ -349,7 +349,7 @@ class Watch(ConnectionDeadlines):
 
     def _end_by_close(self) -> bool:
         """The keeper is closing: cancel this watch if it is live. Returns whether it was."""
-        if self._state is not _WATCHING or self.reason is not None:
+        if not self.active:
             return False
         self._state = _DONE
         self._flags |= ENDED_BY_CLOSE

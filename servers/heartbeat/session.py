@@ -254,7 +254,7 @@ class Session:
             policy = (
                 _DEFAULT
                 if (max_qos, presence_prefix) == (DEFAULT_MAX_QOS, DEFAULT_PRESENCE_PREFIX)
-                else (SessionPolicy(max_qos=max_qos, presence_prefix=presence_prefix))
+                else SessionPolicy(max_qos=max_qos, presence_prefix=presence_prefix)
             )
         self._policy = policy
 
