@@ -4,7 +4,7 @@
 
 Starts ``servers.heartbeat`` with ``--workers`` workers, connects ``--devices``
 raw MQTT devices (keep-alive 300 s, so nothing expires on its own) and a few
-``presence/#`` subscribers, then, one after the other:
+``$SYS/presence/#`` subscribers, then, one after the other:
 
 1. SIGKILLs the worker holding the most devices: how long until the last of its
    devices' ``worker-lost`` events is in the presence log and at the subscribers on
@@ -33,6 +33,7 @@ from pathlib import Path
 from loadtest.mqtt_frames import frames
 from loadtest.processes import free_port, start_heartbeat
 from servers.heartbeat import encoders
+from servers.heartbeat.policy import DEFAULT_PRESENCE_PREFIX
 
 
 def _connect(port: int, client_id: str, keep_alive: int) -> socket.socket:
@@ -47,7 +48,7 @@ class Listener:
     def __init__(self, port: int, name: str) -> None:
         self.sock = _connect(port, name, 0)
         self.sock.recv(4)
-        self.sock.sendall(encoders.encode_subscribe(1, [("presence/#", 0)]))
+        self.sock.sendall(encoders.encode_subscribe(1, [(DEFAULT_PRESENCE_PREFIX + "#", 0)]))
         self.events: list[tuple[float, dict[str, object]]] = []
         self.closed_at = 0.0
         threading.Thread(target=self._read, daemon=True).start()
@@ -68,7 +69,7 @@ class Listener:
                 if first >> 4 == 3:
                     tlen = int.from_bytes(buf[start : start + 2], "big")
                     topic = buf[start + 2 : start + 2 + tlen].decode()
-                    if topic.startswith("presence/"):
+                    if topic.startswith(DEFAULT_PRESENCE_PREFIX):
                         self.events.append((time.monotonic(), json.loads(buf[start + 2 + tlen : end])))
             del buf[:used]
 

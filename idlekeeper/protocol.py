@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the transport imports trio; a protocol module need not
+    from .deadlines import Reason
     from .transport import Transport
 
 __all__ = ["Protocol"]
@@ -51,6 +52,16 @@ class Protocol:
 
     def resume_writing(self) -> None:
         """The queue drained below the low-water mark; reading resumed."""
+
+    def last_words(self, reason: Reason) -> bytes | None:
+        """A deadline expired (``reason``) and the connection is about to be closed: the
+        bytes to send it first (a protocol's goodbye, MQTT 5's DISCONNECT 0x8D), or None.
+
+        Called by the reaper, synchronously, just before the close. The bytes go to the
+        kernel without waiting, and only if nothing else is queued (they must not cut
+        into a message being sent); otherwise, or if the kernel takes only part of
+        them, they are dropped. A best effort: a peer that has gone never reads them."""
+        return None
 
     def connection_lost(self, exc: BaseException | None) -> None:
         """The connection is closed; called exactly once.

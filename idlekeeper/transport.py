@@ -48,7 +48,8 @@ NO_READ = PAUSED | BACKPRESSURE | PEER_EOF | CLOSING | CLOSED
 
 class Callbacks(Protocol):
     """What a transport's protocol is told: the methods of :class:`idlekeeper.Protocol`,
-    described here so that this module need not import that one (which names this one)."""
+    described here so that this module need not import that one (which names this one).
+    ``last_words(reason)`` is asked for too, if the protocol has it (see there)."""
 
     def connection_made(self, transport: Transport) -> None: ...
 
@@ -262,7 +263,24 @@ class Transport(Watch):
         """Abort the connection from outside (a takeover, a shutdown); the protocol
         hears ``connection_lost(None)``, or :class:`ExpiredError` after an expiry."""
         reason = self.reason
+        if reason is not None and self._wbuf is None and not self._io & (CLOSING | CLOSED):
+            self._say_last_words(reason)
         self._loop._drop(self, None if reason is None else ExpiredError(reason))
+
+    def _say_last_words(self, reason: Reason) -> None:
+        protocol = self._protocol
+        words = getattr(protocol, "last_words", None)  # optional: a Callbacks need not have it
+        if words is None:
+            return
+        try:
+            data = words(reason)
+            if data:
+                self._socket.send(data)
+        except OSError:
+            pass  # gone, or its buffer full: the close follows anyway
+        except Exception:
+            self._loop.callback_errors += 1
+            logger.exception("idlekeeper: last_words of %r raised", protocol)
 
     def _call(self, name: str) -> None:
         protocol = self._protocol

@@ -1,6 +1,7 @@
 """``python -m loadtest compare``: the same workloads against idlekeeper's servers and their peers.
 
     python -m loadtest compare [--devices 10000] [--keepalive 10] [--only devices|http|qos]
+        [--mqtt-protocols 3.1.1,5]
 
 **Devices**, one server process each, in turn: ``servers.heartbeat`` (idlekeeper) on
 its default dense engine, on the same with ``--coalesce`` (``idlekeeper-coalesced``)
@@ -8,6 +9,11 @@ and on the streams engine (a task per connection), the
 trio-native baseline in :mod:`loadtest.baseline` (one ``move_on_after`` per
 read), amqtt (its own virtualenv) and Mosquitto (when installed). Every target gets
 the same fleet: keep-alive K, a share going silent, and a SIGSTOP stall of 2 x K.
+The fleet runs once per MQTT version of ``--mqtt-protocols`` (default: 3.1.1 and 5):
+its 5.0 rows, named ``<target> (5.0)``, stand beside the 3.1.1 rows for the targets
+that serve 5.0 (ours and Mosquitto; the baseline and amqtt speak 3.1.1 only), their
+ratios taken to ours on 5.0. ``--mqtt-protocols 3.1.1`` gives the 3.1.1 rows alone,
+``--mqtt-protocols 5`` the 5.0 rows alone.
 
 **HTTP**: ``servers.http`` against hypercorn (trio worker) and uvicorn serving a
 trivial ASGI app, each under keep-alive load alone and then with slowloris
@@ -25,6 +31,7 @@ from one run are compared.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import sys
@@ -40,6 +47,7 @@ from .http.targets import ALL_HTTP_TARGETS, HTTP_TARGETS
 from .http.workload import HttpLoad
 from .live import Live
 from .mqtt_targets import HeartbeatTarget, PeerUnavailable, start_mqtt_target
+from .mqtt_versions import NAMES, V311, parse_mix
 from .options import add_devices, add_json, add_keepalive, add_quiet, add_silent, add_targets, add_tick, command_parser
 from .processes import free_port, load_side, split_cpus, stop
 from .qos import QOS_TARGETS, run_qos
@@ -51,6 +59,32 @@ from .workload import DeviceLoad
 __all__ = ["compare_devices", "compare_http", "main"]
 
 MQTT_TARGETS = ("idlekeeper", "idlekeeper-coalesced", "idlekeeper-streams", "baseline", "amqtt", "mosquitto")
+V5_TARGETS = ("idlekeeper", "idlekeeper-coalesced", "idlekeeper-streams", "mosquitto")
+"""The MQTT targets that serve 5.0 (the baseline and amqtt 0.12 speak 3.1.1 only)."""
+MQTT_PROTOCOLS = ("3.1.1", "5")
+
+
+def row_name(target: str, protocol: str) -> str:
+    """A device row's name: the target's for 3.1.1 (as before there were 5.0 rows), else with
+    the version: ``mosquitto (5.0)``."""
+    level = next(iter(parse_mix(protocol)))
+    return target if level == V311 else f"{target} ({NAMES[level]})"
+
+
+def versions(text: str) -> list[str]:
+    """``--mqtt-protocols``: each version's name (``3.1.1``, ``5.0``); ValueError for a mix."""
+    out = []
+    for item in text.split(","):
+        mix = parse_mix(item)
+        if len(mix) != 1:
+            raise ValueError(f"--mqtt-protocols: {item!r} is a mix; a row is one version (3.1, 3.1.1 or 5)")
+        out.append(NAMES[next(iter(mix))])
+    return out
+
+
+def ours_for(row: str) -> str:
+    """The row a device row's ratios are taken to: idlekeeper on the same MQTT version."""
+    return "idlekeeper" + row[row.index(" (") :] if " (" in row else "idlekeeper"
 
 
 def device_row(r: dict[str, Any]) -> dict[str, float]:
@@ -58,6 +92,7 @@ def device_row(r: dict[str, Any]) -> dict[str, float]:
     late = r.get("lateness_ms", {})
     steady = r.get("steady", {})
     return {
+        "connected_pct": 100 * r["connected"] / r["devices"] if r.get("devices") else math.nan,
         "detected_pct": 100 * r["detected"] / r["silent"] if r.get("silent") else math.nan,
         "lateness_p50_ms": number(late.get("p50")),
         "lateness_p99_ms": number(late.get("p99")),
@@ -70,6 +105,7 @@ def device_row(r: dict[str, Any]) -> dict[str, float]:
 
 
 DEVICE_COLUMNS: tuple[Column, ...] = (
+    ("connected_pct", "connected", "%", True),
     ("detected_pct", "silent detected", "%", True),
     ("lateness_p50_ms", "lateness p50", "ms", False),
     ("lateness_p99_ms", "lateness p99", "ms", False),
@@ -93,42 +129,72 @@ HTTP_COLUMNS: tuple[Column, ...] = (
 
 
 def compare_devices(
-    load: DeviceLoad, targets: Sequence[str], tick: float, quiet: bool, coalesce: float = 1.0
+    load: DeviceLoad,
+    targets: Sequence[str],
+    tick: float,
+    quiet: bool,
+    coalesce: float = 1.0,
+    protocols: Sequence[str] = ("3.1.1",),
 ) -> dict[str, Any]:
-    """Run ``load`` against each MQTT target in turn (``idlekeeper-coalesced`` at ``coalesce``)."""
+    """Run ``load`` against each MQTT target in turn (``idlekeeper-coalesced`` at ``coalesce``),
+    once per MQTT version of ``protocols`` (each a version the devices all speak): a row per
+    target and version (:func:`row_name`); a target that does not serve 5.0 has none for it."""
     results: dict[str, Any] = {}
     missing: dict[str, str] = {}
-    for name in targets:
-        print(f"\n== devices: {name} ==", flush=True)
-        stop_server: Callable[[], None]
-        try:
-            if name.startswith("idlekeeper"):
-                engine = "streams" if name == "idlekeeper-streams" else "dense"
-                window = coalesce if name == "idlekeeper-coalesced" else 0.0
-                ours = HeartbeatTarget.start(load.devices, tick=tick, workers=1, engine=engine, coalesce=window)
-                ours.name = name
-                server: Any = ours
-                stop_server = ours.stop
+    for protocol in protocols:
+        level = next(iter(parse_mix(protocol)))
+        for target in targets:
+            name = row_name(target, protocol)
+            if level == 5 and target not in V5_TARGETS:
+                missing[name] = "speaks MQTT 3.1.1 only"
+                continue
+            r = _device_run(target, name, dataclasses.replace(load, protocol=NAMES[level]), tick, quiet, coalesce)
+            if isinstance(r, str):
+                missing[name] = r
             else:
-                peer = start_mqtt_target(name, free_port())
-                server = peer
-                stop_server = peer.stop
-        except (PeerUnavailable, RuntimeError, OSError) as exc:
-            missing[name] = skip_reason(exc)
-            print(f"   skipped: {missing[name]}", flush=True)
-            continue
-        try:
-            with Live(enabled=not quiet) as live:
-                r = run_devices(load, server, show=live.update)
-        finally:
-            stop_server()
-        r["tick_s"] = tick
-        print(report(r), flush=True)
-        r.pop("lateness_s", None)
-        r.pop("timeline", None)
-        results[name] = r
+                results[name] = r
     rows = {name: device_row(r) for name, r in results.items()}
-    return {"runs": results, "rows": rows, "missing": missing, "table": table(rows, DEVICE_COLUMNS, missing)}
+    return {
+        "runs": results,
+        "rows": rows,
+        "missing": missing,
+        "table": table(rows, DEVICE_COLUMNS, missing, ours_for),
+    }
+
+
+def _device_run(
+    name: str, row: str, load: DeviceLoad, tick: float, quiet: bool, coalesce: float
+) -> dict[str, Any] | str:
+    """One target's device run (its results), or why it could not run."""
+    print(f"\n== devices: {row} ==", flush=True)
+    stop_server: Callable[[], None]
+    try:
+        if name.startswith("idlekeeper"):
+            engine = "streams" if name == "idlekeeper-streams" else "dense"
+            window = coalesce if name == "idlekeeper-coalesced" else 0.0
+            ours = HeartbeatTarget.start(load.devices, tick=tick, workers=1, engine=engine, coalesce=window)
+            ours.name = row
+            server: Any = ours
+            stop_server = ours.stop
+        else:
+            peer = start_mqtt_target(name, free_port())
+            peer.name = row
+            server = peer
+            stop_server = peer.stop
+    except (PeerUnavailable, RuntimeError, OSError) as exc:
+        why = skip_reason(exc)
+        print(f"   skipped: {why}", flush=True)
+        return why
+    try:
+        with Live(enabled=not quiet) as live:
+            r = run_devices(load, server, show=live.update)
+    finally:
+        stop_server()
+    r["tick_s"] = tick
+    print(report(r), flush=True)
+    r.pop("lateness_s", None)
+    r.pop("timeline", None)
+    return r
 
 
 def compare_http(load: HttpLoad, targets: Sequence[str], rounds: int = 3, pinned: bool = True) -> dict[str, Any]:
@@ -191,6 +257,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     a("--only", choices=("devices", "http", "qos"), default=None, help="run one part only")
     a("--mqtt-targets", default=",".join(MQTT_TARGETS), help="comma-separated (default: all six)")
     a(
+        "--mqtt-protocols",
+        default=",".join(MQTT_PROTOCOLS),
+        help="comma-separated MQTT versions the device fleet runs in, each a row per target: 3.1, 3.1.1, 5 "
+        "(default: 3.1.1,5; 5.0 rows only for targets that serve it, named '<target> (5.0)')",
+    )
+    a(
         "--http-targets",
         default=",".join(HTTP_TARGETS),
         help="comma-separated, of " + ", ".join(ALL_HTTP_TARGETS) + " (default: all but idlekeeper-streams)",
@@ -221,7 +293,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for half, row, columns in (("devices", device_row, DEVICE_COLUMNS), ("http", http_row, HTTP_COLUMNS)):
             if half in out:
                 rows = {name: row(r) for name, r in out[half]["runs"].items()}
-                print(table(rows, columns, out[half]["missing"]) + "\n")
+                print(table(rows, columns, out[half]["missing"], ours_for) + "\n")
         if "qos" in out:
             rows = {name: qos_row(r) for name, r in out["qos"]["runs"].items()}
             print(qos_table(rows, out["qos"]["missing"]) + "\n")
@@ -229,11 +301,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         # Checked before the other parts run for many minutes.
         qos_load = QosLoad.from_args(args, prefix="qos-")
+        protocols = versions(args.mqtt_protocols)
     except ValueError as exc:
         p.error(str(exc))
     if args.only in (None, "devices"):
         load = DeviceLoad(devices=args.devices, keepalive=args.keepalive, silent=args.silent, stall=not args.no_stall)
-        out["devices"] = compare_devices(load, args.mqtt_targets.split(","), args.tick, args.quiet, args.coalesce)
+        out["devices"] = compare_devices(
+            load, args.mqtt_targets.split(","), args.tick, args.quiet, args.coalesce, protocols
+        )
     if args.only in (None, "http"):
         out["http"] = compare_http(
             HttpLoad.from_args(args, prefix="http-"),
@@ -248,6 +323,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if "devices" in out:
         tables.append(
             f"Devices: {args.devices:,} per target, keep-alive {args.keepalive} s, {args.silent:.0%} silent"
+            + f", MQTT {' and '.join(protocols)}"
             + ("" if args.no_stall else ", SIGSTOP for 2 x K")
             + "\n\n"
             + out["devices"]["table"]

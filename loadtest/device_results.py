@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from .generator.spec import GeneratorSpec
+from .mqtt_versions import NAMES
 from .report import verdict, write_json
 from .sampler import Sample
 from .stats import summary_ms
@@ -23,6 +24,7 @@ __all__ = [
     "devices_passed",
     "merge",
     "passed",
+    "protocol_lines",
     "read_presence_log",
     "report",
     "server_view",
@@ -49,6 +51,24 @@ class Arrived:
     def joined(self, key: str) -> list[Any]:
         """A list, concatenated over the generators."""
         return [v for r in self.ok for v in r[key]]
+
+    def counted(self, key: str) -> dict[str, int]:
+        """Counts by name (``{name: n}``), summed over the generators (absent: none)."""
+        out: dict[str, int] = {}
+        for r in self.ok:
+            for name, n in r.get(key, {}).items():
+                out[name] = out.get(name, 0) + n
+        return out
+
+    def nested(self, key: str) -> dict[str, dict[str, int]]:
+        """Counts by two names (``{name: {inner: n}}``), summed over the generators."""
+        out: dict[str, dict[str, int]] = {}
+        for r in self.ok:
+            for name, inner in r.get(key, {}).items():
+                into = out.setdefault(name, {})
+                for key2, n in inner.items():
+                    into[key2] = into.get(key2, 0) + n
+        return out
 
 
 def connect_rate(connack: list[float]) -> float:
@@ -112,6 +132,10 @@ def merge(
         "connect_sent_late": total("connect_sent_late"),
         "connect_send_max_s": max((r.get("connect_send_max", 0.0) for r in ok), default=math.nan),
         "refused": total("refused"),
+        "refusals": arrived.counted("refusals"),
+        "protocols": arrived.counted("protocols"),
+        "disconnects": arrived.nested("disconnects"),
+        "server_keepalive": arrived.counted("server_keepalive"),
         "connect_errors": errors,
         "connect_rate_per_s": connect_rate(connack),
         "connect_ms": summary_ms(joined("connect_s")),
@@ -160,14 +184,19 @@ def read_presence_log(path: Path) -> list[dict[str, Any]] | None:
 
 
 def server_view(
-    log: Path, silent_last: dict[str, float], gen_specs: list[GeneratorSpec], load: DeviceLoad
+    log: Path,
+    silent_last: dict[str, float],
+    gen_specs: list[GeneratorSpec],
+    load: DeviceLoad,
+    windows: dict[str, float] | None = None,
 ) -> dict[str, Any]:
     """What the server's presence log says: when it closed each silent device, its own
     lateness figures, and the vanished devices it noticed.
 
     ``silent_last`` maps a silent device to its last packet (``CLOCK_MONOTONIC``); the
     log's times are wall-clock, so the two are put on one clock here (both run at
-    the same rate, and a run is minutes long).
+    the same rate, and a run is minutes long). ``windows`` holds the silent devices the
+    server gave another keep-alive (a 5.0 Server Keep Alive): 1.5 x that one is theirs.
     """
     vanished = {f"{s.prefix}-{s.first + i}" for s in gen_specs for i, _ in s.vanish}
     window = 1.5 * load.keepalive
@@ -186,9 +215,10 @@ def server_view(
         reasons[reason] = reasons.get(reason, 0) + 1
         cid = event.get("client_id")
         if cid in silent_last and reason == "keepalive-timeout":
-            late.append(float(event["silent_for"]) - window)
+            own = window if windows is None else windows.get(cid, window)
+            late.append(float(event["silent_for"]) - own)
             # The event is written just after the close, so this bounds the close from above.
-            close_late.append(float(event["time"]) - (silent_last[cid] + wall_minus_mono + window))
+            close_late.append(float(event["time"]) - (silent_last[cid] + wall_minus_mono + own))
         elif cid in vanished:
             vanish_seen[reason] = vanish_seen.get(reason, 0) + 1
     return {
@@ -230,6 +260,7 @@ def report(r: dict[str, Any]) -> str:
         f"({r['connect_rate_per_s']:,.0f}/s; failed {r['connect_failed']}, refused {r['refused']})",
         f"silent devices found   {r['detected']:,} of {r['silent']:,}",
     ]
+    lines += protocol_lines(r)
     if close.get("n"):
         lines.append(
             f"detection lateness     p50 {close['p50']:.0f} / p99 {close['p99']:.0f} / max {close['max']:.0f} ms "
@@ -291,6 +322,32 @@ def report(r: dict[str, Any]) -> str:
         )
     lines.append(verdict(passed(r)))
     return "\n".join(lines)
+
+
+def _counts(counts: dict[str, int]) -> str:
+    return ", ".join(f"{name} {n:,}" for name, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
+def protocol_lines(r: dict[str, Any]) -> list[str]:
+    """The report's lines on the MQTT versions: the devices of each, the refusals by the
+    server's answer, the keep-alives the server gave, its DISCONNECTs by reason code."""
+    protocols = r.get("protocols") or {}
+    order = list(NAMES.values())
+    mix = ", ".join(f"{name} {protocols[name]:,}" for name in sorted(protocols, key=order.index))
+    lines = [f"protocols              {mix or '—'} devices"]
+    if r.get("refusals"):
+        lines.append(f"refused, by answer     {_counts(r['refusals'])}")
+    told = r.get("server_keepalive") or {}
+    if told:
+        shown = ", ".join(f"{k} s to {n:,}" for k, n in sorted(told.items(), key=lambda kv: int(kv[0])))
+        lines.append(f"server keep-alive      {shown} devices (5.0 CONNACK's Server Keep Alive; they ping at it)")
+    if protocols.get("5.0"):
+        disconnects = r.get("disconnects") or {}
+        shown = "; ".join(
+            f"{reason} {sum(roles.values()):,} ({_counts(roles)})" for reason, roles in sorted(disconnects.items())
+        )
+        lines.append(f"server DISCONNECTs     {shown or 'none'} (5.0 devices, by reason code and role)")
+    return lines
 
 
 def write_outputs(r: dict[str, Any], json_path: str, plots: str | None) -> list[str]:

@@ -19,6 +19,14 @@ It starts ``servers.heartbeat`` with enough SO_REUSEPORT workers for the devices
    the healthy devices keep pinging into the kernel's buffers, then SIGCONTed;
    1.5 K later, no healthy device may have been dropped.
 
+The devices speak MQTT 3.1.1 unless ``--protocol`` says otherwise: ``3.1``, ``3.1.1``
+or ``5`` for all of them, ``mixed`` for half 5.0 and half 3.1.1, or shares such as
+``5:0.5`` or ``3.1:0.1,5:0.3`` (the rest 3.1.1; :mod:`loadtest.mqtt_versions`). A 5.0
+device asks for no session (Session Expiry 0) and a Receive Maximum, pings at the
+server's keep-alive when its CONNACK gives one (Server Keep Alive), and counts the
+server's DISCONNECTs by reason code; the report gives the protocol mix, the refusals by
+the server's answer and those reason codes.
+
 Measured: connect rate; false expiries (healthy devices the server dropped: the
 required figure is 0); detection lateness of every silent device (its close, seen
 by the device, minus its last packet + 1.5 K: never negative); takeovers; server
@@ -48,6 +56,7 @@ from .options import (
     add_devices,
     add_json,
     add_keepalive,
+    add_protocol,
     add_quiet,
     add_rate,
     add_running_server,
@@ -75,6 +84,7 @@ _LOAD_FLAGS = (
     "rate",
     "per_generator",
     "seed",
+    "protocol",
 )
 """The flags that make a :class:`~loadtest.workload.DeviceLoad`, by its field names."""
 
@@ -168,7 +178,8 @@ def run_devices(
         }
     if server.presence_log is not None:
         silent_last = {cid: t for r in results for cid, t in r.get("silent_last", {}).items()}
-        merged["server_view"] = server_view(server.presence_log, silent_last, gen_specs, load)
+        windows = {cid: w for r in results for cid, w in r.get("silent_window", {}).items()}
+        merged["server_view"] = server_view(server.presence_log, silent_last, gen_specs, load, windows)
     return merged
 
 
@@ -195,6 +206,7 @@ def parser(prog: str = "python -m loadtest devices") -> argparse.ArgumentParser:
     a("--vanish", type=float, default=d.vanish, help="share of devices that reset their connection (default: 0)")
     a("--reconnect", type=float, default=d.reconnect, help="share that reconnect with the same client id (default: 0)")
     a("--stall", action="store_true", help="SIGSTOP the server for 2 x K, then SIGCONT")
+    add_protocol(p, d.protocol)
     add_rate(p, d.rate)
     a("--per-generator", type=int, default=d.per_generator, help="devices per generator process (default: 15000)")
     a("--workers", type=int, default=None, help="server workers (default: enough for the devices, at least 2)")

@@ -7,10 +7,13 @@ import argparse
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from .mqtt_versions import protocol_option
+
 __all__ = [
     "add_devices",
     "add_json",
     "add_keepalive",
+    "add_protocol",
     "add_quiet",
     "add_rate",
     "add_running_server",
@@ -43,6 +46,19 @@ def add_keepalive(parser: argparse.ArgumentParser, default: int) -> None:
     """``--keepalive``: the devices' MQTT keep-alive."""
     parser.add_argument(
         "--keepalive", type=int, default=default, help=f"device keep-alive K in seconds (default: {default})"
+    )
+
+
+def add_protocol(parser: argparse.ArgumentParser, default: str) -> None:
+    """``--protocol``: the MQTT version the devices speak, or a mix (:mod:`loadtest.mqtt_versions`)."""
+    parser.add_argument(
+        "--protocol",
+        type=protocol_option,
+        default=default,
+        metavar="VERSION|mixed|VERSION:SHARE,...",
+        help="the MQTT version of the devices' CONNECT: 3.1, 3.1.1 or 5 for all of them; 'mixed' for half "
+        "5.0, half 3.1.1; or shares, the rest 3.1.1: '5:0.5' is half 5.0, '3.1:0.1,5:0.3' is 10%% 3.1, "
+        f"30%% 5.0, 60%% 3.1.1 (default: {default})",
     )
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,12 +34,18 @@ def _cell(value: float, ours: float, unit: str) -> str:
     return text
 
 
-def table(rows: dict[str, dict[str, float]], columns: Sequence[Column], missing: dict[str, str]) -> str:
-    """A Markdown table: one row per target, each figure with its ratio to idlekeeper's."""
+def table(
+    rows: dict[str, dict[str, float]],
+    columns: Sequence[Column],
+    missing: dict[str, str],
+    ours_for: Callable[[str], str] | None = None,
+) -> str:
+    """A Markdown table: one row per target, each figure with its ratio to idlekeeper's
+    (to the row ``ours_for(name)`` names, when given: say ours on the same protocol)."""
     head = "| target | " + " | ".join(title for _, title, _, _ in columns) + " |"
     lines = [head, "|---" * (len(columns) + 1) + "|"]
-    ours = rows.get("idlekeeper", {})
     for name, row in rows.items():
+        ours = rows.get("idlekeeper" if ours_for is None else ours_for(name), {})
         cells = [_cell(row.get(key, math.nan), ours.get(key, math.nan), unit) for key, _, unit, _ in columns]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     for name, why in missing.items():

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .generator.spec import GeneratorSpec
+from .mqtt_versions import deal
 
 __all__ = ["FILE_BUDGET", "DeviceLoad", "Timeline", "generator_count", "opening", "plan", "specs"]
 
@@ -39,6 +40,8 @@ class DeviceLoad:
     per_generator: int = FILE_BUDGET
     host: str = "127.0.0.1"
     seed: int = 1
+    protocol: str = "3.1.1"
+    """The MQTT version each device speaks: one for all, or a mix (:mod:`loadtest.mqtt_versions`)."""
 
 
 @dataclass
@@ -107,6 +110,7 @@ def specs(load: DeviceLoad, timeline: Timeline, port: int, workdir: Path) -> lis
         "vanish": order[n_silent : n_silent + n_vanish],
         "reconnect": order[n_silent + n_vanish : n_silent + n_vanish + n_reconnect],
     }
+    versions = deal(n, load.protocol, load.seed)
     out: list[GeneratorSpec] = []
     for g in range(generators):
         first = g * share
@@ -128,6 +132,7 @@ def specs(load: DeviceLoad, timeline: Timeline, port: int, workdir: Path) -> lis
                 end_at=timeline.end,
                 results=str(workdir / f"generator-{g}.json"),
                 seed=load.seed,
+                versions=versions[first : first + count],
             )
         )
     spread = load.keepalive / 2

@@ -8,7 +8,7 @@ import os
 import queue
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Collection
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
@@ -18,6 +18,7 @@ from servers.bus import Hub
 from servers.heartbeat.coordination import Coordinator
 from servers.heartbeat.coordination.authority import Authority, epoch_of
 from servers.heartbeat.coordination.local import BusCoordinator
+from servers.heartbeat.policy import DEFAULT_PRESENCE_PREFIX as PRESENCE
 from servers.heartbeat.presence import PresenceEvent
 
 from .redis_server import RedisServer, require_binary
@@ -35,9 +36,27 @@ class RecordingHost:
     held: dict[str, PresenceEvent] = field(default_factory=dict)
     subscribed: set[str] = field(default_factory=set)
     count: int = 0
+    properties: list[bytes] = field(default_factory=list)
+    """The MQTT 5 properties of each delivered message, in step with ``delivered``."""
+    retains: list[bool] = field(default_factory=list)
+    """The retain flag each was published with, in step with ``delivered``."""
+    groups: list[tuple[str, ...] | None] = field(default_factory=list)
+    """The shared subscriptions each was for, in step with ``delivered``."""
 
-    def deliver(self, topic: str, payload: bytes, qos: int) -> None:
+    def deliver(
+        self,
+        topic: str,
+        payload: bytes,
+        qos: int,
+        properties: bytes = b"",
+        retain: bool = False,
+        groups: Collection[str] | None = None,
+        plain: bool = True,
+    ) -> None:
         self.delivered.append((topic, payload, qos))
+        self.properties.append(properties)
+        self.retains.append(retain)
+        self.groups.append(None if groups is None else tuple(groups))
 
     def evict(self, client_id: str, epoch: str, detail: str) -> None:
         self.evicted.append((client_id, epoch))
@@ -54,7 +73,7 @@ class RecordingHost:
 
     def presence(self) -> list[dict[str, object]]:
         """Presence events delivered here, in order."""
-        return [json.loads(p) for t, p, _ in list(self.delivered) if t.startswith("presence/")]
+        return [json.loads(p) for t, p, _ in list(self.delivered) if t.startswith(PRESENCE)]
 
     def new_event(self, client_id: str, status: str = "online") -> PresenceEvent:
         self.count += 1

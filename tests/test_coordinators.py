@@ -14,7 +14,10 @@ from functools import partial
 import pytest
 import trio
 
+from servers.heartbeat.policy import DEFAULT_PRESENCE_PREFIX as PRESENCE
 from servers.heartbeat.presence import Offline
+from servers.heartbeat.v5.outbound import forwarded
+from servers.heartbeat.v5.properties import Properties
 
 from .coordinator_cluster import Cluster, RecordingHost, local_cluster, redis_cluster
 
@@ -47,7 +50,7 @@ def states(host: RecordingHost, client_id: str) -> list[tuple[str, str, str | No
     ]
 
 
-async def subscribe_all(cluster: Cluster, topic_filter: str = "presence/#") -> None:
+async def subscribe_all(cluster: Cluster, topic_filter: str = f"{PRESENCE}#") -> None:
     for m in cluster.members:
         m.host.subscribed.add(topic_filter)
         m.coordinator.filters_changed(m.host.filters())
@@ -115,6 +118,42 @@ async def test_messages_are_routed_only_where_a_filter_matches(make_cluster: Fac
         await trio.sleep(0.1)
         assert [(t, p) for t, p, _ in b.host.delivered] == [("sensors/d1/temp", f"{i}".encode()) for i in range(5)]
         assert c.host.delivered == [] and a.host.delivered == []  # no match; never back to the sender
+
+
+async def test_an_mqtt_5_publishers_properties_reach_the_other_members(make_cluster: Factory) -> None:
+    """Issue 28: a 5.0 subscriber on another worker or node gets what a 5.0 publisher's
+    PUBLISH carried (user properties in order, content type, correlation data), at QoS 0
+    (sent once) and QoS 1 (numbered, resent after a dropped link); a 3.1.1 one's, none."""
+    props = forwarded(
+        Properties(
+            content_type="application/json", correlation_data=b"\x00\x01", user_properties=(("b", "2"), ("a", "1"))
+        )
+    )
+    async with make_cluster(2) as cluster:
+        a, b = cluster.members
+        b.host.subscribed.add("cmd/#")
+        b.coordinator.filters_changed(b.host.filters())
+        await trio.sleep(0.2)
+        a.coordinator.route("cmd/1", b"{}", 0, props)
+        a.coordinator.route("cmd/2", b"{}", 1, props, True)
+        a.coordinator.route("cmd/3", b"plain", 1)
+        a.coordinator.route("cmd/4", b"kept", 0, b"", True)
+        await until(lambda: len(b.host.delivered) == 4, "four messages at b")
+        topics = [t for t, _, _ in b.host.delivered]
+        assert dict(zip(topics, b.host.properties, strict=True)) == {
+            "cmd/1": props,
+            "cmd/2": props,
+            "cmd/3": b"",
+            "cmd/4": b"",
+        }
+        # The retain flag as published (for a 5.0 subscriber's Retain As Published).
+        assert dict(zip(topics, b.host.retains, strict=True)) == {
+            "cmd/1": False,
+            "cmd/2": True,
+            "cmd/3": False,
+            "cmd/4": True,
+        }
+        assert [p for t, p, _ in b.host.delivered] == [b"{}", b"{}", b"plain", b"kept"]
 
 
 async def test_once_settled_every_other_member_routes_by_the_new_filters(make_cluster: Factory) -> None:

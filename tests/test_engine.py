@@ -235,6 +235,59 @@ async def test_idle_expiry_closes_the_socket(keeper: idlekeeper.Keeper, clock: M
         assert keeper.stats.expired[Reason.IDLE] == 1
 
 
+async def test_last_words_reach_an_idle_peer_before_the_close(keeper: idlekeeper.Keeper, clock: MockClock) -> None:
+    """A protocol's goodbye (MQTT 5's DISCONNECT 0x8D) is written by the reaper just
+    before an expiry's close; the protocol then hears ExpiredError as usual."""
+
+    class Polite(Probe):
+        def last_words(self, reason: Reason) -> bytes | None:
+            self.events.append(f"last-words {reason.value}")
+            return b"bye:" + reason.value.encode()
+
+    probes, factory = collecting(Polite)
+    async with serving(keeper, factory, idle=5) as (_engine, addr):
+        client = await connect(addr)
+        data, eof_at = await read_until_eof(client)
+        [probe] = probes
+        await lost(probe)
+        assert data == b"bye:idle" and eof_at == assert_expired(probe, Reason.IDLE, probe.made_at, 5, keeper.tick)
+        assert "last-words idle" in probe.events
+
+
+async def test_no_last_words_into_a_queue_or_from_a_raising_protocol(
+    keeper: idlekeeper.Keeper, clock: MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Bytes queued for a peer that does not read: the goodbye would land in the middle
+    of them, so it is not asked for; a last_words that raises is logged, and the
+    connection still closes."""
+
+    class Flood(Probe):
+        def connection_made(self, transport: Transport) -> None:
+            super().connection_made(transport)
+            transport.write(b"z" * (8 << 20))
+
+        def last_words(self, reason: Reason) -> bytes | None:
+            raise AssertionError("asked with a queue")
+
+    class Broken(Probe):
+        def last_words(self, reason: Reason) -> bytes | None:
+            raise RuntimeError("broken goodbye")
+
+    probes, factory = collecting(Flood)
+    async with serving(keeper, factory, send=4) as (_engine, addr):
+        _client = await connect(addr)  # never reads
+        await until(lambda: bool(probes), "accept")
+        await trio.sleep(10)
+    assert_expired(probes[0], Reason.SEND, probes[0].made_at, 4, keeper.tick)
+    broken, factory = collecting(Broken)
+    async with serving(keeper, factory, idle=2) as (_engine, addr):
+        client = await connect(addr)
+        data, _ = await read_until_eof(client)
+        await lost(broken[0])
+    assert data == b"" and broken[0].t.reason is Reason.IDLE
+    assert "broken goodbye" in caplog.text
+
+
 async def test_receive_expiry_is_deferred_by_client_activity(keeper: idlekeeper.Keeper, clock: MockClock) -> None:
     probes, factory = collecting(lambda: Probe(echo=True))
     async with serving(keeper, factory, receive=3) as (_engine, addr):

@@ -323,6 +323,7 @@ class _Conn:
         self.name = name
         self.finished = False
         self.persistent = False
+        self.held = None
         self.stream = self
         self.send_timeout: float | None = None
 

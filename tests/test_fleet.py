@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Collection, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,6 +19,7 @@ import pytest
 import trio
 
 from servers.heartbeat.coordination.fleet import RedisCoordinator
+from servers.heartbeat.policy import DEFAULT_PRESENCE_PREFIX as PRESENCE
 from servers.heartbeat.presence import Offline, PresenceEvent
 
 from .redis_server import RedisServer, require_binary
@@ -49,9 +50,27 @@ class RecordingHost:
     delivered: list[tuple[str, bytes, int]] = field(default_factory=list)
     transmitted: list[tuple[str, str, list[bytes]]] = field(default_factory=list)
     evicted: list[tuple[str, str, str]] = field(default_factory=list)
+    properties: list[bytes] = field(default_factory=list)
+    """The MQTT 5 properties of each delivered message, in step with ``delivered``."""
+    retains: list[bool] = field(default_factory=list)
+    """The retain flag each was published with, in step with ``delivered``."""
+    groups: list[tuple[str, ...] | None] = field(default_factory=list)
+    """The shared subscriptions each was for, in step with ``delivered``."""
 
-    def deliver(self, topic: str, payload: bytes, qos: int) -> None:
+    def deliver(
+        self,
+        topic: str,
+        payload: bytes,
+        qos: int,
+        properties: bytes = b"",
+        retain: bool = False,
+        groups: Collection[str] | None = None,
+        plain: bool = True,
+    ) -> None:
         self.delivered.append((topic, payload, qos))
+        self.properties.append(properties)
+        self.retains.append(retain)
+        self.groups.append(None if groups is None else tuple(groups))
 
     def evict(self, client_id: str, epoch: str, detail: str) -> None:
         self.evicted.append((client_id, epoch, detail))
@@ -69,11 +88,11 @@ class RecordingHost:
         """The presence events delivered here, in order (of one device, if given)."""
         import json
 
-        out = [PresenceEvent.from_dict(json.loads(p)) for t, p, _ in self.delivered if t.startswith("presence/")]
+        out = [PresenceEvent.from_dict(json.loads(p)) for t, p, _ in self.delivered if t.startswith(PRESENCE)]
         return [e for e in out if client_id is None or e.client_id == client_id]
 
     def messages(self) -> list[tuple[str, bytes]]:
-        return [(t, p) for t, p, _ in self.delivered if not t.startswith("presence/")]
+        return [(t, p) for t, p, _ in self.delivered if not t.startswith(PRESENCE)]
 
 
 @dataclass
@@ -473,7 +492,7 @@ async def test_a_node_that_leaves_ends_what_it_still_holds_as_shutdown_once() ->
 
     async with redis_cluster(2) as cluster:
         a, b = cluster.members
-        b.host.subscribed.add("presence/#")
+        b.host.subscribed.add(f"{PRESENCE}#")
         b.coordinator.filters_changed(b.host.filters())
         sessions = [a.host.new_event(f"d{i}") for i in range(5)]
         for event in sessions:

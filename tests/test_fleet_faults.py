@@ -17,6 +17,7 @@ import pytest
 
 from loadtest.processes import free_port, start_heartbeat
 from servers.heartbeat import encoders
+from servers.heartbeat.policy import DEFAULT_PRESENCE_PREFIX as PRESENCE
 
 from .conftest import wait_closed
 from .redis_server import RedisServer, require_binary
@@ -54,16 +55,17 @@ def test_a_fleet_survives_a_roaming_device_a_killed_gateway_and_a_redis_restart(
             args += ["--tick", "0.05", "--status-port", str(status), "--lease", "3"]
             gateways.append((start_heartbeat(port, 1, args, cwd=str(ROOT)), port, status, log))
         (gw0, port0, _, _), (gw1, port1, status1, log1) = gateways
-        watch, got = subscriber(port1, "dashboard", "presence/#")
+        watch, got = subscriber(port1, "dashboard", f"{PRESENCE}#")
         time.sleep(0.3)
-        on0 = {f"a-{i}": raw_connect(port0, f"a-{i}", keep_alive=60) for i in range(30)}
-        on1 = {f"b-{i}": raw_connect(port1, f"b-{i}", keep_alive=60) for i in range(30)}
+        # Every other device speaks MQTT 5.0 (issue 28).
+        on0 = {f"a-{i}": raw_connect(port0, f"a-{i}", keep_alive=60, v5=i % 2 == 1) for i in range(30)}
+        on1 = {f"b-{i}": raw_connect(port1, f"b-{i}", keep_alive=60, v5=i % 2 == 1) for i in range(30)}
         until(lambda: heard(got, "online") >= set(on0) | set(on1), 10, "the dashboard hears both gateways")
 
         # A device that moves to the other gateway: its old connection there is closed.
         roamer = raw_connect(port0, "roamer", keep_alive=60)
         until(lambda: "roamer" in heard(got, "online"), 5, "roamer online")
-        moved = raw_connect(port1, "roamer", keep_alive=60)
+        moved = raw_connect(port1, "roamer", keep_alive=60, v5=True)  # 3.1.1 there, 5.0 here
         wait_closed(roamer, 5)
         status, body = get(f"http://127.0.0.1:{status1}/devices/a-3")  # held by the other gateway
         assert status == 200 and json.loads(body)["status"] == "online"

@@ -21,7 +21,8 @@ from servers.heartbeat import encoders
 from servers.heartbeat.coordination.fleet import RedisCoordinator
 from servers.heartbeat.packets import Packet, Publish, Pubrel
 from servers.heartbeat.persistent import Acked, Attach, Detach, Inbound, Opened, Push, Subscribed
-from servers.heartbeat.reader import PacketReader
+from servers.heartbeat.policy import DEFAULT_PRESENCE_PREFIX as PRESENCE
+from servers.heartbeat.reader import AnyPacket, PacketReader
 
 from .redis_server import RedisServer
 from .test_fleet import LEASE, PREFIX, Node, RecordingHost, cut_off, drain, fleet, redis_server, until
@@ -32,7 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 __all__ = ["redis_server"]  # the fixture, shared with tests/test_fleet.py
 
 
-def packets(host: RecordingHost, client_id: str, epoch: str | None = None) -> list[Packet]:
+def packets(host: RecordingHost, client_id: str, epoch: str | None = None) -> list[AnyPacket]:
     """Every packet ``host`` was asked to write to ``client_id``'s connection, in order."""
     data = b"".join(b"".join(p) for c, e, p in host.transmitted if c == client_id and epoch in (None, e))
     return PacketReader(1 << 20).feed(data)
@@ -420,19 +421,25 @@ async def test_retained_presence_online_offline_and_its_ttl(redis_server: RedisS
         async def statuses(topic_filter: str) -> dict[str, str]:
             got = await collect(b.coord, topic_filter)
             assert all(qos == 0 for _, _, qos in got)
-            return {t: json.loads(p)["status"] for t, p, _ in got if t.startswith("presence/")}
+            return {t: json.loads(p)["status"] for t, p, _ in got if t.startswith(PRESENCE)}
 
-        everyone = {"presence/dev-1": "online", "presence/dev-2": "offline", "presence/dev-3": "online"}
-        assert await statuses("presence/#") == everyone
-        assert await statuses("presence/+") == everyone
-        assert await statuses("+/dev-1") == {"presence/dev-1": "online"}
-        assert await statuses("presence/dev-2") == {"presence/dev-2": "offline"}
-        assert await statuses("presence/nobody") == {}
+        everyone = {f"{PRESENCE}dev-1": "online", f"{PRESENCE}dev-2": "offline", f"{PRESENCE}dev-3": "online"}
+        assert await statuses(f"{PRESENCE}#") == everyone
+        assert await statuses(f"{PRESENCE}+") == everyone
+        assert await statuses("$SYS/#") == everyone
+        assert await statuses("$SYS/+/dev-1") == {f"{PRESENCE}dev-1": "online"}
+        assert await statuses(f"{PRESENCE}dev-2") == {f"{PRESENCE}dev-2": "offline"}
+        assert await statuses(f"{PRESENCE}nobody") == {}
+        # Presence is under $SYS/: a filter that starts with a wildcard matches none of it.
+        assert await statuses("#") == {}
+        assert await statuses("+/presence/#") == {}
+        assert await statuses("+/+/dev-1") == {}
+        assert [t for t, _, _ in await collect(b.coord, "#")] == ["presence-like/x"]
         assert await collect(b.coord, "sensors/#") == []
         await trio.sleep(0.7)  # the offline entry ages out; the online ones stay
-        assert await statuses("#") == {"presence/dev-1": "online", "presence/dev-3": "online"}
+        assert await statuses(f"{PRESENCE}#") == {f"{PRESENCE}dev-1": "online", f"{PRESENCE}dev-3": "online"}
         b.coord.retention.presence = False  # --no-retain-presence
-        assert await statuses("presence/#") == {}
+        assert await statuses(f"{PRESENCE}#") == {}
 
 
 async def test_redis_down_refuses_open_and_never_blocks_reports(redis_server: RedisServer) -> None:

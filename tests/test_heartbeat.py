@@ -19,6 +19,8 @@ from servers.heartbeat.auth import PasswordFile
 from servers.heartbeat.config import HeartbeatConfig
 from servers.heartbeat.coordination.inprocess import InProcessCoordinator
 from servers.heartbeat.dense import DenseConnection
+from servers.heartbeat.policy import DEFAULT_PRESENCE_PREFIX as PRESENCE
+from servers.heartbeat.policy import LEGACY_PRESENCE_PREFIX
 from servers.heartbeat.presence import Offline, PresenceEvent
 from servers.heartbeat.reader import PacketReader
 from servers.heartbeat.server import HeartbeatServer
@@ -125,12 +127,12 @@ async def running(config: HeartbeatConfig | None = None) -> AsyncIterator[tuple[
 async def test_connect_ping_publish_and_presence(clock: MockClock) -> None:
     async with running() as (server, events):
         watcher = await Client.connect(server.port, "dashboard")
-        await watcher.send(encoders.encode_subscribe(1, [("presence/#", 0), ("sensors/+/temp", 1)]))
+        await watcher.send(encoders.encode_subscribe(1, [(f"{PRESENCE}#", 0), ("sensors/+/temp", 1)]))
         assert await watcher.read_packet() == encoders.encode_suback(1, [0, 1])
-        assert await retained_topic(watcher) == "presence/dashboard"  # its own, retained
+        assert await retained_topic(watcher) == f"{PRESENCE}dashboard"  # its own, retained
         device = await Client.connect(server.port, "dev-1", keep_alive=10)
         topic, payload = publish_topic(await watcher.read_packet())
-        assert topic == "presence/dev-1"
+        assert topic == f"{PRESENCE}dev-1"
         assert json.loads(payload)["status"] == "online"
         await device.send(encoders.encode_pingreq())
         assert await device.read(2) == encoders.encode_pingresp()
@@ -144,7 +146,7 @@ async def test_connect_ping_publish_and_presence(clock: MockClock) -> None:
         assert await device.closed()
         topic, payload = publish_topic(await watcher.read_packet())
         offline = json.loads(payload)
-        assert (topic, offline["status"], offline["reason"]) == ("presence/dev-1", "offline", "disconnect")
+        assert (topic, offline["status"], offline["reason"]) == (f"{PRESENCE}dev-1", "offline", "disconnect")
         record = await server.lookup("devices", "dev-1")
         assert isinstance(record, dict) and record["status"] == "offline"
     assert [(e.client_id, e.status) for e in events][:3] == [
@@ -157,9 +159,9 @@ async def test_connect_ping_publish_and_presence(clock: MockClock) -> None:
 async def test_silent_device_expires_at_one_and_a_half_keepalive_with_will(clock: MockClock) -> None:
     async with running() as (server, _events):
         watcher = await Client.connect(server.port, "watcher", keep_alive=0)
-        await watcher.send(encoders.encode_subscribe(1, [("presence/#", 0), ("wills/#", 0)]))
+        await watcher.send(encoders.encode_subscribe(1, [(f"{PRESENCE}#", 0), ("wills/#", 0)]))
         await watcher.read_packet()
-        assert await retained_topic(watcher) == "presence/watcher"
+        assert await retained_topic(watcher) == f"{PRESENCE}watcher"
         device = await Client.connect(
             server.port, "dead-1", keep_alive=4, will_topic="wills/dead-1", will_message=b"gone"
         )
@@ -173,7 +175,7 @@ async def test_silent_device_expires_at_one_and_a_half_keepalive_with_will(clock
         assert last + 6 <= closed_at < last + 6 + TICK
         got = {publish_topic(await watcher.read_packet()) for _ in range(2)}
         assert ("wills/dead-1", b"gone") in got
-        (offline,) = [json.loads(p) for t, p in got if t == "presence/dead-1"]
+        (offline,) = [json.loads(p) for t, p in got if t == f"{PRESENCE}dead-1"]
         assert offline["reason"] == "keepalive-timeout"
         assert 6 <= offline["silent_for"] < 6 + TICK
     assert server.offline_by_reason["keepalive-timeout"] == 1
@@ -288,7 +290,9 @@ BAD_INPUTS = {
     "5-byte varint": b"\x30\xff\xff\xff\xff\x01",
     "reserved flag bits": b"\x12\x00",
     "protocol level 3 named MQTT": encoders.encode_connect("old", protocol_level=3),
-    "protocol level 5": encoders.encode_connect("new", protocol_level=5),
+    "protocol level 6": encoders.encode_connect("new", protocol_level=6),
+    # A 5.0 CONNECT laid out as 3.1.1's (no property length): refused as 5.0, malformed.
+    "5.0 connect without properties": encoders.encode_connect("new", protocol_level=5),
     "publish before connect": encoders.encode_publish("a/b", b"x"),
     "random bytes": bytes(range(7, 250, 3)),
     "http request": b"GET / HTTP/1.1\r\nHost: x\r\n\r\n",
@@ -305,6 +309,8 @@ async def test_bad_input_closes_only_that_connection(name: str, clock: MockClock
         assert await bad.closed()
         if "level" in name:
             assert bad.buf == encoders.encode_connack(False, 1)  # the spec's refusal code
+        if "5.0" in name:
+            assert bad.buf == b"\x20\x03\x00\x81\x00"  # 5.0's CONNACK: Malformed Packet
         for _ in range(3):
             await healthy.send(encoders.encode_pingreq())
             assert await healthy.read(2) == encoders.encode_pingresp()
@@ -391,11 +397,11 @@ async def test_graceful_shutdown_tells_subscribers_before_closing_them(clock: Mo
         server = await nursery.start(partial(serve_heartbeat, cfg))
         watchers = [await Client.connect(server.port, f"dashboard-{i}") for i in range(2)]
         for watcher in watchers:
-            await watcher.send(encoders.encode_subscribe(1, [("presence/+", 0)]))
+            await watcher.send(encoders.encode_subscribe(1, [(f"{PRESENCE}+", 0)]))
             assert await watcher.read_packet() == encoders.encode_suback(1, [0])
         devices = [await Client.connect(server.port, f"d{i}") for i in range(n)]
         for watcher in watchers:  # every device's online event has arrived
-            while publish_topic(await watcher.read_packet())[0] != f"presence/d{n - 1}":
+            while publish_topic(await watcher.read_packet())[0] != f"{PRESENCE}d{n - 1}":
                 pass
         await server.shutdown()
         heard: list[set[str]] = []
@@ -406,7 +412,7 @@ async def test_graceful_shutdown_tells_subscribers_before_closing_them(clock: Mo
                     topic, payload = publish_topic(await watcher.read_packet())
                     event = json.loads(payload)
                     if event["status"] == "offline" and event["reason"] == "shutdown":
-                        offline.add(topic.removeprefix("presence/"))
+                        offline.add(topic.removeprefix(PRESENCE))
             heard.append(offline)
         nursery.cancel_scope.cancel()
     expected = {f"d{i}" for i in range(n)}
@@ -458,7 +464,7 @@ async def test_device_records_are_bounded(clock: MockClock) -> None:
         assert await keeper.read(2) == encoders.encode_pingresp()
 
 
-@pytest.mark.parametrize("prefix", ["presence/", "status/"])
+@pytest.mark.parametrize("prefix", [PRESENCE, LEGACY_PRESENCE_PREFIX, "status/"])
 async def test_devices_cannot_forge_presence_under_the_configured_prefix(prefix: str, clock: MockClock) -> None:
     async with running(HeartbeatConfig(presence_prefix=prefix)) as (server, _):
         watcher = await Client.connect(server.port, "dashboard")
@@ -504,7 +510,7 @@ async def test_dense_devices_arm_a_send_timeout_only_while_they_lag(clock: MockC
     async with running() as (server, _):
         device = await Client.connect(server.port, "quiet-device")
         watcher = await Client.connect(server.port, "watcher")
-        await watcher.send(encoders.encode_subscribe(1, [("presence/#", 0)]))
+        await watcher.send(encoders.encode_subscribe(1, [(f"{PRESENCE}#", 0)]))
         assert await watcher.read_packet() == encoders.encode_suback(1, [0])
         conns = {c.session.client_id: c for c in server.connections}
         assert conns["quiet-device"].stream.send_timeout is None

@@ -16,7 +16,7 @@ import subprocess
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,7 +28,10 @@ from paho.mqtt.enums import CallbackAPIVersion
 from loadtest.mqtt_frames import frames
 from loadtest.processes import free_port, start_heartbeat
 from servers.heartbeat import encoders, packets
+from servers.heartbeat.policy import DEFAULT_PRESENCE_PREFIX as PRESENCE
 from servers.heartbeat.reader import PacketReader
+from servers.heartbeat.v5 import codec as v5_codec
+from servers.heartbeat.v5 import packets as v5_packets
 from servers.listeners import check_port_free
 
 from .conftest import wait_closed
@@ -86,10 +89,20 @@ def start_server(tmp_path: Path) -> Iterator[object]:
                 server.proc.wait()
 
 
-def raw_connect(port: int, client_id: str, keep_alive: int, **kw: object) -> socket.socket:
+def raw_connect(port: int, client_id: str, keep_alive: int, *, v5: bool = False, **kw: object) -> socket.socket:
+    """A device on a raw socket, past its CONNACK: MQTT 3.1.1, or 5.0 with ``v5``."""
     sock = socket.create_connection(("127.0.0.1", port))
-    sock.sendall(encoders.encode_connect(client_id, keep_alive=keep_alive, **kw))  # type: ignore[arg-type]
     sock.settimeout(5)
+    if v5:
+        sock.sendall(v5_codec.pack(v5_packets.Connect(client_id, keep_alive, **kw)))  # type: ignore[arg-type]
+        head = sock.recv(2)
+        assert head[:1] == b"\x20" and head[1] < 0x80, head  # a CONNACK, its properties under 128 bytes
+        body = b""
+        while len(body) < head[1]:
+            body += sock.recv(head[1] - len(body))
+        assert body[:2] == b"\x00\x00", body  # accepted
+        return sock
+    sock.sendall(encoders.encode_connect(client_id, keep_alive=keep_alive, **kw))  # type: ignore[arg-type]
     assert sock.recv(4) == encoders.encode_connack(False, 0)
     return sock
 
@@ -109,7 +122,7 @@ def test_paho_connect_ping_publish_subscribe_and_will(start_server: object, engi
     watcher.connect("127.0.0.1", server.port, keepalive=2)
     watcher.loop_start()
     try:
-        watcher.subscribe([("presence/#", 0), ("wills/#", 1), ("data/#", 1)])
+        watcher.subscribe([(f"{PRESENCE}#", 0), ("wills/#", 1), ("data/#", 1)])
         assert subscribed.wait(5)
         device = paho_client("paho-device")
         device.connect("127.0.0.1", server.port, keepalive=2)
@@ -124,7 +137,7 @@ def test_paho_connect_ping_publish_subscribe_and_will(start_server: object, engi
             time.sleep(0.05)
         assert ("data/t", b"q0") in got and ("data/t", b"q1") in got
         assert ("wills/paho-dead", b"bye") in got
-        presence = [json.loads(p) for t, p in got if t == "presence/paho-device"]
+        presence = [json.loads(p) for t, p in got if t == f"{PRESENCE}paho-device"]
         assert [p["status"] for p in presence] == ["online"]  # pings kept it alive
         device.disconnect()
         device.loop_stop()
@@ -168,7 +181,7 @@ def test_mosquitto_clients(start_server: object) -> None:
     server: Server = start_server()  # type: ignore[operator]
     sub = subprocess.Popen(
         [
-            *("mosquitto_sub", "-h", "127.0.0.1", "-p", str(server.port), "-t", "presence/#", "-v"),
+            *("mosquitto_sub", "-h", "127.0.0.1", "-p", str(server.port), "-t", f"{PRESENCE}#", "-v"),
             "-R",
             "-C",
             "2",
@@ -193,7 +206,7 @@ def test_mosquitto_clients(start_server: object) -> None:
             sub.kill()
             sub.wait()
     lines = out.strip().splitlines()
-    assert lines[0].startswith("presence/mosq-dev ") and '"status":"online"' in lines[0]
+    assert lines[0].startswith(f"{PRESENCE}mosq-dev ") and '"status":"online"' in lines[0]
     assert '"reason":"disconnect"' in lines[1]
 
 
@@ -203,7 +216,7 @@ def test_sigstop_stall_keeps_pinging_clients(start_server: object, engine: str) 
     pinging must survive, while one that went silent is still cut (either engine)."""
     server: Server = start_server("--engine", engine)  # type: ignore[operator]
     alive = raw_connect(server.port, "stall-alive", keep_alive=1)  # deadline 1.5 s
-    silent = raw_connect(server.port, "stall-silent", keep_alive=1)
+    silent = raw_connect(server.port, "stall-silent", keep_alive=1, v5=True)
     stop = threading.Event()
 
     def pinger() -> None:
@@ -236,10 +249,13 @@ def test_sigstop_stall_keeps_pinging_clients(start_server: object, engine: str) 
     assert "stall-alive" not in offline
 
 
-def subscriber(port: int, name: str, topic_filter: str) -> tuple[socket.socket, list[tuple[str, dict[str, object]]]]:
-    """A raw MQTT subscriber whose received PUBLISHes are collected by a thread."""
+def subscriber(
+    port: int, name: str, topic_filter: str | Sequence[str]
+) -> tuple[socket.socket, list[tuple[str, dict[str, object]]]]:
+    """A raw MQTT subscriber (to one filter or several) whose received PUBLISHes are collected by a thread."""
     sock = raw_connect(port, name, keep_alive=0)
-    sock.sendall(encoders.encode_subscribe(1, [(topic_filter, 0)]))
+    filters = [topic_filter] if isinstance(topic_filter, str) else list(topic_filter)
+    sock.sendall(encoders.encode_subscribe(1, [(f, 0) for f in filters]))
     got: list[tuple[str, dict[str, object]]] = []
     # PUBLISH has the same layout both ways, so the server's parser reads them.
     reader = PacketReader(max_packet_size=1 << 20)
@@ -284,7 +300,7 @@ def test_workers_share_the_port_presence_and_takeovers(start_server: object) -> 
     import psutil
 
     server: Server = start_server(workers=2, status=True)  # type: ignore[operator]
-    watchers = [subscriber(server.port, f"watcher-{i}", "presence/#") for i in range(4)]
+    watchers = [subscriber(server.port, f"watcher-{i}", f"{PRESENCE}#") for i in range(4)]
     time.sleep(0.5)  # let every worker learn the others' subscriptions
     socks = [raw_connect(server.port, f"w-{i}", keep_alive=30) for i in range(40)]
     events = server.wait_for(lambda e: e["status"] == "online" and str(e["client_id"]).startswith("w-"))
@@ -293,7 +309,7 @@ def test_workers_share_the_port_presence_and_takeovers(start_server: object) -> 
         events = [e for e in server.events() if e["status"] == "online" and str(e["client_id"]).startswith("w-")]
         time.sleep(0.05)
     assert {e["worker"] for e in events} == {0, 1}  # the kernel spread them
-    wanted = {f"presence/w-{i}" for i in range(40)}
+    wanted = {f"{PRESENCE}w-{i}" for i in range(40)}
 
     def heard(got: list[tuple[str, dict[str, object]]]) -> set[str]:
         # Watchers also hear each other come online, so count the devices' topics, not messages.
@@ -362,7 +378,7 @@ def test_workers_end_their_devices_and_exit_when_the_supervisor_is_killed(start_
     server = start_server(workers=2)  # type: ignore[operator]
     workers = psutil.Process(server.proc.pid).children()
     assert len(workers) == 2
-    devices = [raw_connect(server.port, f"orphan-{i}", keep_alive=60) for i in range(6)]
+    devices = [raw_connect(server.port, f"orphan-{i}", keep_alive=60, v5=i % 2 == 1) for i in range(6)]
     server.wait_for(lambda e: e.get("status") == "online" and e.get("client_id") == "orphan-5")
     server.proc.kill()  # SIGKILL, by PID: the supervisor cannot stop anything itself
     server.proc.wait()
@@ -370,8 +386,11 @@ def test_workers_end_their_devices_and_exit_when_the_supervisor_is_killed(start_
     for orphan in alive:
         orphan.kill()  # by PID, so that a failure here leaves nothing running
     assert not alive, f"workers outlived their supervisor: {alive}"
-    for sock in devices:
-        assert sock.recv(1) == b""  # closed by the server, as a shutdown closes them
+    for i, sock in enumerate(devices):
+        # closed by the server, as a shutdown closes them; a 5.0 device told why first
+        assert sock.recv(16) == (b"\xe0\x02\x8b\x00" if i % 2 else b"")
+        if i % 2:
+            assert sock.recv(1) == b""
         sock.close()
     ended = [e["client_id"] for e in server.events() if e.get("status") == "offline" and e["reason"] == "shutdown"]
     assert sorted(ended) == sorted(f"orphan-{i}" for i in range(6))  # each exactly once
@@ -382,17 +401,17 @@ def test_sigterm_tells_subscribers_every_device_went_offline_before_closing_them
     """The CLI's SIGTERM path, with real sockets: a subscriber hears all 300 devices end
     (reason shutdown) before its own connection is closed, and the server exits 0."""
     server = start_server()  # type: ignore[operator]
-    sock, got = subscriber(server.port, "dashboard", "presence/+")
+    sock, got = subscriber(server.port, "dashboard", f"{PRESENCE}+")
     devices = [raw_connect(server.port, f"sig-{i}", keep_alive=60) for i in range(300)]
     deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and ("presence/sig-299", "online") not in {(t, e["status"]) for t, e in got}:
+    while time.monotonic() < deadline and (f"{PRESENCE}sig-299", "online") not in {(t, e["status"]) for t, e in got}:
         time.sleep(0.02)
     server.proc.send_signal(signal.SIGTERM)  # by PID
     assert server.proc.wait(timeout=15) == 0
     expected = {f"sig-{i}" for i in range(300)}
 
     def offline() -> set[str]:
-        return {t.removeprefix("presence/") for t, e in list(got) if e["reason"] == "shutdown"}
+        return {t.removeprefix(PRESENCE) for t, e in list(got) if e["reason"] == "shutdown"}
 
     deadline = time.monotonic() + 5  # the server has exited: the collector is reading its last bytes
     while time.monotonic() < deadline and not offline() >= expected:

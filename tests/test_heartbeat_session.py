@@ -6,6 +6,8 @@ import pytest
 
 from servers.heartbeat import encoders, packets
 from servers.heartbeat.packets import ProtocolError
+from servers.heartbeat.policy import DEFAULT_PRESENCE_PREFIX as PRESENCE
+from servers.heartbeat.policy import LEGACY_PRESENCE_PREFIX
 from servers.heartbeat.reader import PacketReader
 from servers.heartbeat.session import (
     MAX_INBOUND_QOS2,
@@ -70,7 +72,7 @@ def test_rules() -> None:
     forger = Session()
     forger.receive(connect(client_id="f"))
     forger.accepted()
-    assert forger.receive(packets.Publish("presence/other", b"offline")) == [Denied("presence/other")]
+    assert forger.receive(packets.Publish(f"{PRESENCE}other", b"offline")) == [Denied(f"{PRESENCE}other")]
     assert forger.denied_publishes == 1
 
 
@@ -80,8 +82,9 @@ def test_limits_are_the_ones_given() -> None:
     s.accepted()
     assert s.receive(packets.Publish("status/other", b"offline")) == [Denied("status/other")]
     assert s.denied_publishes == 1
-    assert s.receive(packets.Publish("presence/other", b"x", qos=1, packet_id=2)) == [
-        Route("presence/other", b"x", 0, False),
+    # Under another prefix, the old default's topics are a device's like any other.
+    assert s.receive(packets.Publish(f"{LEGACY_PRESENCE_PREFIX}other", b"x", qos=1, packet_id=2)) == [
+        Route(f"{LEGACY_PRESENCE_PREFIX}other", b"x", 0, False),
         Send(encoders.encode_puback(2)),
     ]
     assert s.receive(packets.Subscribe(3, (("a", 1),))) == [

@@ -17,6 +17,7 @@ from loadtest.abuse import cli
 from loadtest.abuse.catalog import ATTACKS, pick
 from loadtest.abuse.judge import Limits, judge
 from loadtest.abuse.observation import AttackOutcome, Finding, FleetReport, LogSummary, Observation, PresenceSeen
+from loadtest.abuse.presence_audit import PRESENCE_PREFIX as PRESENCE
 from loadtest.abuse.presence_audit import digest, read_log, seen
 from loadtest.abuse.report import not_applicable, record, render, table
 from loadtest.mqtt_targets import mosquitto_binary
@@ -40,12 +41,12 @@ def _message(topic: str, event: dict[str, Any]) -> PresenceSeen:
 
 def clean(**changes: Any) -> Observation:
     """An observation of an attack that hurt nobody; ``changes`` hurt it in one way."""
-    logged = digest(f"presence/{DEVICE}", json.dumps(ONLINE).encode())
+    logged = digest(f"{PRESENCE}{DEVICE}", json.dumps(ONLINE).encode())
     fleet = FleetReport(
         devices=[DEVICE],
         pings=_pings(BASELINE, 0.0005) + _pings(WINDOW, 0.001),
         probes=[(104.0 + i, "connack-0", 0.002) for i in range(5)],
-        presence=[_message(f"presence/{DEVICE}", ONLINE)],
+        presence=[_message(f"{PRESENCE}{DEVICE}", ONLINE)],
         subscribed=(1000.0, 2000.0),
         healthz=[(100.0 + i, "200") for i in range(20)],
     )
@@ -128,31 +129,31 @@ def test_forged_presence_fails_for_a_ghost_an_impostor_a_replay_and_a_wildcard()
     impostor = {**ONLINE, "status": "offline", "reason": "keepalive-timeout"}
     wild = {**ONLINE, "client_id": "wild+1"}
     for message in (
-        _message("presence/ghost-0", ghost),  # never had a session
-        _message(f"presence/{DEVICE}", impostor),  # had one, but the server never said this
-        _message(f"presence/{DEVICE}", ONLINE),  # the server's own event, a second time
-        _message("presence/wild+1", wild),  # a topic name with a wildcard
-        seen(f"presence/{DEVICE}", b"not json"),
+        _message(f"{PRESENCE}ghost-0", ghost),  # never had a session
+        _message(f"{PRESENCE}{DEVICE}", impostor),  # had one, but the server never said this
+        _message(f"{PRESENCE}{DEVICE}", ONLINE),  # the server's own event, a second time
+        _message(f"{PRESENCE}wild+1", wild),  # a topic name with a wildcard
+        seen(f"{PRESENCE}{DEVICE}", b"not json"),
     ):
         obs = clean()
         obs.fleet.presence.append(message)
         assert failed(obs) == ["presence-forged"], message
     obs = clean()
-    obs.fleet.presence.append(_message("presence/ghost-0", ghost))
+    obs.fleet.presence.append(_message(f"{PRESENCE}ghost-0", ghost))
     assert "ghost-0 never had a session" in judge(obs).reasons[0]
 
 
 def test_a_retained_copy_of_an_event_beside_its_live_copy_is_not_a_replay() -> None:
     # A fleet sends a subscriber the event stored in Redis and, through the stream, the live one.
     obs = clean()  # its subscriber got the device's online event live, once, as logged
-    obs.fleet.presence.insert(0, seen(f"presence/{DEVICE}", json.dumps(ONLINE).encode(), retained=True))
+    obs.fleet.presence.insert(0, seen(f"{PRESENCE}{DEVICE}", json.dumps(ONLINE).encode(), retained=True))
     assert failed(obs) == []
-    obs.fleet.presence.append(_message(f"presence/{DEVICE}", ONLINE))  # live a second time: a replay
+    obs.fleet.presence.append(_message(f"{PRESENCE}{DEVICE}", ONLINE))  # live a second time: a replay
     assert failed(obs) == ["presence-forged"]
     # A retained message is no licence to forge: it must be an event of the log.
     obs = clean()
     ghost = {"status": "online", "client_id": "ghost-0"}
-    obs.fleet.presence.append(seen("presence/ghost-0", json.dumps(ghost).encode(), retained=True))
+    obs.fleet.presence.append(seen(f"{PRESENCE}ghost-0", json.dumps(ghost).encode(), retained=True))
     assert failed(obs) == ["presence-forged"]
 
 
@@ -207,11 +208,11 @@ def test_presence_matches_the_log_however_its_json_is_spaced(tmp_path: Path) -> 
     assert summary.refused == 1
     assert summary.sessions == {DEVICE, "other"}
     assert [(c, s) for c, s, _, _ in summary.healthy] == [(DEVICE, "online"), (DEVICE, "offline")]
-    wire = _message(f"presence/{DEVICE}", offline)
+    wire = _message(f"{PRESENCE}{DEVICE}", offline)
     assert summary.events[wire.digest] == 1
-    assert summary.events[_message("presence/other", offline).digest] == 0  # same content, another topic
+    assert summary.events[_message(f"{PRESENCE}other", offline).digest] == 0  # same content, another topic
     assert wire.status == "offline" and wire.client_id == DEVICE and not wire.wildcard
-    assert seen("presence/a#", b"{}").wildcard
+    assert seen(f"{PRESENCE}a#", b"{}").wildcard
 
 
 def test_the_catalog_and_the_report() -> None:

@@ -16,6 +16,7 @@ import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
 from servers.heartbeat import encoders
+from servers.heartbeat.policy import DEFAULT_PRESENCE_PREFIX as PRESENCE
 
 from .conftest import wait_closed
 from .test_heartbeat_clients import IN_CI, Server
@@ -43,7 +44,7 @@ def test_a_paho_31_device_is_served_with_presence_and_its_will(start_server: obj
     watcher.connect("127.0.0.1", server.port, keepalive=5)
     watcher.loop_start()
     try:
-        watcher.subscribe([("presence/#", 0), ("wills/#", 0), ("data/#", 1)])
+        watcher.subscribe([(f"{PRESENCE}#", 0), ("wills/#", 0), ("data/#", 1)])
         assert subscribed.wait(5)
         device = mqtt.Client(CallbackAPIVersion.VERSION2, client_id="old-device", protocol=mqtt.MQTTv31)
         device.will_set("wills/old-device", b"gone", qos=1)
@@ -63,7 +64,7 @@ def test_a_paho_31_device_is_served_with_presence_and_its_will(start_server: obj
         watcher.loop_stop()
     assert offline[0]["reason"] == "keepalive-timeout"
     assert ("data/t", b"from 3.1") in got and ("wills/old-device", b"gone") in got
-    statuses = [json.loads(p)["status"] for t, p in got if t == "presence/old-device"]
+    statuses = [json.loads(p)["status"] for t, p in got if t == f"{PRESENCE}old-device"]
     assert statuses == ["online", "offline"]
 
 

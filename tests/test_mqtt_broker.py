@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from servers.heartbeat.broker import Subscriptions, topic_matches
+from servers.heartbeat.policy import DEFAULT_PRESENCE_PREFIX as PRESENCE
 
 
 @pytest.mark.parametrize(
@@ -36,7 +37,7 @@ from servers.heartbeat.broker import Subscriptions, topic_matches
         ("$SYS/monitor/+", "$SYS/monitor/Clients", True),
         ("$SYS/+/Clients", "$SYS/monitor/Clients", True),
         # Plain filters, and case and level-count sensitivity.
-        ("presence/#", "presence/dev-1", True),
+        (f"{PRESENCE}#", f"{PRESENCE}dev-1", True),
         ("a/b", "a/b", True),
         ("a/b", "a/c", False),
         ("a/b", "A/b", False),
@@ -53,16 +54,16 @@ def test_topic_matches(topic_filter: str, topic: str, match: bool) -> None:
 
 def test_subscriptions_route_exact_and_wildcards() -> None:
     subs: Subscriptions[str] = Subscriptions(max_qos=1)
-    assert subs.subscribe("a", "presence/#", 2) == 1
-    subs.subscribe("b", "presence/dev-1", 0)
+    assert subs.subscribe("a", f"{PRESENCE}#", 2) == 1
+    subs.subscribe("b", f"{PRESENCE}dev-1", 0)
     subs.subscribe("c", "other/+", 0)
-    assert subs.route("presence/dev-1") == {"a": 1, "b": 0}
+    assert subs.route(f"{PRESENCE}dev-1") == {"a": 1, "b": 0}
     assert subs.route("other/x") == {"c": 0}
     assert subs.route("other/x/y") == {}
     subs.drop("a")
-    assert subs.route("presence/dev-1") == {"b": 0}
-    assert subs.unsubscribe("b", "presence/dev-1")
-    assert not subs.unsubscribe("b", "presence/dev-1")
+    assert subs.route(f"{PRESENCE}dev-1") == {"b": 0}
+    assert subs.unsubscribe("b", f"{PRESENCE}dev-1")
+    assert not subs.unsubscribe("b", f"{PRESENCE}dev-1")
     assert len(subs) == 1 and not subs.has("b")
 
 

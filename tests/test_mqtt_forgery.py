@@ -14,6 +14,7 @@ from trio.testing import MockClock
 from servers.heartbeat import encoders
 from servers.heartbeat.acl import AclFile
 from servers.heartbeat.config import HeartbeatConfig
+from servers.heartbeat.policy import DEFAULT_PRESENCE_PREFIX as PRESENCE
 
 from .test_heartbeat import Client, engine, publish_topic, running
 
@@ -23,12 +24,13 @@ REFUSED_5 = encoders.encode_connack(False, 5)
 
 
 async def presence_watcher(port: int) -> Client:
-    """A dashboard on ``#`` (presence included), its own retained presence read."""
+    """A dashboard on ``#`` and on presence (which ``#`` does not match), its own
+    retained presence read."""
     watcher = await Client.connect(port, "dashboard")
-    await watcher.send(encoders.encode_subscribe(1, [("#", 0)]))
-    assert await watcher.read_packet() == encoders.encode_suback(1, [0])
+    await watcher.send(encoders.encode_subscribe(1, [("#", 0), (f"{PRESENCE}#", 0)]))
+    assert await watcher.read_packet() == encoders.encode_suback(1, [0, 0])
     packet = await watcher.read_packet()  # its own online presence, retained
-    assert publish_topic(packet)[0] == "presence/dashboard"
+    assert publish_topic(packet)[0] == f"{PRESENCE}dashboard"
     return watcher
 
 
@@ -41,7 +43,7 @@ async def heard(watcher: Client, seconds: float = 5.0) -> list[tuple[str, bytes]
     return out
 
 
-@pytest.mark.parametrize("topic", ["presence/door-lock-7", "$SYS/broker/uptime", "$forged/x"])
+@pytest.mark.parametrize("topic", [f"{PRESENCE}door-lock-7", "$SYS/broker/uptime", "$forged/x"])
 async def test_a_will_on_a_topic_only_the_server_writes_refuses_the_connect(clock: MockClock, topic: str) -> None:
     async with running() as (server, events):
         watcher = await presence_watcher(server.port)
@@ -55,7 +57,7 @@ async def test_a_will_on_a_topic_only_the_server_writes_refuses_the_connect(cloc
         assert "forger" not in server.online
         assert server.counters["refused_wills"] == 1
         late = await Client.connect(server.port, "late")
-        await late.send(encoders.encode_subscribe(1, [("presence/door-lock-7", 0)]))
+        await late.send(encoders.encode_subscribe(1, [(f"{PRESENCE}door-lock-7", 0)]))
         assert await late.read_packet() == encoders.encode_suback(1, [0])
         assert await heard(late, 1.0) == []  # no retained "door-lock-7 is online"
     refused = [e for e in events if e.claimed_client_id == "forger"]
@@ -68,7 +70,7 @@ async def test_a_publish_to_a_dollar_topic_is_dropped(clock: MockClock) -> None:
         await watcher.send(encoders.encode_subscribe(2, [("$app/#", 0)]))
         assert await watcher.read_packet() == encoders.encode_suback(2, [0])
         device = await Client.connect(server.port, "d1")
-        assert publish_topic(await watcher.read_packet())[0] == "presence/d1"
+        assert publish_topic(await watcher.read_packet())[0] == f"{PRESENCE}d1"
         await device.send(encoders.encode_publish("$app/x", b"forged", qos=1, packet_id=1))
         assert await device.read(4) == encoders.encode_puback(1)  # acknowledged, then dropped
         assert await heard(watcher, 1.0) == []
@@ -109,7 +111,7 @@ async def test_a_will_the_client_may_publish_still_goes_out(clock: MockClock) ->
     async with running() as (server, _):
         watcher = await presence_watcher(server.port)
         await Client.connect(server.port, "d8", keep_alive=2, will_topic="wills/d8", will_message=b"gone")
-        assert publish_topic(await watcher.read_packet())[0] == "presence/d8"
+        assert publish_topic(await watcher.read_packet())[0] == f"{PRESENCE}d8"
         got = await heard(watcher, 10.0)
         assert ("wills/d8", b"gone") in got
         assert server.counters["wills_published"] == 1
@@ -168,7 +170,7 @@ async def test_refusals_a_client_repeats_are_logged_once(clock: MockClock, caplo
     async with running() as (server, _):
         device = await Client.connect(server.port, "noisy" * 40)
         for i in range(1, 51):
-            await device.send(encoders.encode_publish("presence/x", b"forged", qos=1, packet_id=i))
+            await device.send(encoders.encode_publish(f"{PRESENCE}x", b"forged", qos=1, packet_id=i))
             assert await device.read(4) == encoders.encode_puback(i)
         assert server.counters["denied_publishes"] == 50
     lines = [r.getMessage() for r in caplog.records if "denied" in r.getMessage()]

@@ -20,6 +20,7 @@ import pytest
 
 from servers.heartbeat import encoders
 from servers.heartbeat.packets import ProtocolError
+from servers.heartbeat.policy import DEFAULT_PRESENCE_PREFIX as PRESENCE
 from servers.heartbeat.presence import REFUSED, Offline, PresenceEvent
 from servers.heartbeat.reader import PacketReader
 
@@ -82,9 +83,9 @@ def test_a_refused_connect_under_an_online_id_touches_nobodys_presence(
     victim = Raw(server.port, "victim", username="dev", password=b"right")
     assert victim.connack == encoders.encode_connack(False, 0)
     watcher = Raw(server.port, "watcher", username="watch", password=b"eyes")
-    assert watcher.subscribe("presence/#", 0)[0] == 0x90
+    assert watcher.subscribe(f"{PRESENCE}#", 0)[0] == 0x90
     before = {p.topic: json.loads(p.payload) for p in watcher.drain()}  # the retained ones
-    assert before["presence/victim"]["status"] == "online"
+    assert before[f"{PRESENCE}victim"]["status"] == "online"
     record = device_record(server, "victim")
     assert record is not None and record["status"] == "online"
 
@@ -110,7 +111,7 @@ def test_a_refused_connect_under_an_online_id_touches_nobodys_presence(
     assert all(device_record(server, f"ghost-{i}") is None for i in (0, 19))
     assert watcher.quiet_for(0.5)  # no presence message for anyone
     late = Raw(server.port, "late", username="watch", password=b"eyes")
-    late.subscribe("presence/victim", 0)
+    late.subscribe(f"{PRESENCE}victim", 0)
     (retained,) = late.drain()
     assert json.loads(retained.payload)["status"] == "online"
     assert json.loads(retained.payload)["epoch"] == record["epoch"]
@@ -194,8 +195,8 @@ def test_a_connect_with_a_control_character_in_its_client_id_gets_connack_2(
     sock.close()
     # Nobody named after it: no presence, no record.
     late = Raw(server.port, "late")
-    late.subscribe("presence/#", 0)
-    assert [p.topic for p in late.drain()] == ["presence/late"]
+    late.subscribe(f"{PRESENCE}#", 0)
+    assert [p.topic for p in late.drain()] == [f"{PRESENCE}late"]
     late.close()
 
 
@@ -206,7 +207,7 @@ def test_a_publish_or_subscribe_with_a_control_character_closes_only_that_connec
     server: Server = start_server("--engine", engine)  # type: ignore[operator]
     sub = Raw(server.port, "sub")
     sub.subscribe("#", 0)
-    sub.drain()  # the retained presence
+    assert sub.drain() == []  # no retained presence: "#" does not match $SYS/presence/...
     for i, wire in enumerate(
         [
             encoders.encode_publish("room/\x1b[2Jboom", b"x"),
@@ -221,8 +222,8 @@ def test_a_publish_or_subscribe_with_a_control_character_closes_only_that_connec
         bad.sock.close()
     ok = Raw(server.port, "ok")
     ok.send(encoders.encode_publish("room/fine", b"payload \x00\x1b kept"))
-    got = [(p.topic, p.payload) for p in sub.drain() if not p.topic.startswith("presence/")]
-    assert got == [("room/fine", b"payload \x00\x1b kept")]  # nothing else reached the subscriber
+    got = [(p.topic, p.payload) for p in sub.drain()]
+    assert got == [("room/fine", b"payload \x00\x1b kept")]  # nothing else reached the subscriber, presence neither
     assert still_alive(sub)
     errors = server.wait_for(lambda e: e["reason"] == "protocol-error" and e["client_id"] == "bad-3")
     assert errors[0]["detail"] == "forbidden-character"

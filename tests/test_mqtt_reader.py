@@ -37,16 +37,17 @@ from servers.heartbeat.packets import (
     Subscribe,
     Unsubscribe,
 )
-from servers.heartbeat.reader import PacketReader
+from servers.heartbeat.policy import DEFAULT_PRESENCE_PREFIX as PRESENCE
+from servers.heartbeat.reader import AnyPacket, PacketReader
 
 
-def parse(data: bytes, max_packet_size: int = 256 * 1024) -> list[Packet]:
+def parse(data: bytes, max_packet_size: int = 256 * 1024) -> list[AnyPacket]:
     return PacketReader(max_packet_size).feed(data)
 
 
-def parse_bytewise(data: bytes, max_packet_size: int = 256 * 1024) -> list[Packet]:
+def parse_bytewise(data: bytes, max_packet_size: int = 256 * 1024) -> list[AnyPacket]:
     reader = PacketReader(max_packet_size)
-    out: list[Packet] = []
+    out: list[AnyPacket] = []
     for i in range(len(data)):
         out += reader.feed(data[i : i + 1])
     return out
@@ -96,7 +97,7 @@ def encode(packet: Packet) -> bytes:
 
 # -- round trips ------------------------------------------------------------------------
 
-ROUND_TRIPS: list[Packet] = [
+ROUND_TRIPS: list[AnyPacket] = [
     Connect("MQTT", 4, True, 60, ""),
     Connect("MQTT", 4, False, 0, "dev-1", username="user", password=b""),
     Connect(
@@ -147,7 +148,7 @@ def test_connect_as_mosquitto_and_paho_send_it() -> None:
 
 CHUNKS = [
     encode_connect("s", keep_alive=10, will_topic="w/s", will_message=b"gone", username="u", password=b"p"),
-    encode_subscribe(1, [("presence/#", 0), ("cmd/s/+", 1)]),
+    encode_subscribe(1, [(f"{PRESENCE}#", 0), ("cmd/s/+", 1)]),
     encode_publish("t/1", b"payload" * 30, qos=1, packet_id=2),  # a two-byte remaining length
     encode_pingreq(),
     encode_publish("t/2", b"last") + encode_disconnect(),  # two packets in one read
@@ -155,7 +156,7 @@ CHUNKS = [
 STREAM = b"".join(CHUNKS)
 EXPECTED = [
     Connect("MQTT", 4, True, 10, "s", "w/s", b"gone", username="u", password=b"p"),
-    Subscribe(1, (("presence/#", 0), ("cmd/s/+", 1))),
+    Subscribe(1, ((f"{PRESENCE}#", 0), ("cmd/s/+", 1))),
     Publish("t/1", b"payload" * 30, qos=1, packet_id=2),
     Pingreq(),
     Publish("t/2", b"last"),
@@ -273,7 +274,7 @@ VIOLATIONS: list[tuple[str, bytes, str, int | None]] = [
     ("unsubscribe-bad-filter", encode_unsubscribe(1, ["a/#b"]), "bad-topic-filter", None),
     # CONNECT.
     ("mqisdp-level-4", encode_connect("x", protocol_level=4, protocol_name="MQIsdp"), "bad-protocol-level", 1),
-    ("mqtt-5", encode_connect("x", protocol_level=5), "bad-protocol-level", 1),
+    ("mqtt-6", encode_connect("x", protocol_level=6), "bad-protocol-level", 1),
     ("mqtt-level-3", encode_connect("x", protocol_level=3), "bad-protocol-level", 1),
     ("unknown-protocol", encode_connect("x", protocol_name="HTTP"), "unknown-protocol", None),
     ("protocol-name-case", encode_connect("x", protocol_name="mqtt"), "unknown-protocol", None),
@@ -377,10 +378,10 @@ def test_invalid_filters(topic_filter: str) -> None:
 FUZZ_LIMIT = 512
 
 
-def feed_in_chunks(data: bytes, sizes: list[int], max_packet_size: int = FUZZ_LIMIT) -> list[Packet]:
+def feed_in_chunks(data: bytes, sizes: list[int], max_packet_size: int = FUZZ_LIMIT) -> list[AnyPacket]:
     """Feed ``data`` in chunks of ``sizes`` (then the rest), checking the buffer bound after each."""
     reader = PacketReader(max_packet_size)
-    out: list[Packet] = []
+    out: list[AnyPacket] = []
     pos = 0
     for size in [*sizes, len(data)]:
         try:

@@ -73,8 +73,8 @@ def test_replacement_keeps_one_topic_string() -> None:
     # An equal topic from another packet is another str object; holding both would
     # double the topic's memory for every device that republishes.
     store = RetainedStore()
-    first = "".join(["presence/", "dev-1"])
-    second = "".join(["presence/", "dev-1"])
+    first = "".join(["state/", "dev-1"])
+    second = "".join(["state/", "dev-1"])
     assert first == second and first is not second
     store.store(first, b"online", 1, now=0.0)
     store.store(second, b"offline", 1, now=1.0, expires_at=100.0)
@@ -154,25 +154,25 @@ def test_matching_walks_only_the_filters_subtree() -> None:
 
 
 def test_matching_in_slices_follows_changes_between_slices() -> None:
-    store = filled(*(f"presence/{i:03d}" for i in range(100)))
-    first = store.matching("presence/+", now=0.0, limit=30)
-    assert topics_of(first) == [f"presence/{i:03d}" for i in range(30)]
+    store = filled(*(f"state/{i:03d}" for i in range(100)))
+    first = store.matching("state/+", now=0.0, limit=30)
+    assert topics_of(first) == [f"state/{i:03d}" for i in range(30)]
     # Between slices: one topic already sent changes, one ahead is cleared, one new arrives.
-    store.store("presence/005", b"again", 1, now=1.0)
-    store.store("presence/050", b"", 1, now=1.0)
-    store.store("presence/0505", b"new", 1, now=1.0)
+    store.store("state/005", b"again", 1, now=1.0)
+    store.store("state/050", b"", 1, now=1.0)
+    store.store("state/0505", b"new", 1, now=1.0)
     rest: list[Retained] = []
     after = first[-1].topic
-    while batch := store.matching("presence/+", now=1.0, after=after, limit=30):
+    while batch := store.matching("state/+", now=1.0, after=after, limit=30):
         rest += batch
         after = batch[-1].topic
-    expected = [f"presence/{i:03d}" for i in range(30, 100) if i != 50]
-    expected.insert(expected.index("presence/051"), "presence/0505")
+    expected = [f"state/{i:03d}" for i in range(30, 100) if i != 50]
+    expected.insert(expected.index("state/051"), "state/0505")
     assert topics_of(rest) == expected
-    assert store.matching("presence/+", now=1.0, limit=0) == []
-    assert store.matching("presence/+", now=1.0, after="presence/099") == []
-    assert store.matching("presence/+", now=1.0, after="zzz") == []
-    assert topics_of(store.matching("presence/+", now=1.0, after="a", limit=1)) == ["presence/000"]
+    assert store.matching("state/+", now=1.0, limit=0) == []
+    assert store.matching("state/+", now=1.0, after="state/099") == []
+    assert store.matching("state/+", now=1.0, after="zzz") == []
+    assert topics_of(store.matching("state/+", now=1.0, after="a", limit=1)) == ["state/000"]
 
 
 def test_page_with_sparse_matches() -> None:
@@ -255,12 +255,12 @@ def test_shrinking_replacement_succeeds_even_over_the_cap() -> None:
 
 def test_full_store_frees_expired_messages_before_refusing() -> None:
     store = RetainedStore(max_count=3)
-    store.store("presence/a", b"offline", 1, now=0.0, expires_at=10.0)
-    store.store("presence/b", b"offline", 1, now=0.0, expires_at=20.0)
-    store.store("presence/c", b"online", 1, now=0.0)
-    assert not store.store("presence/d", b"online", 1, now=5.0)
-    assert store.store("presence/d", b"online", 1, now=10.0)  # a has expired: it makes room
-    assert topics_of(store.matching("presence/+", now=10.0)) == ["presence/b", "presence/c", "presence/d"]
+    store.store("state/a", b"offline", 1, now=0.0, expires_at=10.0)
+    store.store("state/b", b"offline", 1, now=0.0, expires_at=20.0)
+    store.store("state/c", b"online", 1, now=0.0)
+    assert not store.store("state/d", b"online", 1, now=5.0)
+    assert store.store("state/d", b"online", 1, now=10.0)  # a has expired: it makes room
+    assert topics_of(store.matching("state/+", now=10.0)) == ["state/b", "state/c", "state/d"]
     assert (store.count, store.refused) == (3, 1)
 
 
@@ -269,19 +269,19 @@ def test_full_store_frees_expired_messages_before_refusing() -> None:
 
 def test_expired_messages_are_never_returned_even_before_prune() -> None:
     store = RetainedStore()
-    store.store("presence/dev-1", b"offline", 1, now=0.0, expires_at=60.0)
-    store.store("presence/dev-2", b"online", 1, now=0.0)
-    assert topics_of(store.matching("presence/+", now=59.9)) == ["presence/dev-1", "presence/dev-2"]
-    assert store.get("presence/dev-1", now=59.9) is not None
+    store.store("state/dev-1", b"offline", 1, now=0.0, expires_at=60.0)
+    store.store("state/dev-2", b"online", 1, now=0.0)
+    assert topics_of(store.matching("state/+", now=59.9)) == ["state/dev-1", "state/dev-2"]
+    assert store.get("state/dev-1", now=59.9) is not None
     # Expiry is inclusive: at expires_at the message is gone.
-    assert topics_of(store.matching("presence/+", now=60.0)) == ["presence/dev-2"]
-    assert store.matching("presence/dev-1", now=60.0) == []
-    assert store.matching("presence/#", now=60.0, limit=1) == [Retained("presence/dev-2", b"online", 1)]
-    assert store.page("presence/dev-1", now=60.0) == Page([], None)
-    assert store.get("presence/dev-1", now=60.0) is None
+    assert topics_of(store.matching("state/+", now=60.0)) == ["state/dev-2"]
+    assert store.matching("state/dev-1", now=60.0) == []
+    assert store.matching("state/#", now=60.0, limit=1) == [Retained("state/dev-2", b"online", 1)]
+    assert store.page("state/dev-1", now=60.0) == Page([], None)
+    assert store.get("state/dev-1", now=60.0) is None
     assert store.count == 2  # still held until pruned
     assert store.prune(now=60.0) == 1
-    assert store.count == 1 and store.bytes == len("presence/dev-2") + 6
+    assert store.count == 1 and store.bytes == len("state/dev-2") + 6
 
 
 def test_store_already_expired_clears() -> None:
@@ -310,18 +310,18 @@ def test_prune_in_expiry_order_with_limit() -> None:
 
 def test_replaced_entrys_old_expiry_does_not_remove_the_new_one() -> None:
     store = RetainedStore()
-    store.store("presence/d", b"offline", 1, now=0.0, expires_at=10.0)
-    store.store("presence/d", b"online", 1, now=5.0)  # reconnected: no expiry now
+    store.store("state/d", b"offline", 1, now=0.0, expires_at=10.0)
+    store.store("state/d", b"online", 1, now=5.0)  # reconnected: no expiry now
     assert store.prune(now=11.0) == 0
-    assert store.get("presence/d", now=11.0) == Retained("presence/d", b"online", 1)
-    store.store("presence/d", b"offline", 1, now=12.0, expires_at=100.0)
-    store.store("presence/d", b"offline!", 1, now=13.0, expires_at=200.0)
+    assert store.get("state/d", now=11.0) == Retained("state/d", b"online", 1)
+    store.store("state/d", b"offline", 1, now=12.0, expires_at=100.0)
+    store.store("state/d", b"offline!", 1, now=13.0, expires_at=200.0)
     assert store.prune(now=150.0) == 0
-    assert store.get("presence/d", now=150.0) is not None
-    store.store("presence/d", b"", 1, now=160.0)
-    store.store("presence/d", b"back", 1, now=161.0)
+    assert store.get("state/d", now=150.0) is not None
+    store.store("state/d", b"", 1, now=160.0)
+    store.store("state/d", b"back", 1, now=161.0)
     assert store.prune(now=1000.0) == 0
-    assert store.get("presence/d", now=1000.0) == Retained("presence/d", b"back", 1)
+    assert store.get("state/d", now=1000.0) == Retained("state/d", b"back", 1)
 
 
 def test_stale_expiry_items_stay_bounded() -> None:
@@ -329,7 +329,7 @@ def test_stale_expiry_items_stay_bounded() -> None:
     # heap is rebuilt; it must not grow with the number of flaps.
     store = RetainedStore()
     for i in range(20_000):
-        store.store("presence/flappy", b"offline", 1, now=float(i), expires_at=1e9 + i)
+        store.store("state/flappy", b"offline", 1, now=float(i), expires_at=1e9 + i)
     assert len(store._expiry) <= 2 * 1 + 1024 + 1
     assert store.prune(now=2e9) == 1
     assert store.count == 0
@@ -410,7 +410,7 @@ def traced_per_entry(expires: bool) -> tuple[float, float]:
         store = RetainedStore()
         payload = bytes(range(200))
         for i in range(ENTRIES):
-            topic = f"presence/devices/{i:043d}"
+            topic = f"state/devices/{i:046d}"
             assert len(topic) == 60
             store.store(topic, payload[:199] + b"!", 1, now=0.0, expires_at=1e9 + i if expires else None)
         after = tracemalloc.take_snapshot()

@@ -21,6 +21,7 @@ import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
 from servers.heartbeat import encoders
+from servers.heartbeat.policy import DEFAULT_PRESENCE_PREFIX as PRESENCE
 
 from .mqtt_wire import Sent, parse_server_packets
 from .test_heartbeat_clients import IN_CI, Server, start_server
@@ -299,21 +300,21 @@ def test_a_late_subscriber_learns_every_devices_presence(start_server: object, r
     down.close()
     server.wait_for(lambda e: e["client_id"] == "dev-down" and e["status"] == "offline")
     late = Raw(server.port, "dashboard")
-    late.subscribe("presence/#", 0)
+    late.subscribe(f"{PRESENCE}#", 0)
     if not retain:
         assert late.quiet_for(0.5)
     else:
         got = {p.topic: (json.loads(p.payload)["status"], p.retain) for p in late.drain()}
         assert got == {
-            "presence/dev-up": ("online", True),
-            "presence/dev-down": ("offline", True),
-            "presence/dashboard": ("online", True),  # its own, retained before its SUBSCRIBE
+            f"{PRESENCE}dev-up": ("online", True),
+            f"{PRESENCE}dev-down": ("offline", True),
+            f"{PRESENCE}dashboard": ("online", True),  # its own, retained before its SUBSCRIBE
         }
         time.sleep(2.2)  # the offline entry ages out; the online ones stay
         later = Raw(server.port, "dashboard-2")
-        later.subscribe("presence/+", 0)
+        later.subscribe(f"{PRESENCE}+", 0)
         topics = {p.topic for p in later.drain()}
-        assert topics == {"presence/dev-up", "presence/dashboard", "presence/dashboard-2"}
+        assert topics == {f"{PRESENCE}dev-up", f"{PRESENCE}dashboard", f"{PRESENCE}dashboard-2"}
         later.close()
     up.close()
     late.close()
@@ -327,14 +328,14 @@ def test_mosquitto_sub_reads_retained_presence(start_server: object) -> None:
     server: Server = start_server()  # type: ignore[operator]
     devices = [Raw(server.port, f"m-{i}") for i in range(3)]
     out = subprocess.run(
-        [*SUB_RETAINED, "-p", str(server.port), "-t", "presence/#", "-C", "3"],
+        [*SUB_RETAINED, "-p", str(server.port), "-t", f"{PRESENCE}#", "-C", "3"],
         capture_output=True,
         text=True,
         timeout=10,
         check=True,
     )
     lines = sorted(out.stdout.splitlines())
-    assert [line.split(" ", 1)[0] for line in lines] == [f"presence/m-{i}" for i in range(3)]
+    assert [line.split(" ", 1)[0] for line in lines] == [f"{PRESENCE}m-{i}" for i in range(3)]
     assert all(json.loads(line.split(" ", 1)[1])["status"] == "online" for line in lines)
     for d in devices:
         d.close()
@@ -500,10 +501,10 @@ def test_retained_messages_and_presence_reach_subscribers_on_every_worker(start_
     for i in range(20):
         sub = Raw(server.port, f"late-{i}")
         workers.add(_online_epoch(server, f"late-{i}", seen).split(".")[0])
-        sub.send(encoders.encode_subscribe(1, [("cfg/#", 0), ("presence/cfg-pub", 0)]))
+        sub.send(encoders.encode_subscribe(1, [("cfg/#", 0), (f"{PRESENCE}cfg-pub", 0)]))
         assert sub.read_packet() == encoders.encode_suback(1, [0, 0])
         got = {(p.topic, p.retain) for p in sub.drain()}
-        assert got == {("cfg/all", True), ("presence/cfg-pub", True)}
+        assert got == {("cfg/all", True), (f"{PRESENCE}cfg-pub", True)}
         sub.close()
         if len(workers) == 2:
             break

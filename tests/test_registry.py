@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from servers.heartbeat.coordination.registry import Registry
+from servers.heartbeat.policy import DEFAULT_PRESENCE_PREFIX as PRESENCE
 from servers.heartbeat.presence import Offline, PresenceEvent
 
 
@@ -151,7 +152,7 @@ def test_session_frames_cross_the_bus_whole_and_bad_fields_are_refused() -> None
         Reported(3, Subscribed("dev", "a/#", None)),
         SessionOpened(4, True, (("$b64", 1), ("a/+", 2)), frozenset({3, 9})),  # any filter text is safe
         Transmit("dev", "0.1.2", [b"\x30\x00", b"\x62\x02\x00\x07"]),
-        RetainedPage(5, [RetainedMessage("presence/dev", b"{}", 0)], "p:1:500"),
+        RetainedPage(5, [RetainedMessage(f"{PRESENCE}dev", b"{}", 0)], "p:1:500"),
     ]
     for frame in frames:
         assert decode(encode(frame)) == frame

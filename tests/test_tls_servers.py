@@ -32,6 +32,7 @@ from loadtest.processes import free_port, start_heartbeat, start_http
 from servers.heartbeat import encoders
 from servers.heartbeat.__main__ import main as heartbeat_main
 from servers.heartbeat.config import HeartbeatConfig
+from servers.heartbeat.policy import DEFAULT_PRESENCE_PREFIX as PRESENCE
 from servers.http.builtin import builtin_app
 from servers.http.server import TIMEOUT_LINGER, HttpConfig, serve_http
 from servers.tls import TLSOptions
@@ -244,7 +245,7 @@ def test_mosquitto_clients_over_tls_presence_as_over_tcp(mqtt_server: object, ce
     server: MqttServer = mqtt_server()  # type: ignore[operator]
     tls = ["--cafile", certs.ca_file, "-h", "localhost", "-p", str(server.port)]
     sub = subprocess.Popen(
-        ["mosquitto_sub", *tls, "-t", "presence/#", "-v", "-R", "-C", "2", "-W", "15"],
+        ["mosquitto_sub", *tls, "-t", f"{PRESENCE}#", "-v", "-R", "-C", "2", "-W", "15"],
         stdout=subprocess.PIPE,
         text=True,
     )
@@ -261,8 +262,8 @@ def test_mosquitto_clients_over_tls_presence_as_over_tcp(mqtt_server: object, ce
             sub.kill()
             sub.wait()
     lines = out.strip().splitlines()
-    assert lines[0].startswith("presence/tls-dev ") and '"status":"online"' in lines[0]
-    assert lines[1].startswith("presence/tls-dev ") and '"reason":"disconnect"' in lines[1]
+    assert lines[0].startswith(f"{PRESENCE}tls-dev ") and '"status":"online"' in lines[0]
+    assert lines[1].startswith(f"{PRESENCE}tls-dev ") and '"reason":"disconnect"' in lines[1]
 
 
 def test_keepalive_and_handshake_deadlines_over_tls(mqtt_server: object, certs: Certs) -> None:

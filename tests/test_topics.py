@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, invariant, rule
 
 from servers.heartbeat.broker import Subscriptions, topic_matches
+from servers.heartbeat.policy import DEFAULT_PRESENCE_PREFIX as PRESENCE
 from servers.heartbeat.topics import FilterIndex, TopicTree, is_wildcard
 
 # Few level names, so that filters and topics share prefixes and collide; "" makes
@@ -232,14 +233,14 @@ def test_many_filters_of_one_client_share_their_prefix_nodes() -> None:
     subs: Subscriptions[str] = Subscriptions(max_qos=0)
     for i in range(20_000):
         subs.subscribe("greedy", f"zz/+/{i}", 0)
-    subs.subscribe("device", "presence/#", 0)
-    # root, zz, zz/+, one node per filter; presence and its # child
-    assert subs._tree.nodes() == 1 + 2 + 20_000 + 2
+    subs.subscribe("device", f"{PRESENCE}#", 0)
+    # root, zz, zz/+, one node per filter; the presence prefix's levels ($SYS, presence) and its # child
+    assert subs._tree.nodes() == 1 + 2 + 20_000 + PRESENCE.count("/") + 1
     assert subs.route("zz/m/none") == {}
     assert subs.route("zz/m/7") == {"greedy": 0}
-    assert subs.route("presence/dev-1") == {"device": 0}
+    assert subs.route(f"{PRESENCE}dev-1") == {"device": 0}
     subs.drop("greedy")
-    assert subs._tree.nodes() == 3 and subs.route("zz/m/7") == {}
+    assert subs._tree.nodes() == 1 + PRESENCE.count("/") + 1 and subs.route("zz/m/7") == {}
 
 
 def test_a_publish_does_not_look_at_every_wildcard_filter(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -6,7 +6,7 @@ beside it, on our server and on Mosquitto; it fails when a healthy client is hur
 
 For each attack in turn, each server is started afresh with the options the attack
 needs (:mod:`.targets`); ``--healthy`` devices ping it every ``--interval`` s, a
-reconnect comes every half second, a subscriber follows ``presence/#`` and
+reconnect comes every half second, a subscriber follows ``$SYS/presence/#`` and
 ``/healthz`` is polled (ours); after a ``--baseline`` of quiet the attacker (from
 127.0.0.2) runs for at most ``--seconds``, then the victims are checked. The judge
 (:mod:`.judge`) fails a run on a late or missing PINGRESP, a refused healthy CONNECT, a

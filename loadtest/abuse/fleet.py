@@ -10,7 +10,7 @@ the attacker's load nor each other's delays their measurements:
 - a reconnect every ``--probe-interval`` s (0: none), with a client id of its own,
   must get CONNACK 0;
 - with ``--healthz``, ``GET /healthz`` on that status port every ``--healthz-interval`` s;
-- with ``--presence`` (ours), a subscriber to ``presence/#`` keeps a record of every
+- with ``--presence`` (ours), a subscriber to ``$SYS/presence/#`` keeps a record of every
   message it is sent (:func:`~.presence_audit.seen`). It runs in a process of its own,
   started first (``--devices 0``) so it hears every device come online: presence
   messages can be 60 KB each under attack, and reading them must not delay a ping.
@@ -118,7 +118,7 @@ class Fleet:
             raise RuntimeError("the presence subscriber was not accepted")
         codes = await client.subscribe(1, [PRESENCE_PREFIX + "#"], REPLY_TIMEOUT)
         if codes is None or codes[:1] not in (b"\x00", b"\x01"):
-            raise RuntimeError(f"presence/# not granted: SUBACK {codes!r}")
+            raise RuntimeError(f"{PRESENCE_PREFIX}# not granted: SUBACK {codes!r}")
         self.report.subscribed = (time.time(), 0.0)
         self.subscriber = client
         nursery.start_soon(self._watch, name, client)
@@ -273,7 +273,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     a("--devices", type=int, default=20, help="healthy devices pinging (default: 20)")
     a("--interval", type=float, default=0.1, help="seconds between a device's PINGREQs (default: 0.1)")
     a("--probe-interval", type=float, default=0.5, help="seconds between reconnects, 0 for none (default: 0.5)")
-    a("--presence", action="store_true", help="subscribe to presence/# and keep every message")
+    a("--presence", action="store_true", help=f"subscribe to {PRESENCE_PREFIX}# and keep every message")
     a("--expect", type=int, default=0, help="with --presence: devices whose offline events to wait for at the end")
     a("--healthz", type=int, default=None, help="poll GET /healthz on this status port")
     a("--healthz-interval", type=float, default=0.5, help="seconds between polls (default: 0.5)")

@@ -29,7 +29,7 @@ KINDS = ("ghost", "impostor", "denied")
 
 
 class WillForgery(Attack):
-    """Wills on ``presence/ghost-<n>`` (retained: a device that never connected, online),
+    """Wills on ``$SYS/presence/ghost-<n>`` (retained: a device that never connected, online),
     on a healthy device's presence (offline), and on a topic the ACL denies; each forger
     resets its connection, so its Will goes out. The answers are counted by kind
     (:meth:`kind`): ``ghost-connack-0``, ``denied-connack-5``, ..."""

@@ -21,7 +21,7 @@ __all__ = ["AttackOutcome", "Finding", "FleetReport", "LogSummary", "Observation
 
 @dataclass(frozen=True)
 class PresenceSeen:
-    """One message the healthy presence subscriber got on ``presence/...``."""
+    """One message the healthy presence subscriber got on ``$SYS/presence/...``."""
 
     topic: str
     """The topic, cut to :data:`~.presence_audit.EXCERPT` characters (the hostile ones are 60 KB)."""

@@ -16,12 +16,14 @@ from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
+from servers.heartbeat.policy import DEFAULT_PRESENCE_PREFIX
+
 from .observation import LogSummary, PresenceSeen
 
 __all__ = ["EXCERPT", "PRESENCE_PREFIX", "digest", "excerpt", "read_log", "seen"]
 
-PRESENCE_PREFIX = "presence/"
-"""Where the heartbeat server publishes presence (its default ``presence_prefix``)."""
+PRESENCE_PREFIX = DEFAULT_PRESENCE_PREFIX
+"""Where the heartbeat server publishes presence (its default ``presence_prefix``, ``$SYS/presence/``)."""
 EXCERPT = 80
 """Characters of a topic or client id kept for the report."""
 

@@ -21,6 +21,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from servers.heartbeat.policy import DEFAULT_PRESENCE_PREFIX
+
 from ..mqtt_targets import MqttTarget, start_mosquitto
 from ..processes import free_port, start_heartbeat, stop
 from ..redis_server import RedisServer
@@ -40,7 +42,7 @@ def is_ours(target: str) -> bool:
 ACL_RULES = (
     "# The abuse test's rules, in Mosquitto's acl_file format: anonymous clients may read\n"
     "# presence, and each client reads and writes its own tree under devices/.\n"
-    "topic read presence/#\n"
+    f"topic read {DEFAULT_PRESENCE_PREFIX}#\n"
     "pattern readwrite devices/%c/#\n"
 )
 

@@ -1,7 +1,7 @@
 """The canary of ``python -m loadtest fuzz``: well-behaved clients beside the fuzzer, in a
 process of their own, so that the fuzzer's load never starves them.
 
-    python -m loadtest.fuzz.canary --protocol mqtt|http --port P --tag T
+    python -m loadtest.fuzz.canary --protocol mqtt|http --port P --tag T [--no-presence]
 
 It connects, prints one JSON line (``{"ready": true}``) on stdout, keeps its clients
 busy until its stdin is closed, then stops them cleanly and prints its
@@ -11,7 +11,8 @@ connections had (the judge leaves them out of the fuzz connections' accounting).
 - MQTT (:class:`MqttCanary`): :data:`CANARY_DEVICES` devices pinging every
   :data:`CANARY_INTERVAL` s with keep-alive :data:`CANARY_KEEPALIVE`, a subscriber to
   their presence topics that must hear them come online and never go offline, and a
-  new connection every :data:`PROBE_INTERVAL` s that must get CONNACK 0.
+  new connection every :data:`PROBE_INTERVAL` s that must get CONNACK 0. With
+  ``--no-presence`` (a peer that publishes no presence, Mosquitto) no subscriber.
 - HTTP (:class:`HttpCanary`): one keep-alive connection alternating ``GET /healthz``
   and ``POST /echo``, each 200 with the right body, and a new connection every
   :data:`PROBE_INTERVAL` s that must get 200.
@@ -33,6 +34,7 @@ from collections.abc import Sequence
 import trio
 
 from servers.heartbeat import encoders
+from servers.heartbeat.policy import DEFAULT_PRESENCE_PREFIX
 
 from ..mqtt_frames import frames
 from .connection import peer_name
@@ -176,8 +178,10 @@ class MqttCanary(_Canary):
     to their presence topics that must hear them come online and never go offline, and a
     new connection every :data:`PROBE_INTERVAL` s that must be accepted."""
 
-    def __init__(self, port: int, tag: str) -> None:
+    def __init__(self, port: int, tag: str, presence: bool = True) -> None:
         super().__init__(port, tag, "mqtt")
+        self.with_presence = presence
+        """Whether the server publishes presence, and a subscriber must hear it."""
         self.ids = [f"canary-{tag}-{i}" for i in range(CANARY_DEVICES)]
         self.clients: list[_MqttClient] = []
         self.online: set[str] = set()
@@ -211,9 +215,15 @@ class MqttCanary(_Canary):
 
     async def start(self, nursery: trio.Nursery) -> None:
         """Connect the subscriber, then the devices; return once the subscriber heard them online."""
+        if not self.with_presence:
+            self.report.clients = CANARY_DEVICES
+            for client_id in self.ids:
+                await self._client(nursery, client_id)
+            nursery.start_soon(self._probe)
+            return
         self.report.clients = CANARY_DEVICES + 1
         sub = await self._client(nursery, f"canary-{self.tag}-sub")
-        await sub.send(encoders.encode_subscribe(1, [(f"presence/{i}", 0) for i in self.ids]))
+        await sub.send(encoders.encode_subscribe(1, [(f"{DEFAULT_PRESENCE_PREFIX}{i}", 0) for i in self.ids]))
         with trio.move_on_after(CANARY_LATENCY):
             await sub.suback.wait()
         for client_id in self.ids:
@@ -258,7 +268,7 @@ class MqttCanary(_Canary):
     async def stop(self) -> None:
         """DISCONNECT the devices, give the subscriber a moment to hear it, then DISCONNECT it."""
         self.stopping = True
-        subscriber, devices = self.clients[:1], self.clients[1:]
+        subscriber, devices = (self.clients[:1], self.clients[1:]) if self.with_presence else ([], self.clients)
         for client in [*devices, None, *subscriber]:
             if client is None:
                 await trio.sleep(0.3)  # the devices' offline events reach the subscriber meanwhile
@@ -365,9 +375,9 @@ class HttpCanary(_Canary):
         await trio.sleep(0.2)
 
 
-async def serve(protocol: str, port: int, tag: str) -> None:
+async def serve(protocol: str, port: int, tag: str, presence: bool = True) -> None:
     """Run the canary until stdin closes; print the ready line, then the report."""
-    canary: MqttCanary | HttpCanary = MqttCanary(port, tag) if protocol == "mqtt" else HttpCanary(port, tag)
+    canary: MqttCanary | HttpCanary = MqttCanary(port, tag, presence) if protocol == "mqtt" else HttpCanary(port, tag)
     async with trio.open_nursery() as nursery:
         await canary.start(nursery)
         print(json.dumps({"ready": True}), flush=True)
@@ -385,8 +395,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--protocol", choices=("mqtt", "http"), required=True)
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--tag", required=True, help="makes the canary's client ids unique to the run")
+    p.add_argument("--no-presence", action="store_true", help="MQTT: the server publishes no presence (a peer)")
     args = p.parse_args(argv)
-    trio.run(serve, args.protocol, args.port, args.tag)
+    trio.run(serve, args.protocol, args.port, args.tag, not args.no_presence)
     return 0
 
 

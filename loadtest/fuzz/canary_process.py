@@ -23,10 +23,12 @@ CANARY_START = 30.0
 class CanaryProcess:
     """The canary (:mod:`.canary`) in a process of its own, stopped by closing its stdin."""
 
-    def __init__(self, protocol: str, port: int, tag: str) -> None:
+    def __init__(self, protocol: str, port: int, tag: str, presence: bool = True) -> None:
         self.protocol = protocol
         self.tag = tag
         cmd = [sys.executable, "-m", "loadtest.fuzz.canary", "--protocol", protocol, "--port", str(port)]
+        if protocol == "mqtt" and not presence:
+            cmd.append("--no-presence")
         self.proc = subprocess.Popen(
             [*cmd, "--tag", tag], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT
         )

@@ -1,23 +1,28 @@
 """``python -m loadtest fuzz``: hostile input against our servers, judged.
 
-    python -m loadtest fuzz --target mqtt|http|both --inputs 200000 [--seed S]
-        [--engine dense|streams|both] [--connections 200] [--max-seconds 1800]
+    python -m loadtest fuzz --target mqtt|http|both|mosquitto --inputs 200000 [--seed S]
+        [--engine dense|streams|both] [--connections 200] [--max-seconds 1800] [--mqtt5 0.2]
 
-Starts the server (``servers.heartbeat`` on each engine asked for, ``servers.http``)
+Starts the server (``servers.heartbeat`` on each engine asked for, ``servers.http``;
+``--target mosquitto``: Mosquitto, as the peer, judged by the rules that apply to it)
 on a free loopback port with short timeouts, keeps a well-behaved canary beside it,
 and sends ``--inputs`` inputs, each on a connection of its own, ``--connections`` at a
-time: valid MQTT sessions and HTTP requests from a seeded corpus, mutated (bit and
-byte flips, truncation, extension, length and Content-Length lies, varint overflow,
-huge lengths, random bytes, duplicated and reordered packets, a slow trickle of a
-valid prefix) — :mod:`.corpus`, :mod:`.mutators`. Every run is judged
+time: valid MQTT sessions (``--mqtt5`` of them MQTT 5.0, with properties) and HTTP
+requests from a seeded corpus, mutated (bit and byte flips, truncation, extension,
+length and Content-Length lies, varint overflow, huge lengths, random bytes,
+duplicated and reordered packets, a slow trickle of a valid prefix; and MQTT 5.0's
+properties: one the packet may not carry, a single-use one twice, a property length
+that lies, a string that is not UTF-8, an overlong variable byte integer) —
+:mod:`.corpus`, :mod:`.corpus_v5`, :mod:`.mutators`. Every run is judged
 (:mod:`.judge`): the server alive throughout and exiting 0 on SIGTERM, no
 traceback in its log, a clear outcome for every connection, the canary healthy, open
 files back to where they were and RSS not growing with the inputs. The report and
 ``results/fuzz.json`` give the counts; the exit status is 0 only if every run passed.
 
-Every input is a pure function of the seed and its index: ``--replay 17,4242`` (with
-the same ``--seed``) sends just those again, and a FAIL lists the inputs in flight
-when the server died or first logged a fault, with their bytes.
+Every input is a pure function of the seed and its index (and ``--mqtt5``):
+``--replay 17,4242`` (with the same ``--seed`` and ``--mqtt5``) sends just those
+again, and a FAIL lists the inputs in flight when the server died or first logged a
+fault, with their bytes.
 """
 
 from __future__ import annotations
@@ -39,11 +44,12 @@ from typing import Any
 import psutil
 
 from ..sampler import cpu_model
+from .corpus import V5_SHARE
 from .faults import first_fault
 from .judge import Limits, Verdict, judge
 from .observation import Observation
 from .runner import FuzzOptions, run_target
-from .targets import HTTP_SERVER_ARGS, MQTT_SERVER_ARGS, ServerSpec, http_spec, mqtt_spec
+from .targets import HTTP_SERVER_ARGS, MQTT_SERVER_ARGS, ServerSpec, http_spec, mosquitto_spec, mqtt_spec
 
 __all__ = ["main", "machine", "render", "run"]
 
@@ -78,6 +84,9 @@ def render(run: dict[str, Any]) -> str:
         f"in {run['seconds']:.0f} s ({c['inputs_per_second']:,.0f}/s), {run['connections']} connections at a time",
         f"replies                {_share(c['replies'], done)}",
     ]
+    if c.get("disconnects"):
+        shown = _share(c["disconnects"], sum(c["disconnects"].values()))
+        lines.append(f"5.0 DISCONNECTs        {shown} (by reason code)")
     if "statuses" in c:
         lines.append(f"statuses               {_share(c['statuses'], sum(c['statuses'].values()), 10)}")
     lines.append(f"endings                {_share(c['endings'], done, 10)}")
@@ -111,6 +120,11 @@ def render(run: dict[str, Any]) -> str:
             f"server RSS             {rss['warm'] / 2**20:.1f} MiB after the warm-up, {rss['mid'] / 2**20:.1f} "
             f"half-way, {rss['end'] / 2**20:.1f} at the end ({c['rss_growth_per_input']:+,.0f} B per input "
             f"after the warm-up, {c['rss_growth_late_per_input']:+,.0f} in the second half)"
+        )
+    if c.get("held_by_design"):
+        lines.append(
+            f"held open              {c['held_by_design']:,} connections still open after {run['wait_limit']:g} s, "
+            f"closed by us: {run.get('holds', '')}"
         )
     if c.get("late_under_load"):
         lines.append(
@@ -147,6 +161,8 @@ def _record(spec: ServerSpec, options: FuzzOptions, obs: Observation, verdict: V
         "died": obs.died,
         "server_command": " ".join(["python", *spec.command[1:]]),
         "wait_limit": spec.wait,
+        "holds": spec.holds,
+        "mqtt5_share": options.mqtt5 if spec.protocol == "mqtt" else 0.0,
         "suspects": obs.suspects,
         "first_fault": first_fault(obs.stderr),
     }
@@ -155,7 +171,7 @@ def _record(spec: ServerSpec, options: FuzzOptions, obs: Observation, verdict: V
 def run(spec: ServerSpec, options: FuzzOptions, rss_growth: float = Limits.rss_growth) -> dict[str, Any]:
     """Fuzz one server and judge it: the run's record (JSON-ready)."""
     obs = run_target(spec, options)
-    verdict = judge(obs, Limits(wait=spec.wait, rss_growth=rss_growth))
+    verdict = judge(obs, Limits(wait=spec.wait, rss_growth=rss_growth, holds=spec.holds))
     return _record(spec, options, obs, verdict)
 
 
@@ -168,6 +184,8 @@ def specs(target: str, engine: str, server_args: Sequence[str] = ()) -> list[Ser
         out.append(http_spec())
     for spec in out:
         spec.command += server_args
+    if target == "mosquitto":
+        out.append(mosquitto_spec())  # a peer: our servers' options are not its
     return out
 
 
@@ -175,13 +193,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     """``python -m loadtest fuzz``; exit 0 only if every run passed."""
     p = argparse.ArgumentParser(prog="python -m loadtest fuzz", description=__doc__.split("\n\n")[0])
     a = p.add_argument
-    a("--target", choices=("mqtt", "http", "both"), default="both", help="which server (default: both)")
+    a(
+        "--target",
+        choices=("mqtt", "http", "both", "mosquitto"),
+        default="both",
+        help="which server: ours (mqtt, http, both) or Mosquitto as the peer, with --server-args ignored "
+        "(default: both)",
+    )
     a("--inputs", type=int, default=200_000, help="inputs per server, one connection each (default: 200000)")
     a("--seed", type=int, default=None, help="the corpus and mutation seed (default: a random one, reported)")
     a("--engine", choices=(*ENGINES, "both"), default="dense", help="the MQTT server's engine (default: dense)")
     a("--connections", type=int, default=200, help="connections open at a time (default: 200)")
+    a(
+        "--mqtt5",
+        type=float,
+        default=V5_SHARE,
+        help=f"share of the MQTT inputs that are MQTT 5.0 sessions, 0 to 1 (default: {V5_SHARE:g}); a server "
+        "that does not serve 5.0 refuses them (3.1.1 CONNACK 1), which is a clear answer too",
+    )
     a("--max-seconds", type=float, default=1800.0, help="per server: stop taking inputs after this (default: 1800)")
-    a("--replay", default=None, help="comma-separated input indices: send just these (with the run's --seed)")
+    a(
+        "--replay",
+        default=None,
+        help="comma-separated input indices: send just these (with the run's --seed and --mqtt5)",
+    )
     a(
         "--max-rss-growth",
         type=float,
@@ -200,6 +235,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.inputs < 1 or args.connections < 1 or args.max_seconds <= 0:
         p.error("--inputs, --connections and --max-seconds must be positive")
+    if not 0 <= args.mqtt5 <= 1:
+        p.error("--mqtt5 is a share, from 0 to 1")
     indices = None
     if args.replay:
         if args.seed is None:
@@ -216,9 +253,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         max_seconds=args.max_seconds,
         indices=indices,
         quiet=args.quiet,
+        mqtt5=args.mqtt5,
     )
     runs = []
-    for spec in specs(args.target, args.engine, shlex.split(args.server_args)):
+    try:
+        chosen = specs(args.target, args.engine, shlex.split(args.server_args))
+    except RuntimeError as exc:  # mosquitto is not installed
+        p.error(str(exc))
+    for spec in chosen:
         if not args.quiet:
             print(f"fuzzing {spec.name} (seed {seed})...", file=sys.stderr, flush=True)
         try:

@@ -12,7 +12,7 @@ import trio
 
 from .corpus import Case
 from .observation import ConnRecord
-from .replies import http_statuses, mqtt_reply
+from .replies import http_statuses, mqtt_disconnect, mqtt_reply
 
 __all__ = ["peer_name", "run_case"]
 
@@ -89,9 +89,11 @@ async def run_case(case: Case, protocol: str, port: int, source: str, wait: floa
         sock.close()
     data = bytes(kept)
     statuses: tuple[int, ...] = ()
+    disconnect = ""
     if protocol == "mqtt":
         reply = mqtt_reply(data)
+        disconnect = mqtt_disconnect(data)
     else:
         statuses = http_statuses(data)
         reply = str(statuses[0]) if statuses else "none"
-    return ConnRecord(case.index, case.end, peer, reply, ending, statuses, received, started, time.time())
+    return ConnRecord(case.index, case.end, peer, reply, ending, statuses, received, started, time.time(), disconnect)

@@ -8,7 +8,9 @@ reproducer is just those two numbers.
 - **Corpus.** MQTT: a CONNECT (client id empty or from a small set, keep-alive,
   clean or persistent session, with or without a Will, username and password),
   then a few of SUBSCRIBE, UNSUBSCRIBE, PUBLISH at QoS 0/1/2 (some retained),
-  the QoS acknowledgements, PINGREQ, and sometimes DISCONNECT. HTTP: one to four
+  the QoS acknowledgements, PINGREQ, and sometimes DISCONNECT; a share of the
+  sessions (:data:`V5_SHARE` by default) are MQTT 5.0, with properties, reason
+  codes and AUTH (:mod:`.corpus_v5`), and get the 5.0 mutators more often. HTTP: one to four
   pipelined requests: GET, HEAD, OPTIONS, POST with a Content-Length body or a
   chunked one (extensions, trailers), ``Expect: 100-continue``, absolute-form
   targets, HTTP/1.0, a varying set of headers.
@@ -28,12 +30,14 @@ from dataclasses import dataclass
 
 from servers.heartbeat import encoders
 
-from .mutators import HTTP_MUTATORS, MQTT_MUTATORS
+from .corpus_v5 import mqtt5_session
+from .mutators import HTTP_MUTATORS, MQTT5_MUTATORS, MQTT_MUTATORS
 from .segments import Mutator, Segments
 
 __all__ = [
     "END_MODES",
     "PROTOCOLS",
+    "V5_SHARE",
     "Case",
     "http_requests",
     "make_case",
@@ -53,10 +57,13 @@ HOSTILE_IDS = ("fuzz+1", "fuzz#2", "fuzz/cmd", "f" * 300)
 """Valid MQTT, refused or narrowed by the server (issue 33): wildcards in an id, a ``/``
 that a pattern ACL must not widen, an id past ``--max-client-id``."""
 TOPICS = ("fuzz/a/b", "fuzz/0/state", "fuzz/1/state", "fuzz/x", "fuzz/é/ü")
-SERVER_TOPICS = ("presence/fuzz-1", "$SYS/fuzz")
+SERVER_TOPICS = ("$SYS/presence/fuzz-1", "$SYS/fuzz")
 """Topics only the server writes: a PUBLISH there is dropped, a Will there refuses the CONNECT."""
-FILTERS = ("fuzz/+/state", "fuzz/a/#", "fuzz/a/b", "fuzz/x", "presence/fuzz-1", "+/+/state", "fuzz/#", "#")
+FILTERS = ("fuzz/+/state", "fuzz/a/#", "fuzz/a/b", "fuzz/x", "$SYS/presence/fuzz-1", "+/+/state", "fuzz/#", "#")
 FILTER_WEIGHTS = (6, 4, 6, 4, 2, 2, 1, 0.3)
+
+V5_SHARE = 0.2
+"""MQTT inputs that are 5.0 sessions, by default (the rest 3.1.1, one in ten of those 3.1)."""
 
 VALID_SHARE = 0.08
 """Inputs sent as the corpus made them: valid traffic among the hostile, as a control."""
@@ -276,15 +283,22 @@ def _split(rng: random.Random, data: bytes) -> tuple[bytes, ...]:
     return tuple(data[a:b] for a, b in zip([0, *cuts], [*cuts, len(data)], strict=True))
 
 
-def make_case(seed: int, protocol: str, index: int) -> Case:
-    """Input number ``index`` of a run with ``seed`` against a ``protocol`` server."""
+def make_case(seed: int, protocol: str, index: int, v5_share: float = V5_SHARE) -> Case:
+    """Input number ``index`` of a run with ``seed`` against a ``protocol`` server; of MQTT
+    inputs, ``v5_share`` are 5.0 sessions."""
     if protocol not in PROTOCOLS:
         raise ValueError(f"protocol must be one of {PROTOCOLS}, not {protocol!r}")
     # A string seed is hashed with SHA-512 by random.Random: stable across processes and
     # Python runs (unlike hash()), and independent from one index to the next.
     rng = random.Random(f"{seed}/{protocol}/{index}")
-    base, segments = mqtt_session(rng) if protocol == "mqtt" else http_requests(rng)
-    mutators = MQTT_MUTATORS if protocol == "mqtt" else HTTP_MUTATORS
+    # Which MQTT inputs are 5.0 is drawn apart, so the 3.1.1 ones are what they were.
+    v5 = protocol == "mqtt" and v5_share > 0 and random.Random(f"{seed}/{protocol}/{index}/v5").random() < v5_share
+    if v5:
+        base, segments = mqtt5_session(rng)
+        mutators = MQTT5_MUTATORS
+    else:
+        base, segments = mqtt_session(rng) if protocol == "mqtt" else http_requests(rng)
+        mutators = MQTT_MUTATORS if protocol == "mqtt" else HTTP_MUTATORS
     end = rng.choices(END_MODES, END_WEIGHTS)[0]
     r = rng.random()
     if r < TRICKLE_SHARE:

@@ -6,9 +6,12 @@ The runner (:mod:`.runner`) collects an :class:`~.observation.Observation`;
 - the server process was alive throughout and exited 0 when stopped by SIGTERM;
 - its stderr holds no traceback and no ERROR or CRITICAL record;
 - every connection had a clear outcome: the server answered (a CONNACK refusal
-  code, an HTTP status) and/or closed it, or we reset it ourselves. A connection
-  we half-closed, or left to the server's own timeouts, must have been closed by
-  the server within its longest timeout plus a margin. HTTP 500 is a server fault;
+  code, 3.x or 5.0, a 5.0 DISCONNECT's reason code, an HTTP status) and/or closed
+  it, or we reset it ourselves. A connection we half-closed, or left to the
+  server's own timeouts, must have been closed by the server within its longest
+  timeout plus a margin (a peer that keeps some open by design, as Mosquitto does a
+  connection that never sends its CONNECT, has them counted instead). A 5.0 packet
+  from the server that does not parse is a fault, as is HTTP 500;
 - MQTT: every connection's end is in the presence log, with its reason (a protocol
   error names which one);
 - the canary stayed healthy: no false offline, every ping answered, every HTTP
@@ -28,6 +31,7 @@ from typing import Any
 
 from .faults import fault_summary, log_faults
 from .observation import ConnRecord, Observation
+from .replies import ACCEPTED
 
 __all__ = ["Limits", "Verdict", "judge", "suspects_at", "unclear"]
 
@@ -45,6 +49,9 @@ class Limits:
     """...if it also grew more than this many bytes then: a short run's RSS is noise."""
     connect_failures: float = 0.01
     """Share of connects that may fail (the listen queue overflowing under load)."""
+    holds: str = ""
+    """Why the server may keep a connection open past ``wait`` by design (a peer's documented
+    behaviour: such connections are counted, not failed); empty for ours."""
 
 
 @dataclass
@@ -95,12 +102,12 @@ def _presence_check(obs: Observation, records: Sequence[ConnRecord]) -> tuple[li
         for r in records
         if r.peer in single
         and r.reply.startswith("connack-")
-        and r.reply != "connack-0"
+        and r.reply not in ACCEPTED
         and reason_of.get(r.peer) not in ("refused", "protocol-error")
     )
     # Of the peers short of ends, how many connections had been accepted (CONNACK 0 read).
     short = {peer for peer, n in ours.items() if by_peer.get(peer, 0) < n}
-    accepted = sum(1 for r in records if r.peer in short and r.reply == "connack-0")
+    accepted = sum(1 for r in records if r.peer in short and r.reply in ACCEPTED)
     problems = []
     if missing > spare:
         problems.append(
@@ -156,6 +163,7 @@ def judge(obs: Observation, limits: Limits) -> Verdict:
 
     counts: dict[str, Any] = {"inputs": done}
     replies: collections.Counter[str] = collections.Counter()
+    disconnects: collections.Counter[str] = collections.Counter()
     endings: collections.Counter[str] = collections.Counter()
     statuses: collections.Counter[str] = collections.Counter()
     held = collections.Counter[str]()
@@ -163,6 +171,8 @@ def judge(obs: Observation, limits: Limits) -> Verdict:
     unclear_indices: list[int] = []
     for r in records:
         replies[r.reply] += 1
+        if r.disconnect:
+            disconnects[r.disconnect] += 1
         endings[f"{r.end}: {r.ending}"] += 1
         statuses.update(str(s) for s in r.statuses)
         if r.ending == "open" and r.end in ("half-close", "wait"):
@@ -171,7 +181,9 @@ def judge(obs: Observation, limits: Limits) -> Verdict:
         if unclear(r) or 500 in r.statuses:
             unclear_indices.append(r.index)
     held_total = sum(held.values())
-    if held_total or stuck:
+    if (held_total or stuck) and limits.holds:
+        counts["held_by_design"] = held_total + stuck
+    elif held_total or stuck:
         what = (
             f"the server held {held_total:,} connections open for {limits.wait:g} s with no close "
             f"({held['half-close']:,} half-closed by us, {held['wait']:,} left to its timeouts)"
@@ -191,6 +203,11 @@ def judge(obs: Observation, limits: Limits) -> Verdict:
             counts["late_under_load"] = held_total + stuck
             counts["replayed_alone"] = len(replayed)
     counts.update(replies=_top(replies, 20), endings=_top(endings, 20), unclear_samples=sorted(unclear_indices)[:50])
+    if disconnects:
+        counts["disconnects"] = _top(disconnects, 20)
+    unparsed = sum(1 for r in records if r.reply.endswith("-malformed") or r.disconnect == "malformed")
+    if unparsed:
+        reasons.append(f"{unparsed:,} connections got a 5.0 CONNACK or DISCONNECT from the server that does not parse")
     if statuses.get("500"):
         reasons.append(f"{statuses['500']:,} responses were 500 (the server failed, not the client)")
     failed = sum(n for key, n in endings.items() if key.endswith(": connect-failed"))

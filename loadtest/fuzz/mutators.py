@@ -33,9 +33,16 @@ from .mutators_mqtt import (
     mqtt_type_flags,
     mqtt_varint_overflow,
 )
+from .mutators_mqtt5 import (
+    mqtt5_bad_utf8,
+    mqtt5_duplicate_property,
+    mqtt5_property_length_lie,
+    mqtt5_varint_overlong,
+    mqtt5_wrong_property,
+)
 from .segments import Mutator
 
-__all__ = ["GENERIC", "HTTP_MUTATORS", "MQTT_MUTATORS"]
+__all__ = ["GENERIC", "HTTP_MUTATORS", "MQTT5_MUTATORS", "MQTT_MUTATORS"]
 
 GENERIC: dict[str, tuple[float, Mutator]] = {
     "bit-flip": (3.0, bit_flip),
@@ -58,8 +65,20 @@ MQTT_MUTATORS: dict[str, tuple[float, Mutator]] = {
     "huge-length": (1.0, mqtt_huge_length),
     "type-flags": (1.5, mqtt_type_flags),
     "string-length-lie": (2.0, mqtt_string_length_lie),
+    # MQTT 5.0's properties; in a 3.x session they put a property block where 5.0 has one.
+    "v5-wrong-property": (0.5, mqtt5_wrong_property),
+    "v5-duplicate-property": (0.5, mqtt5_duplicate_property),
+    "v5-property-length-lie": (0.5, mqtt5_property_length_lie),
+    "v5-bad-utf8": (0.5, mqtt5_bad_utf8),
+    "v5-varint-overlong": (0.5, mqtt5_varint_overlong),
 }
 """Every mutator an MQTT input may get, by name: (weight, mutator)."""
+
+MQTT5_MUTATORS: dict[str, tuple[float, Mutator]] = {
+    **MQTT_MUTATORS,
+    **{name: (3.0, mutator) for name, (_, mutator) in MQTT_MUTATORS.items() if name.startswith("v5-")},
+}
+"""The same mutators for an MQTT 5.0 session, its properties' ones weighted up."""
 
 HTTP_MUTATORS: dict[str, tuple[float, Mutator]] = {
     **GENERIC,

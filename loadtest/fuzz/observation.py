@@ -39,6 +39,9 @@ class ConnRecord:
     started: float = 0.0
     """Wall-clock time the connection began (for matching a log line's time)."""
     finished: float = 0.0
+    disconnect: str = ""
+    """MQTT 5.0: the reason code of the DISCONNECT the server sent before closing (``0x81``),
+    ``malformed``, or empty for none."""
 
 
 @dataclass

@@ -1,14 +1,22 @@
 """What the server answered on a fuzz connection, read from the raw bytes kept of it:
-the first MQTT packet's kind, or the status of every HTTP response. Pure.
+the first MQTT packet's kind (a 3.x or a 5.0 CONNACK's code), a 5.0 server's
+DISCONNECT reason, or the status of every HTTP response. Pure.
 """
 
 from __future__ import annotations
 
 import re
 
+from servers.heartbeat.v5.codec import read_packet
+from servers.heartbeat.v5.packets import Connack, Disconnect
+from servers.heartbeat.v5.reason_codes import PacketError
+
 from ..mqtt_frames import frames
 
-__all__ = ["http_statuses", "mqtt_reply"]
+__all__ = ["ACCEPTED", "http_statuses", "mqtt_disconnect", "mqtt_reply"]
+
+ACCEPTED = ("connack-0", "connack-v5-0x00")
+"""The replies that accept a session: a 3.x CONNACK 0, a 5.0 CONNACK with reason code 0x00."""
 
 _PACKET_NAMES = {
     0x2: "connack",
@@ -24,7 +32,9 @@ _PACKET_NAMES = {
 
 
 def mqtt_reply(data: bytes) -> str:
-    """What the server's first packet was: ``connack-<rc>``, another type's name, or ``none``."""
+    """What the server's first packet was: ``connack-<rc>`` (3.x), ``connack-v5-0x<rc>``
+    (5.0, or ``connack-v5-malformed`` if it does not parse), ``disconnect-v5-0x<rc>``,
+    another type's name, or ``none``."""
     try:
         found, _ = frames(data)
     except ValueError:
@@ -35,7 +45,34 @@ def mqtt_reply(data: bytes) -> str:
     kind = first >> 4
     if kind == 0x2 and end - start == 2:
         return f"connack-{data[start + 1]}"
+    if kind == 0x2:
+        try:
+            packet = read_packet(first, data[start:end])
+        except PacketError:
+            return "connack-v5-malformed"
+        assert isinstance(packet, Connack)
+        return f"connack-v5-0x{packet.reason_code:02X}"
+    if kind == 0xE:
+        return f"disconnect-v5-{mqtt_disconnect(data) or 'malformed'}"
     return _PACKET_NAMES.get(kind, f"type-{kind}")
+
+
+def mqtt_disconnect(data: bytes) -> str:
+    """The reason code of the DISCONNECT a 5.0 server sent before closing (``0x81``),
+    ``malformed`` if it does not parse, or empty if it sent none."""
+    try:
+        found, _ = frames(data)
+    except ValueError:
+        return ""
+    for first, start, end in reversed(found):
+        if first >> 4 == 0xE:
+            try:
+                packet = read_packet(first, data[start:end])
+            except PacketError:
+                return "malformed"
+            assert isinstance(packet, Disconnect)
+            return f"0x{packet.reason_code:02X}"
+    return ""
 
 
 _STATUS_LINE = re.compile(rb"HTTP/1\.[01] (\d{3})[^\r\n]*\r\n")

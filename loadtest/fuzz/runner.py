@@ -47,7 +47,7 @@ from ..processes import free_port, stop
 from ..sampler import cpu_seconds, process_tree, rss_bytes
 from .canary_process import CanaryProcess
 from .connection import run_case
-from .corpus import make_case
+from .corpus import V5_SHARE, make_case
 from .faults import log_faults
 from .judge import suspects_at, unclear
 from .observation import ConnRecord, Observation
@@ -85,6 +85,8 @@ class FuzzOptions:
     """Seconds to wait at a quiet point for the server's open files to come back."""
     replay_sample: int = REPLAY_SAMPLE
     """Connections held open during the run that are sent again alone after it."""
+    mqtt5: float = V5_SHARE
+    """Of the MQTT inputs, the share that are MQTT 5.0 sessions."""
 
 
 @dataclass
@@ -174,7 +176,7 @@ class _Run:
                 if trio.current_time() > self.deadline:
                     state.timed_out = True
                     return
-                case = make_case(seed, spec.protocol, index)
+                case = make_case(seed, spec.protocol, index, self.options.mqtt5)
                 state.inflight[w] = index
                 source = self.sources[index % len(self.sources)]
                 record = await run_case(case, spec.protocol, self.port, source, spec.wait)
@@ -196,7 +198,9 @@ class _Run:
         options = self.options
         pid = self.proc.pid
         fds: dict[str, int] = {"before": _fds(pid)}
-        canary = CanaryProcess(self.spec.protocol, self.port, f"{os.getpid()}-{options.seed}")
+        canary = CanaryProcess(
+            self.spec.protocol, self.port, f"{os.getpid()}-{options.seed}", presence=self.spec.presence_log
+        )
         try:
             return await self._main(canary, fds)
         finally:
@@ -241,6 +245,8 @@ class _Run:
                 fds["after_run"] = await self.quiet(fds["canary"])
                 rss["end"], rss["end_inputs"] = _rss(pid), len(self.state.records)
                 held = sorted(r.index for r in self.state.records if unclear(r))[: self.options.replay_sample]
+                if self.spec.holds:
+                    held = []  # held by the peer's design: alone it would hold them just the same
                 if held:
                     # Late because the server was loaded, or held whatever the load? Alone, on
                     # the idle server, a connection it handles right is closed in time.
@@ -276,7 +282,10 @@ class _Run:
             since = state.died_at - SUSPECT_WINDOW
             finished = [r.index for r in reversed(state.records) if r.finished >= since]
             culprits = state.dead_inflight + finished
-            obs.suspects = [make_case(options.seed, self.spec.protocol, i).describe() for i in culprits[:MAX_SUSPECTS]]
+            obs.suspects = [
+                make_case(options.seed, self.spec.protocol, i, options.mqtt5).describe()
+                for i in culprits[:MAX_SUSPECTS]
+            ]
         return obs
 
 
@@ -306,7 +315,8 @@ def run_target(spec: ServerSpec, options: FuzzOptions) -> Observation:
         stamped = [when for when, _ in log_faults(obs.stderr) if when is not None]
         if stamped:
             obs.suspects = [
-                make_case(options.seed, spec.protocol, i).describe() for i in suspects_at(obs.records, stamped[0])
+                make_case(options.seed, spec.protocol, i, options.mqtt5).describe()
+                for i in suspects_at(obs.records, stamped[0])
             ]
     return obs
 

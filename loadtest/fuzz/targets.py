@@ -4,6 +4,11 @@ how long it may keep a connection open.
 Each server runs with short timeouts (:data:`MQTT_SERVER_ARGS`, :data:`HTTP_SERVER_ARGS`)
 so that a connection left open is closed by the server within seconds; its stderr goes
 to a file the judge reads.
+
+Mosquitto (:func:`mosquitto_spec`) runs as its peer, from a config file
+(:data:`MOSQUITTO_CONFIG`), with no presence log and a canary without a presence
+subscriber; it keeps a connection that never sends its CONNECT about 90 s (and a 3.1.1
+one with keep-alive 0 for ever), which is counted rather than failed.
 """
 
 from __future__ import annotations
@@ -18,15 +23,18 @@ from pathlib import Path
 
 from servers.readiness import find_ready
 
-from ..processes import stop
+from ..mqtt_targets import mosquitto_binary
+from ..processes import stop, wait_listening
 from .canary import CANARY_KEEPALIVE, HTTP_KEEPALIVE_TIMEOUT
 
 __all__ = [
     "HTTP_SERVER_ARGS",
+    "MOSQUITTO_CONFIG",
     "MQTT_SERVER_ARGS",
     "ROOT",
     "ServerSpec",
     "http_spec",
+    "mosquitto_spec",
     "mqtt_spec",
     "start_server",
 ]
@@ -76,6 +84,27 @@ and bodies that stall answered 408 after 1 s."""
 HTTP_LONGEST = HTTP_KEEPALIVE_TIMEOUT
 """Seconds the server may leave a connection open with those options (its keep-alive timeout)."""
 
+MOSQUITTO_CONFIG = """\
+listener {port} 127.0.0.1
+allow_anonymous true
+persistence false
+log_dest stderr
+log_type error
+log_type warning
+max_keepalive 10
+max_packet_size 262144
+"""
+"""Mosquitto's config for a fuzz run: anonymous, no persistence, a 5.0 client's keep-alive
+capped at 10 s (its Server Keep Alive; the least Mosquitto takes), packets capped at 256 KiB
+as ours are."""
+MOSQUITTO_LONGEST = 8.0
+"""Seconds Mosquitto takes to close a connection of keep-alive 1 or 2 s: 1.5 x that, plus
+its keep-alive sweep every 5-6 s."""
+MOSQUITTO_HOLDS = (
+    "Mosquitto keeps a connection that has not sent a whole CONNECT about 90 s, "
+    "a 3.1.1 one with keep-alive 0 for ever, and others 1.5 x their keep-alive (10 s at most for 5.0)"
+)
+
 WAIT_MARGIN = 2.0
 """Seconds beyond the server's longest timeout a connection may stay open (ticks,
 lingering closes, a loaded machine)."""
@@ -95,8 +124,14 @@ class ServerSpec:
     longest: float
     """Seconds the server may keep a connection open, at most."""
     presence_log: bool = False
-    """Give it ``--presence-log FILE`` (MQTT): the judge matches every connection's end there."""
+    """Give it ``--presence-log FILE`` (MQTT): the judge matches every connection's end there,
+    and the canary subscribes to its devices' presence."""
     env: dict[str, str] | None = None
+    config: str | None = None
+    """A config file to start it with (``-c FILE``; ``{port}`` in it is the port), instead of
+    ``--port N``; it is ready once it accepts connections (Mosquitto)."""
+    holds: str = ""
+    """Why it may keep connections open past :attr:`wait` by design (a peer): counted, not failed."""
 
     @property
     def wait(self) -> float:
@@ -110,6 +145,22 @@ def mqtt_spec(engine: str) -> ServerSpec:
     return ServerSpec(f"mqtt-{engine}", "mqtt", cmd, "heartbeat", MQTT_LONGEST, presence_log=True)
 
 
+def mosquitto_spec() -> ServerSpec:
+    """Mosquitto (the Debian package's broker), as the peer our MQTT server is fuzzed beside."""
+    binary = mosquitto_binary()
+    if binary is None:
+        raise RuntimeError("mosquitto is not installed (apt-get install mosquitto)")
+    return ServerSpec(
+        "mosquitto",
+        "mqtt",
+        [binary],
+        "mosquitto",
+        MOSQUITTO_LONGEST,
+        config=MOSQUITTO_CONFIG,
+        holds=MOSQUITTO_HOLDS,
+    )
+
+
 def http_spec() -> ServerSpec:
     """``python -m servers.http``, one worker."""
     cmd = [sys.executable, "-m", "servers.http", "--workers", "1", *HTTP_SERVER_ARGS]
@@ -120,7 +171,18 @@ def start_server(
     spec: ServerSpec, port: int, log: Path, extra: Sequence[str] = (), timeout: float = 30.0
 ) -> subprocess.Popen[bytes]:
     """Start ``spec`` on ``port`` (with ``extra`` arguments) with its stderr in ``log``;
-    return once it says it listens."""
+    return once it says it listens (or, started from a config file, once it accepts)."""
+    if spec.config is not None:
+        config = log.with_name(f"{spec.name}.conf")
+        config.write_text(spec.config.replace("{port}", str(port)))
+        with log.open("wb") as err:
+            proc = subprocess.Popen([*spec.command, *extra, "-c", str(config)], stdout=subprocess.DEVNULL, stderr=err)
+        try:
+            wait_listening(port, proc, timeout=timeout)
+        except RuntimeError as exc:
+            stop(proc)
+            raise RuntimeError(f"{spec.name} did not start on port {port}: {exc}") from None
+        return proc
     with log.open("wb") as err:
         proc = subprocess.Popen(
             [*spec.command, *extra, "--port", str(port)],

@@ -23,11 +23,14 @@ from typing import Any
 from idlekeeper.lookahead import LookaheadWheel
 from idlekeeper.timers import Timers
 
+from ..mqtt_versions import NAMES
+from . import mqtt5
 from .records import (
     CONNACK_OK,
     HANDSHAKE,
     ONLINE,
     PINGREQ,
+    PINGRESP,
     SUPERSEDED,
     Conn,
     Device,
@@ -76,7 +79,14 @@ class Generator:
         self.timers = Timers(time.monotonic, tick, wheel=LookaheadWheel(tick, time.monotonic(), lookahead=batch))
         self.epoll = select.epoll()
         self.conns: dict[int, Conn] = {}
-        self.devices = [Device(spec.first + i, f"{spec.prefix}-{spec.first + i}") for i in range(spec.count)]
+        # One bound method per version, shared by its devices: a heartbeat looks nothing up.
+        pingers = {3: self.ping, 4: self.ping, 5: self.ping_v5}
+        versions = spec.versions or "4" * spec.count
+        k = spec.keepalive
+        self.devices = [
+            Device(spec.first + i, f"{spec.prefix}-{spec.first + i}", k, int(v), pingers[int(v)])
+            for i, v in zip(range(spec.count), versions, strict=True)
+        ]
         self.started = 0
         self.inflight = 0
         self.online = 0
@@ -89,6 +99,12 @@ class Generator:
         own connect() (the handshake is microseconds on loopback: the delay was ours)."""
         self.connect_send_max = 0.0
         self.refused = 0
+        self.refusals: dict[str, int] = {}
+        """Refused connects by the server's answer: ``3.x CONNACK 2``, ``5.0 CONNACK 0x87 not-authorized``."""
+        self.disconnects: dict[str, dict[str, int]] = {}
+        """5.0 devices: the server's DISCONNECTs by reason code, then by the device's role."""
+        self.server_keepalive: dict[str, int] = {}
+        """5.0 devices the server told to ping at another keep-alive (Server Keep Alive), by its value."""
         self.errors: dict[str, int] = {}
         self.ports = list(spec.ports) or [spec.port]
         # A generator of its own for gateways, so a one-port run's jitter is what it was.
@@ -147,7 +163,7 @@ class Generator:
         # cores, behind during a 500,000-device ramp, sent a few hundred of them over the
         # server's connect timeout after the server had accepted the socket.)
         now = time.monotonic()
-        data = encode_connect(device.client_id, self.spec.keepalive)
+        data = self.connect_packet(device)
         try:
             sent = sock.send(data)
         except OSError:
@@ -202,8 +218,14 @@ class Generator:
                 self.fail(device, f"connect: {errno.errorcode.get(err, err)}")
             return
         self.epoll.modify(conn.sock.fileno(), _IN)
-        if self.send(device, conn, encode_connect(device.client_id, self.spec.keepalive), now):
+        if self.send(device, conn, self.connect_packet(device), now):
             self._connect_sent(conn, now)
+
+    def connect_packet(self, device: Device) -> bytes:
+        """The device's CONNECT, in its version."""
+        if device.version == 5:
+            return mqtt5.encode_connect(device.client_id, self.spec.keepalive)
+        return encode_connect(device.client_id, self.spec.keepalive, device.version)
 
     def _connect_sent(self, conn: Conn, now: float) -> None:
         """The CONNECT is out: wait for the CONNACK, and note how long after connect() it went."""
@@ -224,21 +246,90 @@ class Generator:
             data = b""
         if data and conn.phase == HANDSHAKE:
             conn.buf += data
+            if conn.device.version == 5:
+                self.on_answer_v5(conn, now)
+                return
             if len(conn.buf) < 4:
                 return
             self.inflight -= 1
             if conn.buf[:4] != CONNACK_OK:
-                self.refused += 1
-                self.drop(conn)
-                conn.device.conn = None
+                self.refuse(conn, f"3.x CONNACK {conn.buf[3]}" if conn.buf[:3] == b"\x20\x02\x00" else "not a CONNACK")
                 return
             self.on_connack(conn, now)
+            return
+        if conn.device.version == 5:
+            # A 5.0 server may say why it closes: a DISCONNECT, read and counted.
+            if data and self.drain_v5(conn, data):
+                return
+            self.on_closed(conn, now)
             return
         # Past the handshake only the end is reported (see _END): what came before it
         # is PINGRESPs, read and let go.
         if data and self.drain(conn):
             return
         self.on_closed(conn, now)
+
+    def refuse(self, conn: Conn, answer: str) -> None:
+        """The server refused the device's CONNECT with ``answer``: counted, and the connection let go."""
+        self.refused += 1
+        self.refusals[answer] = self.refusals.get(answer, 0) + 1
+        self.drop(conn)
+        conn.device.conn = None
+
+    def on_answer_v5(self, conn: Conn, now: float) -> None:
+        """Bytes in a 5.0 handshake: once the answer is whole, the device is online (at the
+        server's keep-alive, if its CONNACK gave one) or refused, by what the answer was."""
+        answer = mqtt5.read_connack(conn.buf)
+        if answer is None:
+            return
+        self.inflight -= 1
+        if not answer.accepted:
+            self.refuse(conn, answer.label)
+            return
+        device = conn.device
+        told = answer.server_keep_alive
+        device.keepalive = self.spec.keepalive if told is None else told
+        if told is not None:
+            self.server_keepalive[str(told)] = self.server_keepalive.get(str(told), 0) + 1
+        rest = conn.buf[answer.used :]
+        self.on_connack(conn, now)
+        if rest:
+            conn.buf = self.read_v5(conn, rest)
+
+    def drain_v5(self, conn: Conn, data: bytes = b"") -> bool:
+        """:meth:`drain` for a 5.0 connection (``data``: what was already read): what the server
+        sent is looked at, not let go, so that a DISCONNECT's reason code is counted. False
+        once it has closed."""
+        sock = conn.sock
+        chunks = [conn.buf, data]
+        alive = True
+        try:
+            while True:
+                more = sock.recv(4096)
+                if not more:
+                    alive = False
+                    break
+                chunks.append(more)
+                if len(more) < 4096:
+                    break
+        except BlockingIOError:
+            pass
+        except OSError:
+            alive = False
+        conn.buf = self.read_v5(conn, b"".join(chunks))
+        return alive
+
+    def read_v5(self, conn: Conn, buf: bytes) -> bytes:
+        """Count the DISCONNECTs among the whole packets in ``buf`` (by reason code, then by
+        the device's role); the unfinished rest, kept for the next read."""
+        if not buf or buf == PINGRESP:
+            return b""  # the usual read: nothing to look at
+        reasons, used = mqtt5.disconnect_reasons(buf)
+        role = conn.device.role if conn.phase != SUPERSEDED else "taken over"
+        for reason in reasons:
+            by_role = self.disconnects.setdefault(reason, {})
+            by_role[role] = by_role.get(role, 0) + 1
+        return buf[used:]
 
     def drain(self, conn: Conn) -> bool:
         """Read what the server sent (PINGRESPs) and let it go; False once it has closed.
@@ -277,7 +368,8 @@ class Generator:
             else:
                 device.acted_at = now
         self.online += 1
-        self.arm(device)
+        if device.keepalive:  # a Server Keep Alive of 0: no keep-alive, no heartbeats
+            self.arm(device)
 
     def on_closed(self, conn: Conn, now: float) -> None:
         """The server closed (or reset) ``conn``; ``now`` is when we noticed."""
@@ -331,8 +423,8 @@ class Generator:
     def arm(self, device: Device) -> None:
         """Schedule the next PINGREQ: keep-alive after the last packet, minus jitter (as real clients do)."""
         spec = self.spec
-        delay = spec.keepalive * (1.0 - spec.jitter * self.rng.random())
-        device.timer = self.timers.call_at(device.last_sent + delay, self.ping, device, slack=spec.ping_batch)
+        delay = device.keepalive * (1.0 - spec.jitter * self.rng.random())
+        device.timer = self.timers.call_at(device.last_sent + delay, device.pinger, device, slack=spec.ping_batch)
 
     def disarm(self, device: Device) -> None:
         """Cancel the device's next PINGREQ, if one is scheduled."""
@@ -349,6 +441,19 @@ class Generator:
         # The previous PINGRESP, read now rather than woken for (see _END). An end
         # found here is an end: it is handled as if reported.
         if not self.drain(conn):
+            self.on_closed(conn, now)
+            return
+        if self.send(device, conn, PINGREQ, now):
+            self.pings += 1
+            self.arm(device)
+
+    def ping_v5(self, device: Device) -> None:
+        """:meth:`ping` for a 5.0 device: what the server sent since is read for a DISCONNECT."""
+        conn = device.conn
+        if conn is None or conn.phase != ONLINE:
+            return
+        now = time.monotonic()
+        if not self.drain_v5(conn):
             self.on_closed(conn, now)
             return
         if self.send(device, conn, PINGREQ, now):
@@ -403,6 +508,11 @@ class Generator:
         device.old = conn
         self.open(device, self.pick_port(exclude=conn.port))
 
+    def protocols(self) -> dict[str, int]:
+        """The generator's devices by the MQTT version they speak."""
+        versions = self.spec.versions or "4" * len(self.devices)
+        return {NAMES[int(v)]: versions.count(v) for v in sorted(set(versions))}
+
     def results(self) -> dict[str, Any]:
         """Per-generator results; :mod:`loadtest.devices` merges them."""
         spec = self.spec
@@ -420,6 +530,10 @@ class Generator:
             "connect_sent_late": self.connect_sent_late,
             "connect_send_max": self.connect_send_max,
             "refused": self.refused,
+            "refusals": self.refusals,
+            "protocols": self.protocols(),
+            "disconnects": self.disconnects,
+            "server_keepalive": self.server_keepalive,
             "errors": self.errors,
             "pings": self.pings,
             "drops": self.drops,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import socket
+from collections.abc import Callable
 
 from idlekeeper.timers import TimerHandle
 
@@ -14,6 +15,7 @@ __all__ = [
     "HANDSHAKE",
     "ONLINE",
     "PINGREQ",
+    "PINGRESP",
     "SUPERSEDED",
     "Conn",
     "Device",
@@ -24,6 +26,8 @@ CONNACK_OK = b"\x20\x02\x00\x00"
 """The CONNACK that accepts a device (no session present)."""
 PINGREQ = b"\xc0\x00"
 """A device's heartbeat."""
+PINGRESP = b"\xd0\x00"
+"""The server's answer to it."""
 
 # Connection phases.
 CONNECTING, HANDSHAKE, ONLINE, SUPERSEDED = range(4)
@@ -61,11 +65,28 @@ class Device:
         "old",
         "old_closed_at",
         "attempts",
+        "version",
+        "keepalive",
+        "pinger",
     )
 
-    def __init__(self, index: int, client_id: str) -> None:
+    def __init__(
+        self,
+        index: int,
+        client_id: str,
+        keepalive: float = 0.0,
+        version: int = 4,
+        pinger: Callable[[Device], None] | None = None,
+    ) -> None:
         self.index = index
         self.client_id = client_id
+        self.version = version
+        """The protocol level of its CONNECT: 3 (MQTT 3.1), 4 (3.1.1) or 5 (5.0)."""
+        self.keepalive = keepalive
+        """The keep-alive it pings at: its own, or the server's (a 5.0 CONNACK's Server
+        Keep Alive); 0 before it is known."""
+        self.pinger: Callable[[Device], None] = pinger or _no_heartbeat
+        """The generator's heartbeat for its version (one shared bound method, no lookup per ping)."""
         self.role = "healthy"
         self.conn: Conn | None = None
         self.timer: TimerHandle | None = None
@@ -81,10 +102,18 @@ class Device:
         self.attempts = 0  # connects in a row to gateways that refused (a fleet's dead node)
 
 
-def encode_connect(client_id: str, keepalive: int) -> bytes:
-    """A device's CONNECT: MQTT 3.1.1, a clean session, no credentials."""
+def _no_heartbeat(device: Device) -> None:
+    """The heartbeat of a device no generator runs."""
+
+
+_PROTOCOL = {3: b"\x00\x06MQIsdp\x03\x02", 4: b"\x00\x04MQTT\x04\x02"}
+
+
+def encode_connect(client_id: str, keepalive: int, version: int = 4) -> bytes:
+    """A device's CONNECT: MQTT 3.1.1 (or 3.1 with ``version`` 3), a clean session, no
+    credentials. (A 5.0 device's is :func:`loadtest.generator.mqtt5.encode_connect`.)"""
     # Built here rather than imported from the server's encoders: a generator should speak
     # the wire format independently of the code it is testing.
     cid = client_id.encode()
-    body = b"\x00\x04MQTT\x04\x02" + keepalive.to_bytes(2, "big") + len(cid).to_bytes(2, "big") + cid
+    body = _PROTOCOL[version] + keepalive.to_bytes(2, "big") + len(cid).to_bytes(2, "big") + cid
     return b"\x10" + bytes([len(body)]) + body

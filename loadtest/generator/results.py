@@ -18,7 +18,9 @@ CONNECT_SAMPLES = 5000
 
 def judge_devices(devices: Sequence[Device], window: float, failover: bool) -> dict[str, Any]:
     """The devices' figures for a generator's results. ``window`` is 1.5 x keep-alive;
-    ``failover`` (a fleet run) leaves judging the closed connections to the orchestrator."""
+    ``failover`` (a fleet run) leaves judging the closed connections to the orchestrator.
+    A device the server told to keep another keep-alive (a 5.0 CONNACK's Server Keep
+    Alive) is judged by 1.5 x that one."""
     lateness: list[float] = []
     undetected = 0
     false: list[dict[str, Any]] = []
@@ -28,7 +30,9 @@ def judge_devices(devices: Sequence[Device], window: float, failover: bool) -> d
     connect_s: list[float] = []
     connack_times: list[float] = []
     silent_last: dict[str, float] = {}
+    silent_window: dict[str, float] = {}
     for d in devices:
+        w = 1.5 * d.keepalive if d.keepalive else window
         if d.connack_at == d.connack_at:
             connack_times.append(d.connack_at)
             if len(connect_s) < CONNECT_SAMPLES:
@@ -36,8 +40,10 @@ def judge_devices(devices: Sequence[Device], window: float, failover: bool) -> d
         closed = d.closed_at == d.closed_at
         if d.role == "silent" and d.acted_at == d.acted_at:
             silent_last[d.client_id] = d.last_sent
+            if w != window:
+                silent_window[d.client_id] = w
             if closed:
-                lateness.append(d.closed_at - (d.last_sent + window))
+                lateness.append(d.closed_at - (d.last_sent + w))
             else:
                 undetected += 1
             continue
@@ -52,7 +58,7 @@ def judge_devices(devices: Sequence[Device], window: float, failover: bool) -> d
             # A device that kept to its keep-alive and was cut anyway is a false expiry;
             # one whose own heartbeat was late (an overloaded generator) is not the server's fault.
             silent_for = d.closed_at - d.last_sent
-            if silent_for < window and d.max_gap < window:
+            if silent_for < w and d.max_gap < w:
                 false.append(
                     {"client_id": d.client_id, "silent_for": round(silent_for, 3), "max_gap": round(d.max_gap, 3)}
                 )
@@ -66,6 +72,7 @@ def judge_devices(devices: Sequence[Device], window: float, failover: bool) -> d
         "connect_s": connect_s,
         "lateness": lateness,
         "silent_last": silent_last,
+        "silent_window": silent_window,
         "undetected": undetected,
         "takeover_s": takeovers,
         "takeover_missed": takeover_missed,

@@ -54,6 +54,10 @@ class GeneratorSpec:
     """Seconds a PINGREQ may wait to share a wake-up with others (never early). Real
     clients are no more punctual: paho's network loop checks its keep-alive once a
     loop, up to a second apart."""
+    versions: str = ""
+    """Each device's MQTT protocol level, one character per device in order: ``"3"``
+    (3.1), ``"4"`` (3.1.1), ``"5"`` (5.0); empty: every device 3.1.1
+    (:func:`loadtest.mqtt_versions.deal`)."""
 
 
 def write_spec(spec: GeneratorSpec, path: Path) -> None:

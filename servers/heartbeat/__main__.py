@@ -24,10 +24,11 @@ from .access import acl_reader
 from .acl import AclFile
 from .auth import PasswordFile
 from .cli_limits import add_limit_arguments, limits_from
-from .config import ENGINES, HeartbeatConfig
+from .config import ENGINES, KEEPALIVE_OVER_MAX, HeartbeatConfig
 from .coordination import Coordinator
 from .coordination.authority import Authority
 from .coordination.local import BusCoordinator
+from .policy import DEFAULT_PRESENCE_PREFIX, LEGACY_PRESENCE_PREFIX, check_presence_prefix
 from .presence import PresenceLog, PresenceSink
 from .server import HeartbeatServer
 from .stores import mqtt_state
@@ -37,8 +38,9 @@ from .worker import serve_heartbeat
 DESCRIPTION = """\
 MQTT 3.1.1 keep-alive presence server. Devices connect with any MQTT client;
 a device silent for 1.5 x its keep-alive is declared dead, its Will is published,
-and an offline event goes to subscribers of presence/<client-id>, to the presence
-log and to the status endpoint. Built on idlekeeper: one timing wheel and one
+and an offline event goes to subscribers of $SYS/presence/<client-id> (which '#'
+does not match: subscribe to $SYS/presence/#), to the presence log and to the
+status endpoint. Built on idlekeeper: one timing wheel and one
 reaper task per worker process."""
 
 
@@ -63,7 +65,22 @@ def parser() -> argparse.ArgumentParser:
         "--max-keepalive",
         type=int,
         default=3600,
-        help="server-side cap on a client's keep-alive, in seconds (default: 3600)",
+        help="server-side cap on a client's keep-alive, in seconds: an MQTT 5 client asking more, or 0, "
+        "is told this one (Server Keep Alive); a 3.1.1 client is held to it untold (default: 3600)",
+    )
+    a(
+        "--keepalive-over-max",
+        choices=KEEPALIVE_OVER_MAX,
+        default="cap",
+        help="a 3.1.1/3.1 client asking more than --max-keepalive cannot be told: cap holds it to 1.5 x the "
+        "maximum (dead devices are found in time; one that pings slower is cut and reconnects), honour "
+        "keeps its own, refuse answers CONNACK 2 as Mosquitto 2.0.12+ (default: cap)",
+    )
+    a(
+        "--max-topic-alias",
+        type=int,
+        default=10,
+        help="topic aliases an MQTT 5 client may set towards the server; 0: none (default: 10, as Mosquitto)",
     )
     a(
         "--engine",
@@ -132,6 +149,16 @@ def parser() -> argparse.ArgumentParser:
     )
     a("--presence-log", default=None, help="write presence events as JSON lines to this file, or - for stdout")
     a(
+        "--presence-prefix",
+        type=presence_prefix,
+        default=DEFAULT_PRESENCE_PREFIX,
+        metavar="PREFIX",
+        help="topic prefix of presence events: each device's is PREFIX<client-id>, and no client may publish "
+        "there; it must end with '/' and hold no +, # or NUL. Under $ (the default), subscribers to '#' or "
+        f"'+/...' do not get presence; {LEGACY_PRESENCE_PREFIX} keeps the topics of earlier versions "
+        "(default: %(default)s)",
+    )
+    a(
         "--gc-freeze",
         type=float,
         default=2.0,
@@ -199,7 +226,7 @@ def parser() -> argparse.ArgumentParser:
     a(
         "--no-retain-presence",
         action="store_true",
-        help="do not retain presence events (by default a new subscription to presence/# first gets "
+        help="do not retain presence events (by default a new subscription to $SYS/presence/# first gets "
         "every device's last event, then the live stream)",
     )
     a(
@@ -222,6 +249,14 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def presence_prefix(text: str) -> str:
+    """``--presence-prefix``, checked (:func:`~.policy.check_presence_prefix`)."""
+    try:
+        return check_presence_prefix(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def config_from(args: argparse.Namespace, worker: int) -> HeartbeatConfig:
     """A worker's configuration from the parsed command line."""
     cfg = HeartbeatConfig.from_args(
@@ -230,6 +265,7 @@ def config_from(args: argparse.Namespace, worker: int) -> HeartbeatConfig:
         connect_timeout=args.connect_timeout,
         max_idle=args.max_idle or None,
         max_keepalive=args.max_keepalive,
+        keepalive_over_max=args.keepalive_over_max,
         send_timeout=args.send_timeout,
         max_packet_size=args.max_packet_size,
         max_connections=args.max_connections,
@@ -241,6 +277,7 @@ def config_from(args: argparse.Namespace, worker: int) -> HeartbeatConfig:
         acl=AclFile.load(args.acl_file) if args.acl_file else None,
         max_qos=args.max_qos,
         max_inflight=args.max_inflight,
+        max_topic_alias=args.max_topic_alias,
         max_queued=args.max_queued,
         max_queued_bytes=args.max_queued_bytes,
         max_subscriber_bytes=args.max_subscriber_bytes,
@@ -248,6 +285,7 @@ def config_from(args: argparse.Namespace, worker: int) -> HeartbeatConfig:
         session_expiry=args.session_expiry,
         retain_presence=not args.no_retain_presence,
         presence_offline_ttl=args.presence_offline_ttl or None,
+        presence_prefix=args.presence_prefix,
         max_retained_bytes=args.max_retained_bytes,
         **limits_from(args),
     )
@@ -385,6 +423,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         except TokenFileError as exc:
             cli.error(str(exc))
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    if not args.presence_prefix.startswith("$") and args.worker_index is None:
+        logging.getLogger("servers.heartbeat").warning(
+            "presence is published under %s, which '#' matches: every subscriber to '#' gets every device's "
+            "presence (the default, %s, is kept from wildcard subscribers)",
+            args.presence_prefix,
+            DEFAULT_PRESENCE_PREFIX,
+        )
     # In a fleet the workers share through Redis, so the supervisor needs no authority.
     hub = None if args.cluster else (lambda: authority_hub(args))
     return runner.main("servers.heartbeat", args, argv, run_worker, hub=hub)

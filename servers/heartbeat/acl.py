@@ -178,6 +178,8 @@ def _covers(grant: str, topic_filter: str) -> bool:
     f_levels = topic_filter.split("/")
     if topic_filter[:1] in ("+", "#") and grant[:1] not in ("+", "#"):
         return False
+    if topic_filter[:1] == "$" and grant[:1] in ("+", "#"):
+        return False  # "#" reads no $ topic (MQTT-4.7.2-1): not $SYS/presence/# either
     for i, f in enumerate(f_levels):
         if i >= len(g_levels):
             return False

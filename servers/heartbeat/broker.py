@@ -9,16 +9,40 @@ of its topic and per filter it matches, however many wildcard filters one client
 
 from __future__ import annotations
 
-from collections.abc import Collection, Hashable
+from collections.abc import Callable, Collection, Hashable
 from typing import Generic, Protocol, TypeVar
 
-from .budget import SUBSCRIBER_BYTES, TOTAL_BYTES, Offer, SendBudget
+from .budget import CONGESTED_BYTES, SUBSCRIBER_BYTES, TOTAL_BYTES, Offer, SendBudget
 from .encoders import encode_publish
 from .outbox import DEFAULT_MAX_QUEUED, DEFAULT_WINDOW, Message, Outbox
 from .policy import utf8_length
-from .topics import FilterChanges, TopicTree, is_wildcard
+from .topics import SHARE_PREFIX, FilterChanges, SharedFilters, TopicTree, is_wildcard
+from .v5.outbound import publish as publish_v5
+from .v5.outbound import subscription_identifier
 
-__all__ = ["MAX_QUEUED", "Broker", "Subscriber", "Subscriptions", "topic_matches"]
+__all__ = [
+    "MAX_QUEUED",
+    "NO_LOCAL",
+    "RETAIN_AS_PUBLISHED",
+    "TOO_LARGE",
+    "Broker",
+    "Limits5",
+    "Subscriber",
+    "Subscriptions",
+    "pack_options",
+    "topic_matches",
+]
+
+NO_LOCAL = 1
+"""An MQTT 5 subscription option: not sent what its own client publishes."""
+RETAIN_AS_PUBLISHED = 2
+"""An MQTT 5 subscription option: the retain flag as the publisher set it."""
+
+
+def pack_options(no_local: bool = False, retain_as_published: bool = False, identifier: int = 0) -> int:
+    """A subscription's MQTT 5 options as one int: two flags and its Subscription Identifier."""
+    return (NO_LOCAL if no_local else 0) | (RETAIN_AS_PUBLISHED if retain_as_published else 0) | (identifier << 2)
+
 
 K = TypeVar("K", bound=Hashable)
 
@@ -46,10 +70,19 @@ def topic_matches(topic_filter: str, topic: str) -> bool:
 
 
 class Subscriptions(Generic[K]):
-    """Topic filters per subscriber key, with the granted QoS of each, at most ``max_qos``."""
+    """Topic filters per subscriber key, with the granted QoS of each, at most ``max_qos``.
+
+    A shared subscription (``$share/<group>/<filter>``, MQTT 5) joins its group: its
+    members are kept apart from the other subscriptions (:meth:`route` never returns
+    them), and each message for the group goes to one of them (:meth:`members`)."""
 
     def __init__(self, max_qos: int) -> None:
         self._max_qos = max_qos
+        self._groups: dict[str, dict[K, int]] = {}
+        """Each shared subscription's members (by its whole filter), in the order they joined."""
+        self._shared = SharedFilters()
+        self._turns: dict[str, int] = {}
+        """Where each group's next message starts looking for a member (round robin)."""
         self._exact: dict[str, dict[K, int]] = {}
         self._wild: dict[str, dict[K, int]] = {}
         self._tree: TopicTree[dict[K, int]] = TopicTree()
@@ -58,23 +91,42 @@ class Subscriptions(Generic[K]):
         self._bytes: dict[K, int] = {}
         """The bytes of each key's filters, for the per-client bound: a SUBSCRIBE must not
         cost a step per filter its client already holds."""
+        self._options: dict[K, dict[str, int]] = {}
+        """MQTT 5 subscription options (:func:`pack_options`) of the filters that have any:
+        most subscriptions have none, and the common delivery never looks here."""
         self._changes: FilterChanges | None = None
 
     def __len__(self) -> int:
         return sum(len(filters) for filters in self._by_key.values())
 
-    def subscribe(self, key: K, topic_filter: str, qos: int) -> int:
-        """Add or replace a subscription; returns the granted QoS (capped)."""
+    def subscribe(self, key: K, topic_filter: str, qos: int, options: int = 0) -> int:
+        """Add or replace a subscription, with its MQTT 5 ``options`` (:func:`pack_options`;
+        0: none); returns the granted QoS (capped)."""
+        held_options = self._options.get(key)
+        if options:
+            if held_options is None:
+                held_options = self._options[key] = {}
+            held_options[topic_filter] = options
+        elif held_options is not None and held_options.pop(topic_filter, None) is not None and not held_options:
+            del self._options[key]
         granted = min(qos, self._max_qos)
-        wild = is_wildcard(topic_filter)
-        table = self._wild if wild else self._exact
-        subs = table.get(topic_filter)
-        if subs is None:
-            subs = table[topic_filter] = {}
-            if wild:
-                self._tree.set(topic_filter, subs)
-            if self._changes is not None:
-                self._changes.came(topic_filter)
+        if topic_filter.startswith(SHARE_PREFIX):
+            subs = self._groups.get(topic_filter)
+            if subs is None:
+                subs = self._groups[topic_filter] = {}
+                self._shared.add(topic_filter)
+                if self._changes is not None:
+                    self._changes.came(topic_filter)
+        else:
+            wild = is_wildcard(topic_filter)
+            table = self._wild if wild else self._exact
+            subs = table.get(topic_filter)
+            if subs is None:
+                subs = table[topic_filter] = {}
+                if wild:
+                    self._tree.set(topic_filter, subs)
+                if self._changes is not None:
+                    self._changes.came(topic_filter)
         subs[key] = granted
         held = self._by_key.setdefault(key, set())
         if topic_filter not in held:
@@ -84,6 +136,8 @@ class Subscriptions(Generic[K]):
 
     def unsubscribe(self, key: K, topic_filter: str) -> bool:
         """Remove one subscription; returns whether it existed."""
+        if topic_filter.startswith(SHARE_PREFIX):
+            return self._leave(key, topic_filter)
         wild = is_wildcard(topic_filter)
         table = self._wild if wild else self._exact
         subs = table.get(topic_filter)
@@ -96,6 +150,27 @@ class Subscriptions(Generic[K]):
                 self._tree.pop(topic_filter)
             if self._changes is not None:
                 self._changes.went(topic_filter)
+        self._forget_filter(key, topic_filter)
+        return True
+
+    def _leave(self, key: K, topic_filter: str) -> bool:
+        members = self._groups.get(topic_filter)
+        if not members or key not in members:
+            return False
+        del members[key]
+        if not members:
+            del self._groups[topic_filter]
+            self._turns.pop(topic_filter, None)
+            self._shared.discard(topic_filter)
+            if self._changes is not None:
+                self._changes.went(topic_filter)
+        self._forget_filter(key, topic_filter)
+        return True
+
+    def _forget_filter(self, key: K, topic_filter: str) -> None:
+        held_options = self._options.get(key)
+        if held_options is not None and held_options.pop(topic_filter, None) is not None and not held_options:
+            del self._options[key]
         filters = self._by_key.get(key)
         if filters is not None:
             filters.discard(topic_filter)
@@ -104,7 +179,6 @@ class Subscriptions(Generic[K]):
             else:
                 del self._by_key[key]
                 del self._bytes[key]
-        return True
 
     def drop(self, key: K) -> None:
         """Remove every subscription of ``key`` (its connection ended)."""
@@ -112,8 +186,27 @@ class Subscriptions(Generic[K]):
             self.unsubscribe(key, topic_filter)
 
     def filters(self) -> set[str]:
-        """Every filter that has at least one subscriber."""
-        return set(self._exact) | set(self._wild)
+        """Every filter that has at least one subscriber (shared subscriptions' whole)."""
+        return set(self._exact) | set(self._wild) | set(self._groups)
+
+    @property
+    def has_groups(self) -> bool:
+        """Whether any shared subscription is held here."""
+        return bool(self._groups)
+
+    def groups(self, topic: str) -> list[str]:
+        """The shared subscriptions held here that ``topic`` reaches (their whole filters)."""
+        return self._shared.matching(topic) if self._shared else []
+
+    def members(self, shared: str) -> dict[K, int]:
+        """A shared subscription's members here, with their granted QoS (a view)."""
+        return self._groups.get(shared, {})
+
+    def turn(self, shared: str) -> int:
+        """Where the group's next message starts looking (and moves it on by one)."""
+        turn = self._turns.get(shared, 0)
+        self._turns[shared] = turn + 1
+        return turn
 
     def track(self) -> FilterChanges:
         """Record, from now on, each filter that gains its first subscriber or loses its
@@ -122,7 +215,7 @@ class Subscriptions(Generic[K]):
         entry per filter held."""
         if self._changes is None:
             self._changes = FilterChanges()
-            for topic_filter in (*self._exact, *self._wild):
+            for topic_filter in (*self._exact, *self._wild, *self._groups):
                 self._changes.came(topic_filter)
         return self._changes
 
@@ -133,6 +226,10 @@ class Subscriptions(Generic[K]):
     def held(self, key: K) -> Collection[str]:
         """The filters ``key`` holds (a view: read it, do not keep it)."""
         return self._by_key.get(key, ())
+
+    def options(self, key: K) -> dict[str, int] | None:
+        """The MQTT 5 options of ``key``'s filters that have any (a view), or None."""
+        return self._options.get(key)
 
     def held_bytes(self, key: K) -> int:
         """The bytes of filter text ``key`` holds (kept as it changes, not summed per call)."""
@@ -146,6 +243,15 @@ class Subscriptions(Generic[K]):
                 if qos > out.get(key, -1):
                     out[key] = qos
         return out
+
+
+class Limits5(Protocol):
+    """What an MQTT 5 client told the server it takes (its CONNECT's properties)."""
+
+    max_packet_size: int
+    """The largest packet it takes; 0: no limit."""
+    receive_maximum: int
+    """QoS 1 and 2 messages it takes unacknowledged."""
 
 
 class Subscriber(Hashable, Protocol):
@@ -170,12 +276,19 @@ class Subscriber(Hashable, Protocol):
     def may_read(self, topic: str) -> bool:
         """Whether access rules let a message on ``topic`` reach this subscriber."""
 
+    @property
+    def v5(self) -> Limits5 | None:
+        """Its limits if it speaks MQTT 5.0 (its messages are then written as 5.0), else None."""
+
 
 S = TypeVar("S", bound=Subscriber)
 
 
 MAX_QUEUED = "max-queued"
 """Why a QoS 1 or 2 message was dropped: its subscriber's outbox queue was full."""
+TOO_LARGE = "too-large"
+"""Why a message was not sent to an MQTT 5 subscriber: larger than its Maximum Packet Size
+(§3.1.2.11.4: the server drops it for that subscriber, as if sent)."""
 
 
 class Broker(Generic[S]):
@@ -207,13 +320,18 @@ class Broker(Generic[S]):
         self.denied = 0
         self.held_dropped = 0
         """QoS 1 and 2 messages dropped: the subscriber's outbox queue was full."""
+        self.too_large = 0
+        """Messages not sent to an MQTT 5 subscriber: past its Maximum Packet Size."""
         self.checks_reads = False
         """Ask each subscriber whether it may read a message's topic (an ACL is in force)."""
+        self.persist: Callable[[S, Message], None] | None = None
+        """Where a persistent session's QoS 1 or 2 message from a shared subscription goes
+        (its session store; a plain subscription's copies go there by routing instead)."""
 
     @property
     def dropped(self) -> int:
         """Messages dropped, whatever the reason."""
-        return self.held_dropped + sum(self.budget.dropped.values())
+        return self.held_dropped + self.too_large + sum(self.budget.dropped.values())
 
     @property
     def dropped_by(self) -> dict[str, int]:
@@ -223,17 +341,39 @@ class Broker(Generic[S]):
             SUBSCRIBER_BYTES: dropped[SUBSCRIBER_BYTES],
             TOTAL_BYTES: dropped[TOTAL_BYTES],
             MAX_QUEUED: self.held_dropped,
+            TOO_LARGE: self.too_large,
         }
 
-    def deliver(self, topic: str, payload: bytes, qos: int, retain: bool = False) -> int:
+    def deliver(
+        self,
+        topic: str,
+        payload: bytes,
+        qos: int,
+        retain: bool = False,
+        properties: bytes = b"",
+        *,
+        origin: S | None = None,
+        published_retain: bool = False,
+        groups: Collection[str] | None = None,
+        plain: bool = True,
+    ) -> int:
         """Queue a message for every local subscriber of ``topic``; returns how many.
 
-        Persistent sessions' QoS 1 and 2 copies are left to the session store.
+        Encoded once per version its subscribers speak: an MQTT 5 subscriber also gets
+        the publisher's ``properties`` (packed, :func:`.v5.outbound.forwarded`), unless
+        the message is larger than it takes. Its subscription options shape its copy:
+        No Local skips ``origin`` (the publishing connection, if local), Retain As
+        Published keeps ``published_retain``, a Subscription Identifier is added.
+        Persistent sessions' QoS 1 and 2 copies are left to the session store. Each
+        shared subscription in ``groups`` (None: every one held here that the topic
+        reaches) gets it once, at one of its members (:meth:`member`); without
+        ``plain``, they alone do.
         """
-        targets = self.subscriptions.route(topic)
-        if not targets:
+        subscriptions = self.subscriptions
+        targets = subscriptions.route(topic) if plain else {}
+        if not targets and not subscriptions.has_groups and not groups:
             return 0
-        plain = b""
+        wire = wire5 = b""
         count = 0
         checks = self.checks_reads
         for sub, granted in targets.items():
@@ -241,23 +381,137 @@ class Broker(Generic[S]):
                 self.denied += 1
                 continue
             level = min(qos, granted)
-            if level == 0:
-                if not plain:
-                    plain = encode_publish(topic, payload, retain=retain)
-                self.enqueue(sub, plain)
+            v5 = sub.v5
+            if v5 is not None:
+                flag, extra = retain, b""
+                options = subscriptions.options(sub)
+                if options:
+                    shaped = self._shaped(sub, options, topic, sub is origin, published_retain)
+                    if shaped is None:
+                        continue  # No Local: its own message
+                    flag, extra = shaped[0] or retain, shaped[1]
+                if extra or flag != retain:
+                    data = publish_v5(topic, payload, retain=flag, properties=properties + extra)
+                else:
+                    data = wire5 = wire5 or publish_v5(topic, payload, retain=retain, properties=properties)
+                limit = v5.max_packet_size
+                if limit and len(data) + (2 if level else 0) > limit:
+                    self.too_large += 1
+                    continue
+                if level == 0:
+                    self.enqueue(sub, data)
+                elif not sub.persistent:
+                    self.hold(sub, Message(topic, payload, level, flag, properties + extra))
+                else:
+                    continue
+            elif level == 0:
+                if not wire:
+                    wire = encode_publish(topic, payload, retain=retain)
+                self.enqueue(sub, wire)
             elif sub.persistent:
                 continue
             else:
                 self.hold(sub, Message(topic, payload, level, retain))
             count += 1
+        for shared in subscriptions.groups(topic) if groups is None else groups:
+            picked = self.member(shared)
+            if picked is not None and (not checks or picked[0].may_read(topic)):
+                message = Message(topic, payload, min(qos, picked[1]), retain, properties, group=shared)
+                count += self.give_message(picked[0], message, published_retain)
         self.delivered += count
         return count
+
+    def member(self, shared: str, skip: S | None = None) -> tuple[S, int] | None:
+        """The member of a shared subscription that gets its next message, and its QoS:
+        the next in turn that keeps up with what it is sent (one whose queue is long is
+        passed over, as the spec lets a server do), or the next in turn if none does."""
+        members = [(sub, qos) for sub, qos in self.subscriptions.members(shared).items() if sub is not skip]
+        if not members:
+            return None
+        start = self.subscriptions.turn(shared)
+        for i in range(len(members)):
+            sub, qos = members[(start + i) % len(members)]
+            if sub.queued() <= CONGESTED_BYTES:
+                return sub, qos
+        return members[start % len(members)]
+
+    def give_message(self, sub: S, message: Message, published_retain: bool = False) -> int:
+        """One message for one subscriber, shaped by its version and its subscription's
+        options, through its outbox or its session store at QoS 1 and 2; returns 1 if it
+        was given, 0 if it is larger than the subscriber takes."""
+        v5 = sub.v5
+        topic = message.topic
+        if v5 is None:
+            message.properties = None
+        else:
+            options = self.subscriptions.options(sub)
+            if options:
+                shaped = self._shaped(sub, options, topic, False, published_retain, message.group)
+                if shaped is not None:
+                    message.retain = shaped[0] or message.retain
+                    message.properties = (message.properties or b"") + shaped[1]
+            size = len(publish_v5(topic, message.payload, 0, False, None, False, message.properties or b""))
+            if v5.max_packet_size and size + (2 if message.qos else 0) > v5.max_packet_size:
+                self.too_large += 1
+                return 0
+        if not message.qos:
+            self.enqueue(sub, message.wire())
+        elif sub.persistent and self.persist is not None:
+            self.persist(sub, message)
+        else:
+            self.hold(sub, message)
+        return 1
+
+    def _shaped(
+        self, sub: S, options: dict[str, int], topic: str, own: bool, published_retain: bool, shared: str = ""
+    ) -> tuple[bool, bytes] | None:
+        """What the options of ``sub``'s filters matching ``topic`` make of a message: the
+        retain flag (Retain As Published) and the Subscription Identifiers to add; None
+        if No Local skips it (``own``: ``sub`` published it, and every filter of ``sub``
+        that matches says No Local)."""
+        if shared:  # a shared subscription's copy: its own options only
+            matched = [options[shared]] if shared in options else []
+        else:
+            matched = [
+                value
+                for topic_filter, value in options.items()
+                if not topic_filter.startswith(SHARE_PREFIX) and topic_matches(topic_filter, topic)
+            ]
+        if not matched:
+            return False, b""
+        if own and all(value & NO_LOCAL for value in matched):
+            others = (f for f in self.subscriptions.held(sub) if f not in options)
+            if not any(topic_matches(f, topic) for f in others):
+                return None
+        flag = published_retain and any(value & RETAIN_AS_PUBLISHED for value in matched)
+        ids = sorted({value >> 2 for value in matched if value >> 2})
+        return flag, b"".join(subscription_identifier(i) for i in ids)
+
+    def give(self, sub: S, topic: str, payload: bytes, qos: int, retain: bool, properties: bytes = b"") -> None:
+        """One message for one subscriber (a retained one for a new subscription), in
+        the version it speaks; QoS 1 and 2 through its outbox."""
+        v5 = sub.v5
+        if v5 is not None:
+            data = publish_v5(topic, payload, retain=retain, properties=properties)
+            if v5.max_packet_size and len(data) + (2 if qos else 0) > v5.max_packet_size:
+                self.too_large += 1
+                return
+            if qos:
+                self.hold(sub, Message(topic, payload, qos, retain, properties))
+            else:
+                self.enqueue(sub, data)
+        elif qos:
+            self.hold(sub, Message(topic, payload, qos, retain))
+        else:
+            self.enqueue(sub, encode_publish(topic, payload, retain=retain))
 
     def hold(self, sub: S, message: Message) -> None:
         """Give a QoS 1 or 2 message to the subscriber's outbox and queue what it releases."""
         box = sub.held
         if box is None:
-            box = sub.held = Outbox(self.window, self.max_queued)
+            v5 = sub.v5
+            window = self.window if v5 is None else min(self.window, v5.receive_maximum)
+            box = sub.held = Outbox(window, self.max_queued)
         lost = box.dropped
         self.write(sub, box.push(message))
         if box.dropped != lost:

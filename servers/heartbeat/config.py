@@ -20,16 +20,19 @@ from .policy import (
     DEFAULT_MAX_SUBSCRIPTIONS,
     DEFAULT_MAX_USERNAME,
     DEFAULT_PRESENCE_PREFIX,
+    check_presence_prefix,
 )
 from .presence import PresenceSink
 from .retained import DEFAULT_MAX_BYTES, DEFAULT_MAX_OWNER_BYTES, DEFAULT_MAX_OWNER_COUNT
 from .throttle import ThrottlePolicy
 
-__all__ = ["ENGINES", "HeartbeatConfig"]
+__all__ = ["ENGINES", "KEEPALIVE_OVER_MAX", "HeartbeatConfig"]
 
 logger = logging.getLogger("servers.heartbeat")
 
 ENGINES = ("dense", "streams")
+KEEPALIVE_OVER_MAX = ("cap", "honour", "refuse")
+"""The choices of :attr:`HeartbeatConfig.keepalive_over_max`."""
 """How connections are served: see :mod:`.dense` and :mod:`.streams`."""
 
 
@@ -41,11 +44,16 @@ class HeartbeatConfig(WorkerConfig):
     connect_timeout: float = 10.0
     max_idle: float | None = 3600.0
     max_keepalive: int = 3600
+    keepalive_over_max: str = "cap"
+    """What a 3.1.1 or 3.1 client asking more than ``max_keepalive`` gets, since it cannot
+    be told (5.0 clients are told, Server Keep Alive): ``cap`` (held to 1.5 x the
+    maximum), ``honour`` (its own), ``refuse`` (CONNACK 2, as Mosquitto 2.0.12+)."""
     send_timeout: float = 30.0
     max_packet_size: int = 256 * 1024
     max_connections: int = 18_000
     presence_prefix: str = DEFAULT_PRESENCE_PREFIX
-    """Topic prefix of presence events; devices' own publishes under it are dropped."""
+    """Topic prefix of presence events (``$SYS/presence/``); devices' own publishes under it
+    are dropped. Checked by :func:`~.policy.check_presence_prefix`."""
     max_qos: int = DEFAULT_MAX_QOS
     """Highest QoS granted to subscribers and routed for publishers: 0, 1 or 2."""
     max_client_id: int = DEFAULT_MAX_CLIENT_ID
@@ -57,7 +65,10 @@ class HeartbeatConfig(WorkerConfig):
     max_subscription_bytes: int = DEFAULT_MAX_SUBSCRIPTION_BYTES
     """Bytes of filter text one client may hold; past it, 0x80 in SUBACK."""
     max_inflight: int = DEFAULT_WINDOW
-    """QoS 1 and 2 messages sent to a client and not yet acknowledged, at most."""
+    """QoS 1 and 2 messages sent to a client and not yet acknowledged, at most; also the
+    Receive Maximum an MQTT 5 CONNACK announces (a 5.0 client's own may lower the first)."""
+    max_topic_alias: int = 10
+    """Topic aliases an MQTT 5 client may set towards the server (its Topic Alias Maximum); 0: none."""
     max_queued: int = DEFAULT_MAX_QUEUED
     """QoS 1 and 2 messages queued per client behind those in flight (while it is away, too)."""
     max_queued_bytes: int = DEFAULT_MAX_QUEUED_BYTES
@@ -71,7 +82,7 @@ class HeartbeatConfig(WorkerConfig):
     max_persistent_sessions: int = DEFAULT_MAX_SESSIONS
     """Persistent sessions kept at once; past it, a new one is refused (CONNACK 3), a stored one resumes."""
     retain_presence: bool = True
-    """Presence events are retained: a new subscription to ``presence/#`` first gets every device's last one."""
+    """Presence events are retained: a new subscription to ``$SYS/presence/#`` first gets every device's last one."""
     presence_offline_ttl: float | None = 7 * 24 * 3600.0
     """Seconds an offline device's presence stays retained (None: as long as its record is kept)."""
     max_retained_bytes: int = DEFAULT_MAX_BYTES
@@ -105,10 +116,17 @@ class HeartbeatConfig(WorkerConfig):
     """Presence sinks of the default (in-process) coordinator; other coordinators hold their own."""
 
     def __post_init__(self) -> None:
+        check_presence_prefix(self.presence_prefix)
         if self.max_qos not in (0, 1, 2):
             raise ValueError(f"max_qos must be 0, 1 or 2, not {self.max_qos}")
-        if self.max_inflight < 1:
-            raise ValueError(f"max_inflight must be at least 1, not {self.max_inflight}")
+        if not 1 <= self.max_inflight <= 65535:
+            raise ValueError(f"max_inflight must be 1 to 65535 (an MQTT 5 Receive Maximum), not {self.max_inflight}")
+        if not 0 <= self.max_topic_alias <= 65535:
+            raise ValueError(f"max_topic_alias must be 0 to 65535, not {self.max_topic_alias}")
+        if self.keepalive_over_max not in KEEPALIVE_OVER_MAX:
+            raise ValueError(f"keepalive_over_max must be one of {', '.join(KEEPALIVE_OVER_MAX)}")
+        if not 1 <= self.max_keepalive <= 65535:
+            raise ValueError(f"max_keepalive must be 1 to 65535 seconds, not {self.max_keepalive}")
         if self.engine not in ENGINES:
             raise ValueError(f"engine must be one of {', '.join(ENGINES)}, not {self.engine!r}")
         if self.auth_threads < 1:

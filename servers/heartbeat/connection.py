@@ -17,6 +17,7 @@ from .outbox import Outbox
 from .policy import SessionPolicy
 from .presence import Offline, PresenceEvent
 from .session import Session, State
+from .v5.session import Session5
 
 __all__ = ["GOODBYE_TIMEOUT", "Connection", "peer_closed", "peer_of"]
 
@@ -57,11 +58,34 @@ class Connection:
         """Seconds since the client last sent anything (since accept, if nothing yet)."""
         return self.stream.silent_for(now)
 
+    def speak_v5(self) -> Session5:
+        """The client's CONNECT said MQTT 5.0: its session becomes a :class:`Session5`
+        (before the CONNECT is handed to it). Returns it."""
+        session = self.session
+        if not isinstance(session, Session5):
+            session = self.session = Session5(session._policy)
+        return session
+
+    @property
+    def v5(self) -> Session5 | None:
+        """The session, if the client speaks MQTT 5.0 (what it may be sent depends on it)."""
+        session = self.session
+        return session if type(session) is Session5 else None
+
     def end(self, reason: Offline) -> None:
-        """Close this connection from outside its own task (takeover, shutdown)."""
+        """Close this connection from outside its own task (takeover, shutdown). An MQTT 5
+        client is told why first (a DISCONNECT with the reason code), if that can be
+        written without waiting."""
         if self.ended_by is None:
             self.ended_by = reason
+        farewell = self.session.goodbye(reason)
+        if farewell is not None:
+            self.say(farewell)
         self.stream.cancel()
+
+    def say(self, data: bytes) -> None:
+        """Write ``data`` now if it can go whole without waiting and without cutting into
+        a packet being sent (the connection is closed right after); else drop it."""
 
     def end_reason(self, outcome: Offline | None) -> Offline:
         """Why the connection ended: who ended it, else which deadline, else ``outcome``

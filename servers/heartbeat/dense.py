@@ -22,10 +22,10 @@ from .budget import CONGESTED_BYTES
 from .connection import GOODBYE_TIMEOUT, Connection
 from .encoders import encode_pingresp
 from .fanout import Exchange
-from .packets import PINGREQ_WIRE, Packet, ProtocolError
+from .packets import PINGREQ_WIRE, ProtocolError
 from .persistent import Opened
 from .presence import Offline
-from .reader import PacketReader
+from .reader import AnyPacket, PacketReader
 from .server import HeartbeatServer
 from .session import (
     Accept,
@@ -36,6 +36,7 @@ from .session import (
     Send,
     State,
 )
+from .v5.packets import Connect as V5Connect
 
 __all__ = ["DenseConnection", "serve_dense"]
 
@@ -52,7 +53,7 @@ class DenseConnection(Connection, idlekeeper.Protocol):
 
     def __init__(self, server: HeartbeatServer) -> None:
         self.server = server
-        self.waiting: list[Packet] | None = None
+        self.waiting: list[AnyPacket] | None = None
         """Packets that arrived behind CONNECT while its password is checked."""
         self.outcome: Offline | None = None
         self.detail = ""
@@ -100,12 +101,14 @@ class DenseConnection(Connection, idlekeeper.Protocol):
 
     # -- the protocol ----------------------------------------------------------------
 
-    def _handle(self, packets: list[Packet]) -> None:
+    def _handle(self, packets: list[AnyPacket]) -> None:
         server = self.server
         session = self.session
         try:
             for i, packet in enumerate(packets):
                 server.counters["packets_in"] += 1
+                if type(packet) is V5Connect:
+                    session = self.speak_v5()
                 effects = session.receive(packet)
                 for j, effect in enumerate(effects):
                     if type(effect) is Send and self in server.unsettled:
@@ -156,7 +159,7 @@ class DenseConnection(Connection, idlekeeper.Protocol):
         self._admit(request, refusal, opened, arrived)
         return self.session.state is State.CONNECTED
 
-    def _settle(self, effects: list[Effect], rest: list[Packet]) -> None:
+    def _settle(self, effects: list[Effect], rest: list[AnyPacket]) -> None:
         """Hold ``effects`` (a SUBACK first) and what follows until the server has settled
         the subscription with the other workers."""
         self._pause_for(self._settled, effects, rest)
@@ -169,7 +172,7 @@ class DenseConnection(Connection, idlekeeper.Protocol):
             self._apply(effect)
         return True
 
-    def _pause_for(self, work: Callable[[T], Awaitable[bool]], arg: T, rest: list[Packet]) -> None:
+    def _pause_for(self, work: Callable[[T], Awaitable[bool]], arg: T, rest: list[AnyPacket]) -> None:
         """Stop reading while ``work(arg)`` runs in a task (it awaits, the engine must not).
         ``rest``, the packets read after the one that began it, wait; if it returns True,
         reading resumes and they are handled."""
@@ -212,6 +215,20 @@ class DenseConnection(Connection, idlekeeper.Protocol):
         stream.send_timeout = GOODBYE_TIMEOUT
         stream.write(connack)
         stream.close()
+
+    def last_words(self, reason: idlekeeper.Reason) -> bytes | None:
+        """A deadline expired: an MQTT 5 client is told why (DISCONNECT 0x8D for its
+        keep-alive; nothing for a reader that stopped reading, which would not read it)."""
+        if reason is idlekeeper.Reason.SEND:
+            return None
+        return self.session.goodbye(Offline.KEEPALIVE_TIMEOUT)
+
+    def say(self, data: bytes) -> None:
+        """Write ``data`` if nothing is queued (see :meth:`Connection.say`): the
+        transport tries the kernel at once."""
+        stream = self.stream
+        if not stream.is_closing() and not stream.get_write_buffer_size():
+            stream.write(data)
 
     def pause_writing(self) -> None:
         """The client is not reading what it is sent (its queue passed the high-water

@@ -79,4 +79,6 @@ class ConnectionEvents:
             node=cfg.node,
             keep_alive=conn.session.keep_alive,
             username=username,
+            protocol_level=conn.session.protocol_level if conn.session.client_id is not None else 0,
+            reason_code=None if status == "online" else conn.session.reason_code,
         )

@@ -16,7 +16,8 @@ from .config import HeartbeatConfig
 from .connection import Connection
 from .coordination import Coordinator
 from .logs import OncePer, shown
-from .persistent import Acked, Inbound, Subscribed
+from .outbox import Message, Stage
+from .persistent import Acked, Inbound, Push, Subscribed
 from .retained_delivery import RetainedDelivery
 from .session import (
     Acknowledged,
@@ -64,6 +65,7 @@ class FanOut:
         )
         self.broker: Broker[Connection] = Broker(config.max_qos, budget, config.max_inflight, config.max_queued)
         self.broker.checks_reads = config.acl is not None
+        self.broker.persist = self._persist
         self.retained = RetainedDelivery(coordinator, self.broker, nursery)
         self.unsettled: dict[Connection, list[AddSubscription]] = {}
         """Connections whose next reply (the SUBACK) waits for :meth:`settle`, with the
@@ -79,29 +81,43 @@ class FanOut:
         self.counters["messages_in"] += 1
         if message.retain:
             self.coordinator.retain(message.topic, message.payload, message.qos, conn.session.client_id or "")
-        self.route(message.topic, message.payload, message.qos)
+        self.route(message.topic, message.payload, message.qos, message.properties, conn, message.retain)
 
-    def publish_will(self, conn: Connection, will: Will) -> None:
+    def publish_will(self, client_id: str, will: Will) -> None:
         """A device died: its Will goes out like its own PUBLISH would have."""
         self.counters["wills_published"] += 1
         if will.retain:
-            self.coordinator.retain(will.topic, will.message, will.qos, conn.session.client_id or "")
-        self.route(will.topic, will.message, will.qos)
+            self.coordinator.retain(will.topic, will.message, will.qos, client_id)
+        self.route(will.topic, will.message, will.qos, will.properties)
 
-    def route(self, topic: str, payload: bytes, qos: int) -> int:
+    def route(
+        self,
+        topic: str,
+        payload: bytes,
+        qos: int,
+        properties: bytes = b"",
+        origin: Connection | None = None,
+        retain: bool = False,
+    ) -> int:
         """Deliver a message to every subscriber of ``topic``, here and on other workers.
 
         Returns how many local subscribers got it; the coordinator passes it on to
-        other workers or gateways whose subscribers want it.
+        other workers or gateways whose subscribers want it. An MQTT 5 publisher's
+        ``properties`` reach 5.0 subscribers here and on the other workers and nodes, as
+        does the publisher's ``retain`` flag (for Retain As Published); ``origin``, the
+        publishing connection, is skipped by its own No Local subscriptions.
         """
-        self.coordinator.route(topic, payload, qos)
-        return self.broker.deliver(topic, payload, qos)
+        broker = self.broker
+        groups = self.coordinator.route(topic, payload, qos, properties, retain, broker.subscriptions.groups(topic))
+        return broker.deliver(
+            topic, payload, qos, properties=properties, origin=origin, published_retain=retain, groups=groups
+        )
 
     def subscribed(self, conn: Connection, effect: AddSubscription) -> None:
         """The client subscribed: from now on it is sent what matches (within ``send_timeout``)."""
         if conn.finished:
             return  # its end has been dealt with: nothing would ever drop this subscription
-        self.broker.subscriptions.subscribe(conn, effect.topic_filter, effect.qos)
+        self.broker.subscriptions.subscribe(conn, effect.topic_filter, effect.qos, effect.options)
         conn.stream.send_timeout = self.config.send_timeout
         if conn.persistent:
             self.coordinator.session(Subscribed(conn.session.client_id or "", effect.topic_filter, effect.qos))
@@ -180,15 +196,37 @@ class FanOut:
         if self._logged.due((client_id, kind), time.monotonic()):
             logger.info("%s (%s): %s; more are counted, not logged", conn.peer, shown(client_id), what)
 
+    def _persist(self, conn: Connection, message: Message) -> None:
+        """A shared subscription's QoS 1 or 2 message for a persistent session: its store keeps it."""
+        client_id = conn.session.client_id or ""
+        self.coordinator.session(Push(client_id, message.topic, message.payload, message.qos, message.retain))
+
     def forget(self, conn: Connection) -> None:
         """``conn`` ended: nothing waits for its SUBACK, its queue no longer counts, and
-        its subscriptions go (the other workers are told if the filters changed)."""
+        its subscriptions go (the other workers are told if the filters changed). The
+        QoS 1 and 2 messages it had from shared subscriptions and did not acknowledge
+        go to another member of the group on this worker (counted as lost if none)."""
         self.unsettled.pop(conn, None)
         broker = self.broker
+        box = conn.held
+        if box is not None and not conn.persistent:
+            for message in [*box.inflight(), *box.queued()]:
+                if message.group and message.stage is Stage.PUBLISHED:
+                    self._pass_on(conn, message)
         broker.forget(conn)
         if broker.subscriptions.has(conn):
             broker.subscriptions.drop(conn)
             self.announce_filters()
+
+    def _pass_on(self, conn: Connection, message: Message) -> None:
+        picked = self.broker.member(message.group, skip=conn)
+        if picked is None:
+            self.counters["shared_unacknowledged_lost"] += 1
+            return
+        sub, qos = picked
+        level = min(message.qos, qos)
+        copy = Message(message.topic, message.payload, level, message.retain, message.properties, message.group)
+        self.counters["shared_passed_on"] += self.broker.give_message(sub, copy)
 
     def filters(self) -> set[str]:
         """Every filter this worker's subscribers hold."""

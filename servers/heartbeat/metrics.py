@@ -25,7 +25,7 @@ COUNTERS: Iterable[tuple[str, str]] = (
     ("connections", "Connections accepted."),
     ("packets_in", "MQTT control packets received."),
     ("messages_in", "PUBLISH messages received and routed."),
-    ("protocol_errors", "Connections closed for violating MQTT 3.1.1."),
+    ("protocol_errors", "Connections closed for violating MQTT (3.1, 3.1.1 or 5.0)."),
     ("auth_failures", "CONNECTs refused for bad or missing credentials (after a check)."),
     ("auth_throttled", "CONNECTs refused unchecked: their source address or username failed too often."),
     ("auth_checks", "Passwords hashed (each in a worker thread)."),
@@ -34,6 +34,11 @@ COUNTERS: Iterable[tuple[str, str]] = (
     ("refused_capacity", "CONNECTs refused because the worker was at its connection cap."),
     ("refused_connect_rate", "CONNECTs refused (3): their source address connected faster than --max-connect-rate."),
     ("wills_published", "Will messages published for devices that died."),
+    ("wills_delayed", "MQTT 5 Wills held back for their Will Delay Interval."),
+    ("shared_passed_on", "Unacknowledged messages of a shared subscription's member that left, given to another."),
+    ("shared_unacknowledged_lost", "Unacknowledged shared-subscription messages of a member that left, with no other."),
+    ("wills_cancelled", "Delayed Wills dropped: the device connected again in time, here or elsewhere."),
+    ("refused_keepalive", "3.1.1 CONNECTs refused (2): keep-alive over --max-keepalive (--keepalive-over-max refuse)."),
     ("refused_wills", "CONNECTs refused (5): a Will on a topic the client may not publish to (presence, $, the ACL)."),
     ("denied_wills", "Wills not published: the ACL, reloaded since the CONNECT, no longer lets the client write."),
     ("denied_publishes", "PUBLISHes dropped: the ACL (or the presence prefix) does not let the client write there."),
@@ -69,7 +74,8 @@ def worker_figures(source: FigureSource) -> list[Metric]:
     f.counter_by(
         "heartbeat_messages_dropped_total",
         "Messages dropped for subscribers, by reason: subscriber-bytes and total-bytes (QoS 0 beyond "
-        "--max-subscriber-bytes or --max-outbox-bytes), max-queued (QoS 1/2 beyond the outbox's queue).",
+        "--max-subscriber-bytes or --max-outbox-bytes), max-queued (QoS 1/2 beyond the outbox's queue), "
+        "too-large (past an MQTT 5 subscriber's Maximum Packet Size).",
         "reason",
         broker.dropped_by,
     )

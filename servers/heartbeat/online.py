@@ -74,6 +74,14 @@ class OnlineSessions:
         if not code and len(self.online) >= cfg.max_connections and request.client_id not in self.online:
             code = 3  # server unavailable: the polite refusal beyond the cap
             self.counters["refused_capacity"] += 1
+        if (
+            not code
+            and cfg.keepalive_over_max == "refuse"
+            and request.keep_alive > cfg.max_keepalive
+            and conn.session.protocol_level < 5
+        ):
+            code = 2  # identifier rejected: what Mosquitto 2.0.12+ answers (3.1.1 has no better code)
+            self.counters["refused_keepalive"] += 1
         will = request.will
         if not code and will is not None and not self.may_will(conn, request.client_id, will.topic, request):
             code = 5
@@ -110,6 +118,10 @@ class OnlineSessions:
         refusal = self.admission(conn, request, code)
         if refusal is not None or request.clean_session:
             return refusal, None
+        if request.fresh:
+            # MQTT 5's Clean Start with a lasting session: the stored one goes first, and
+            # the coordinator applies this node's reports in order, so the open finds none.
+            self.coordinator.discard_session(request.client_id)
         opened = await self.coordinator.open_session(request.client_id, self.authenticator.username(conn, request))
         if opened is None:
             return self.refuse(conn, 3), None  # rather than a new session that loses the stored one
@@ -128,7 +140,9 @@ class OnlineSessions:
             # Read from the config on every check, so a reload (SIGHUP) applies at once.
             conn.session.permissions = ClientRules(cfg, authenticator.username(conn, request), request.client_id)
         stream = conn.stream
-        keep_alive = min(request.keep_alive, cfg.max_keepalive) if request.keep_alive else 0
+        keep_alive = request.keep_alive  # a 5.0 client's is within the maximum already (Server Keep Alive)
+        if keep_alive > cfg.max_keepalive and cfg.keepalive_over_max != "honour":
+            keep_alive = cfg.max_keepalive
         if keep_alive:
             # MQTT counts the keep-alive from the CONNECT, which a coalescing engine may
             # have read up to a window after it came. Only so far back, though: after a
@@ -195,3 +209,6 @@ class OnlineSessions:
         client_id = conn.session.client_id
         if online is not None and conn.persistent and client_id is not None:
             self.coordinator.session(Detach(client_id, online.epoch))
+            v5 = conn.v5
+            if v5 is not None and not v5.session_expiry:
+                self.coordinator.discard_session(client_id)  # its DISCONNECT set the expiry to 0

@@ -21,6 +21,7 @@ import collections
 import enum
 
 from .encoders import encode_publish, encode_pubrel
+from .v5 import outbound
 
 __all__ = ["DEFAULT_MAX_QUEUED", "DEFAULT_MAX_QUEUED_BYTES", "DEFAULT_WINDOW", "Message", "Outbox", "Stage"]
 
@@ -45,13 +46,27 @@ class Message:
     """One outbound message: what to publish, and (once in flight) its packet id and stage."""
 
     # A persistent session of a vanished device may hold a thousand of these.
-    __slots__ = ("topic", "payload", "qos", "retain", "packet_id", "stage", "sent")
+    __slots__ = ("topic", "payload", "qos", "retain", "properties", "group", "packet_id", "stage", "sent")
 
-    def __init__(self, topic: str, payload: bytes, qos: int, retain: bool = False) -> None:
+    def __init__(
+        self,
+        topic: str,
+        payload: bytes,
+        qos: int,
+        retain: bool = False,
+        properties: bytes | None = None,
+        group: str = "",
+    ) -> None:
         self.topic = topic
         self.payload = payload
         self.qos = qos
         self.retain = retain
+        self.properties = properties
+        """For an MQTT 5 client: the publisher's properties, packed (maybe empty); None
+        for a 3.1.1 client, whose PUBLISH has no room for them."""
+        self.group = group
+        """The shared subscription (``$share/...``) it came through, if any: should its
+        client leave without acknowledging it, another member gets it."""
         self.packet_id = 0
         self.stage = Stage.PUBLISHED
         self.sent = False
@@ -66,9 +81,14 @@ class Message:
         """The packet that (re)sends it, and marks it sent."""
         if self.stage is Stage.RELEASED:
             return encode_pubrel(self.packet_id)
-        data = encode_publish(
-            self.topic, self.payload, qos=self.qos, retain=self.retain, packet_id=self.packet_id, dup=self.sent
-        )
+        if self.properties is None:
+            data = encode_publish(
+                self.topic, self.payload, qos=self.qos, retain=self.retain, packet_id=self.packet_id, dup=self.sent
+            )
+        else:
+            data = outbound.publish(
+                self.topic, self.payload, self.qos, self.retain, self.packet_id, self.sent, self.properties
+            )
         self.sent = True
         return data
 

@@ -27,10 +27,19 @@ The bounds and why they are what they are:
 - **Topics only the server writes**: the presence prefix and every ``$`` topic (MQTT
   4.7.2 reserves them for the server). A client's PUBLISH there is dropped; its Will
   there refuses the CONNECT.
+- **The presence prefix**, :data:`DEFAULT_PRESENCE_PREFIX` (``$SYS/presence/``): under
+  ``$``, so a filter that starts with a wildcard (``#``, ``+/...``) never matches a
+  presence topic (MQTT-4.7.2-1), as Mosquitto keeps its ``$SYS/broker/...``, EMQX its
+  ``$SYS/brokers/<node>/clients/<id>/connected`` and AWS IoT its
+  ``$aws/events/presence/...``. Whoever wants presence subscribes to
+  ``$SYS/presence/#`` (or one device's topic). :func:`check_presence_prefix` says
+  which prefixes a server may be given: ``presence/``, the prefix before issue 28, is
+  one of them.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
@@ -41,14 +50,22 @@ __all__ = [
     "DEFAULT_MAX_SUBSCRIPTIONS",
     "DEFAULT_MAX_SUBSCRIPTION_BYTES",
     "DEFAULT_MAX_USERNAME",
+    "LEGACY_PRESENCE_PREFIX",
+    "MAX_PRESENCE_PREFIX",
     "SessionPolicy",
+    "check_presence_prefix",
     "utf8_length",
 ]
 
 DEFAULT_MAX_QOS = 2
 """The highest QoS a session grants and routes at unless told otherwise."""
-DEFAULT_PRESENCE_PREFIX = "presence/"
-"""Where presence events are published unless told otherwise; devices may not publish there."""
+DEFAULT_PRESENCE_PREFIX = "$SYS/presence/"
+"""Where presence events are published unless told otherwise (``$SYS/presence/<client-id>``);
+devices may not publish there, and ``#`` does not match it (see the module docs)."""
+LEGACY_PRESENCE_PREFIX = "presence/"
+"""The default before issue 28, which ``#`` matches; ``--presence-prefix presence/`` keeps it."""
+MAX_PRESENCE_PREFIX = 1024
+"""Bytes of UTF-8 a presence prefix may have (each presence topic is the prefix plus a client id)."""
 DEFAULT_MAX_CLIENT_ID = 256
 """Bytes of UTF-8 a client id may have (see the module docs)."""
 DEFAULT_MAX_USERNAME = 1024
@@ -59,9 +76,46 @@ DEFAULT_MAX_SUBSCRIPTION_BYTES = 64 * 1024
 """Bytes of UTF-8 filter text one client may hold at once."""
 
 
+# What the reader refuses in any topic from a client (controls, non-characters), and the
+# surrogates that a command line decoded with surrogateescape may hold (not UTF-8).
+_NONCHARACTERS = "\\ufdd0-\\ufdef" + "".join(f"\\U{p:04x}fffe\\U{p:04x}ffff" for p in range(17))
+_UNFIT = re.compile(f"[\\x00-\\x1f\\x7f-\\x9f\\ud800-\\udfff{_NONCHARACTERS}]")
+
+
 def utf8_length(text: str) -> int:
     """``text``'s length on the wire; almost every id and topic is ASCII, which skips the encode."""
     return len(text) if text.isascii() else len(text.encode())
+
+
+def check_presence_prefix(prefix: str) -> str:
+    """``prefix`` if presence topics (``<prefix><client-id>``) can be built on it, else
+    :class:`ValueError` saying why.
+
+    The prefix must be a valid start of a topic name that ends a level: not empty,
+    ending with ``/`` (so ``<prefix>#`` is every presence topic and nothing else), with
+    no ``+`` or ``#`` (a topic name holds no wildcard, MQTT-4.7.1-1), no NUL (MQTT-1.5.3-2)
+    or other control character (subscribers such as ``mosquitto_sub`` drop on them), not
+    under ``$share/`` (shared subscriptions' syntax, which no topic is published on), and
+    at most :data:`MAX_PRESENCE_PREFIX` bytes. A prefix that does not start with ``$``
+    (``presence/``, the old default) is accepted: ``#`` subscribers then hear presence.
+    """
+    if not prefix:
+        raise ValueError("the presence prefix is empty: presence topics would be bare client ids")
+    if "+" in prefix or "#" in prefix:
+        raise ValueError(f"the presence prefix {prefix!r} holds a wildcard (+ or #): a topic name may not")
+    if "\0" in prefix:
+        raise ValueError(f"the presence prefix {prefix!r} holds NUL, which MQTT forbids in a topic")
+    if _UNFIT.search(prefix):
+        raise ValueError(
+            f"the presence prefix {prefix!r} holds a control character, a Unicode non-character or a surrogate"
+        )
+    if not prefix.endswith("/"):
+        raise ValueError(f"the presence prefix {prefix!r} must end with '/' (for example $SYS/presence/)")
+    if prefix.split("/", 1)[0] == "$share":
+        raise ValueError(f"the presence prefix {prefix!r} is under $share/, which names shared subscriptions")
+    if utf8_length(prefix) > MAX_PRESENCE_PREFIX:
+        raise ValueError(f"the presence prefix is longer than {MAX_PRESENCE_PREFIX} bytes")
+    return prefix
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +133,20 @@ class SessionPolicy:
     held: Callable[[str], tuple[Collection[str], int]] | None = None
     """The filters a client id holds on this worker now (the broker's own set) and their
     bytes; None: subscriptions are not counted (a session tested on its own)."""
+    # What an MQTT 5 CONNACK announces, and holds the client to (3.1.1 has no room for them).
+    max_keepalive: int = 3600
+    """The longest keep-alive a client gets: a 5.0 client asking more, or 0, is told
+    this one (Server Keep Alive); a 3.1.1 client is held to it without being told."""
+    receive_maximum: int = 20
+    """QoS 1 and 2 messages a 5.0 client may have unacknowledged towards the server
+    (``--max-inflight``); one more is DISCONNECT 0x93."""
+    max_packet_size: int = 256 * 1024
+    """The largest packet the server takes (and tells a 5.0 client, Maximum Packet Size)."""
+    topic_alias_maximum: int = 10
+    """Topic aliases a 5.0 client may set towards the server (``--max-topic-alias``; 0: none)."""
+    session_expiry: int = 24 * 3600
+    """Seconds a persistent session is kept (what a 5.0 client asking any non-zero
+    Session Expiry Interval is told, in CONNACK)."""
 
     def reserved(self, topic: str) -> bool:
         """Whether only the server writes ``topic``: presence and the ``$`` topics."""

@@ -1,8 +1,8 @@
 """Presence events: who came online, who went offline, why, and how long they were silent.
 
 Pure data and sinks; the server decides when events happen. Each event reaches
-MQTT subscribers (``presence/<client-id>``), a JSON-lines log and any Python
-callbacks registered by an embedding program.
+MQTT subscribers (``$SYS/presence/<client-id>``, which a ``#`` subscription does not
+match), a JSON-lines log and any Python callbacks registered by an embedding program.
 
 An event's ``status`` is one of:
 
@@ -29,6 +29,8 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import IO, Any
+
+from .v5.reason_codes import ReasonCode
 
 __all__ = ["OFFLINE", "ONLINE", "REFUSED", "Offline", "PresenceEvent", "PresenceLog", "PresenceSink"]
 
@@ -107,6 +109,12 @@ class PresenceEvent:
     username: str = ""
     """The identity of the session's client certificate (its CN), when clients are
     identified by certificate (``--use-identity-as-username``); empty otherwise."""
+    protocol_level: int = 0
+    """The MQTT version the device spoke: 3 (3.1), 4 (3.1.1) or 5 (5.0); 0 if unknown."""
+    reason_code: int | None = None
+    """MQTT 5 only: the reason code that ended the session, whichever side sent it (the
+    client's DISCONNECT, 0x04 publishing its Will; or the server's: 0x8D keep-alive
+    timeout, 0x8E taken over, 0x8B shutting down, 0x81/0x82 its violation, ...)."""
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict."""
@@ -131,6 +139,15 @@ class PresenceEvent:
             out["claimed_client_id"] = self.claimed_client_id
         if self.username:
             out["username"] = self.username
+        if self.protocol_level:
+            out["protocol_level"] = self.protocol_level
+        if self.reason_code is not None:
+            out["reason_code"] = self.reason_code
+            # 0x00 in a DISCONNECT (the only packet an offline event's code comes from
+            # when it is 0) is "normal disconnection", not the table's first name.
+            name = "normal-disconnection" if not self.reason_code else _label(self.reason_code)
+            if name:
+                out["reason_code_name"] = name
         return out
 
     @classmethod
@@ -151,11 +168,20 @@ class PresenceEvent:
             keep_alive=int(data.get("keep_alive", 0)),
             claimed_client_id=str(data.get("claimed_client_id", "")),
             username=str(data.get("username", "")),
+            protocol_level=int(data.get("protocol_level", 0)),
+            reason_code=None if data.get("reason_code") is None else int(data["reason_code"]),
         )
 
     def payload(self) -> bytes:
-        """The MQTT message body published on ``presence/<client-id>`` (presence only)."""
+        """The MQTT message body published on ``$SYS/presence/<client-id>`` (presence only)."""
         return json.dumps(self.to_dict(), separators=(",", ":")).encode()
+
+
+def _label(code: int) -> str:
+    try:
+        return ReasonCode(code).label
+    except ValueError:
+        return ""
 
 
 PresenceSink = Callable[[PresenceEvent], None]

@@ -1,4 +1,5 @@
-"""MQTT 3.1.1 reader, sans-IO: bytes from a client in, :mod:`.packets` out.
+"""MQTT reader, sans-IO: bytes from a client in, packets out (3.1.1 and 3.1 as
+:mod:`.packets`, 5.0 as :mod:`.v5.packets` once its CONNECT said so).
 
 :class:`PacketReader` parses what clients send, incrementally: several packets per
 read, a packet split across reads, and never more than one packet of the configured
@@ -13,6 +14,7 @@ the packets that come back.
 from __future__ import annotations
 
 import re
+from typing import TypeAlias
 
 from .packets import (
     PINGREQ_WIRE,
@@ -29,8 +31,16 @@ from .packets import (
     Subscribe,
     Unsubscribe,
 )
+from .v5 import codec as v5_codec
+from .v5 import packets as v5_packets
 
-__all__ = ["PacketReader"]
+__all__ = ["AnyPacket", "PacketReader", "check_filter", "forbidden_character"]
+
+AnyPacket: TypeAlias = Packet | v5_packets.Packet
+"""A packet from a client of either version: 3.1.1 (and 3.1) or, after an MQTT 5
+CONNECT, 5.0."""
+
+_V5_CONNECT = 0x10
 
 # The empty packets carry nothing, so one instance of each serves every connection.
 _PINGREQ = Pingreq()
@@ -93,6 +103,19 @@ def _first_byte_problem(first: int) -> tuple[str, str] | None:
 
 # Every header byte judged once, up front: the per-packet check is then one index.
 _FIRST_BYTE_PROBLEMS: tuple[tuple[str, str] | None, ...] = tuple(_first_byte_problem(b) for b in range(256))
+# MQTT 5 adds AUTH (type 15) from clients, with flags 0.
+_FIRST_BYTE_PROBLEMS_V5 = tuple(
+    (None if b == 0xF0 else ("reserved-flags", f"AUTH with flags {b & 0x0F:#06b}")) if b >> 4 == 15 else problem
+    for b, problem in enumerate(_FIRST_BYTE_PROBLEMS)
+)
+# In MQTT 5 an acknowledgement or a DISCONNECT may carry a reason code and properties.
+_FIXED_LENGTHS_V5 = {_PINGREQ_TYPE: 0}
+
+
+def _parse_v5(kind: int, flags: int, src: bytes, pos: int, end: int) -> AnyPacket:
+    if kind == _PINGREQ_TYPE:
+        return _PINGREQ
+    return v5_codec.read_packet((kind << 4) | flags, src[pos:end])
 
 
 # -- field readers: each takes the packet's bytes, a position and the packet's end,
@@ -120,6 +143,15 @@ def _binary(src: bytes, pos: int, end: int) -> tuple[bytes, int]:
 # Surrogates never get this far: the UTF-8 decoder refuses them (MQTT-1.5.3-1).
 _NONCHARACTERS = "\\ufdd0-\\ufdef" + "".join(f"\\U{p:04x}fffe\\U{p:04x}ffff" for p in range(17))
 _FORBIDDEN = re.compile(f"[\\x00-\\x1f\\x7f-\\x9f{_NONCHARACTERS}]")
+
+
+def forbidden_character(text: str) -> str | None:
+    """The first code point of ``text`` that no client id, topic, filter or username may
+    hold (see :data:`_FORBIDDEN`), or None: the same rule for MQTT 5's strings."""
+    if text.isascii() and text.isprintable():
+        return None
+    bad = _FORBIDDEN.search(text)
+    return None if bad is None else bad.group()
 
 
 def _string(
@@ -157,7 +189,8 @@ def _check_topic(topic: str) -> None:
         raise ProtocolError("bad-topic", detail=repr(topic[:64]))
 
 
-def _check_filter(topic_filter: str) -> None:
+def check_filter(topic_filter: str) -> None:
+    """Raise :class:`ProtocolError` unless ``topic_filter`` is a valid filter (4.7.1)."""
     if not topic_filter:
         raise ProtocolError("bad-topic-filter", detail="empty filter")
     if "+" not in topic_filter and "#" not in topic_filter:
@@ -191,7 +224,7 @@ def _parse_subscribe(src: bytes, pos: int, end: int) -> Subscribe:
     topics: list[tuple[str, int]] = []
     while pos < end:
         topic_filter, pos = _string(src, pos, end, "a topic filter")
-        _check_filter(topic_filter)
+        check_filter(topic_filter)
         if pos >= end:
             raise ProtocolError("truncated-packet", detail="filter without its QoS byte")
         qos = src[pos]
@@ -210,14 +243,15 @@ def _parse_unsubscribe(src: bytes, pos: int, end: int) -> Unsubscribe:
     filters: list[str] = []
     while pos < end:
         topic_filter, pos = _string(src, pos, end, "a topic filter")
-        _check_filter(topic_filter)
+        check_filter(topic_filter)
         filters.append(topic_filter)
     if not filters:
         raise ProtocolError("empty-unsubscribe", detail="UNSUBSCRIBE without a filter")
     return Unsubscribe(packet_id, tuple(filters))
 
 
-def _parse_connect(src: bytes, pos: int, end: int) -> Connect:
+def _parse_connect(src: bytes, pos: int, end: int) -> Connect | v5_packets.Connect:
+    start = pos
     name, pos = _string(src, pos, end, "the protocol name")
     if pos >= end:
         raise ProtocolError("truncated-packet", detail="CONNECT without a protocol level")
@@ -225,6 +259,11 @@ def _parse_connect(src: bytes, pos: int, end: int) -> Connect:
     pos += 1
     # Judge the protocol before anything after it: MQTT 5 lays out the rest differently.
     if name == "MQTT":
+        if level == 5:
+            # MQTT 5.0: its own reader (properties, reason codes), from the protocol name on.
+            connect = v5_codec.read_packet(_V5_CONNECT, src[start:end])
+            assert isinstance(connect, v5_packets.Connect)
+            return connect
         if level != 4:
             raise ProtocolError("bad-protocol-level", connack_code=1, detail=f"MQTT protocol level {level}")
     elif name == "MQIsdp":
@@ -284,7 +323,7 @@ def _parse_connect(src: bytes, pos: int, end: int) -> Connect:
     )
 
 
-def _parse(kind: int, flags: int, src: bytes, pos: int, end: int) -> Packet:
+def _parse(kind: int, flags: int, src: bytes, pos: int, end: int) -> AnyPacket:
     # Ordered by how often each arrives from a fleet of devices.
     if kind == _PINGREQ_TYPE:
         return _PINGREQ
@@ -314,9 +353,12 @@ class PacketReader:
     keeps the start of an unfinished one, never more than ``max_packet_size`` bytes
     (a whole packet: fixed header plus remaining length). After a :class:`ProtocolError`
     the reader is spent: it drops its buffer and every later :meth:`feed` raises again.
+
+    A CONNECT at MQTT 5's protocol level turns the reader to 5.0 (:attr:`v5`): what
+    follows it is read by :mod:`.v5.codec`, the framing and the size bound unchanged.
     """
 
-    __slots__ = ("_buf", "_error", "_max", "_need")
+    __slots__ = ("_buf", "_error", "_max", "_need", "v5")
 
     def __init__(self, max_packet_size: int = 256 * 1024) -> None:
         if max_packet_size < 2:
@@ -328,13 +370,15 @@ class PacketReader:
         # linear time instead of a re-scan per chunk.
         self._need = 0
         self._error: ProtocolError | None = None
+        self.v5 = False
+        """Whether the client's CONNECT said MQTT 5.0."""
 
     @property
     def buffered(self) -> int:
         """Bytes held while waiting for the rest of a packet."""
         return len(self._buf)
 
-    def feed(self, data: bytes | bytearray | memoryview) -> list[Packet]:
+    def feed(self, data: bytes | bytearray | memoryview) -> list[AnyPacket]:
         """Add received bytes; return every packet they complete, in order.
 
         Raises :class:`ProtocolError` on the first violation; packets completed earlier
@@ -368,10 +412,13 @@ class PacketReader:
             buf += memoryview(src)[pos:]
         return out
 
-    def _scan(self, src: bytes) -> tuple[list[Packet], int]:
+    def _scan(self, src: bytes) -> tuple[list[AnyPacket], int]:
         """Parse whole packets from ``src``; return them and where the unfinished rest begins."""
-        out: list[Packet] = []
-        problems = _FIRST_BYTE_PROBLEMS
+        out: list[AnyPacket] = []
+        v5 = self.v5
+        problems = _FIRST_BYTE_PROBLEMS_V5 if v5 else _FIRST_BYTE_PROBLEMS
+        lengths = _FIXED_LENGTHS_V5 if v5 else _FIXED_LENGTHS
+        parse = _parse_v5 if v5 else _parse
         limit = self._max
         pos = 0
         end = len(src)
@@ -401,19 +448,26 @@ class PacketReader:
                 length |= (byte & 0x7F) << shift
                 shift += 7
             else:
+                if v5 and not byte and i - pos > 2:
+                    # MQTT-1.5.5-1 (5.0): the shortest encoding, so a length cannot hide bytes.
+                    raise ProtocolError("malformed-remaining-length", detail="a longer encoding than the length needs")
                 kind = first >> 4
                 total = i - pos + length
                 if total > limit:
                     raise ProtocolError("packet-too-large", detail=f"{total} bytes, more than {limit}")
-                fixed = _FIXED_LENGTHS.get(kind)
+                fixed = lengths.get(kind)
                 if fixed is not None and fixed != length:
                     raise ProtocolError("bad-length", detail=f"{_TYPE_NAMES[kind]} with remaining length {length}")
                 stop = pos + total
                 if stop > end:
                     self._need = total
                     break
-                out.append(_parse(kind, first & 0x0F, src, i, stop))
+                packet = parse(kind, first & 0x0F, src, i, stop)
+                out.append(packet)
                 pos = stop
+                if kind == _CONNECT and not v5 and type(packet) is v5_packets.Connect:
+                    self.v5 = v5 = True
+                    problems, lengths, parse = _FIRST_BYTE_PROBLEMS_V5, _FIXED_LENGTHS_V5, _parse_v5
                 continue
             break  # the remaining length itself is still arriving
         return out, pos

@@ -9,7 +9,7 @@ filter matches, so retained delivery follows the same rules as live routing,
 Lookups. The messages sit in a dict by topic, so an exact filter (a device asking for
 its own last state) is one dict lookup. Beside it, every topic is kept in code-point
 order in blocks of sorted lists. A wildcard filter can only match topics that start
-with its literal head (``presence/`` for ``presence/+``, ``devices/42/`` for
+with its literal head (``sensors/`` for ``sensors/+``, ``devices/42/`` for
 ``devices/42/#``), and in sorted order those are one contiguous run found by
 bisection, so only that run is walked; ``#`` and ``+/...`` have no head and walk
 everything, as they must.

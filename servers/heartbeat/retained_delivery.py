@@ -17,12 +17,17 @@ import trio
 from .broker import Broker
 from .connection import Connection
 from .coordination import Coordinator
-from .encoders import encode_publish
-from .outbox import Message
 from .persistent import Push
 from .session import AddSubscription
+from .v5.outbound import subscription_identifier
 
 __all__ = ["READS_AT_ONCE", "RetainedDelivery"]
+
+
+def _identifier(options: int) -> bytes:
+    """The subscription's MQTT 5 Subscription Identifier, as a property (or nothing)."""
+    return subscription_identifier(options >> 2) if options >> 2 else b""
+
 
 READS_AT_ONCE = 8
 """Pages of retained messages a worker reads from its coordinator at once."""
@@ -41,7 +46,10 @@ class RetainedDelivery:
 
     def start(self, conn: Connection, effect: AddSubscription) -> None:
         """Send ``effect``'s retained messages, after those of ``conn``'s earlier
-        subscriptions (call it once the SUBACK is written)."""
+        subscriptions (call it once the SUBACK is written); none if the subscription
+        asked for none (MQTT 5's Retain Handling)."""
+        if not effect.retained:
+            return
         waiting = self._waiting.get(conn)
         if waiting is not None:
             waiting.append(effect)
@@ -68,23 +76,21 @@ class RetainedDelivery:
             if conn.finished:
                 return
             for m in messages:
-                self._give(conn, m.topic, m.payload, min(m.qos, effect.qos), retain=True)
+                self._give(conn, m.topic, m.payload, min(m.qos, effect.qos), True, effect.options)
             if cursor is None:
                 return
             # Polled: an event on every write of every connection would cost more.
             while conn.congested() and not conn.finished:  # noqa: ASYNC110
                 await trio.sleep(0.05)
 
-    def _give(self, conn: Connection, topic: str, payload: bytes, qos: int, retain: bool) -> None:
+    def _give(self, conn: Connection, topic: str, payload: bytes, qos: int, retain: bool, options: int = 0) -> None:
         """One message for one subscriber, by the path its QoS and session take."""
         broker = self.broker
         if not conn.may_read(topic):
             broker.denied += 1
             return
-        if qos == 0:
-            broker.enqueue(conn, encode_publish(topic, payload, retain=retain))
-        elif conn.persistent:
+        if qos and conn.persistent:
             self.coordinator.session(Push(conn.session.client_id or "", topic, payload, qos, retain))
         else:
-            broker.hold(conn, Message(topic, payload, qos, retain))
+            broker.give(conn, topic, payload, qos, retain, _identifier(options))
         broker.delivered += 1

@@ -39,6 +39,7 @@ from .connect_rate import ConnectRate
 from .connection import Connection, peer_of
 from .coordination import Coordinator
 from .coordination.inprocess import InProcessCoordinator
+from .delayed_wills import DelayedWills
 from .events import ConnectionEvents
 from .fanout import FanOut
 from .logs import OncePer, shown
@@ -48,9 +49,11 @@ from .packets import ProtocolError
 from .persistent import Opened
 from .policy import SessionPolicy
 from .presence import Offline, PresenceEvent
-from .session import Accept, State
+from .session import Accept
 from .stores import mqtt_state
 from .throttle import source_key
+from .v5.outbound import from_v311
+from .v5.reason_codes import PacketError
 
 __all__ = ["HeartbeatServer"]
 
@@ -99,6 +102,8 @@ class HeartbeatServer:
         self.events = ConnectionEvents(config, self.coordinator)
         self.online_sessions = OnlineSessions(config, self.coordinator, self.counters, self.authenticator, self.events)
         self.fanout = FanOut(config, self.coordinator, self.counters, nursery)
+        self.wills = DelayedWills(self.coordinator, self.fanout.publish_will, self.counters, nursery)
+        """MQTT 5 Wills waiting out their delay."""
         self.policy = SessionPolicy(
             max_qos=config.max_qos,
             presence_prefix=config.presence_prefix,
@@ -107,6 +112,11 @@ class HeartbeatServer:
             max_subscriptions=config.max_subscriptions,
             max_subscription_bytes=config.max_subscription_bytes,
             held=self._held,
+            max_keepalive=config.max_keepalive,
+            receive_maximum=config.max_inflight,
+            max_packet_size=config.max_packet_size,
+            topic_alias_maximum=config.max_topic_alias,
+            session_expiry=int(config.session_expiry),
         )
         """What every connection's session applies (one object for them all)."""
         self.online: dict[str, Connection] = self.online_sessions.online
@@ -156,9 +166,10 @@ class HeartbeatServer:
         session = conn.session
         self.counters["protocol_errors"] += 1
         logger.info("protocol error from %s (%s): %s %s", conn.peer, shown(session.client_id), exc.reason, exc.detail)
-        if exc.connack_code is not None and session.state in (State.AWAITING_CONNECT, State.CONNECTING):
-            return session.refused(exc.connack_code)
-        return None
+        if isinstance(exc, PacketError) and session.protocol_level != 5:
+            # A 5.0 CONNECT its reader refused: answered as 5.0, with the reason code.
+            session = conn.speak_v5()
+        return session.violated(exc)
 
     def admission(self, conn: Connection, request: Accept, code: int) -> bytes | None:
         """The quick part of admission, after the credentials' verdict (``code``, 0 if
@@ -225,6 +236,10 @@ class HeartbeatServer:
             # Its offline event (and Will) go out now, before the new one's online event.
             old.end(Offline.TAKEOVER)
             self.ended(old, Offline.TAKEOVER, "")
+        if request.clean_session or request.fresh:
+            self.wills.release(request.client_id)  # the old session ends: a waiting Will goes now
+        else:
+            self.wills.cancel(request.client_id)  # the session goes on: its Will never goes
         return self.online_sessions.admit(conn, request, opened, arrived)
 
     def _supersede(self, conn: Connection, newer: Connection) -> None:
@@ -251,12 +266,17 @@ class HeartbeatServer:
         was_online = self.online_sessions.release(conn)
         if was_online:
             will = conn.session.will
-            if will is not None and reason not in (Offline.DISCONNECT, Offline.REFUSED):
+            # A DISCONNECT drops the Will in the session, unless it was MQTT 5's 0x04
+            # ("disconnect with Will Message"), which keeps it to go out now.
+            if will is not None and reason is not Offline.REFUSED:
+                client_id = conn.session.client_id or ""
                 # Checked again: the ACL may have been reloaded since the CONNECT.
-                if self.online_sessions.may_will(conn, conn.session.client_id or "", will.topic):
-                    self.fanout.publish_will(conn, will)
-                else:
+                if not self.online_sessions.may_will(conn, client_id, will.topic):
                     self.counters["denied_wills"] += 1
+                elif will.delay and conn.online is not None:
+                    self.wills.hold(client_id, conn.online.epoch, will)  # MQTT 5's Will Delay
+                else:
+                    self.fanout.publish_will(client_id, will)
         self.offline_by_reason[reason.value] += 1
         if was_online:
             self.online_sessions.detach(conn)
@@ -276,9 +296,20 @@ class HeartbeatServer:
 
     # -- the coordinator's host -------------------------------------------------------------
 
-    def deliver(self, topic: str, payload: bytes, qos: int) -> None:
+    def deliver(
+        self,
+        topic: str,
+        payload: bytes,
+        qos: int,
+        properties: bytes = b"",
+        retain: bool = False,
+        groups: Collection[str] | None = None,
+        plain: bool = True,
+    ) -> None:
         """A message for this worker's subscribers only (from the coordinator)."""
-        self.broker.deliver(topic, payload, qos)
+        self.broker.deliver(
+            topic, payload, qos, properties=properties, published_retain=retain, groups=groups, plain=plain
+        )
 
     def evict(self, client_id: str, epoch: str, detail: str) -> None:
         """The device reconnected elsewhere: close this session (its offline event is out)."""
@@ -291,6 +322,9 @@ class HeartbeatServer:
         """A persistent session's messages (from the coordinator), if it is held here."""
         conn = self.online_sessions.holding(client_id, epoch)
         if conn is not None:
+            if conn.session.protocol_level == 5:
+                # The store writes 3.1.1 (it serves both); a 5.0 PUBLISH has a property length more.
+                packets = [from_v311(data) for data in packets]
             self.broker.write(conn, packets)
 
     def sessions(self) -> list[PresenceEvent]:
@@ -315,6 +349,7 @@ class HeartbeatServer:
         """
         self.stop_accepting()
         with trio.move_on_after(grace):
+            self.wills.flush()
             for conn in [c for c in self.connections if not c.subscriber]:
                 conn.end(Offline.SHUTDOWN)
             # A device's offline event is reported when its task has finished. Polled:

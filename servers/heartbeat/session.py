@@ -11,13 +11,18 @@ from __future__ import annotations
 import enum
 import itertools
 import os
-from collections.abc import Collection
+from collections.abc import Collection, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from . import encoders, packets
 from .packets import ProtocolError
 from .policy import DEFAULT_MAX_QOS, DEFAULT_PRESENCE_PREFIX, SessionPolicy, utf8_length
+from .topics import SHARE_PREFIX, shared_filter
+
+if TYPE_CHECKING:
+    from .presence import Offline
+    from .reader import AnyPacket
 
 __all__ = [
     "DEFAULT_MAX_QOS",
@@ -41,6 +46,18 @@ __all__ = [
 ]
 
 
+class Verdict(enum.Enum):
+    """What became of one filter of a SUBSCRIBE."""
+
+    GRANTED = "granted"
+    DENIED = "denied"
+    """The access rules refuse it."""
+    QUOTA = "quota"
+    """The client holds as many filters (or bytes of them) as the server allows."""
+    INVALID = "invalid"
+    """A shared subscription's filter without its group or its filter (``$share/g``)."""
+
+
 class State(enum.Enum):
     """Where a connection is in its life."""
 
@@ -58,6 +75,10 @@ class Will:
     message: bytes
     qos: int
     retain: bool
+    properties: bytes = b""
+    """An MQTT 5 Will's message properties, packed (:func:`.v5.outbound.forwarded`)."""
+    delay: int = 0
+    """An MQTT 5 Will's Will Delay Interval, in seconds."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +100,9 @@ class Accept:
     username: str | None
     password: bytes | None
     will: Will | None
+    fresh: bool = False
+    """MQTT 5's Clean Start with a session that outlives the connection: any stored
+    session is discarded first, then a new one is kept (``clean_session`` is False)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +113,9 @@ class Route:
     payload: bytes
     qos: int
     retain: bool
+    properties: bytes = b""
+    """An MQTT 5 publisher's properties that reach subscribers (packed, without their
+    length: :func:`.v5.outbound.forwarded`); empty from a 3.1.1 client."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +126,11 @@ class AddSubscription:
     qos: int
     suback: bool = True
     """False for a resumed session's subscription: no SUBACK follows, nothing to hold."""
+    retained: bool = True
+    """Whether the filter's retained messages are sent (MQTT 5's Retain Handling may say not)."""
+    options: int = 0
+    """MQTT 5's No Local, Retain As Published and Subscription Identifier, packed
+    (:func:`.broker.pack_options`); 0 for none (every 3.1.1 subscription)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -258,7 +290,7 @@ class Session:
             )
         self._policy = policy
 
-    def receive(self, packet: packets.Packet) -> list[Effect]:
+    def receive(self, packet: AnyPacket) -> list[Effect]:
         """Effects of one packet from the client. Raises ProtocolError on a violation."""
         if self.state is State.AWAITING_CONNECT:
             if not isinstance(packet, packets.Connect):
@@ -281,14 +313,7 @@ class Session:
             self.will = None
             return [Goodbye()]
         if isinstance(packet, packets.Pubrel):
-            released: list[Effect] = []
-            inbound = self.inbound
-            if inbound is not None and packet.packet_id in inbound:
-                inbound.discard(packet.packet_id)
-                released.append(ReleaseInbound(packet.packet_id))
-            # PUBCOMP even for an id not held: the client may resend PUBREL after a lost PUBCOMP.
-            released.append(Send(encoders.encode_pubcomp(packet.packet_id)))
-            return released
+            return self._release(packet.packet_id)
         if isinstance(packet, packets.Puback):
             return [Acknowledged("puback", packet.packet_id)]
         if isinstance(packet, packets.Pubrec):
@@ -298,6 +323,17 @@ class Session:
         if isinstance(packet, packets.Connect):
             raise ProtocolError("second-connect", detail="CONNECT on a connected session")
         return []
+
+    def _release(self, packet_id: int) -> list[Effect]:
+        """PUBREL: the held QoS 2 id is let go, and PUBCOMP sent (same bytes in 3.1.1 and 5.0)."""
+        released: list[Effect] = []
+        inbound = self.inbound
+        if inbound is not None and packet_id in inbound:
+            inbound.discard(packet_id)
+            released.append(ReleaseInbound(packet_id))
+        # PUBCOMP even for an id not held: the client may resend PUBREL after a lost PUBCOMP.
+        released.append(Send(encoders.encode_pubcomp(packet_id)))
+        return released
 
     def accepted(self, session_present: bool = False, inbound: frozenset[int] = frozenset()) -> bytes:
         """The server took the CONNECT: the CONNACK to send.
@@ -310,6 +346,23 @@ class Session:
             self.inbound = set(inbound)
         # MQTT 3.1's CONNACK has no session-present flag: its first byte is reserved, 0.
         return encoders.encode_connack(session_present and self.protocol_level >= 4, 0)
+
+    def violated(self, exc: ProtocolError) -> bytes | None:
+        """The client broke the protocol: the CONNACK refusal to send before closing, if
+        the spec has one (only while the CONNECT is being answered), else None."""
+        if exc.connack_code is not None and self.state in (State.AWAITING_CONNECT, State.CONNECTING):
+            return self.refused(exc.connack_code)
+        return None
+
+    def goodbye(self, reason: Offline) -> bytes | None:
+        """What to send the client when the server ends its connection for ``reason``:
+        nothing in 3.1.1, which has no DISCONNECT from the server (5.0 has)."""
+        return None
+
+    @property
+    def reason_code(self) -> int | None:
+        """The MQTT 5 reason code that ended the session (sent or received); None in 3.1.1."""
+        return None
 
     def reserved(self, topic: str) -> bool:
         """Whether ``topic`` is the server's alone (presence, ``$`` topics): no client writes there."""
@@ -378,10 +431,24 @@ class Session:
         )
 
     def _subscribe(self, packet: packets.Subscribe) -> list[Effect]:
-        permissions = self.permissions
-        policy = self._policy
         effects: list[Effect] = []
         granted: list[int] = []
+        for topic_filter, level, verdict in self._verdicts(packet.topics):
+            if verdict is Verdict.GRANTED:
+                granted.append(level)
+                effects.append(AddSubscription(topic_filter, level))
+            else:
+                granted.append(SUBACK_FAILURE)
+                if verdict is Verdict.QUOTA:
+                    effects.append(SubscriptionRefused(topic_filter))
+        effects.append(Send(encoders.encode_suback(packet.packet_id, granted)))
+        return effects
+
+    def _verdicts(self, requests: Iterable[tuple[str, int]]) -> Iterator[tuple[str, int, Verdict]]:
+        """Each requested (filter, QoS) judged: the access rules, then the client's share
+        of filters; a granted one at min(QoS, the server's maximum)."""
+        permissions = self.permissions
+        policy = self._policy
         # What the client holds already (the broker's set), and what this packet adds:
         # a filter held again only replaces its QoS, so it counts once.
         held: Collection[str] = ()
@@ -390,23 +457,25 @@ class Session:
             held, size = policy.held(self.client_id)
         count = len(held)
         added: set[str] = set()
-        for topic_filter, qos in packet.topics:
-            if permissions is not None and not permissions.may_subscribe(topic_filter):
-                granted.append(SUBACK_FAILURE)
+        for topic_filter, qos in requests:
+            checked = topic_filter
+            if topic_filter.startswith(SHARE_PREFIX):
+                parts = shared_filter(topic_filter)
+                if parts is None:
+                    yield topic_filter, 0, Verdict.INVALID
+                    continue
+                checked = parts[1]  # the access rules judge what it reads, whatever the group
+            if permissions is not None and not permissions.may_subscribe(checked):
+                yield topic_filter, 0, Verdict.DENIED
                 continue
             if policy.held is not None and topic_filter not in held and topic_filter not in added:
                 length = utf8_length(topic_filter)
                 if count >= policy.max_subscriptions or size + length > policy.max_subscription_bytes:
-                    granted.append(SUBACK_FAILURE)
-                    effects.append(SubscriptionRefused(topic_filter))
+                    yield topic_filter, 0, Verdict.QUOTA
                     continue
                 count, size = count + 1, size + length
                 added.add(topic_filter)
-            level = min(qos, policy.max_qos)
-            granted.append(level)
-            effects.append(AddSubscription(topic_filter, level))
-        effects.append(Send(encoders.encode_suback(packet.packet_id, granted)))
-        return effects
+            yield topic_filter, min(qos, policy.max_qos), Verdict.GRANTED
 
     def _publish(self, packet: packets.Publish) -> list[Effect]:
         effects: list[Effect] = []

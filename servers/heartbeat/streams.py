@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import os
 
 import trio
 
@@ -32,6 +33,7 @@ from .session import (
     Send,
     State,
 )
+from .v5.packets import Connect as V5Connect
 
 __all__ = ["StreamConnection", "serve_streams"]
 
@@ -104,6 +106,8 @@ class StreamConnection(Connection):
             async for data in self.stream:
                 for packet in reader.feed(data):
                     server.counters["packets_in"] += 1
+                    if type(packet) is V5Connect:
+                        session = self.speak_v5()
                     for effect in session.receive(packet):
                         await self._apply(effect)
                     if session.state is State.CLOSED:
@@ -172,18 +176,40 @@ class StreamConnection(Connection):
             await self._apply(effect)
         server.attach(self)
 
-    async def _goodbye(self, connack: bytes) -> None:
-        """Send a refusal, briefly: a refused client must not hold its connection open."""
+    async def _goodbye(self, data: bytes) -> None:
+        """Send a refusal (a CONNACK, or an MQTT 5 DISCONNECT), briefly: a refused client
+        must not hold its connection open. A subscriber's writer task owns the stream's
+        sends, so the refusal queues behind what it has to send and is waited for."""
         with trio.move_on_after(GOODBYE_TIMEOUT):
+            if self.outbox is not None:
+                self.push(data, held=True)
+                # Nothing more is queued behind it (push refuses once ended_by is set).
+                self.ended_by = self.ended_by or Offline.PROTOCOL_ERROR
+                while not self.flushed():  # noqa: ASYNC110 (an event per write would cost every subscriber)
+                    await trio.sleep(0.01)
+                return
             with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
-                await self.stream.send_all(connack)
+                await self.stream.send_all(data)
 
     async def _send(self, data: bytes) -> None:
         if self.outbox is not None:
             # A reply (PINGRESP, SUBACK, PUBACK...) behind the subscriber's queue: never dropped.
             self.server.broker.write(self, [data])
         else:
-            await self.stream.send_all(data)
+            self.pending += len(data)  # a send under way: say() must not cut into it
+            try:
+                await self.stream.send_all(data)
+            finally:
+                self.pending -= len(data)
+
+    def say(self, data: bytes) -> None:
+        """Write ``data`` now if nothing is being sent (see :meth:`Connection.say`). Not
+        over TLS: the socket under it takes records, not plaintext."""
+        sock = self.stream.socket
+        if self.pending or sock is None or self.server.config.tls is not None:
+            return
+        with contextlib.suppress(OSError):  # the socket is non-blocking: a full buffer drops it
+            os.write(sock.fileno(), data)
 
     def _start_writer(self) -> collections.deque[bytes]:
         if self.outbox is not None:

@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Set
 from typing import Generic, TypeVar
 
-__all__ = ["FilterChanges", "FilterIndex", "TopicTree", "is_wildcard"]
+__all__ = ["SHARE_PREFIX", "FilterChanges", "FilterIndex", "SharedFilters", "TopicTree", "is_wildcard", "shared_filter"]
 
 V = TypeVar("V")
 
@@ -34,6 +34,21 @@ _PLUS, _HASH = "+", "#"
 def is_wildcard(topic_filter: str) -> bool:
     """Whether ``topic_filter`` holds a wildcard character (else it matches one topic, itself)."""
     return "+" in topic_filter or "#" in topic_filter
+
+
+SHARE_PREFIX = "$share/"
+"""How an MQTT 5 shared subscription's filter begins: ``$share/<group>/<filter>``."""
+
+
+def shared_filter(topic_filter: str) -> tuple[str, str] | None:
+    """``(group, filter)`` of a shared subscription (``$share/<group>/<filter>``, MQTT 5
+    §4.8.2), or None for any other filter, or one with no group or no filter."""
+    if not topic_filter.startswith(SHARE_PREFIX):
+        return None
+    group, sep, inner = topic_filter[len(SHARE_PREFIX) :].partition("/")
+    if not sep or not group or not inner:
+        return None
+    return group, inner
 
 
 class _Node(Generic[V]):
@@ -249,11 +264,13 @@ class FilterIndex:
     as changes, :meth:`update` costs only what changed.
     """
 
-    __slots__ = ("exact", "wild", "_all")
+    __slots__ = ("exact", "wild", "shared", "_all")
 
     def __init__(self, filters: Iterable[str] = ()) -> None:
         self.exact: set[str] = set()
         self.wild: TopicTree[str] = TopicTree()
+        self.shared = SharedFilters()
+        """The shared subscriptions among them (``$share/...``), matched by their filter."""
         # The set last given whole (kept, not copied), or a set of our own once one
         # filter at a time is added or discarded.
         self._all: Set[str] = frozenset()
@@ -306,25 +323,91 @@ class FilterIndex:
         self._all = new
 
     def matches(self, topic: str) -> bool:
-        """Whether any filter held matches ``topic``."""
+        """Whether any filter held matches ``topic`` (a shared subscription's by its filter)."""
+        return (
+            topic in self.exact or self.wild.matches(topic) or (bool(self.shared) and bool(self.shared.matching(topic)))
+        )
+
+    def matches_plain(self, topic: str) -> bool:
+        """Whether any filter held but the shared subscriptions' matches ``topic``."""
         return topic in self.exact or self.wild.matches(topic)
 
     def matching(self, topic: str) -> list[str]:
-        """The filters held that match ``topic``."""
+        """The filters held that match ``topic`` (shared ones whole, ``$share/...``)."""
         out = [topic] if topic in self.exact else []
-        return out + self.wild.match(topic)
+        out += self.wild.match(topic)
+        if self.shared:
+            out += self.shared.matching(topic)
+        return out
 
     def _put(self, topic_filter: str) -> None:
-        if is_wildcard(topic_filter):
+        if topic_filter.startswith(SHARE_PREFIX) and shared_filter(topic_filter) is not None:
+            self.shared.add(topic_filter)
+        elif is_wildcard(topic_filter):
             self.wild.set(topic_filter, topic_filter)
         else:
             self.exact.add(topic_filter)
 
     def _take(self, topic_filter: str) -> None:
-        if is_wildcard(topic_filter):
+        if topic_filter.startswith(SHARE_PREFIX) and shared_filter(topic_filter) is not None:
+            self.shared.discard(topic_filter)
+        elif is_wildcard(topic_filter):
             self.wild.pop(topic_filter)
         else:
             self.exact.discard(topic_filter)
+
+
+class SharedFilters:
+    """Shared subscriptions' filters (``$share/<group>/<filter>``), each matched by the
+    filter after its group: which shared subscriptions a topic reaches."""
+
+    __slots__ = ("_exact", "_wild")
+
+    def __init__(self) -> None:
+        self._exact: dict[str, set[str]] = {}
+        self._wild: TopicTree[set[str]] = TopicTree()
+
+    def __bool__(self) -> bool:
+        return bool(self._exact) or bool(len(self._wild))
+
+    def add(self, shared: str) -> None:
+        """Hold ``shared`` (a ``$share/...`` filter; anything else is ignored)."""
+        parts = shared_filter(shared)
+        if parts is None:
+            return
+        inner = parts[1]
+        if is_wildcard(inner):
+            held = self._wild.get(inner)
+            if held is None:
+                held = set()
+                self._wild.set(inner, held)
+            held.add(shared)
+        else:
+            self._exact.setdefault(inner, set()).add(shared)
+
+    def discard(self, shared: str) -> None:
+        """Stop holding ``shared``."""
+        parts = shared_filter(shared)
+        if parts is None:
+            return
+        inner = parts[1]
+        wild = is_wildcard(inner)
+        held = self._wild.get(inner) if wild else self._exact.get(inner)
+        if held is None:
+            return
+        held.discard(shared)
+        if not held:
+            if wild:
+                self._wild.pop(inner)
+            else:
+                del self._exact[inner]
+
+    def matching(self, topic: str) -> list[str]:
+        """The shared subscriptions' filters (whole, ``$share/...``) that ``topic`` reaches."""
+        out = list(self._exact.get(topic, ()))
+        for held in self._wild.match(topic):
+            out.extend(held)
+        return out
 
 
 class FilterChanges:

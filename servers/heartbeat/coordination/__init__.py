@@ -21,7 +21,7 @@ from __future__ import annotations
 import abc
 import logging
 import time
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -30,6 +30,7 @@ import trio
 from ...prometheus import Families, Metric
 from ..logs import OncePer, shown
 from ..persistent import Opened, Report, SessionStore
+from ..policy import DEFAULT_PRESENCE_PREFIX
 from ..presence import PresenceEvent, PresenceSink
 from .retention import RetainedMessage, Retention
 
@@ -50,8 +51,23 @@ logger = logging.getLogger("servers.heartbeat.coordination")
 class Host(Protocol):
     """What a coordinator needs from the worker it serves."""
 
-    def deliver(self, topic: str, payload: bytes, qos: int) -> None:
-        """Hand a message to this worker's own subscribers of ``topic``."""
+    def deliver(
+        self,
+        topic: str,
+        payload: bytes,
+        qos: int,
+        properties: bytes = b"",
+        retain: bool = False,
+        groups: Collection[str] | None = None,
+        plain: bool = True,
+    ) -> None:
+        """Hand a message to this worker's own subscribers of ``topic`` (``properties``:
+        an MQTT 5 publisher's, packed, for 5.0 subscribers; ``retain``: the flag it was
+        published with, for their Retain As Published). ``groups``: the shared
+        subscriptions (``$share/...``) this worker serves it to, one member each (None:
+        every one held here that the topic reaches; empty: none, another worker or node
+        was chosen); without ``plain``, to those groups alone (this worker was picked
+        for them; its other subscribers have their copy from another delivery)."""
         ...
 
     def evict(self, client_id: str, epoch: str, detail: str) -> None:
@@ -147,8 +163,8 @@ def retained_figures(retention: Retention) -> list[Metric]:
 class Coordinator(abc.ABC):
     """The interface between one worker and whatever it shares state with."""
 
-    #: ``presence/``: where presence events are published for MQTT subscribers.
-    presence_prefix: str = "presence/"
+    #: ``$SYS/presence/``: where presence events are published for MQTT subscribers.
+    presence_prefix: str = DEFAULT_PRESENCE_PREFIX
 
     @abc.abstractmethod
     async def run(self, host: Host, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -170,8 +186,22 @@ class Coordinator(abc.ABC):
         """An event for the sinks only: a socket that never identified itself, a refusal."""
 
     @abc.abstractmethod
-    def route(self, topic: str, payload: bytes, qos: int) -> None:
-        """Deliver a device's message to matching subscribers of the *other* workers."""
+    def route(
+        self,
+        topic: str,
+        payload: bytes,
+        qos: int,
+        properties: bytes = b"",
+        retain: bool = False,
+        groups: Sequence[str] = (),
+    ) -> Sequence[str]:
+        """Deliver a device's message to matching subscribers of the *other* workers, with
+        its MQTT 5 ``properties`` (packed; persistent sessions keep the message without them).
+
+        ``groups`` are the shared subscriptions held on this worker that the topic
+        reaches; each must get the message once, fleet-wide. Returns those this worker
+        serves itself; the coordinator sees to the others (and to groups held only
+        elsewhere)."""
 
     @abc.abstractmethod
     def filters_changed(self, added: Collection[str], removed: Collection[str] = ()) -> None:

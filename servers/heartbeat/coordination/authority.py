@@ -15,11 +15,12 @@ import itertools
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ...bus import Link
 from ..logs import OncePer
 from ..persistent import Attach, Delivery
+from ..policy import DEFAULT_PRESENCE_PREFIX
 from ..presence import Offline, PresenceEvent, PresenceSink
 from ..topics import FilterIndex
 from . import log_session_drops, log_sessions_full, publish_to_sinks
@@ -115,7 +116,7 @@ class Authority:
         self,
         sinks: Sequence[PresenceSink] = (),
         *,
-        presence_prefix: str = "presence/",
+        presence_prefix: str = DEFAULT_PRESENCE_PREFIX,
         max_records: int = 1_000_000,
         max_record_bytes: int = DEFAULT_RECORD_BYTES,
         clock: Callable[[], float] = time.time,
@@ -133,6 +134,8 @@ class Authority:
         self.retention = state.retention(self.registry, presence_prefix, clock)
         self._swept = clock()
         self._peers: dict[int, _Peer] = {}
+        self._turns: dict[str, int] = {}
+        """Whose turn it is, per shared subscription held on several workers."""
         self._holders: Holders[int] = Holders()
         """Every link's filters and the persistent sessions', and what each worker routes by."""
         self._persistent = self.store.subscriptions.track()
@@ -276,7 +279,7 @@ class Authority:
             if self.registry.offline(frame.event, forget=frame.forget) is not None:
                 self._publish(frame.event)
         elif isinstance(frame, Routed):
-            self._deliver(Deliver(frame.topic, frame.payload, frame.qos), skip=peer)
+            self._deliver(Deliver(frame.topic, frame.payload, frame.qos, frame.properties, frame.retain), skip=peer)
             for delivery in self.store.route(frame.topic, frame.payload, frame.qos):
                 self._transmit(delivery)
             log_session_drops(self.store)
@@ -413,13 +416,29 @@ class Authority:
             self._deliver(Deliver(self.presence_prefix + event.client_id, event.payload(), 0))
 
     def _deliver(self, frame: Deliver, skip: _Peer | None = None) -> None:
+        """``frame`` to every worker with a matching subscriber but ``skip`` (the one that
+        published it); and, for each shared subscription the topic reaches, to one of
+        the workers holding it, in turn (not at all if only ``skip`` holds it: it served
+        it itself)."""
         line = b""
+        topic = frame.topic
+        holders: dict[str, list[_Peer]] = {}
         for peer in list(self._peers.values()):
-            if peer is skip or not peer.index:
+            index = peer.index
+            if not index:
                 continue
-            if peer.index.matches(frame.topic):
+            if peer is not skip and index.matches_plain(topic):
                 line = line or encode(frame)
                 peer.link.send(line)
+            if index.shared:
+                for group in index.shared.matching(topic):
+                    holders.setdefault(group, []).append(peer)
+        for group, peers in holders.items():
+            if peers == [skip]:
+                continue
+            turn = self._turns.get(group, 0)
+            self._turns[group] = turn + 1
+            peers[turn % len(peers)].link.send(encode(replace(frame, group=group)))
 
     def _filters_changed(self) -> None:
         """Send each worker what changed in the filters held by others than it (the

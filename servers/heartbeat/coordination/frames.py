@@ -112,6 +112,10 @@ class Routed(Frame):
     topic: str
     payload: bytes
     qos: int
+    properties: bytes = b""
+    """An MQTT 5 publisher's properties, packed (:func:`~..v5.outbound.forwarded`)."""
+    retain: bool = False
+    """The flag it was published with (for Retain As Published)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,6 +225,11 @@ class Deliver(Frame):
     topic: str
     payload: bytes
     qos: int
+    properties: bytes = b""
+    retain: bool = False
+    group: str = ""
+    """A shared subscription (``$share/...``) this worker serves the message to, chosen
+    for it by the supervisor; empty: the worker's other subscribers only."""
 
 
 @dataclass(frozen=True, slots=True)

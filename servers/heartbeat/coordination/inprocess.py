@@ -11,6 +11,7 @@ import trio
 from ...prometheus import Families, Metric
 from ..logs import OncePer
 from ..persistent import Delivery, Opened, Report
+from ..policy import DEFAULT_PRESENCE_PREFIX
 from ..presence import PresenceEvent, PresenceSink
 from . import (
     Coordinator,
@@ -41,7 +42,7 @@ class InProcessCoordinator(Coordinator):
         self,
         sinks: Sequence[PresenceSink] = (),
         *,
-        presence_prefix: str = "presence/",
+        presence_prefix: str = DEFAULT_PRESENCE_PREFIX,
         max_records: int = 1_000_000,
         max_record_bytes: int = DEFAULT_RECORD_BYTES,
         state: MqttState | None = None,
@@ -88,11 +89,21 @@ class InProcessCoordinator(Coordinator):
         """See :meth:`Coordinator.note`."""
         publish_to_sinks(self.sinks, event)
 
-    def route(self, topic: str, payload: bytes, qos: int) -> None:
-        """No other worker to route to; persistent sessions take their QoS 1 and 2 copies."""
+    def route(
+        self,
+        topic: str,
+        payload: bytes,
+        qos: int,
+        properties: bytes = b"",
+        retain: bool = False,
+        groups: Sequence[str] = (),
+    ) -> Sequence[str]:
+        """No other worker to route to (every shared subscription is served here);
+        persistent sessions take their QoS 1 and 2 copies."""
         for delivery in self.store.route(topic, payload, qos):
             self._transmit(delivery)
         log_session_drops(self.store)
+        return groups
 
     async def open_session(self, client_id: str, username: str | None = None) -> Opened | None:
         """See :meth:`Coordinator.open_session`."""

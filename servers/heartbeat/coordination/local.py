@@ -33,6 +33,7 @@ import trio
 
 from ...prometheus import Families, Metric
 from ..persistent import Discard, Opened, Report
+from ..policy import DEFAULT_PRESENCE_PREFIX
 from ..presence import PresenceEvent, PresenceSink
 from ..topics import FilterIndex
 from . import Coordinator, Health, Host, publish_to_sinks
@@ -102,7 +103,7 @@ class BusCoordinator(Coordinator):
         worker: int,
         supervisor_pid: int | None = None,
         sinks: Sequence[PresenceSink] = (),
-        presence_prefix: str = "presence/",
+        presence_prefix: str = DEFAULT_PRESENCE_PREFIX,
         lookup_timeout: float = 1.0,
     ) -> None:
         self.path = path
@@ -153,20 +154,32 @@ class BusCoordinator(Coordinator):
         else:
             self._send(Noted(event))
 
-    def route(self, topic: str, payload: bytes, qos: int) -> None:
-        """Sent only if another worker's subscribers hold a matching filter."""
+    def route(
+        self,
+        topic: str,
+        payload: bytes,
+        qos: int,
+        properties: bytes = b"",
+        retain: bool = False,
+        groups: Sequence[str] = (),
+    ) -> Sequence[str]:
+        """Sent only if another worker's subscribers hold a matching filter. A shared
+        subscription held here and nowhere else is served here; one held elsewhere too
+        is left to the supervisor, which picks one worker holding it."""
         remote = self._remote
         if self.orphaned or not remote:
-            return
+            return groups
+        mine = [group for group in groups if group not in remote] if groups else groups
         if remote.matches(topic):
             self.routed += 1
             if qos and self._unacked_bytes + len(payload) <= MAX_UNACKED_ROUTED_BYTES:
                 self._unacked_bytes += len(payload)
-                self._numbered(Routed(self._next(), topic, payload, qos))
-                return
+                self._numbered(Routed(self._next(), topic, payload, qos, properties, retain))
+                return mine
             if qos:
                 self.routed_unkept += 1
-            self._send(Routed(0, topic, payload, qos))
+            self._send(Routed(0, topic, payload, qos, properties, retain))
+        return mine
 
     def filters_changed(self, added: Collection[str], removed: Collection[str] = ()) -> None:
         """See :meth:`Coordinator.filters_changed`. Unlinked, the change is dropped: the
@@ -387,7 +400,11 @@ class BusCoordinator(Coordinator):
         host = self._host
         assert host is not None
         if isinstance(frame, Deliver):
-            host.deliver(frame.topic, frame.payload, frame.qos)
+            # A shared subscription's copy, if the supervisor picked this worker for it;
+            # else the other subscribers only (whoever published served its own groups).
+            group = frame.group
+            groups = (group,) if group else ()
+            host.deliver(frame.topic, frame.payload, frame.qos, frame.properties, frame.retain, groups, not group)
         elif isinstance(frame, Ack):
             unacked = self._unacked
             while unacked and unacked[0][0] <= frame.seq:

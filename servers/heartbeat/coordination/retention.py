@@ -1,7 +1,7 @@
 """Retained messages as a coordinator serves them: the retained store, and every
 device's last presence, retained.
 
-Pure. A late subscriber to ``presence/#`` is owed the last presence event of every
+Pure. A late subscriber to ``$SYS/presence/#`` is owed the last presence event of every
 device (then the live stream): those come from the registry the coordinator keeps
 anyway, not from copies in the retained store, so retained presence costs no memory
 per device. Offline entries stop being retained ``offline_ttl`` seconds after the
@@ -49,20 +49,43 @@ RETAINED_PAGE = 500
 _MAX_SNAPSHOTS = 64
 
 
+_NONE, _SOME, _ALL = 0, 1, 2
+
+
+def _presence_reach(topic_filter: str, presence_prefix: str) -> int:
+    """Which presence topics (``<presence_prefix><client-id>``) ``topic_filter`` may match:
+    none, some, or all of them whatever the client ids (which may hold ``/``)."""
+    if presence_prefix[:1] == "$" and topic_filter[:1] in ("+", "#"):
+        return _NONE  # a filter starting with a wildcard matches no $ topic (MQTT-4.7.2-1)
+    levels = presence_prefix.split("/")
+    if levels[-1]:
+        # A prefix that does not end a level (the server refuses one; a test may make
+        # one): the client id extends its last level, so only "#" is sure.
+        return _ALL if topic_filter == "#" else _SOME
+    parts = topic_filter.split("/")
+    fixed = len(levels) - 1  # the prefix's levels; the client id's start after them
+    for i in range(fixed):
+        if i >= len(parts):
+            return _NONE  # the filter ends inside the prefix
+        part = parts[i]
+        if part == "#":
+            return _ALL
+        if part != "+" and part != levels[i]:
+            return _NONE
+    if len(parts) == fixed:
+        return _NONE  # it matches the prefix's own levels, where no presence is published
+    return _ALL if parts[fixed] == "#" else _SOME
+
+
 def presence_possible(topic_filter: str, presence_prefix: str) -> bool:
     """Whether ``topic_filter`` may match a presence topic (``<presence_prefix><client-id>``)."""
-    head = topic_filter.split("/", 1)[0]
-    return (
-        head in ("#", "+")
-        or topic_filter.startswith(presence_prefix)
-        or presence_prefix.startswith(topic_filter.rstrip("#"))
-    )
+    return _presence_reach(topic_filter, presence_prefix) != _NONE
 
 
 def matches_every_presence_topic(topic_filter: str, presence_prefix: str) -> bool:
-    """Whether ``topic_filter`` matches the presence topic of every client id."""
-    # Client ids may hold "/", so only these match every presence topic whatever the id.
-    return topic_filter in ("#", presence_prefix + "#")
+    """Whether ``topic_filter`` matches the presence topic of every client id: ``#``
+    when the prefix is not a ``$`` topic, ``<prefix>#``, ``$SYS/#``, ``$SYS/+/#``..."""
+    return _presence_reach(topic_filter, presence_prefix) == _ALL
 
 
 def exact_presence(topic_filter: str, presence_prefix: str) -> str | None:

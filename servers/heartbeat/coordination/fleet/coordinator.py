@@ -51,6 +51,7 @@ from ...persistent import (
     Opened,
     Report,
 )
+from ...policy import DEFAULT_PRESENCE_PREFIX
 from ...presence import PresenceEvent, PresenceSink
 from ...retained import DEFAULT_MAX_BYTES, DEFAULT_MAX_COUNT, DEFAULT_MAX_OWNER_BYTES, DEFAULT_MAX_OWNER_COUNT
 from .. import Coordinator, Health, Host, publish_to_sinks
@@ -104,7 +105,7 @@ class RedisCoordinator(Coordinator, FleetCounts):
         node: str,
         *,
         sinks: Sequence[PresenceSink] = (),
-        presence_prefix: str = "presence/",
+        presence_prefix: str = DEFAULT_PRESENCE_PREFIX,
         prefix: str = "idlekeeper:",
         lease: float = 3.0,
         renew: float = 1.0,
@@ -208,6 +209,7 @@ class RedisCoordinator(Coordinator, FleetCounts):
         self._enqueue = self.reports.put
         self._queue = self.reports.items
         self._remote = filters.remote
+        self.shares = filters.shares
         self._attached = self.sessions.attached
         self.persistent_filters = filters.persistent
         """The fleet's persistent sessions' filters, as this node last heard them."""
@@ -230,14 +232,32 @@ class RedisCoordinator(Coordinator, FleetCounts):
         """Sinks only: they are this process's own, so nothing goes through Redis."""
         publish_to_sinks(self.sinks, event)
 
-    def route(self, topic: str, payload: bytes, qos: int) -> None:
+    def route(
+        self,
+        topic: str,
+        payload: bytes,
+        qos: int,
+        properties: bytes = b"",
+        retain: bool = False,
+        groups: Sequence[str] = (),
+    ) -> Sequence[str]:
         """Queue ``topic`` for the other nodes whose subscribers' filters match it, and (QoS 1
-        and 2) for the persistent sessions whose filters match it, if any."""
+        and 2) for the persistent sessions whose filters match it, if any. Each shared
+        subscription the topic reaches goes to one node holding it, in turn (this node
+        keeps those it serves itself: the return)."""
+        mine, shares = self.shares.pick(topic, groups)
         persistent = qos > 0 and bool(self.persistent_filters.matching(topic))
-        if not persistent and not any(n != self.node and f.matches(topic) for n, f in self._remote.items()):
+        if (
+            not persistent
+            and not shares
+            and not any(n != self.node and f.matches_plain(topic) for n, f in self._remote.items())
+        ):
             self.route_skipped += 1
-            return
-        self._enqueue(Queued("route", topic=topic, payload=payload, qos=qos))
+            return mine
+        self._enqueue(
+            Queued("route", topic=topic, payload=payload, qos=qos, properties=properties, retain=retain, shares=shares)
+        )
+        return mine
 
     async def open_session(self, client_id: str, username: str | None = None) -> Opened | None:
         """The stored session (or a new one), in order with this node's reports; None if
@@ -379,6 +399,7 @@ class RedisCoordinator(Coordinator, FleetCounts):
     async def run(self, host: Host, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Serve ``host`` until cancelled: renewer, stream reader, router, sweeper, flusher."""
         self.filters.own = set(host.filters())
+        self.shares.changed(self.filters.own)
         redis = self.link.connect()
         try:
             async with redis, trio.open_nursery() as nursery:

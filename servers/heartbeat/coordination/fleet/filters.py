@@ -19,6 +19,7 @@ import trio
 from ...topics import FilterIndex, TopicTree
 from .keys import ROUTE_TTL_MS, TRIM_NOTICES, TRIM_ROUTES, FleetKeys
 from .link import RedisLink
+from .shares import SharePicker
 from .values import text
 
 __all__ = ["FilterCache", "Filters"]
@@ -63,8 +64,10 @@ class FilterCache:
         self.version = version
 
     def matching(self, topic: str) -> list[str]:
-        """The filters that match ``topic``."""
-        return self._index.matching(topic)
+        """The filters that match ``topic`` (a persistent session's shared subscription
+        is served while it is connected, not stored for it: not among them)."""
+        index = self._index
+        return ([topic] if topic in index.exact else []) + index.wild.match(topic)
 
 
 @dataclass
@@ -96,6 +99,8 @@ class Filters:
         """Each other node's filters, changed in place by what each of its updates changes."""
         self.persistent = FilterCache()
         """The fleet's persistent sessions' filters, as this node last heard them."""
+        self.shares = SharePicker(node, self.remote)
+        """Which node serves each shared subscription's messages."""
         self._changed = trio.Event()
         self._probes: dict[str, _Probe] = {}
         self._probe_numbers = itertools.count(1)
@@ -105,6 +110,7 @@ class Filters:
         published soon. Changes between two writes make one write (of the whole set)."""
         self.own.difference_update(removed)
         self.own.update(added)
+        self.shares.changed(added, removed)
         self.version += 1
         self.dirty = True
         self._changed.set()

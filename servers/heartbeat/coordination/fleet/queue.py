@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import trio
@@ -52,6 +52,12 @@ class Queued:
     payload: bytes = b""
     qos: int = 0
     owner: str = ""
+    properties: bytes = b""
+    """A route's MQTT 5 properties, packed."""
+    retain: bool = False
+    """A route's retain flag as published (for Retain As Published)."""
+    shares: dict[str, list[str]] = field(default_factory=dict)
+    """A route's shared subscriptions, by the node picked to serve each."""
     report: Report | None = None
     question: OpenQuestion | None = None
 

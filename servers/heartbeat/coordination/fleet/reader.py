@@ -161,7 +161,10 @@ class StreamReader:
             publish_to_sinks(self.sinks, event)
         if event.client_id is not None:
             try:
-                host.deliver(self.presence_prefix + event.client_id, event.payload(), 0)
+                topic = self.presence_prefix + event.client_id
+                # Every node reads every event: each serves the shared subscriptions it owns for it.
+                groups = self.filters.shares.owned(topic, f"{event.epoch}\0{event.status}")
+                host.deliver(topic, event.payload(), 0, groups=groups)
             except Exception:
                 logger.exception("node %s: deliver raised", self.node)
 
@@ -179,11 +182,14 @@ class StreamReader:
 
     def _deliver_routed(self, host: Host, data: bytes) -> None:
         try:
-            topic, payload, qos = decode_route(data)
+            message = decode_route(data)
         except ValueError:
             logger.warning("node %s: malformed routed message", self.node)
             return
         try:
-            host.deliver(topic, payload, qos)
+            group = message.group
+            groups = (group,) if group else ()
+            m = message
+            host.deliver(m.topic, m.payload, m.qos, m.properties, m.retain, groups, plain=not group)
         except Exception:
             logger.exception("node %s: deliver raised", self.node)

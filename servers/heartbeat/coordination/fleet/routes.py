@@ -11,6 +11,7 @@ sessions are, this node decides who may read the topic, then Redis routes to tho
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass, replace
 from typing import Any
 
 from .filters import Filters
@@ -21,19 +22,59 @@ from .queue import Queued, Request
 from .sessions import PersistentSessions, username_of
 from .values import text
 
-__all__ = ["Routes", "decode_route", "encode_route"]
+__all__ = ["RoutedMessage", "Routes", "decode_route", "encode_route"]
 
 
-def encode_route(topic: str, payload: bytes, qos: int) -> bytes:
-    """A routed message as its stream entry carries it."""
-    # MQTT topics cannot hold U+0000, so it can separate the header from the body.
-    return b"%d\x00%s\x00" % (qos, topic.encode()) + payload
+@dataclass(frozen=True, slots=True)
+class RoutedMessage:
+    """A message as a route entry carries it to a node."""
+
+    topic: str
+    payload: bytes
+    qos: int
+    properties: bytes = b""
+    """The MQTT 5 publisher's properties, packed."""
+    retain: bool = False
+    """The retain flag it was published with (for Retain As Published)."""
+    group: str = ""
+    """The shared subscription (``$share/...``) the node was picked to serve it to; empty:
+    the node's other subscribers only."""
 
 
-def decode_route(data: bytes) -> tuple[str, bytes, int]:
-    """The topic, payload and QoS of :func:`encode_route`'s bytes; ValueError if malformed."""
-    qos, topic, payload = data.split(b"\x00", 2)
-    return topic.decode(), payload, int(qos)
+def encode_route(message: RoutedMessage) -> bytes:
+    """``message`` as its stream entry carries it: ``<qos>\\0<topic>\\0<payload>``; or,
+    with MQTT 5 properties, the retain flag or a shared subscription,
+    ``<qos>,<properties' length>,<flags>\\0[<group>\\0]<topic>\\0<properties><payload>``,
+    the flags ``r`` (retained) and ``s`` (a group follows). A node that predates the
+    longer form drops such an entry as malformed, and logs it."""
+    # MQTT topics and filters cannot hold U+0000, so it can separate the fields.
+    topic, payload, properties = message.topic.encode(), message.payload, message.properties
+    if not properties and not message.retain and not message.group:
+        return b"%d\x00%s\x00" % (message.qos, topic) + payload
+    flags = (b"r" if message.retain else b"") + (b"s" if message.group else b"")
+    group = message.group.encode() + b"\x00" if message.group else b""
+    return b"%d,%d,%s\x00%s%s\x00" % (message.qos, len(properties), flags, group, topic) + properties + payload
+
+
+def decode_route(data: bytes) -> RoutedMessage:
+    """The message :func:`encode_route` wrote; ValueError if malformed."""
+    head, rest = data.split(b"\x00", 1)
+    fields = head.split(b",")
+    if len(fields) == 1:
+        topic, payload = rest.split(b"\x00", 1)
+        return RoutedMessage(topic.decode(), payload, int(head))
+    if len(fields) != 3 or fields[2].strip(b"rs"):
+        raise ValueError(f"route header {head[:32]!r}")
+    group = b""
+    if b"s" in fields[2]:
+        group, rest = rest.split(b"\x00", 1)
+    topic, body = rest.split(b"\x00", 1)
+    length = int(fields[1])
+    if not 0 <= length <= len(body):
+        raise ValueError(f"properties of {length} bytes in a body of {len(body)}")
+    return RoutedMessage(
+        topic.decode(), body[length:], int(fields[0]), body[:length], b"r" in fields[2], group.decode()
+    )
 
 
 class Routes:
@@ -64,21 +105,27 @@ class Routes:
         """The calls that route ``report`` (a "route" report) on ``client`` (a connection or
         a pipeline), each with what to do with its reply; none if nobody wants it now."""
         out: list[Request] = []
-        targets = [n for n, f in self.remote.items() if n != self.node and f.matches(report.topic)]
+        targets = [n for n, f in self.remote.items() if n != self.node and f.matches_plain(report.topic)]
+        message = RoutedMessage(report.topic, report.payload, report.qos, report.properties, report.retain)
         if targets:
-            data = encode_route(report.topic, report.payload, report.qos)
-            keys = [self.route_prefix + n for n in targets]
-
-            def routed(_: Any) -> None:
-                self.counts.routed += len(targets)
-
-            out.append((self.scripts.route(keys, [data, str(ROUTE_MAXLEN), str(ROUTE_TTL_MS)], client=client), routed))
+            out.append(self._append(targets, encode_route(message), client))
+        for node, groups in report.shares.items():
+            for group in groups:  # the node picked to serve the group's copy
+                out.append(self._append([node], encode_route(replace(message, group=group)), client))
         if report.qos > 0 and self.may_read is None:
             filters = self.persistent.matching(report.topic)
             if filters:
                 args: list[str | bytes] = [report.topic, report.payload, str(report.qos), "f", *filters]
                 out.append((self.sessions.script("route", args, client), self.sessions.routed))
         return out
+
+    def _append(self, nodes: list[str], data: bytes, client: Any) -> Request:
+        keys = [self.route_prefix + n for n in nodes]
+
+        def routed(_: Any) -> None:
+            self.counts.routed += len(nodes)
+
+        return self.scripts.route(keys, [data, str(ROUTE_MAXLEN), str(ROUTE_TTL_MS)], client=client), routed
 
     def two_steps(self, report: Queued) -> bool:
         """Whether ``report`` routes to persistent sessions under an ACL: who may read the

@@ -1,0 +1,130 @@
+"""What a server sends an MQTT 5.0 client most often, written straight to bytes.
+
+:func:`~.codec.pack` writes any packet from its value; the server's hot paths (a
+message delivered to many subscribers, a reply per packet) skip building the value:
+a PUBLISH here takes its properties already packed (what the publisher's PUBLISH
+carried that a subscriber may see), so a message fanned out to a thousand 5.0
+subscribers packs them once. :func:`from_v311` turns a packet written for 3.1.1 (a
+persistent session's stored message) into its 5.0 form. Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+
+from ..encoders import encode_remaining_length
+from .properties import EMPTY, Carrier, Properties, pack_properties
+from .wire import pack_varint, read_varint
+
+__all__ = [
+    "disconnect",
+    "forwarded",
+    "from_v311",
+    "puback",
+    "subscription_identifier",
+    "pubrec",
+    "publish",
+    "suback",
+    "unsuback",
+]
+
+_H = struct.Struct("!H")
+
+
+def _frame(first: int, body: bytes) -> bytes:
+    return bytes((first,)) + encode_remaining_length(len(body)) + body
+
+
+def publish(
+    topic: str,
+    payload: bytes,
+    qos: int = 0,
+    retain: bool = False,
+    packet_id: int | None = None,
+    dup: bool = False,
+    properties: bytes = b"",
+) -> bytes:
+    """PUBLISH to a 5.0 client; ``properties`` is a packed property list without its
+    length (:func:`forwarded`), empty for a message from a 3.1.1 client."""
+    first = 0x30 | (0x08 if dup else 0) | (qos << 1) | (0x01 if retain else 0)
+    raw = topic.encode()
+    head = _H.pack(len(raw)) + raw
+    if qos:
+        if not packet_id:
+            raise ValueError("QoS 1 and 2 need a non-zero packet id")
+        head += _H.pack(packet_id)
+    return _frame(first, head + pack_varint(len(properties)) + properties + payload)
+
+
+def forwarded(props: Properties) -> bytes:
+    """The properties of a client's PUBLISH (or Will) that reach its subscribers
+    unchanged (§3.3.2.3): Payload Format Indicator, Message Expiry Interval, Content
+    Type, Response Topic, Correlation Data, User Properties (in order); without the
+    length, so that a delivery can add its own (a Subscription Identifier) behind."""
+    if props is EMPTY:
+        return b""
+    kept = Properties(
+        payload_format_indicator=props.payload_format_indicator,
+        message_expiry_interval=props.message_expiry_interval,
+        content_type=props.content_type,
+        response_topic=props.response_topic,
+        correlation_data=props.correlation_data,
+        user_properties=props.user_properties,
+    )
+    if kept == EMPTY:
+        return b""
+    packed = pack_properties(kept, Carrier.PUBLISH)
+    _, start = read_varint(packed, 0, len(packed))
+    return packed[start:]
+
+
+def subscription_identifier(identifier: int) -> bytes:
+    """A Subscription Identifier property (0x0B), to add behind a message's own."""
+    return b"\x0b" + pack_varint(identifier)
+
+
+def _ack(first: int, packet_id: int, code: int) -> bytes:
+    if not code:
+        return bytes((first, 2)) + _H.pack(packet_id)  # §3.4.2.1: 0x00 and no properties may be left out
+    return bytes((first, 3)) + _H.pack(packet_id) + bytes((code,))
+
+
+def puback(packet_id: int, code: int = 0) -> bytes:
+    """PUBACK with ``code`` (0x87: the publish was refused)."""
+    return _ack(0x40, packet_id, code)
+
+
+def pubrec(packet_id: int, code: int = 0) -> bytes:
+    """PUBREC with ``code``; a failure (0x80 and up) ends the exchange."""
+    return _ack(0x50, packet_id, code)
+
+
+def suback(packet_id: int, codes: Sequence[int]) -> bytes:
+    """SUBACK: a reason code per filter, no properties."""
+    return _frame(0x90, _H.pack(packet_id) + b"\x00" + bytes(codes))
+
+
+def unsuback(packet_id: int, codes: Sequence[int]) -> bytes:
+    """UNSUBACK: a reason code per filter (0x00, or 0x11: no subscription existed)."""
+    return _frame(0xB0, _H.pack(packet_id) + b"\x00" + bytes(codes))
+
+
+def disconnect(code: int, reason: str | None = None) -> bytes:
+    """DISCONNECT from the server with ``code`` (and a Reason String, if given)."""
+    if reason is None:
+        return _frame(0xE0, bytes((code, 0)))
+    return _frame(0xE0, bytes((code,)) + pack_properties(Properties(reason_string=reason), Carrier.DISCONNECT))
+
+
+def from_v311(data: bytes) -> bytes:
+    """A packet written for 3.1.1 in its 5.0 form: a PUBLISH gains an empty property
+    list; every other packet the server resends (PUBREL) is the same in both."""
+    if data[0] >> 4 != 3:
+        return data
+    length, pos = read_varint(data, 1, len(data))
+    topic_end = pos + 2 + _H.unpack_from(data, pos)[0]
+    if data[0] & 0x06:
+        topic_end += 2  # the packet id
+    body = data[pos:topic_end] + b"\x00" + data[topic_end : pos + length]
+    return _frame(data[0], body)
