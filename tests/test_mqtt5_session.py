@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from servers.heartbeat import encoders
 from servers.heartbeat.broker import pack_options
+from servers.heartbeat.outbox import Message, Outbox
 from servers.heartbeat.packets import Pingreq, ProtocolError
 from servers.heartbeat.policy import SessionPolicy
 from servers.heartbeat.presence import Offline
@@ -433,3 +434,35 @@ def test_a_stored_3_1_1_publish_reads_the_same_as_5_0(
     (new,) = read_packets(outbound.from_v311(old))
     assert new == Publish(topic, payload, qos, retain, dup and qos > 0, packet_id if qos else None)
     assert outbound.from_v311(encoders.encode_pubrel(packet_id)) == encoders.encode_pubrel(packet_id)
+
+
+def test_a_queued_message_counts_its_expiry_down_and_is_dropped_once_it_runs_out() -> None:
+    """§3.3.2.3.3: the lifetime left is what the subscriber is told, and a message not
+    yet sent when it runs out is deleted, not delivered late."""
+    now = [100.0]
+    box = Outbox(window=1, clock=lambda: now[0])
+    lasting = outbound.forwarded(Properties(payload_format_indicator=1, message_expiry_interval=10))
+    brief = outbound.forwarded(Properties(message_expiry_interval=2, content_type="c"))
+    (first,) = box.push(Message("t", b"1", 1, properties=lasting))  # sent at once: 10 s told
+    assert read_packets(first)[0].properties.message_expiry_interval == 10  # type: ignore[union-attr]
+    assert box.push(Message("t", b"2", 1, properties=brief)) == []  # queued behind the window
+    assert box.push(Message("t", b"3", 1, properties=lasting)) == []
+    assert box.push(Message("t", b"4", 1, properties=b"")) == []  # no expiry: never dropped
+    now[0] += 3.5  # the brief one has run out while queued; the others have 6.5 s left
+    (third,) = box.puback(1)
+    (sent,) = read_packets(third)
+    assert isinstance(sent, Publish) and sent.payload == b"3"
+    assert sent.properties.message_expiry_interval == 7 and sent.properties.payload_format_indicator == 1
+    assert box.expired == 1
+    (fourth,) = box.puback(sent.packet_id or 0)
+    assert read_packets(fourth)[0].properties.message_expiry_interval is None  # type: ignore[union-attr]
+
+
+def test_counted_down_properties() -> None:
+    props = outbound.forwarded(Properties(message_expiry_interval=5, user_properties=(("a", "b"),)))
+    assert outbound.message_expiry(props) == 5
+    lowered = outbound.counted_down(props, 2.9) or b""
+    assert outbound.message_expiry(lowered) == 3
+    assert outbound.counted_down(props, 5.0) is None
+    plain = outbound.forwarded(Properties(content_type="x"))
+    assert outbound.message_expiry(plain) is None and outbound.counted_down(plain, 99) == plain

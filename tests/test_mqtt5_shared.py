@@ -16,7 +16,11 @@ import paho.mqtt.client as mqtt
 import pytest
 
 from loadtest.processes import free_port, start_heartbeat
+from servers.heartbeat.broker import Broker
+from servers.heartbeat.budget import SendBudget
+from servers.heartbeat.outbox import Message
 from servers.heartbeat.policy import DEFAULT_PRESENCE_PREFIX as PRESENCE
+from servers.heartbeat.v5.codec import read_packets
 from servers.heartbeat.v5.packets import PUBACK, Ack, Connect, Publish, Suback, Subscribe, Subscription
 from servers.heartbeat.v5.properties import Properties
 
@@ -26,6 +30,7 @@ from .test_heartbeat_clients import ROOT, Server
 from .test_heartbeat_clients import start_server as start_server  # the fixture, used by name
 from .test_mqtt5_server import Paho5, Raw5
 from .test_mqtt5_server import clients as clients  # the fixture, used by name
+from .test_subscriber_bounds import FakeSubscriber
 
 
 def wait_until(predicate: Any, seconds: float, what: str) -> None:
@@ -181,3 +186,27 @@ def test_members_on_two_gateways_share_messages_and_presence(
         for proc in gateways:
             proc.kill()  # by PID
             proc.wait()
+
+
+class _Limits:
+    max_packet_size = 0
+    receive_maximum = 65535
+
+
+def test_a_message_passed_on_from_a_3_1_1_member_reaches_a_5_0_member_in_5_0s_form() -> None:
+    """Sans-IO: a shared subscription's message held for a 3.1.1 member (no properties)
+    and passed on to a 5.0 member must be written as 5.0 (a property length), or the
+    5.0 client misreads it."""
+    budget: SendBudget[FakeSubscriber] = SendBudget(lambda s: s.queued(), lambda: 0.0, 1 << 20, 1 << 24)
+    broker: Broker[FakeSubscriber] = Broker(2, budget)
+    old, new = FakeSubscriber(), FakeSubscriber()
+    new.v5 = _Limits()
+    for sub in (old, new):
+        broker.subscriptions.subscribe(sub, "$share/g/t/#", 1)
+    broker.deliver("t/1", b"a", 1)  # the 3.1.1 member's turn: its outbox holds it without properties
+    (held,) = old.held.inflight() if old.held else []
+    assert held.properties is None and held.group == "$share/g/t/#"
+    copy = Message(held.topic, held.payload, 1, held.retain, held.properties, held.group)
+    assert broker.give_message(new, copy) == 1
+    (packet,) = read_packets(new.sent[-1])
+    assert packet == Publish("t/1", b"a", 1, packet_id=1)

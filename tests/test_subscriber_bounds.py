@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from servers.heartbeat import encoders
-from servers.heartbeat.broker import MAX_QUEUED, TOO_LARGE, Broker, Limits5
+from servers.heartbeat.broker import EXPIRED, MAX_QUEUED, TOO_LARGE, Broker, Limits5
 from servers.heartbeat.budget import SUBSCRIBER_BYTES, TOTAL_BYTES, Offer, SendBudget
 from servers.heartbeat.outbox import Outbox
 
@@ -304,7 +304,7 @@ def test_the_broker_drops_qos0_keeps_replies_and_cuts_a_subscriber_that_lost_a_b
         deliver(b"x" * 95, 0)
     assert stuck.queued() == 1000 and broker.dropped == 0
     deliver(b"x" * 95, 0)
-    assert broker.dropped_by == {SUBSCRIBER_BYTES: 1, TOTAL_BYTES: 0, MAX_QUEUED: 0, TOO_LARGE: 0}
+    assert broker.dropped_by == {SUBSCRIBER_BYTES: 1, TOTAL_BYTES: 0, MAX_QUEUED: 0, TOO_LARGE: 0, EXPIRED: 0}
     assert stuck.cut == []
     # The replies to its own packets, and QoS 1 messages its outbox releases, still go out.
     broker.write(stuck, [PINGRESP, encoders.encode_suback(2, [0])])
@@ -314,7 +314,7 @@ def test_the_broker_drops_qos0_keeps_replies_and_cuts_a_subscriber_that_lost_a_b
     deliver(b"v", 1)  # and this one beyond its queue
     assert stuck.sent[10:12] == [PINGRESP, encoders.encode_suback(2, [0])]
     assert [p[0] & 0xF6 for p in stuck.sent[12:]] == [0x32, 0x32]  # two QoS 1 PUBLISHes
-    assert broker.dropped_by == {SUBSCRIBER_BYTES: 1, TOTAL_BYTES: 0, MAX_QUEUED: 1, TOO_LARGE: 0}
+    assert broker.dropped_by == {SUBSCRIBER_BYTES: 1, TOTAL_BYTES: 0, MAX_QUEUED: 1, TOO_LARGE: 0, EXPIRED: 0}
     # Another bound's worth lost: it is cut, once, and says why.
     for _ in range(10):
         deliver(b"x" * 95, 0)

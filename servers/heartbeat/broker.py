@@ -21,6 +21,7 @@ from .v5.outbound import publish as publish_v5
 from .v5.outbound import subscription_identifier
 
 __all__ = [
+    "EXPIRED",
     "MAX_QUEUED",
     "NO_LOCAL",
     "RETAIN_AS_PUBLISHED",
@@ -286,6 +287,8 @@ S = TypeVar("S", bound=Subscriber)
 
 MAX_QUEUED = "max-queued"
 """Why a QoS 1 or 2 message was dropped: its subscriber's outbox queue was full."""
+EXPIRED = "expired"
+"""Why a queued MQTT 5 message was not sent: its Message Expiry Interval ran out first."""
 TOO_LARGE = "too-large"
 """Why a message was not sent to an MQTT 5 subscriber: larger than its Maximum Packet Size
 (§3.1.2.11.4: the server drops it for that subscriber, as if sent)."""
@@ -322,6 +325,8 @@ class Broker(Generic[S]):
         """QoS 1 and 2 messages dropped: the subscriber's outbox queue was full."""
         self.too_large = 0
         """Messages not sent to an MQTT 5 subscriber: past its Maximum Packet Size."""
+        self.expired = 0
+        """MQTT 5 messages dropped from an outbox's queue: their Message Expiry ran out."""
         self.checks_reads = False
         """Ask each subscriber whether it may read a message's topic (an ACL is in force)."""
         self.persist: Callable[[S, Message], None] | None = None
@@ -331,7 +336,7 @@ class Broker(Generic[S]):
     @property
     def dropped(self) -> int:
         """Messages dropped, whatever the reason."""
-        return self.held_dropped + self.too_large + sum(self.budget.dropped.values())
+        return self.held_dropped + self.too_large + self.expired + sum(self.budget.dropped.values())
 
     @property
     def dropped_by(self) -> dict[str, int]:
@@ -342,6 +347,7 @@ class Broker(Generic[S]):
             TOTAL_BYTES: dropped[TOTAL_BYTES],
             MAX_QUEUED: self.held_dropped,
             TOO_LARGE: self.too_large,
+            EXPIRED: self.expired,
         }
 
     def deliver(
@@ -444,6 +450,8 @@ class Broker(Generic[S]):
         if v5 is None:
             message.properties = None
         else:
+            if message.properties is None:  # passed on from a 3.1.1 member: 5.0's form, no properties
+                message.properties = b""
             options = self.subscriptions.options(sub)
             if options:
                 shaped = self._shaped(sub, options, topic, False, published_retain, message.group)

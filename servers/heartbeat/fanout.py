@@ -184,7 +184,10 @@ class FanOut:
                 return  # an ack for nothing we sent: MQTT leaves it to the server
             kind = effect.kind
             packets = box.puback if kind == "puback" else box.pubrec if kind == "pubrec" else box.pubcomp
-            self.broker.write(conn, packets(effect.packet_id))
+            expired = box.expired
+            released = packets(effect.packet_id)
+            self.broker.expired += box.expired - expired  # MQTT 5 messages whose lifetime ran out queued
+            self.broker.write(conn, released)
         elif conn.persistent:
             held = isinstance(effect, HoldInbound)
             self.coordinator.session(Inbound(client_id, effect.packet_id, held))

@@ -75,7 +75,8 @@ def worker_figures(source: FigureSource) -> list[Metric]:
         "heartbeat_messages_dropped_total",
         "Messages dropped for subscribers, by reason: subscriber-bytes and total-bytes (QoS 0 beyond "
         "--max-subscriber-bytes or --max-outbox-bytes), max-queued (QoS 1/2 beyond the outbox's queue), "
-        "too-large (past an MQTT 5 subscriber's Maximum Packet Size).",
+        "too-large (past an MQTT 5 subscriber's Maximum Packet Size), expired (its MQTT 5 Message Expiry "
+        "ran out while queued).",
         "reason",
         broker.dropped_by,
     )

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import collections
 import enum
+import time
+from collections.abc import Callable
 
 from .encoders import encode_publish, encode_pubrel
 from .v5 import outbound
@@ -46,7 +48,7 @@ class Message:
     """One outbound message: what to publish, and (once in flight) its packet id and stage."""
 
     # A persistent session of a vanished device may hold a thousand of these.
-    __slots__ = ("topic", "payload", "qos", "retain", "properties", "group", "packet_id", "stage", "sent")
+    __slots__ = ("topic", "payload", "qos", "retain", "properties", "group", "packet_id", "stage", "sent", "born")
 
     def __init__(
         self,
@@ -71,23 +73,35 @@ class Message:
         self.stage = Stage.PUBLISHED
         self.sent = False
         """Whether it was ever written: a resend then carries DUP (MQTT-3.3.1-1)."""
+        self.born = 0.0
+        """When its outbox took it (its clock), if it has an MQTT 5 Message Expiry to count down."""
 
     @property
     def size(self) -> int:
         """What it counts against the queue's byte bound."""
         return len(self.topic) + len(self.payload)
 
-    def wire(self) -> bytes:
-        """The packet that (re)sends it, and marks it sent."""
+    def expired(self, now: float) -> bool:
+        """Whether its MQTT 5 Message Expiry has run out (one that has none never does)."""
+        return bool(self.born) and outbound.counted_down(self.properties or b"", now - self.born) is None
+
+    def wire(self, now: float = 0.0) -> bytes:
+        """The packet that (re)sends it, and marks it sent; an MQTT 5 Message Expiry is
+        sent as what is left of it at ``now`` (at least a second: a resend completes a
+        delivery already begun)."""
         if self.stage is Stage.RELEASED:
             return encode_pubrel(self.packet_id)
-        if self.properties is None:
+        properties = self.properties
+        if properties is None:
             data = encode_publish(
                 self.topic, self.payload, qos=self.qos, retain=self.retain, packet_id=self.packet_id, dup=self.sent
             )
         else:
+            expiry = outbound.message_expiry(properties) if self.born else None
+            if expiry is not None:
+                properties = outbound.counted_down(properties, min(now - self.born, expiry - 1)) or properties
             data = outbound.publish(
-                self.topic, self.payload, self.qos, self.retain, self.packet_id, self.sent, self.properties
+                self.topic, self.payload, self.qos, self.retain, self.packet_id, self.sent, properties
             )
         self.sent = True
         return data
@@ -104,7 +118,18 @@ class Outbox:
     returned; :meth:`attach` then returns the resends (DUP) and the next messages.
     """
 
-    __slots__ = ("window", "max_queued", "max_queued_bytes", "attached", "dropped", "_inflight", "_queue", "_bytes")
+    __slots__ = (
+        "window",
+        "max_queued",
+        "max_queued_bytes",
+        "attached",
+        "dropped",
+        "expired",
+        "clock",
+        "_inflight",
+        "_queue",
+        "_bytes",
+    )
 
     def __init__(
         self,
@@ -113,6 +138,7 @@ class Outbox:
         max_queued_bytes: int = DEFAULT_MAX_QUEUED_BYTES,
         *,
         attached: bool = True,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if window < 1:
             raise ValueError("the window must hold at least one message")
@@ -122,6 +148,10 @@ class Outbox:
         self.attached = attached
         self.dropped = 0
         """Messages dropped because the queue was full."""
+        self.expired = 0
+        """MQTT 5 messages dropped from the queue: their Message Expiry ran out first."""
+        self.clock = clock
+        """What an MQTT 5 Message Expiry is counted down by."""
         # Insertion order is send order, which is the order resends must keep (4.6).
         self._inflight: dict[int, Message] = {}
         self._queue: collections.deque[Message] = collections.deque()
@@ -149,6 +179,8 @@ class Outbox:
         while the window is full). A message beyond the queue's bounds is dropped."""
         if message.qos not in (1, 2):
             raise ValueError("only QoS 1 and 2 messages are held")
+        if message.properties and outbound.message_expiry(message.properties) is not None:
+            message.born = self.clock()
         if self.attached and not self._queue and len(self._inflight) < self.window:
             return [self._launch(message)]
         size = message.size
@@ -186,7 +218,8 @@ class Outbox:
     def attach(self) -> list[bytes]:
         """The client (re)connected: resend everything in flight, in order, then fill the window."""
         self.attached = True
-        resent = [m.wire() for m in self._inflight.values()]
+        now = self.clock()
+        resent = [m.wire(now) for m in self._inflight.values()]
         return resent + self._fill()
 
     def detach(self) -> None:
@@ -198,16 +231,20 @@ class Outbox:
         if not self.attached:
             return out
         queue = self._queue
+        now = self.clock()
         while queue and len(self._inflight) < self.window:
             message = queue.popleft()
             self._bytes -= message.size
-            out.append(self._launch(message))
+            if message.born and message.expired(now):
+                self.expired += 1  # §3.3.2.3.3: not yet sent, and past its lifetime: deleted
+                continue
+            out.append(self._launch(message, now))
         return out
 
-    def _launch(self, message: Message) -> bytes:
+    def _launch(self, message: Message, now: float = 0.0) -> bytes:
         message.packet_id = self._free_id()
         self._inflight[message.packet_id] = message
-        return message.wire()
+        return message.wire(now or (self.clock() if message.born else 0.0))
 
     def _free_id(self) -> int:
         # The window is far smaller than 65,535, so a free id is always near.

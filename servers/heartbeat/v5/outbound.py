@@ -18,9 +18,11 @@ from .properties import EMPTY, Carrier, Properties, pack_properties
 from .wire import pack_varint, read_varint
 
 __all__ = [
+    "counted_down",
     "disconnect",
     "forwarded",
     "from_v311",
+    "message_expiry",
     "puback",
     "subscription_identifier",
     "pubrec",
@@ -77,6 +79,36 @@ def forwarded(props: Properties) -> bytes:
     packed = pack_properties(kept, Carrier.PUBLISH)
     _, start = read_varint(packed, 0, len(packed))
     return packed[start:]
+
+
+def _expiry_at(properties: bytes) -> int:
+    # forwarded() packs in the spec's order: Payload Format Indicator (0x01, one byte),
+    # then Message Expiry Interval (0x02, four bytes), then the rest.
+    if properties[:1] == b"\x02":
+        return 1
+    if properties[:1] == b"\x01" and properties[2:3] == b"\x02":
+        return 3
+    return -1
+
+
+def message_expiry(properties: bytes) -> int | None:
+    """The Message Expiry Interval among ``properties`` (as :func:`forwarded` packs
+    them), or None."""
+    at = _expiry_at(properties)
+    return None if at < 0 else int.from_bytes(properties[at : at + 4], "big")
+
+
+def counted_down(properties: bytes, elapsed: float) -> bytes | None:
+    """``properties`` with their Message Expiry Interval lowered by the whole seconds
+    ``elapsed`` since the message came (§3.3.2.3.3: the lifetime left is what the
+    subscriber is told); None if it has run out. Without an expiry, as they are."""
+    at = _expiry_at(properties)
+    if at < 0:
+        return properties
+    left = int.from_bytes(properties[at : at + 4], "big") - int(elapsed)
+    if left <= 0:
+        return None
+    return properties[:at] + left.to_bytes(4, "big") + properties[at + 4 :]
 
 
 def subscription_identifier(identifier: int) -> bytes:
