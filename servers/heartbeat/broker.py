@@ -103,13 +103,10 @@ class Subscriptions(Generic[K]):
     def subscribe(self, key: K, topic_filter: str, qos: int, options: int = 0) -> int:
         """Add or replace a subscription, with its MQTT 5 ``options`` (:func:`pack_options`;
         0: none); returns the granted QoS (capped)."""
-        held_options = self._options.get(key)
         if options:
-            if held_options is None:
-                held_options = self._options[key] = {}
-            held_options[topic_filter] = options
-        elif held_options is not None and held_options.pop(topic_filter, None) is not None and not held_options:
-            del self._options[key]
+            self._options.setdefault(key, {})[topic_filter] = options
+        else:
+            self._drop_option(key, topic_filter)
         granted = min(qos, self._max_qos)
         if topic_filter.startswith(SHARE_PREFIX):
             subs = self._groups.get(topic_filter)
@@ -168,10 +165,13 @@ class Subscriptions(Generic[K]):
         self._forget_filter(key, topic_filter)
         return True
 
-    def _forget_filter(self, key: K, topic_filter: str) -> None:
+    def _drop_option(self, key: K, topic_filter: str) -> None:
         held_options = self._options.get(key)
         if held_options is not None and held_options.pop(topic_filter, None) is not None and not held_options:
             del self._options[key]
+
+    def _forget_filter(self, key: K, topic_filter: str) -> None:
+        self._drop_option(key, topic_filter)
         filters = self._by_key.get(key)
         if filters is not None:
             filters.discard(topic_filter)
@@ -441,29 +441,35 @@ class Broker(Generic[S]):
                 return sub, qos
         return members[start % len(members)]
 
-    def give_message(self, sub: S, message: Message, published_retain: bool = False) -> int:
-        """One message for one subscriber, shaped by its version and its subscription's
-        options, through its outbox or its session store at QoS 1 and 2; returns 1 if it
-        was given, 0 if it is larger than the subscriber takes."""
+    def give_message(self, sub: S, message: Message, published_retain: bool = False, *, shape: bool = True) -> int:
+        """One message for one subscriber, in the version it speaks and (``shape``) as
+        its subscription's options make it, through its outbox or its session store at
+        QoS 1 and 2; returns 1 if it was given, 0 if it is larger than the subscriber
+        takes. Without ``shape`` its properties are as given (a retained message for a
+        new subscription carries that subscription's identifier alone)."""
         v5 = sub.v5
-        topic = message.topic
+        data = b""
         if v5 is None:
             message.properties = None
         else:
             if message.properties is None:  # passed on from a 3.1.1 member: 5.0's form, no properties
                 message.properties = b""
-            options = self.subscriptions.options(sub)
+            options = self.subscriptions.options(sub) if shape else None
             if options:
-                shaped = self._shaped(sub, options, topic, False, published_retain, message.group)
+                shaped = self._shaped(sub, options, message.topic, False, published_retain, message.group)
                 if shaped is not None:
                     message.retain = shaped[0] or message.retain
-                    message.properties = (message.properties or b"") + shaped[1]
-            size = len(publish_v5(topic, message.payload, 0, False, None, False, message.properties or b""))
-            if v5.max_packet_size and size + (2 if message.qos else 0) > v5.max_packet_size:
+                    message.properties += shaped[1]
+            if message.qos:  # its size with a packet id; the outbox writes it when its turn comes
+                size = len(publish_v5(message.topic, message.payload, 1, False, 1, False, message.properties))
+            else:
+                data = message.wire()
+                size = len(data)
+            if v5.max_packet_size and size > v5.max_packet_size:
                 self.too_large += 1
                 return 0
         if not message.qos:
-            self.enqueue(sub, message.wire())
+            self.enqueue(sub, data or message.wire())
         elif sub.persistent and self.persist is not None:
             self.persist(sub, message)
         else:
@@ -494,24 +500,6 @@ class Broker(Generic[S]):
         flag = published_retain and any(value & RETAIN_AS_PUBLISHED for value in matched)
         ids = sorted({value >> 2 for value in matched if value >> 2})
         return flag, b"".join(subscription_identifier(i) for i in ids)
-
-    def give(self, sub: S, topic: str, payload: bytes, qos: int, retain: bool, properties: bytes = b"") -> None:
-        """One message for one subscriber (a retained one for a new subscription), in
-        the version it speaks; QoS 1 and 2 through its outbox."""
-        v5 = sub.v5
-        if v5 is not None:
-            data = publish_v5(topic, payload, retain=retain, properties=properties)
-            if v5.max_packet_size and len(data) + (2 if qos else 0) > v5.max_packet_size:
-                self.too_large += 1
-                return
-            if qos:
-                self.hold(sub, Message(topic, payload, qos, retain, properties))
-            else:
-                self.enqueue(sub, data)
-        elif qos:
-            self.hold(sub, Message(topic, payload, qos, retain))
-        else:
-            self.enqueue(sub, encode_publish(topic, payload, retain=retain))
 
     def hold(self, sub: S, message: Message) -> None:
         """Give a QoS 1 or 2 message to the subscriber's outbox and queue what it releases."""

@@ -15,6 +15,7 @@ __all__ = [
     "encode_connack",
     "encode_connect",
     "encode_disconnect",
+    "encode_frame",
     "encode_pingreq",
     "encode_pingresp",
     "encode_puback",
@@ -50,7 +51,9 @@ def encode_remaining_length(n: int) -> bytes:
 _U16 = struct.Struct("!H")
 
 
-def _frame(first: int, body: bytes) -> bytes:
+def encode_frame(first: int, body: bytes) -> bytes:
+    """A packet from its first byte and its body (what follows the remaining length):
+    the same in MQTT 3.1.1 and 5.0."""
     return bytes((first,)) + encode_remaining_length(len(body)) + body
 
 
@@ -85,7 +88,7 @@ def encode_publish(
         if not packet_id:
             raise ValueError("QoS 1 and 2 need a non-zero packet id")
         head += _U16.pack(packet_id)
-    return _frame(first, head + payload)
+    return encode_frame(first, head + payload)
 
 
 def encode_puback(packet_id: int) -> bytes:
@@ -110,7 +113,7 @@ def encode_pubcomp(packet_id: int) -> bytes:
 
 def encode_suback(packet_id: int, granted: Sequence[int]) -> bytes:
     """SUBACK: ``90 <RL> <id> <code>...``, one code per filter: the granted QoS or 0x80 (failure)."""
-    return _frame(0x90, _U16.pack(packet_id) + bytes(granted))
+    return encode_frame(0x90, _U16.pack(packet_id) + bytes(granted))
 
 
 def encode_unsuback(packet_id: int) -> bytes:
@@ -149,18 +152,18 @@ def encode_connect(
         flags |= 0x40
         payload += _bin(password)
     head = _str(protocol_name) + bytes((protocol_level, flags)) + _U16.pack(keep_alive)
-    return _frame(0x10, head + payload)
+    return encode_frame(0x10, head + payload)
 
 
 def encode_subscribe(packet_id: int, topics: Sequence[tuple[str, int]]) -> bytes:
     """SUBSCRIBE (fixed header ``82``): (filter, requested QoS) pairs."""
     body = _U16.pack(packet_id) + b"".join(_str(topic_filter) + bytes((qos,)) for topic_filter, qos in topics)
-    return _frame(0x82, body)
+    return encode_frame(0x82, body)
 
 
 def encode_unsubscribe(packet_id: int, topics: Sequence[str]) -> bytes:
     """UNSUBSCRIBE (fixed header ``a2``)."""
-    return _frame(0xA2, _U16.pack(packet_id) + b"".join(_str(topic_filter) for topic_filter in topics))
+    return encode_frame(0xA2, _U16.pack(packet_id) + b"".join(_str(topic_filter) for topic_filter in topics))
 
 
 def encode_pingreq() -> bytes:

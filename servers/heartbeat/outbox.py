@@ -83,7 +83,8 @@ class Message:
 
     def expired(self, now: float) -> bool:
         """Whether its MQTT 5 Message Expiry has run out (one that has none never does)."""
-        return bool(self.born) and outbound.counted_down(self.properties or b"", now - self.born) is None
+        expiry = outbound.message_expiry(self.properties or b"") if self.born else None
+        return expiry is not None and now - self.born >= expiry
 
     def wire(self, now: float = 0.0) -> bytes:
         """The packet that (re)sends it, and marks it sent; an MQTT 5 Message Expiry is
@@ -182,7 +183,7 @@ class Outbox:
         if message.properties and outbound.message_expiry(message.properties) is not None:
             message.born = self.clock()
         if self.attached and not self._queue and len(self._inflight) < self.window:
-            return [self._launch(message)]
+            return [self._launch(message, message.born)]  # taken now: none of its lifetime has gone
         size = message.size
         if len(self._queue) >= self.max_queued or self._bytes + size > self.max_queued_bytes:
             self.dropped += 1
@@ -241,10 +242,10 @@ class Outbox:
             out.append(self._launch(message, now))
         return out
 
-    def _launch(self, message: Message, now: float = 0.0) -> bytes:
+    def _launch(self, message: Message, now: float) -> bytes:
         message.packet_id = self._free_id()
         self._inflight[message.packet_id] = message
-        return message.wire(now or (self.clock() if message.born else 0.0))
+        return message.wire(now)
 
     def _free_id(self) -> int:
         # The window is far smaller than 65,535, so a free id is always near.

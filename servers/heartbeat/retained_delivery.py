@@ -17,7 +17,7 @@ import trio
 from .broker import Broker
 from .connection import Connection
 from .coordination import Coordinator
-from .persistent import Push
+from .outbox import Message
 from .session import AddSubscription
 from .v5.outbound import subscription_identifier
 
@@ -89,8 +89,6 @@ class RetainedDelivery:
         if not conn.may_read(topic):
             broker.denied += 1
             return
-        if qos and conn.persistent:
-            self.coordinator.session(Push(conn.session.client_id or "", topic, payload, qos, retain))
-        else:
-            broker.give(conn, topic, payload, qos, retain, _identifier(options))
+        # A persistent session's QoS 1 and 2 ones go to its store (the broker's persist).
+        broker.give_message(conn, Message(topic, payload, qos, retain, _identifier(options)), shape=False)
         broker.delivered += 1

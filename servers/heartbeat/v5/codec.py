@@ -12,7 +12,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Callable
 
-from ..encoders import encode_remaining_length
+from ..encoders import encode_frame as _frame
 from .packets import (
     AUTH,
     CONNACK,
@@ -318,10 +318,6 @@ def read_packets(data: bytes) -> list[Packet]:
 # -- writing --------------------------------------------------------------------------
 
 _H = struct.Struct("!H")
-
-
-def _frame(first: int, body: bytes) -> bytes:
-    return bytes((first,)) + encode_remaining_length(len(body)) + body
 
 
 def _pack_connect(p: Connect) -> bytes:

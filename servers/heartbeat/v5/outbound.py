@@ -1,8 +1,8 @@
-"""What a server sends an MQTT 5.0 client most often, written straight to bytes.
+"""The PUBLISH a server sends an MQTT 5.0 client, written straight to bytes.
 
-:func:`~.codec.pack` writes any packet from its value; the server's hot paths (a
-message delivered to many subscribers, a reply per packet) skip building the value:
-a PUBLISH here takes its properties already packed (what the publisher's PUBLISH
+:func:`~.codec.pack` writes any packet from its value (the server's replies too); a
+message delivered to many subscribers skips building the value: a PUBLISH here takes
+its properties already packed (what the publisher's PUBLISH
 carried that a subscriber may see), so a message fanned out to a thousand 5.0
 subscribers packs them once. :func:`from_v311` turns a packet written for 3.1.1 (a
 persistent session's stored message) into its 5.0 form. Pure: no I/O.
@@ -11,31 +11,21 @@ persistent session's stored message) into its 5.0 form. Pure: no I/O.
 from __future__ import annotations
 
 import struct
-from collections.abc import Sequence
 
-from ..encoders import encode_remaining_length
+from ..encoders import encode_frame as _frame
 from .properties import EMPTY, Carrier, Properties, pack_properties
 from .wire import pack_varint, read_varint
 
 __all__ = [
     "counted_down",
-    "disconnect",
     "forwarded",
     "from_v311",
     "message_expiry",
-    "puback",
     "subscription_identifier",
-    "pubrec",
     "publish",
-    "suback",
-    "unsuback",
 ]
 
 _H = struct.Struct("!H")
-
-
-def _frame(first: int, body: bytes) -> bytes:
-    return bytes((first,)) + encode_remaining_length(len(body)) + body
 
 
 def publish(
@@ -114,39 +104,6 @@ def counted_down(properties: bytes, elapsed: float) -> bytes | None:
 def subscription_identifier(identifier: int) -> bytes:
     """A Subscription Identifier property (0x0B), to add behind a message's own."""
     return b"\x0b" + pack_varint(identifier)
-
-
-def _ack(first: int, packet_id: int, code: int) -> bytes:
-    if not code:
-        return bytes((first, 2)) + _H.pack(packet_id)  # §3.4.2.1: 0x00 and no properties may be left out
-    return bytes((first, 3)) + _H.pack(packet_id) + bytes((code,))
-
-
-def puback(packet_id: int, code: int = 0) -> bytes:
-    """PUBACK with ``code`` (0x87: the publish was refused)."""
-    return _ack(0x40, packet_id, code)
-
-
-def pubrec(packet_id: int, code: int = 0) -> bytes:
-    """PUBREC with ``code``; a failure (0x80 and up) ends the exchange."""
-    return _ack(0x50, packet_id, code)
-
-
-def suback(packet_id: int, codes: Sequence[int]) -> bytes:
-    """SUBACK: a reason code per filter, no properties."""
-    return _frame(0x90, _H.pack(packet_id) + b"\x00" + bytes(codes))
-
-
-def unsuback(packet_id: int, codes: Sequence[int]) -> bytes:
-    """UNSUBACK: a reason code per filter (0x00, or 0x11: no subscription existed)."""
-    return _frame(0xB0, _H.pack(packet_id) + b"\x00" + bytes(codes))
-
-
-def disconnect(code: int, reason: str | None = None) -> bytes:
-    """DISCONNECT from the server with ``code`` (and a Reason String, if given)."""
-    if reason is None:
-        return _frame(0xE0, bytes((code, 0)))
-    return _frame(0xE0, bytes((code,)) + pack_properties(Properties(reason_string=reason), Carrier.DISCONNECT))
 
 
 def from_v311(data: bytes) -> bytes:

@@ -28,6 +28,7 @@ presence, the coordinator) serves both versions alike. What differs is said here
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import replace
 
 from ..broker import pack_options
@@ -66,7 +67,9 @@ from .packets import (
     Connect,
     Disconnect,
     Publish,
+    Suback,
     Subscribe,
+    Unsuback,
     Unsubscribe,
 )
 from .properties import Properties
@@ -179,7 +182,7 @@ class Session5(Session):
         if code is None or self.state is not State.CONNECTED:
             return None
         self._code = int(code)
-        return outbound.disconnect(code)
+        return pack(Disconnect(code))
 
     def violated(self, exc: ProtocolError) -> bytes | None:
         """The client broke the protocol: a CONNACK refusal before the session exists,
@@ -192,8 +195,9 @@ class Session5(Session):
             return None
         self.state = State.CLOSED
         self._code = int(code)
-        detail = f"{exc.reason}: {exc.detail}"[:_MAX_REASON_STRING] if self.problem_information else None
-        return outbound.disconnect(code, detail)
+        if not self.problem_information:
+            return pack(Disconnect(code))
+        return pack(Disconnect(code, Properties(reason_string=f"{exc.reason}: {exc.detail}"[:_MAX_REASON_STRING])))
 
     # -- the client's packets ------------------------------------------------------------
 
@@ -323,7 +327,7 @@ class Session5(Session):
             if inbound is None:
                 inbound = self.inbound = set()
             if packet_id in inbound:
-                return [Send(outbound.pubrec(packet_id))]  # a duplicate: taken already
+                return [Send(pack(Ack(PUBREC, packet_id)))]  # a duplicate: taken already
             if not code:  # a refusal ends the exchange at PUBREC: nothing is held (§4.3.3)
                 if len(inbound) >= policy.receive_maximum:
                     raise PacketError(
@@ -335,9 +339,9 @@ class Session5(Session):
         if not code:
             effects.append(Route(topic, packet.payload, qos, packet.retain, outbound.forwarded(props)))
         if qos == 1 and packet_id is not None:
-            effects.append(Send(outbound.puback(packet_id, code)))
+            effects.append(Send(pack(Ack(PUBACK, packet_id, code))))
         elif qos == 2 and packet_id is not None:
-            effects.append(Send(outbound.pubrec(packet_id, code)))
+            effects.append(Send(pack(Ack(PUBREC, packet_id, code))))
         return effects
 
     def _ack(self, packet: Ack) -> list[Effect]:
@@ -383,14 +387,16 @@ class Session5(Session):
                 retained = how == 0 or (how == 1 and topic_filter not in held)
                 codes.append(level)
                 effects.append(AddSubscription(topic_filter, level, retained=retained, options=options[topic_filter]))
-        effects.append(Send(outbound.suback(packet.packet_id, codes)))
+        effects.append(Send(pack(Suback(packet.packet_id, tuple(codes)))))
         return effects
 
-    def _held_filters(self) -> frozenset[str]:
+    def _held_filters(self) -> Collection[str]:
+        # The broker's own set, as a view (read before this packet's effects apply): a
+        # SUBSCRIBE must not cost a step per filter its client already holds.
         held = self._policy.held
         if held is None or self.client_id is None:
-            return frozenset()
-        return frozenset(held(self.client_id)[0])
+            return ()
+        return held(self.client_id)[0]
 
     def _unsubscribe5(self, packet: Unsubscribe) -> list[Effect]:
         counted = self._policy.held is not None
@@ -401,7 +407,7 @@ class Session5(Session):
             check_filter(topic_filter)
             codes.append(R.SUCCESS if not counted or topic_filter in held else R.NO_SUBSCRIPTION_EXISTED)
             effects.append(RemoveSubscription(topic_filter))
-        effects.append(Send(outbound.unsuback(packet.packet_id, codes)))
+        effects.append(Send(pack(Unsuback(packet.packet_id, tuple(codes)))))
         return effects
 
     def _disconnect5(self, packet: Disconnect) -> list[Effect]:

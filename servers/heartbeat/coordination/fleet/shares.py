@@ -34,19 +34,15 @@ class SharePicker:
         self.remote = remote
         self.own = SharedFilters()
         """The shared subscriptions held on this node."""
-        self._held: set[str] = set()
         self._turns: dict[str, int] = {}
 
     def changed(self, added: Collection[str], removed: Collection[str] = ()) -> None:
-        """This node's subscribers came to hold ``added`` and let go of ``removed``."""
+        """This node's subscribers came to hold ``added`` and let go of ``removed`` (the
+        index keeps only the shared ones, and takes a repeat as no change)."""
         for topic_filter in removed:
-            if topic_filter in self._held:
-                self._held.discard(topic_filter)
-                self.own.discard(topic_filter)
+            self.own.discard(topic_filter)
         for topic_filter in added:
-            if topic_filter not in self._held and topic_filter.startswith("$share/"):
-                self._held.add(topic_filter)
-                self.own.add(topic_filter)
+            self.own.add(topic_filter)
 
     def _holders(self, topic: str, here: Sequence[str]) -> dict[str, list[str]]:
         holders: dict[str, list[str]] = {group: [self.node] for group in here}
