@@ -25,7 +25,7 @@ from .stats import HandshakeFailure, KeeperStats, LagHistogram
 from .timers import TimerHandle
 from .tls import DEFAULT_HANDSHAKE_TIMEOUT, peer_certificate, peer_common_name
 from .transport import Transport
-from .watch import ExpireHook, HalfCloseableWatchedStream, Watch, WatchedStream, WatchState
+from .watch import ExpireHook, HalfCloseableWatchedStream, LastWords, Watch, WatchedStream, WatchState
 
 __all__ = [
     "DEFAULT_HANDSHAKE_TIMEOUT",
@@ -39,6 +39,7 @@ __all__ = [
     "Keeper",
     "KeeperStats",
     "LagHistogram",
+    "LastWords",
     "Protocol",
     "Reason",
     "TimerHandle",

@@ -11,8 +11,11 @@ first chase a pointer to another object.
 
 from __future__ import annotations
 
+import contextlib
 import enum
+import logging
 import math
+import os
 from collections.abc import Awaitable, Callable
 from types import TracebackType
 from typing import Protocol
@@ -23,7 +26,12 @@ from .deadlines import ConnectionDeadlines, Reason
 from .epochs import NEVER, Epoch, EpochClock, latest
 from .stall import SocketLike
 
-__all__ = ["ExpireHook", "Watch", "WatchState", "WatchedStream"]
+__all__ = ["ExpireHook", "LastWords", "Watch", "WatchState", "WatchedStream"]
+
+logger = logging.getLogger("idlekeeper")
+
+LastWords = Callable[[Reason], "bytes | None"]
+"""``last_words(reason)``: what a :class:`WatchedStream` sends just before an expiry's close."""
 
 ExpireHook = Callable[["Watch"], Awaitable[None] | None]
 """``on_expire(watch)``: a plain function or an async one, run in the trio thread
@@ -381,7 +389,7 @@ class WatchedStream(Watch, trio.abc.Stream):
     trio.abc.HalfCloseableStream)``, as ``trio.StapledStream`` does, gets the truth.
     """
 
-    __slots__ = ("transport_stream",)
+    __slots__ = ("transport_stream", "last_words")
 
     def __init__(
         self,
@@ -396,6 +404,25 @@ class WatchedStream(Watch, trio.abc.Stream):
         super().__init__(owner, socket, close=close, stall_check=stall_check, on_expire=on_expire)
         self.transport_stream = transport_stream
         """The wrapped stream."""
+        self.last_words: LastWords | None = None
+        """Asked when a deadline expires, just before the close: the bytes to send the
+        peer first (MQTT 5's DISCONNECT 0x8D), or None. As the dense engine's
+        :meth:`~idlekeeper.Protocol.last_words`: written without waiting, and only if no
+        send is under way and the watch closes on expiry. Over a ``trio.SocketStream``
+        only: under TLS the socket carries records, which the reaper cannot make."""
+
+    def _expire(self, reason: Reason, lag: float) -> None:
+        words, sock = self.last_words, self._socket
+        plain = isinstance(self.transport_stream, trio.SocketStream)
+        if words is not None and sock is not None and plain and not self._sending and self._flags & CLOSE_ON_EXPIRY:
+            try:
+                data = words(reason)
+                if data:
+                    with contextlib.suppress(OSError):  # gone, or a full buffer: the close follows anyway
+                        os.write(sock.fileno(), data)
+            except Exception:
+                logger.exception("idlekeeper: last_words of %r raised", self)
+        super()._expire(reason, lag)
 
     @property
     def watch(self) -> WatchedStream:

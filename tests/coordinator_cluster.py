@@ -68,7 +68,7 @@ class RecordingHost:
     def filters(self) -> set[str]:
         return set(self.subscribed)
 
-    def transmit(self, client_id: str, epoch: str, packets: list[bytes]) -> None:
+    def transmit(self, client_id: str, epoch: str, packets: list[bytes], v5: bool = False) -> None:
         self.transmitted.append((client_id, epoch, packets))
 
     def presence(self) -> list[dict[str, object]]:

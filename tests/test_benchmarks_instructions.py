@@ -33,10 +33,13 @@ def test_each_tree_is_read_against_the_first() -> None:
 
 
 @pytest.mark.skipif(shutil.which("valgrind") is None and not IN_CI, reason="valgrind not installed")
-def test_a_heartbeat_is_counted(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["--server", "mqtt", "--count", "10", "--connections", "2"]) == 0
+def test_a_request_is_counted(capsys: pytest.CaptureFixture[str]) -> None:
+    """The HTTP server: its start-up under callgrind is half the MQTT server's (36 s
+    against 73 s here), and both are driven, counted and read by the same code; the
+    MQTT figure is ``python -m benchmarks.instructions --server mqtt`` (BENCHMARKS.md)."""
+    assert main(["--server", "http", "--count", "10", "--connections", "2"]) == 0
     row = capsys.readouterr().out.splitlines()[2]
-    per_heartbeat = int(row.split("|")[4].split()[0].replace(",", ""))
-    # A PINGREQ read, answered and its wake-up: tens of thousands of instructions, not
-    # nothing (a client that was not answered fails the run before this).
-    assert 1_000 < per_heartbeat < 10_000_000, row
+    per_request = int(row.split("|")[4].split()[0].replace(",", ""))
+    # A request read, answered and its wake-up: hundreds of thousands of instructions,
+    # not nothing (a client that was not answered fails the run before this).
+    assert 1_000 < per_request < 10_000_000, row

@@ -349,17 +349,17 @@ def _devices(tmp_path: Path, *args: str) -> dict[str, object]:
 
 @needs_mosquitto
 @pytest.mark.slow
-def test_5_0_devices_against_mosquitto(tmp_path: Path, mosquitto: MqttTarget) -> None:
-    """1,000 devices on MQTT 5.0, keep-alive 2 s, some vanishing and reconnecting. (None
-    go silent: Mosquitto's keep-alive sweep, every 5-6 s, would find them after this
-    short run ends.)"""
+def test_a_mixed_fleet_against_mosquitto(tmp_path: Path, mosquitto: MqttTarget) -> None:
+    """1,000 devices, 3.1, 3.1.1 and 5.0, keep-alive 2 s, some vanishing and reconnecting.
+    (None go silent: Mosquitto's keep-alive sweep, every 5-6 s, would find them after
+    this short run ends.)"""
     r = _devices(
         tmp_path,
-        *("--port", str(mosquitto.port), "--pid", str(mosquitto.proc.pid), "--protocol", "5"),
+        *("--port", str(mosquitto.port), "--pid", str(mosquitto.proc.pid), "--protocol", "3.1:0.2,5:0.4"),
         *("--devices", "1000", "--keepalive", "2", "--silent", "0", "--vanish", "0.01", "--reconnect", "0.02"),
     )
     assert passed(r)
-    assert r["protocols"] == {"5.0": 1000}
+    assert r["protocols"] == {"3.1": 200, "3.1.1": 400, "5.0": 400}
     assert r["connected"] == 1000 and r["refused"] == 0 and r["refusals"] == {}
     assert r["false_expiries"] == 0
     assert r["takeover_missed"] == 0 and r["takeover_ms"]["n"] == 20  # type: ignore[index]
@@ -368,25 +368,11 @@ def test_5_0_devices_against_mosquitto(tmp_path: Path, mosquitto: MqttTarget) ->
 
 @needs_mosquitto
 @pytest.mark.slow
-def test_a_mixed_fleet_against_mosquitto(tmp_path: Path, mosquitto: MqttTarget) -> None:
-    r = _devices(
-        tmp_path,
-        *("--port", str(mosquitto.port), "--pid", str(mosquitto.proc.pid), "--protocol", "3.1:0.2,5:0.4"),
-        *("--devices", "1000", "--keepalive", "2", "--silent", "0", "--reconnect", "0.02"),
-    )
-    assert passed(r)
-    assert r["protocols"] == {"3.1": 200, "3.1.1": 400, "5.0": 400}
-    assert r["connected"] == 1000 and r["refused"] == 0
-    assert r["false_expiries"] == 0 and r["takeover_missed"] == 0
-
-
-@needs_mosquitto
-@pytest.mark.slow
 @pytest.mark.parametrize("mosquitto", ["max_keepalive 10\n"], indirect=True)
 def test_devices_ping_at_mosquitto_s_server_keep_alive(tmp_path: Path, mosquitto: MqttTarget) -> None:
     """Devices that ask for no keep-alive (0) are told 10 s by Mosquitto (its max_keepalive,
-    sent as a Server Keep Alive) and must ping at it: Mosquitto drops a device silent for
-    15 s, so a device that kept to its own 0 would be gone by the end of these 22 s."""
+    sent as a Server Keep Alive, its least) and must ping at it: Mosquitto drops a device
+    silent for 15 s, so a device that kept to its own 0 would be gone by the end of these 16.5 s."""
     start = time.monotonic() + 0.2
     spec = GeneratorSpec(
         index=0,
@@ -400,7 +386,7 @@ def test_devices_ping_at_mosquitto_s_server_keep_alive(tmp_path: Path, mosquitto
         rate=200.0,
         max_inflight=20,
         start_at=start,
-        end_at=start + 22.0,
+        end_at=start + 16.5,
         results=str(tmp_path / "r.json"),
         versions="5" * 20,
     )
@@ -410,7 +396,7 @@ def test_devices_ping_at_mosquitto_s_server_keep_alive(tmp_path: Path, mosquitto
     subprocess.run([sys.executable, "-m", "loadtest.generator", str(path)], check=True, timeout=60, cwd=ROOT)
     r = json.loads(Path(spec.results).read_text())
     assert r["connected"] == 20 and r["server_keepalive"] == {"10": 20}
-    assert r["pings"] >= 40  # every 8-10 s: twice each
+    assert r["pings"] >= 20  # every 8-10 s: once each at least
     assert r["online_at_end"] == 20 and r["false_expiries"] == [] and r["generator_late"] == 0
 
 

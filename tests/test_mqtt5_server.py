@@ -271,8 +271,9 @@ def test_a_takeover_tells_the_old_connection_0x8e(start_server: Any, clients: li
     assert ended["reason"] == "takeover" and ended["reason_code"] == 0x8E
 
 
-def test_a_silent_5_0_device_is_told_keep_alive_timeout_before_the_close(start_server: Any) -> None:
-    server: Server = start_server()  # the dense engine: the reaper's last words reach it
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_silent_5_0_device_is_told_keep_alive_timeout_before_the_close(start_server: Any, engine: str) -> None:
+    server: Server = start_server("--engine", engine)  # the reaper's last words reach it on either
     dev = raw5(server.port, "sleepy", keep_alive=1)
     started = time.monotonic()
     goodbye = dev.read()

@@ -20,6 +20,7 @@ from servers.heartbeat.broker import Broker
 from servers.heartbeat.budget import SendBudget
 from servers.heartbeat.outbox import Message
 from servers.heartbeat.policy import DEFAULT_PRESENCE_PREFIX as PRESENCE
+from servers.heartbeat.v5.aliases import OutboundAliases
 from servers.heartbeat.v5.codec import read_packets
 from servers.heartbeat.v5.packets import PUBACK, Ack, Connect, Publish, Suback, Subscribe, Subscription
 from servers.heartbeat.v5.properties import Properties
@@ -191,6 +192,7 @@ def test_members_on_two_gateways_share_messages_and_presence(
 class _Limits:
     max_packet_size = 0
     receive_maximum = 65535
+    sent_aliases: OutboundAliases | None = None
 
 
 def test_a_message_passed_on_from_a_3_1_1_member_reaches_a_5_0_member_in_5_0s_form() -> None:

@@ -33,6 +33,8 @@ from servers.heartbeat import encoders
 from servers.heartbeat.__main__ import main as heartbeat_main
 from servers.heartbeat.config import HeartbeatConfig
 from servers.heartbeat.policy import DEFAULT_PRESENCE_PREFIX as PRESENCE
+from servers.heartbeat.v5 import codec as v5_codec
+from servers.heartbeat.v5 import packets as v5_packets
 from servers.http.builtin import builtin_app
 from servers.http.server import TIMEOUT_LINGER, HttpConfig, serve_http
 from servers.tls import TLSOptions
@@ -286,6 +288,45 @@ def test_keepalive_and_handshake_deadlines_over_tls(mqtt_server: object, certs: 
     assert 1.5 <= float(str(event["silent_for"])) < 1.5 + 0.05 + 0.05
     # A client that stalls mid-handshake is cut at the handshake deadline.
     assert 1.0 <= handshake_cut_after(server.port, 5) < 1.0 + 0.5
+
+
+def tls_v5(port: int, certs: Certs, client_id: str, keep_alive: int) -> ssl.SSLSocket:
+    """A raw MQTT 5.0 client over TLS, past its CONNACK."""
+    raw = socket.create_connection(("127.0.0.1", port))
+    tls = certs.client_context().wrap_socket(raw, server_hostname="localhost")
+    tls.settimeout(5)
+    tls.sendall(v5_codec.pack(v5_packets.Connect(client_id, keep_alive)))
+    connack = tls.recv(4096)
+    assert connack[:1] == b"\x20" and connack[3] == 0, connack  # accepted
+    return tls
+
+
+def read_until_closed(tls: ssl.SSLSocket) -> list[v5_packets.Packet]:
+    data = b""
+    try:
+        while chunk := tls.recv(4096):
+            data += chunk
+    except (ssl.SSLError, OSError):
+        pass
+    return v5_codec.read_packets(data)
+
+
+def test_5_0_clients_over_tls_are_told_why_their_connection_ends(mqtt_server: object, certs: Certs) -> None:
+    """Over TLS the reaper cannot write the goodbye (a TLS record): the connection's task
+    does, for a keep-alive timeout (0x8D) and a takeover (0x8E), then the close."""
+    server: MqttServer = mqtt_server()  # type: ignore[operator]
+    silent = tls_v5(server.port, certs, "tls5-silent", keep_alive=1)
+    start = time.monotonic()
+    assert read_until_closed(silent) == [v5_packets.Disconnect(0x8D)]
+    assert 1.5 <= time.monotonic() - start < 1.5 + 0.6
+    (event,) = server.wait_for(lambda e: e["client_id"] == "tls5-silent" and e["status"] == "offline")
+    assert event["reason"] == "keepalive-timeout" and event["reason_code"] == 0x8D
+    old = tls_v5(server.port, certs, "tls5-roamer", keep_alive=30)
+    new = tls_v5(server.port, certs, "tls5-roamer", keep_alive=30)
+    assert read_until_closed(old) == [v5_packets.Disconnect(0x8E)]  # session taken over
+    new.sendall(b"\xc0\x00")  # PINGREQ: the new connection lives
+    assert new.recv(2) == b"\xd0\x00"
+    new.close()
 
 
 def paho_tls(certs: Certs, client_id: str, name: str | None) -> mqtt.Client:

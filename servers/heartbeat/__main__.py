@@ -83,6 +83,13 @@ def parser() -> argparse.ArgumentParser:
         help="topic aliases an MQTT 5 client may set towards the server; 0: none (default: 10, as Mosquitto)",
     )
     a(
+        "--outbound-topic-aliases",
+        choices=("on", "off"),
+        default="on",
+        help="on: name a topic once, then by alias, to an MQTT 5 client whose CONNECT allows aliases"
+        " (its Topic Alias Maximum); off: always the whole topic, as Mosquitto (default: on)",
+    )
+    a(
         "--engine",
         choices=ENGINES,
         default="dense",
@@ -278,6 +285,7 @@ def config_from(args: argparse.Namespace, worker: int) -> HeartbeatConfig:
         max_qos=args.max_qos,
         max_inflight=args.max_inflight,
         max_topic_alias=args.max_topic_alias,
+        outbound_topic_aliases=args.outbound_topic_aliases == "on",
         max_queued=args.max_queued,
         max_queued_bytes=args.max_queued_bytes,
         max_subscriber_bytes=args.max_subscriber_bytes,

@@ -17,6 +17,7 @@ from .encoders import encode_publish
 from .outbox import DEFAULT_MAX_QUEUED, DEFAULT_WINDOW, Message, Outbox
 from .policy import utf8_length
 from .topics import SHARE_PREFIX, FilterChanges, SharedFilters, TopicTree, is_wildcard
+from .v5.aliases import OutboundAliases
 from .v5.outbound import publish as publish_v5
 from .v5.outbound import subscription_identifier
 
@@ -232,6 +233,32 @@ class Subscriptions(Generic[K]):
         """The MQTT 5 options of ``key``'s filters that have any (a view), or None."""
         return self._options.get(key)
 
+    def shaped(
+        self, key: K, options: dict[str, int], topic: str, own: bool, published_retain: bool, shared: str = ""
+    ) -> tuple[bool, bytes] | None:
+        """What the MQTT 5 options of ``key``'s filters matching ``topic`` (``options``, as
+        :meth:`options` gives them) make of a message: the retain flag (Retain As
+        Published) and the Subscription Identifiers to add; None if No Local skips it
+        (``own``: ``key`` published it, and every filter of ``key`` that matches says
+        No Local). ``shared``: a shared subscription's copy, shaped by its options alone."""
+        if shared:  # a shared subscription's copy: its own options only
+            matched = [options[shared]] if shared in options else []
+        else:
+            matched = [
+                value
+                for topic_filter, value in options.items()
+                if not topic_filter.startswith(SHARE_PREFIX) and topic_matches(topic_filter, topic)
+            ]
+        if not matched:
+            return False, b""
+        if own and all(value & NO_LOCAL for value in matched):
+            others = (f for f in self.held(key) if f not in options)
+            if not any(topic_matches(f, topic) for f in others):
+                return None
+        flag = published_retain and any(value & RETAIN_AS_PUBLISHED for value in matched)
+        ids = sorted({value >> 2 for value in matched if value >> 2})
+        return flag, b"".join(subscription_identifier(i) for i in ids)
+
     def held_bytes(self, key: K) -> int:
         """The bytes of filter text ``key`` holds (kept as it changes, not summed per call)."""
         return self._bytes.get(key, 0)
@@ -253,6 +280,8 @@ class Limits5(Protocol):
     """The largest packet it takes; 0: no limit."""
     receive_maximum: int
     """QoS 1 and 2 messages it takes unacknowledged."""
+    sent_aliases: OutboundAliases | None
+    """The topic aliases the server sets towards it, if it allows any."""
 
 
 class Subscriber(Hashable, Protocol):
@@ -392,7 +421,7 @@ class Broker(Generic[S]):
                 flag, extra = retain, b""
                 options = subscriptions.options(sub)
                 if options:
-                    shaped = self._shaped(sub, options, topic, sub is origin, published_retain)
+                    shaped = subscriptions.shaped(sub, options, topic, sub is origin, published_retain)
                     if shaped is None:
                         continue  # No Local: its own message
                     flag, extra = shaped[0] or retain, shaped[1]
@@ -456,7 +485,7 @@ class Broker(Generic[S]):
                 message.properties = b""
             options = self.subscriptions.options(sub) if shape else None
             if options:
-                shaped = self._shaped(sub, options, message.topic, False, published_retain, message.group)
+                shaped = self.subscriptions.shaped(sub, options, message.topic, False, published_retain, message.group)
                 if shaped is not None:
                     message.retain = shaped[0] or message.retain
                     message.properties += shaped[1]
@@ -476,31 +505,6 @@ class Broker(Generic[S]):
             self.hold(sub, message)
         return 1
 
-    def _shaped(
-        self, sub: S, options: dict[str, int], topic: str, own: bool, published_retain: bool, shared: str = ""
-    ) -> tuple[bool, bytes] | None:
-        """What the options of ``sub``'s filters matching ``topic`` make of a message: the
-        retain flag (Retain As Published) and the Subscription Identifiers to add; None
-        if No Local skips it (``own``: ``sub`` published it, and every filter of ``sub``
-        that matches says No Local)."""
-        if shared:  # a shared subscription's copy: its own options only
-            matched = [options[shared]] if shared in options else []
-        else:
-            matched = [
-                value
-                for topic_filter, value in options.items()
-                if not topic_filter.startswith(SHARE_PREFIX) and topic_matches(topic_filter, topic)
-            ]
-        if not matched:
-            return False, b""
-        if own and all(value & NO_LOCAL for value in matched):
-            others = (f for f in self.subscriptions.held(sub) if f not in options)
-            if not any(topic_matches(f, topic) for f in others):
-                return None
-        flag = published_retain and any(value & RETAIN_AS_PUBLISHED for value in matched)
-        ids = sorted({value >> 2 for value in matched if value >> 2})
-        return flag, b"".join(subscription_identifier(i) for i in ids)
-
     def hold(self, sub: S, message: Message) -> None:
         """Give a QoS 1 or 2 message to the subscriber's outbox and queue what it releases."""
         box = sub.held
@@ -518,10 +522,14 @@ class Broker(Generic[S]):
         those), or replies to the client's own packets. One that would take the
         subscriber past its hard cap cuts it off instead."""
         budget = self.budget
+        v5 = sub.v5
+        aliases, limit = (None, 0) if v5 is None else (v5.sent_aliases, v5.max_packet_size)
         for data in packets:
             if budget.offer(sub, sub.queued(), len(data), held=True) is not Offer.QUEUE:
                 break
-            sub.push(data, held=True)
+            # Rewritten only once sure to be queued: the client learns an alias from the
+            # packet that sets it, so one set on a packet dropped here would be unknown.
+            sub.push(data if aliases is None else aliases.apply(data, limit), held=True)
             budget.settle(sub, sub.queued())
         if budget.cutting:
             self._cut()
@@ -530,6 +538,9 @@ class Broker(Generic[S]):
         """Queue a QoS 0 message for one subscriber, if its budget and the worker's allow."""
         budget = self.budget
         if budget.offer(sub, sub.queued(), len(data)) is Offer.QUEUE:
+            v5 = sub.v5
+            if v5 is not None and v5.sent_aliases is not None:
+                data = v5.sent_aliases.apply(data, v5.max_packet_size)
             sub.push(data)
             budget.settle(sub, sub.queued())
         elif budget.cutting:

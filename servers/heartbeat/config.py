@@ -68,6 +68,7 @@ class HeartbeatConfig(WorkerConfig):
     """QoS 1 and 2 messages sent to a client and not yet acknowledged, at most; also the
     Receive Maximum an MQTT 5 CONNACK announces (a 5.0 client's own may lower the first)."""
     max_topic_alias: int = 10
+    outbound_topic_aliases: bool = True
     """Topic aliases an MQTT 5 client may set towards the server (its Topic Alias Maximum); 0: none."""
     max_queued: int = DEFAULT_MAX_QUEUED
     """QoS 1 and 2 messages queued per client behind those in flight (while it is away, too)."""

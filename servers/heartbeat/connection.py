@@ -83,6 +83,14 @@ class Connection:
             self.say(farewell)
         self.stream.cancel()
 
+    def last_words(self, reason: idlekeeper.Reason) -> bytes | None:
+        """A deadline expired: an MQTT 5 client is told why (DISCONNECT 0x8D for its
+        keep-alive; nothing for a reader that stopped reading, which would not read it).
+        The keeper writes it just before the close (either engine; not over TLS)."""
+        if reason is idlekeeper.Reason.SEND:
+            return None
+        return self.session.goodbye(Offline.KEEPALIVE_TIMEOUT)
+
     def say(self, data: bytes) -> None:
         """Write ``data`` now if it can go whole without waiting and without cutting into
         a packet being sent (the connection is closed right after); else drop it."""

@@ -216,13 +216,6 @@ class DenseConnection(Connection, idlekeeper.Protocol):
         stream.write(connack)
         stream.close()
 
-    def last_words(self, reason: idlekeeper.Reason) -> bytes | None:
-        """A deadline expired: an MQTT 5 client is told why (DISCONNECT 0x8D for its
-        keep-alive; nothing for a reader that stopped reading, which would not read it)."""
-        if reason is idlekeeper.Reason.SEND:
-            return None
-        return self.session.goodbye(Offline.KEEPALIVE_TIMEOUT)
-
     def say(self, data: bytes) -> None:
         """Write ``data`` if nothing is queued (see :meth:`Connection.say`): the
         transport tries the kernel at once."""

@@ -80,14 +80,16 @@ class FanOut:
         it without the flag)."""
         self.counters["messages_in"] += 1
         if message.retain:
-            self.coordinator.retain(message.topic, message.payload, message.qos, conn.session.client_id or "")
+            self.coordinator.retain(
+                message.topic, message.payload, message.qos, conn.session.client_id or "", message.properties
+            )
         self.route(message.topic, message.payload, message.qos, message.properties, conn, message.retain)
 
     def publish_will(self, client_id: str, will: Will) -> None:
         """A device died: its Will goes out like its own PUBLISH would have."""
         self.counters["wills_published"] += 1
         if will.retain:
-            self.coordinator.retain(will.topic, will.message, will.qos, client_id)
+            self.coordinator.retain(will.topic, will.message, will.qos, client_id, will.properties)
         self.route(will.topic, will.message, will.qos, will.properties)
 
     def route(
@@ -108,7 +110,10 @@ class FanOut:
         publishing connection, is skipped by its own No Local subscriptions.
         """
         broker = self.broker
-        groups = self.coordinator.route(topic, payload, qos, properties, retain, broker.subscriptions.groups(topic))
+        publisher = "" if origin is None else origin.session.client_id or ""
+        groups = self.coordinator.route(
+            topic, payload, qos, properties, retain, broker.subscriptions.groups(topic), origin=publisher
+        )
         return broker.deliver(
             topic, payload, qos, properties=properties, origin=origin, published_retain=retain, groups=groups
         )
@@ -120,7 +125,8 @@ class FanOut:
         self.broker.subscriptions.subscribe(conn, effect.topic_filter, effect.qos, effect.options)
         conn.stream.send_timeout = self.config.send_timeout
         if conn.persistent:
-            self.coordinator.session(Subscribed(conn.session.client_id or "", effect.topic_filter, effect.qos))
+            client_id = conn.session.client_id or ""
+            self.coordinator.session(Subscribed(client_id, effect.topic_filter, effect.qos, effect.options))
         changed = self.announce_filters()
         if effect.suback and (conn in self.unsettled or ((changed or conn.persistent) and self.coordinator.settles())):
             self.unsettled.setdefault(conn, []).append(effect)  # retained ones go after the SUBACK
@@ -200,9 +206,12 @@ class FanOut:
             logger.info("%s (%s): %s; more are counted, not logged", conn.peer, shown(client_id), what)
 
     def _persist(self, conn: Connection, message: Message) -> None:
-        """A shared subscription's QoS 1 or 2 message for a persistent session: its store keeps it."""
+        """A QoS 1 or 2 message given to one persistent session (a shared subscription's,
+        a retained one for a new subscription): its store keeps it, with its MQTT 5
+        properties for a 5.0 client."""
         client_id = conn.session.client_id or ""
-        self.coordinator.session(Push(client_id, message.topic, message.payload, message.qos, message.retain))
+        push = Push(client_id, message.topic, message.payload, message.qos, message.retain, message.properties or b"")
+        self.coordinator.session(push)
 
     def forget(self, conn: Connection) -> None:
         """``conn`` ended: nothing waits for its SUBACK, its queue no longer counts, and

@@ -122,7 +122,8 @@ class OnlineSessions:
             # MQTT 5's Clean Start with a lasting session: the stored one goes first, and
             # the coordinator applies this node's reports in order, so the open finds none.
             self.coordinator.discard_session(request.client_id)
-        opened = await self.coordinator.open_session(request.client_id, self.authenticator.username(conn, request))
+        username = self.authenticator.username(conn, request)
+        opened = await self.coordinator.open_session(request.client_id, username, v5=conn.v5 is not None)
         if opened is None:
             return self.refuse(conn, 3), None  # rather than a new session that loses the stored one
         return None, opened
@@ -170,10 +171,15 @@ class OnlineSessions:
 
     @staticmethod
     def restored(opened: Opened | None) -> list[AddSubscription]:
-        """The subscriptions a resumed session brings back, to apply like new ones."""
+        """The subscriptions a resumed session brings back (with their MQTT 5 options), to
+        apply like new ones."""
         if opened is None:
             return []
-        return [AddSubscription(topic_filter, qos, suback=False) for topic_filter, qos in opened.subscriptions.items()]
+        options = opened.options
+        return [
+            AddSubscription(topic_filter, qos, suback=False, options=options.get(topic_filter, 0))
+            for topic_filter, qos in opened.subscriptions.items()
+        ]
 
     def announce(self, conn: Connection, *, attach: bool = True) -> None:
         """Publish an admitted session online: the coordinator ends the device's

@@ -16,11 +16,20 @@ broker, and are not queued while it is away (as Mosquitto's default).
 Bounds: each session's outbox (in flight, queued messages and bytes), a total of
 queued bytes over every session, and an expiry for sessions whose client does not
 return (``expiry`` seconds after it left). What is dropped is counted.
+
+MQTT 5.0 (§4.1: subscription options are session state). A session opened by a 5.0
+client keeps its subscriptions' options and writes its messages as 5.0, with the
+publisher's properties, the Subscription Identifiers of the filters that matched,
+Retain As Published, No Local (``origin``: the publisher's client id) and a Message
+Expiry counted down while the message waits; :class:`Delivery` says which version
+its packets are written for. A client that comes back speaking the other version
+gets its session's messages in that one.
 """
 
 from __future__ import annotations
 
 import collections
+import dataclasses
 import heapq
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
@@ -57,9 +66,19 @@ DEFAULT_TOTAL_QUEUED_BYTES = 256 * 1024 * 1024
 class StoredSession:
     """One client id's persistent state."""
 
-    __slots__ = ("client_id", "username", "subscriptions", "outbox", "inbound", "holder", "left_at", "drop_logged")
+    __slots__ = (
+        "client_id",
+        "username",
+        "subscriptions",
+        "outbox",
+        "inbound",
+        "holder",
+        "left_at",
+        "drop_logged",
+        "v5",
+    )
 
-    def __init__(self, client_id: str, outbox: Outbox, username: str | None = None) -> None:
+    def __init__(self, client_id: str, outbox: Outbox, username: str | None = None, v5: bool = False) -> None:
         self.client_id = client_id
         self.username = username
         """Who the client last authenticated as (access rules apply per message)."""
@@ -71,24 +90,39 @@ class StoredSession:
         """Who holds the client's connection now (an epoch); None while it is away."""
         self.left_at = 0.0
         self.drop_logged = False
+        self.v5 = v5
+        """Whether the client last connected with MQTT 5.0 (its messages are written so)."""
+
+    def speak(self, v5: bool) -> None:
+        """The client (re)connected with MQTT 5.0 (``v5``) or 3.1.x: what it is owed is
+        written in that version from now on (a 3.1.x PUBLISH has no room for properties)."""
+        if v5 == self.v5:
+            return
+        self.v5 = v5
+        for message in (*self.outbox.inflight(), *self.outbox.queued()):
+            message.properties = (message.properties or b"") if v5 else None
 
 
 @dataclass(frozen=True, slots=True)
 class Opened:
-    """What a CONNECT finds: CONNACK's session-present flag and the session to restore."""
+    """What a CONNECT finds: CONNACK's session-present flag and the session to restore
+    (with its subscriptions' MQTT 5 options, for those that have any)."""
 
     present: bool
     subscriptions: dict[str, int]
     inbound: frozenset[int]
+    options: dict[str, int] = dataclasses.field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
 class Delivery:
-    """Packets for the connection of ``client_id`` held by ``holder``."""
+    """Packets for the connection of ``client_id`` held by ``holder``, written for MQTT
+    5.0 if ``v5`` (else 3.1.1)."""
 
     client_id: str
     holder: Hashable
     packets: list[bytes]
+    v5: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,11 +143,13 @@ class Detach:
 
 @dataclass(frozen=True, slots=True)
 class Subscribed:
-    """The client subscribed (``qos`` granted) or, with ``qos`` None, unsubscribed."""
+    """The client subscribed (``qos`` granted, with its MQTT 5 ``options`` packed as
+    :func:`~.broker.pack_options` packs them) or, with ``qos`` None, unsubscribed."""
 
     client_id: str
     topic_filter: str
     qos: int | None
+    options: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,13 +173,15 @@ class Inbound:
 
 @dataclass(frozen=True, slots=True)
 class Push:
-    """A message for this client only (a retained message its new subscription matched)."""
+    """A message for this client only (a retained message its new subscription matched;
+    ``properties``: for a 5.0 session, its own and the subscription's identifier)."""
 
     client_id: str
     topic: str
     payload: bytes
     qos: int
     retain: bool = True
+    properties: bytes = b""
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,11 +248,14 @@ class SessionStore:
             if report.qos is None:
                 self.unsubscribe(report.client_id, report.topic_filter)
             else:
-                self.subscribe(report.client_id, report.topic_filter, report.qos)
+                self.subscribe(report.client_id, report.topic_filter, report.qos, report.options)
         elif isinstance(report, Acked):
             return self.acknowledge(report.client_id, report.epoch, report.kind, report.packet_id)
         elif isinstance(report, Push):
-            return self.push(report.client_id, Message(report.topic, report.payload, report.qos, report.retain))
+            stored = self._sessions.get(report.client_id)
+            properties = report.properties if stored is not None and stored.v5 else None
+            message = Message(report.topic, report.payload, report.qos, report.retain, properties)
+            return self.push(report.client_id, message)
         elif isinstance(report, Discard):
             self.discard(report.client_id)
         elif report.held:
@@ -225,10 +266,12 @@ class SessionStore:
 
     # -- a client's connections ---------------------------------------------------------
 
-    def open(self, client_id: str, clean: bool, now: float = 0.0, username: str | None = None) -> Opened | None:
+    def open(
+        self, client_id: str, clean: bool, now: float = 0.0, username: str | None = None, v5: bool = False
+    ) -> Opened | None:
         """A CONNECT was accepted: CleanSession=1 discards any stored session (and keeps
         none); CleanSession=0 resumes the stored one or starts one, unless ``max_sessions``
-        are kept already (None: refused, counted)."""
+        are kept already (None: refused, counted). ``v5``: the client speaks MQTT 5.0."""
         if clean:
             self.discard(client_id)
             return Opened(False, {}, frozenset())
@@ -239,12 +282,14 @@ class SessionStore:
             stored = None
         if stored is not None:
             stored.username = username
-            return Opened(True, dict(stored.subscriptions), frozenset(stored.inbound))
+            stored.speak(v5)
+            options = dict(self.subscriptions.options(client_id) or {})
+            return Opened(True, dict(stored.subscriptions), frozenset(stored.inbound), options)
         if len(self._sessions) >= self.max_sessions:
             self.refused += 1
             return None
         outbox = Outbox(self.window, self.max_queued, self.max_queued_bytes, attached=False)
-        stored = StoredSession(client_id, outbox, username)
+        stored = StoredSession(client_id, outbox, username, v5)
         self._sessions[client_id] = stored
         # Counted as left now: a connection that dies before its CONNACK never attaches.
         stored.left_at = now
@@ -261,7 +306,7 @@ class SessionStore:
         before = stored.outbox.queued_bytes
         packets = stored.outbox.attach()
         self.queued_bytes -= before - stored.outbox.queued_bytes
-        return Delivery(client_id, holder, packets)
+        return Delivery(client_id, holder, packets, stored.v5)
 
     def detach(self, client_id: str, holder: Hashable, now: float) -> None:
         """The connection of ``holder`` ended: the session waits ``expiry`` for the client.
@@ -310,11 +355,12 @@ class SessionStore:
 
     # -- what a connected client does ---------------------------------------------------
 
-    def subscribe(self, client_id: str, topic_filter: str, qos: int) -> None:
-        """The client subscribed (its SUBACK granted ``qos``)."""
+    def subscribe(self, client_id: str, topic_filter: str, qos: int, options: int = 0) -> None:
+        """The client subscribed (its SUBACK granted ``qos``; ``options``: MQTT 5's, packed)."""
         stored = self._sessions.get(client_id)
         if stored is not None:
-            stored.subscriptions[topic_filter] = self.subscriptions.subscribe(client_id, topic_filter, qos)
+            granted = self.subscriptions.subscribe(client_id, topic_filter, qos, options)
+            stored.subscriptions[topic_filter] = granted
 
     def unsubscribe(self, client_id: str, topic_filter: str) -> None:
         """The client unsubscribed."""
@@ -338,7 +384,7 @@ class SessionStore:
         else:
             raise ValueError(f"not an acknowledgement: {kind!r}")
         self.queued_bytes -= before - outbox.queued_bytes
-        return Delivery(client_id, holder, packets) if packets else None
+        return Delivery(client_id, holder, packets, stored.v5) if packets else None
 
     def hold_inbound(self, client_id: str, packet_id: int) -> None:
         """A QoS 2 PUBLISH was taken (PUBREC sent): its duplicates are dropped until PUBREL."""
@@ -354,21 +400,38 @@ class SessionStore:
 
     # -- messages -------------------------------------------------------------------------
 
-    def route(self, topic: str, payload: bytes, qos: int) -> list[Delivery]:
+    def route(
+        self, topic: str, payload: bytes, qos: int, properties: bytes = b"", retain: bool = False, origin: str = ""
+    ) -> list[Delivery]:
         """A message published on ``topic``: every persistent session subscribed at QoS 1
-        or 2 takes it at min(``qos``, granted); returns what to send to connected ones."""
+        or 2 takes it at min(``qos``, granted); returns what to send to connected ones.
+        A 5.0 session gets the publisher's ``properties`` (packed) shaped by its
+        subscriptions' options: the published ``retain`` flag for Retain As Published,
+        and none of its own messages (``origin``: the publisher's client id) where
+        every filter that matches says No Local."""
         if qos == 0:
             return []
         out: list[Delivery] = []
         may_read = self.may_read
-        for client_id, granted in self.subscriptions.route(topic).items():
+        subscriptions = self.subscriptions
+        for client_id, granted in subscriptions.route(topic).items():
             level = min(qos, granted)
             if level == 0:
                 continue
             stored = self._sessions[client_id]
             if may_read is not None and not may_read(stored.username, client_id, topic):
                 continue
-            message = Message(topic, payload, level)
+            if stored.v5:
+                options = subscriptions.options(client_id)
+                flag, extra = False, b""
+                if options:
+                    shaped = subscriptions.shaped(client_id, options, topic, client_id == origin, retain)
+                    if shaped is None:
+                        continue  # No Local: its own message
+                    flag, extra = shaped
+                message = Message(topic, payload, level, flag, properties + extra)
+            else:
+                message = Message(topic, payload, level)
             if stored.holder is None and self.queued_bytes + message.size > self.total_queued_bytes:
                 self._dropped(stored)
                 continue
@@ -388,7 +451,9 @@ class SessionStore:
         self.queued_bytes += outbox.queued_bytes - before
         if outbox.dropped != lost:
             self._dropped(stored)
-        return Delivery(client_id, stored.holder, packets) if packets and stored.holder is not None else None
+        if packets and stored.holder is not None:
+            return Delivery(client_id, stored.holder, packets, stored.v5)
+        return None
 
     def _dropped(self, stored: StoredSession) -> None:
         self.dropped += 1

@@ -144,6 +144,9 @@ class SessionPolicy:
     """The largest packet the server takes (and tells a 5.0 client, Maximum Packet Size)."""
     topic_alias_maximum: int = 10
     """Topic aliases a 5.0 client may set towards the server (``--max-topic-alias``; 0: none)."""
+    outbound_topic_aliases: bool = True
+    """Whether the server sets topic aliases towards a 5.0 client whose CONNECT allows
+    them (``--outbound-topic-aliases``)."""
     session_expiry: int = 24 * 3600
     """Seconds a persistent session is kept (what a 5.0 client asking any non-zero
     Session Expiry Interval is told, in CONNACK)."""

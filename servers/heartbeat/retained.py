@@ -93,7 +93,8 @@ class Retained:
     """One retained message: deliver it with RETAIN=1 at ``min(qos, granted qos)``.
 
     ``expires_at`` is on the store's clock; ``None`` means it never expires.
-    ``owner`` is whose share it counts against ("": nobody's).
+    ``owner`` is whose share it counts against ("": nobody's). ``properties`` are an
+    MQTT 5 publisher's, packed as they reach subscribers (empty for a 3.1.1 one's).
     """
 
     topic: str
@@ -101,6 +102,7 @@ class Retained:
     qos: int
     expires_at: float | None = None
     owner: str = ""
+    properties: bytes = b""
 
     def expired(self, now: float) -> bool:
         """Whether the message has expired at ``now`` (expiry is inclusive)."""
@@ -116,9 +118,9 @@ class Page(NamedTuple):
     """Pass as ``after=`` to continue; ``None`` once the walk is complete."""
 
 
-def _size(topic: str, payload: bytes) -> int:
+def _size(topic: str, payload: bytes, properties: bytes = b"") -> int:
     # Counted as on the wire; almost every topic is ASCII, which skips the encode.
-    return (len(topic) if topic.isascii() else len(topic.encode())) + len(payload)
+    return (len(topic) if topic.isascii() else len(topic.encode())) + len(payload) + len(properties)
 
 
 def _first_wildcard(topic_filter: str) -> int:
@@ -257,7 +259,14 @@ class RetainedStore:
         return len(self._entries)
 
     def store(
-        self, topic: str, payload: bytes, qos: int, now: float, expires_at: float | None = None, owner: str = ""
+        self,
+        topic: str,
+        payload: bytes,
+        qos: int,
+        now: float,
+        expires_at: float | None = None,
+        owner: str = "",
+        properties: bytes = b"",
     ) -> bool:
         """Apply a PUBLISH with RETAIN=1 from ``owner``: replace the topic's retained message.
 
@@ -272,7 +281,7 @@ class RetainedStore:
             if old is not None:
                 self._drop(topic, old)
             return True
-        size = _size(topic, payload)
+        size = _size(topic, payload, properties)
         if not self._fits(topic, size, old):
             self.prune(now, _PRUNE_ON_FULL)
             old = self._entries.get(topic)
@@ -289,12 +298,12 @@ class RetainedStore:
             # Keep the string the dict, the index and the heap already hold: a
             # replacement's equal topic is another object, and a copy per entry.
             topic = old.topic
-            old_size = _size(topic, old.payload)
+            old_size = _size(topic, old.payload, old.properties)
             self._bytes -= old_size
             self._charge(old.owner, -1, -old_size)
             if old.expires_at is not None:
                 self._expiring -= 1
-        self._entries[topic] = Retained(topic, payload, qos, expires_at, owner)
+        self._entries[topic] = Retained(topic, payload, qos, expires_at, owner, properties)
         self._charge(owner, 1, size)
         self._bytes += size
         if expires_at is not None:
@@ -380,7 +389,7 @@ class RetainedStore:
     def _owner_fits(self, owner: str, size: int, old: Retained | None) -> bool:
         count, held = self.held_by(owner)
         if old is not None and old.owner == owner:
-            old_size = _size(old.topic, old.payload)
+            old_size = _size(old.topic, old.payload, old.properties)
             return size <= old_size or held - old_size + size <= self.max_owner_bytes
         return count < self.max_owner_count and held + size <= self.max_owner_bytes
 
@@ -398,13 +407,13 @@ class RetainedStore:
     def _fits(self, topic: str, size: int, old: Retained | None) -> bool:
         if old is None:
             return len(self._entries) < self.max_count and self._bytes + size <= self.max_bytes
-        old_size = _size(topic, old.payload)
+        old_size = _size(topic, old.payload, old.properties)
         return size <= old_size or self._bytes - old_size + size <= self.max_bytes
 
     def _drop(self, topic: str, entry: Retained) -> None:
         del self._entries[topic]
         self._topics.remove(topic)
-        size = _size(topic, entry.payload)
+        size = _size(topic, entry.payload, entry.properties)
         self._bytes -= size
         self._charge(entry.owner, -1, -size)
         if entry.expires_at is not None:

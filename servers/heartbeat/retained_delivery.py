@@ -76,19 +76,22 @@ class RetainedDelivery:
             if conn.finished:
                 return
             for m in messages:
-                self._give(conn, m.topic, m.payload, min(m.qos, effect.qos), True, effect.options)
+                self._give(conn, m.topic, m.payload, min(m.qos, effect.qos), m.properties, effect.options)
             if cursor is None:
                 return
             # Polled: an event on every write of every connection would cost more.
             while conn.congested() and not conn.finished:  # noqa: ASYNC110
                 await trio.sleep(0.05)
 
-    def _give(self, conn: Connection, topic: str, payload: bytes, qos: int, retain: bool, options: int = 0) -> None:
-        """One message for one subscriber, by the path its QoS and session take."""
+    def _give(self, conn: Connection, topic: str, payload: bytes, qos: int, properties: bytes, options: int) -> None:
+        """One retained message for one subscriber, by the path its QoS and session take;
+        an MQTT 5 one gets its properties (the Message Expiry left) and the
+        subscription's identifier."""
         broker = self.broker
         if not conn.may_read(topic):
             broker.denied += 1
             return
         # A persistent session's QoS 1 and 2 ones go to its store (the broker's persist).
-        broker.give_message(conn, Message(topic, payload, qos, retain, _identifier(options)), shape=False)
+        message = Message(topic, payload, qos, True, properties + _identifier(options))
+        broker.give_message(conn, message, shape=False)
         broker.delivered += 1

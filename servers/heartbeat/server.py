@@ -116,6 +116,7 @@ class HeartbeatServer:
             receive_maximum=config.max_inflight,
             max_packet_size=config.max_packet_size,
             topic_alias_maximum=config.max_topic_alias,
+            outbound_topic_aliases=config.outbound_topic_aliases,
             session_expiry=int(config.session_expiry),
         )
         """What every connection's session applies (one object for them all)."""
@@ -318,12 +319,14 @@ class HeartbeatServer:
             conn.end(Offline.TAKEOVER)
             self.ended(conn, Offline.TAKEOVER, detail)
 
-    def transmit(self, client_id: str, epoch: str, packets: list[bytes]) -> None:
-        """A persistent session's messages (from the coordinator), if it is held here."""
+    def transmit(self, client_id: str, epoch: str, packets: list[bytes], v5: bool = False) -> None:
+        """A persistent session's messages (from the coordinator), if it is held here;
+        ``v5``: written for MQTT 5.0 (the store writes what the client spoke when it
+        opened the session; the fleet's, 3.1.1 always)."""
         conn = self.online_sessions.holding(client_id, epoch)
         if conn is not None:
-            if conn.session.protocol_level == 5:
-                # The store writes 3.1.1 (it serves both); a 5.0 PUBLISH has a property length more.
+            if conn.session.protocol_level == 5 and not v5:
+                # A 5.0 PUBLISH has a property length more.
                 packets = [from_v311(data) for data in packets]
             self.broker.write(conn, packets)
 

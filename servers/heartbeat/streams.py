@@ -41,22 +41,29 @@ __all__ = ["StreamConnection", "serve_streams"]
 # for many small packets, and the budget learns what was sent after each.
 _WRITE_BATCH = 64 * 1024
 
+FAREWELL_TIMEOUT = 0.25
+"""Seconds a TLS connection's last DISCONNECT may take to reach the kernel before the close."""
+
 
 class StreamConnection(Connection):
     """A connection served by a task of its own over a watched stream; a
     subscriber gets a writer task that sends its queue."""
 
-    __slots__ = ("outbox", "pending", "server", "wake", "writer")
+    __slots__ = ("farewell", "outbox", "pending", "server", "wake", "writer")
     stream: idlekeeper.WatchedStream
 
     def __init__(self, server: HeartbeatServer, stream: idlekeeper.WatchedStream) -> None:
         super().__init__(stream, server.policy)
+        stream.last_words = self.last_words
         self.server = server
         self.outbox: collections.deque[bytes] | None = None
         self.pending = 0
         """Bytes in the outbox and in the batch being sent."""
         self.wake: trio.Event | None = None
         self.writer: trio.CancelScope | None = None
+        self.farewell: bytes | None = None
+        """Over TLS: what :meth:`say` was asked to write (a DISCONNECT 0x8E, 0x8B), sent
+        by this connection's task as it ends (the socket carries records, not bytes)."""
 
     @property
     def subscriber(self) -> bool:
@@ -128,7 +135,28 @@ class StreamConnection(Connection):
             outcome = Offline.SHUTDOWN  # cancelled from outside: the server is stopping
             raise
         finally:
+            self.stream.last_words = None  # the watch and this connection need not outlive each other
+            # Over TLS the keeper leaves the socket open at an expiry (close=False): the
+            # reaper cannot write a TLS record, so this task says the goodbye. Asked for
+            # before the end is told: it records the reason code the event carries.
+            words = self.farewell
+            if server.config.tls is not None and words is None and self.stream.reason is not None:
+                words = self.last_words(self.stream.reason)
             server.ended(self, self.end_reason(outcome), detail)
+            if server.config.tls is not None and words:
+                await self._tls_farewell(words)
+
+    async def _tls_farewell(self, words: bytes) -> None:
+        """Tell an MQTT 5 client over TLS why its connection ends (0x8D, or what
+        :meth:`say` kept), briefly, and only if nothing is left unsent that the goodbye
+        would cut into; trio closes the socket after."""
+        stream = self.stream
+        if self.pending:
+            return
+        self.stop_writing()  # nothing else may write to the stream meanwhile
+        gone = (trio.BrokenResourceError, trio.ClosedResourceError, trio.BusyResourceError)
+        with trio.CancelScope(shield=True), trio.move_on_after(FAREWELL_TIMEOUT), contextlib.suppress(*gone):
+            await stream.send_all(words)
 
     async def _apply(self, effect: object) -> None:
         if self.finished:
@@ -203,10 +231,14 @@ class StreamConnection(Connection):
                 self.pending -= len(data)
 
     def say(self, data: bytes) -> None:
-        """Write ``data`` now if nothing is being sent (see :meth:`Connection.say`). Not
-        over TLS: the socket under it takes records, not plaintext."""
+        """Write ``data`` now if nothing is being sent (see :meth:`Connection.say`). Over
+        TLS, kept for the connection's task to send as it ends: the socket under the
+        stream takes records, not plaintext."""
+        if self.server.config.tls is not None:
+            self.farewell = data
+            return
         sock = self.stream.socket
-        if self.pending or sock is None or self.server.config.tls is not None:
+        if self.pending or sock is None:
             return
         with contextlib.suppress(OSError):  # the socket is non-blocking: a full buffer drops it
             os.write(sock.fileno(), data)
@@ -266,6 +298,9 @@ async def serve_streams(
             task_status=task_status,
             # MQTT over TLS (8883): the handshake first, under its own deadline; CONNECT's follows.
             ssl_context=None if tls is None else tls.context(),
+            # Over TLS an expiry cancels the connection's task, which sends its goodbye
+            # (a record the reaper cannot make) before trio closes the socket.
+            close=tls is None,
             handshake_timeout=idlekeeper.DEFAULT_HANDSHAKE_TIMEOUT if tls is None else tls.handshake_timeout,
         )
     for listener in listeners:  # refuse new connections at once, not after the shutdown

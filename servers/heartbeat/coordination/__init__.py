@@ -86,9 +86,9 @@ class Host(Protocol):
         """Every topic filter this worker's subscribers hold now (to resynchronise)."""
         ...
 
-    def transmit(self, client_id: str, epoch: str, packets: list[bytes]) -> None:
-        """Write ``packets`` (a persistent session's messages) to session ``epoch`` of
-        ``client_id`` if this worker holds it."""
+    def transmit(self, client_id: str, epoch: str, packets: list[bytes], v5: bool = False) -> None:
+        """Write ``packets`` (a persistent session's messages, written for MQTT 5.0 if
+        ``v5``, else 3.1.1) to session ``epoch`` of ``client_id`` if this worker holds it."""
         ...
 
 
@@ -194,9 +194,12 @@ class Coordinator(abc.ABC):
         properties: bytes = b"",
         retain: bool = False,
         groups: Sequence[str] = (),
+        *,
+        origin: str = "",
     ) -> Sequence[str]:
         """Deliver a device's message to matching subscribers of the *other* workers, with
-        its MQTT 5 ``properties`` (packed; persistent sessions keep the message without them).
+        its MQTT 5 ``properties`` (packed) and published ``retain`` flag, and to the
+        persistent sessions (``origin``, the publisher's client id, for their No Local).
 
         ``groups`` are the shared subscriptions held on this worker that the topic
         reaches; each must get the message once, fleet-wide. Returns those this worker
@@ -247,10 +250,11 @@ class Coordinator(abc.ABC):
 
     # -- persistent sessions (CleanSession=0); by default none is kept -------------------
 
-    async def open_session(self, client_id: str, username: str | None = None) -> Opened | None:
+    async def open_session(self, client_id: str, username: str | None = None, v5: bool = False) -> Opened | None:
         """A CONNECT with CleanSession=0 was accepted: the stored session to resume (or a
-        new one). Awaited before CONNACK, whose session-present flag it decides; None
-        if the owner of the sessions cannot answer now (the CONNECT is refused, 3)."""
+        new one), for an MQTT 5.0 client if ``v5``. Awaited before CONNACK, whose
+        session-present flag it decides; None if the owner of the sessions cannot
+        answer now (the CONNECT is refused, 3)."""
         return Opened(False, {}, frozenset())
 
     def discard_session(self, client_id: str) -> None:
@@ -263,9 +267,11 @@ class Coordinator(abc.ABC):
 
     # -- retained messages; by default none is kept --------------------------------------
 
-    def retain(self, topic: str, payload: bytes, qos: int, owner: str = "") -> None:
+    def retain(self, topic: str, payload: bytes, qos: int, owner: str = "", properties: bytes = b"") -> None:
         """A PUBLISH with RETAIN=1 from client ``owner``: kept for later subscribers, within
-        the owner's share (an empty payload clears; a refusal keeps the old message)."""
+        the owner's share (an empty payload clears; a refusal keeps the old message). An
+        MQTT 5 publisher's ``properties`` (packed) are kept with it, and its Message Expiry
+        Interval, if any, ends its retention."""
         return
 
     async def retained(self, topic_filter: str, cursor: str | None) -> tuple[list[RetainedMessage], str | None]:

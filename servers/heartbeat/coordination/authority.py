@@ -260,15 +260,16 @@ class Authority:
                 return
             self._transmit(self.store.apply(report, self._clock()))
         elif isinstance(frame, Kept):
-            self.retention.retain(frame.topic, frame.payload, frame.qos, frame.owner)
+            self.retention.retain(frame.topic, frame.payload, frame.qos, frame.owner, frame.properties)
         elif isinstance(frame, OpenSession):
-            opened = self.store.open(frame.client_id, False, self._clock(), frame.username)
+            opened = self.store.open(frame.client_id, False, self._clock(), frame.username, frame.v5)
             if opened is None:
                 log_sessions_full(self.store, self._logged)
                 answer = SessionOpened(frame.request, False, (), frozenset(), refused=True)
             else:
                 subscriptions = tuple(opened.subscriptions.items())
-                answer = SessionOpened(frame.request, opened.present, subscriptions, opened.inbound)
+                options = tuple(opened.options.items())
+                answer = SessionOpened(frame.request, opened.present, subscriptions, opened.inbound, options=options)
             peer.link.send(encode(answer))
         elif isinstance(frame, RetainedQuery):
             messages, cursor = self.retention.page(frame.topic_filter, frame.cursor)
@@ -280,7 +281,8 @@ class Authority:
                 self._publish(frame.event)
         elif isinstance(frame, Routed):
             self._deliver(Deliver(frame.topic, frame.payload, frame.qos, frame.properties, frame.retain), skip=peer)
-            for delivery in self.store.route(frame.topic, frame.payload, frame.qos):
+            route = (frame.topic, frame.payload, frame.qos, frame.properties, frame.retain, frame.origin)
+            for delivery in self.store.route(*route):
                 self._transmit(delivery)
             log_session_drops(self.store)
         elif isinstance(frame, Noted):
@@ -357,7 +359,7 @@ class Authority:
         epoch = str(delivery.holder)
         for peer in list(self._peers.values()):
             if epoch.startswith(f"{peer.worker}.{peer.pid}."):
-                peer.link.send(encode(Transmit(delivery.client_id, epoch, delivery.packets)))
+                peer.link.send(encode(Transmit(delivery.client_id, epoch, delivery.packets, delivery.v5)))
                 return
         # Not linked now (a stall): what was sent stays unacknowledged and is resent on reconnect.
 
@@ -413,7 +415,8 @@ class Authority:
         self.published += 1
         publish_to_sinks(self.sinks, event)
         if event.client_id is not None:
-            self._deliver(Deliver(self.presence_prefix + event.client_id, event.payload(), 0))
+            topic, properties = self.presence_prefix + event.client_id, self.retention.presence_properties(event)
+            self._deliver(Deliver(topic, event.payload(), 0, properties))
 
     def _deliver(self, frame: Deliver, skip: _Peer | None = None) -> None:
         """``frame`` to every worker with a matching subscriber but ``skip`` (the one that

@@ -116,6 +116,8 @@ class Routed(Frame):
     """An MQTT 5 publisher's properties, packed (:func:`~..v5.outbound.forwarded`)."""
     retain: bool = False
     """The flag it was published with (for Retain As Published)."""
+    origin: str = ""
+    """The publisher's client id (for the No Local of its own persistent session)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,6 +179,8 @@ class OpenSession(Frame):
     request: int
     client_id: str
     username: str | None
+    v5: bool = False
+    """The client speaks MQTT 5.0: its session's messages are written so."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,6 +201,7 @@ class Kept(Frame):
     payload: bytes
     qos: int
     owner: str = ""
+    properties: bytes = b""
 
 
 @dataclass(frozen=True, slots=True)
@@ -296,6 +301,8 @@ class SessionOpened(Frame):
     inbound: frozenset[int]
     refused: bool = False
     """No session: the store keeps as many as it may (the CONNECT is refused, 3)."""
+    options: tuple[tuple[str, int], ...] = ()
+    """(filter, MQTT 5 options packed) pairs, for the filters that have any."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -305,6 +312,8 @@ class Transmit(Frame):
     client_id: str
     epoch: str
     packets: list[bytes]
+    v5: bool = False
+    """The packets are written for MQTT 5.0 (else 3.1.1)."""
 
 
 @dataclass(frozen=True, slots=True)

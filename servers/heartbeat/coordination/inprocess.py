@@ -97,17 +97,19 @@ class InProcessCoordinator(Coordinator):
         properties: bytes = b"",
         retain: bool = False,
         groups: Sequence[str] = (),
+        *,
+        origin: str = "",
     ) -> Sequence[str]:
         """No other worker to route to (every shared subscription is served here);
         persistent sessions take their QoS 1 and 2 copies."""
-        for delivery in self.store.route(topic, payload, qos):
+        for delivery in self.store.route(topic, payload, qos, properties, retain, origin):
             self._transmit(delivery)
         log_session_drops(self.store)
         return groups
 
-    async def open_session(self, client_id: str, username: str | None = None) -> Opened | None:
+    async def open_session(self, client_id: str, username: str | None = None, v5: bool = False) -> Opened | None:
         """See :meth:`Coordinator.open_session`."""
-        opened = self.store.open(client_id, False, trio.current_time(), username)
+        opened = self.store.open(client_id, False, trio.current_time(), username, v5)
         if opened is None:
             log_sessions_full(self.store, self._logged)
         return opened
@@ -122,9 +124,9 @@ class InProcessCoordinator(Coordinator):
         if delivery is not None:
             self._transmit(delivery)
 
-    def retain(self, topic: str, payload: bytes, qos: int, owner: str = "") -> None:
+    def retain(self, topic: str, payload: bytes, qos: int, owner: str = "", properties: bytes = b"") -> None:
         """See :meth:`Coordinator.retain`."""
-        self.retention.retain(topic, payload, qos, owner)
+        self.retention.retain(topic, payload, qos, owner, properties)
 
     async def retained(self, topic_filter: str, cursor: str | None) -> tuple[list[RetainedMessage], str | None]:
         """See :meth:`Coordinator.retained`."""
@@ -132,7 +134,7 @@ class InProcessCoordinator(Coordinator):
 
     def _transmit(self, delivery: Delivery) -> None:
         if self._host is not None:
-            self._host.transmit(delivery.client_id, str(delivery.holder), delivery.packets)
+            self._host.transmit(delivery.client_id, str(delivery.holder), delivery.packets, delivery.v5)
 
     def filters_changed(self, added: Collection[str], removed: Collection[str] = ()) -> None:
         """Nobody else to tell."""
@@ -157,4 +159,5 @@ class InProcessCoordinator(Coordinator):
     def _publish(self, event: PresenceEvent) -> None:
         publish_to_sinks(self.sinks, event)
         if self._host is not None and event.client_id is not None:
-            self._host.deliver(self.presence_prefix + event.client_id, event.payload(), 0)
+            properties = self.retention.presence_properties(event)
+            self._host.deliver(self.presence_prefix + event.client_id, event.payload(), 0, properties)

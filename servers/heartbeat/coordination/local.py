@@ -72,7 +72,7 @@ from .frames import (
     encode,
 )
 from .registry import Registry
-from .retention import RetainedMessage
+from .retention import RetainedMessage, presence_properties
 
 __all__ = ["BusCoordinator"]
 
@@ -162,6 +162,8 @@ class BusCoordinator(Coordinator):
         properties: bytes = b"",
         retain: bool = False,
         groups: Sequence[str] = (),
+        *,
+        origin: str = "",
     ) -> Sequence[str]:
         """Sent only if another worker's subscribers hold a matching filter. A shared
         subscription held here and nowhere else is served here; one held elsewhere too
@@ -174,7 +176,7 @@ class BusCoordinator(Coordinator):
             self.routed += 1
             if qos and self._unacked_bytes + len(payload) <= MAX_UNACKED_ROUTED_BYTES:
                 self._unacked_bytes += len(payload)
-                self._numbered(Routed(self._next(), topic, payload, qos, properties, retain))
+                self._numbered(Routed(self._next(), topic, payload, qos, properties, retain, origin))
                 return mine
             if qos:
                 self.routed_unkept += 1
@@ -199,20 +201,20 @@ class BusCoordinator(Coordinator):
         if not self.orphaned:
             self._numbered(Reported(self._next(), report))
 
-    def retain(self, topic: str, payload: bytes, qos: int, owner: str = "") -> None:
+    def retain(self, topic: str, payload: bytes, qos: int, owner: str = "", properties: bytes = b"") -> None:
         """See :meth:`Coordinator.retain`; numbered too."""
         if not self.orphaned:
-            self._numbered(Kept(self._next(), topic, payload, qos, owner))
+            self._numbered(Kept(self._next(), topic, payload, qos, owner, properties))
 
-    async def open_session(self, client_id: str, username: str | None = None) -> Opened | None:
+    async def open_session(self, client_id: str, username: str | None = None, v5: bool = False) -> Opened | None:
         """Asks the authority; None if it does not answer in time (the CONNECT is then
         refused as server-unavailable: a new session would lose the stored one)."""
         if self.orphaned:
             return Opened(False, {}, frozenset())  # the supervisor, and its sessions, are gone
-        answer = await self._ask(lambda request: OpenSession(request, client_id, username))
+        answer = await self._ask(lambda request: OpenSession(request, client_id, username, v5))
         if not isinstance(answer, SessionOpened) or answer.refused:
             return None
-        return Opened(answer.present, dict(answer.subscriptions), answer.inbound)
+        return Opened(answer.present, dict(answer.subscriptions), answer.inbound, dict(answer.options))
 
     async def retained(self, topic_filter: str, cursor: str | None) -> tuple[list[RetainedMessage], str | None]:
         """A page from the authority (none if it does not answer in time)."""
@@ -419,7 +421,7 @@ class BusCoordinator(Coordinator):
         elif isinstance(frame, RemoteFilters):
             self._remote.replace(frame.filters)
         elif isinstance(frame, Transmit):
-            host.transmit(frame.client_id, frame.epoch, frame.packets)
+            host.transmit(frame.client_id, frame.epoch, frame.packets, frame.v5)
         elif isinstance(frame, Probe):
             self._send(Probed(frame.token))
         elif isinstance(frame, Found | SessionOpened | RetainedPage | Settled):
@@ -461,4 +463,6 @@ class BusCoordinator(Coordinator):
         for event in emit:
             publish_to_sinks(self.sinks, event)
             if self._host is not None and event.client_id is not None:
-                self._host.deliver(self.presence_prefix + event.client_id, event.payload(), 0)
+                # The supervisor's offline TTL is not known here: no Message Expiry.
+                properties = presence_properties(event, None, 0.0)
+                self._host.deliver(self.presence_prefix + event.client_id, event.payload(), 0, properties)

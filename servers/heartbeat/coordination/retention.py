@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import logging
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -26,7 +27,10 @@ from dataclasses import dataclass
 from ..broker import topic_matches
 from ..logs import OncePer, shown
 from ..persistent import SessionStore
+from ..presence import PresenceEvent
 from ..retained import RetainedStore
+from ..v5.outbound import expiring, forwarded, message_expiry
+from ..v5.properties import Properties
 from .registry import Registry
 
 __all__ = [
@@ -37,6 +41,7 @@ __all__ = [
     "exact_presence",
     "matches_every_presence_topic",
     "presence_possible",
+    "presence_properties",
 ]
 
 logger = logging.getLogger("servers.heartbeat.coordination")
@@ -96,13 +101,31 @@ def exact_presence(topic_filter: str, presence_prefix: str) -> str | None:
     return None if "+" in rest or "#" in rest else rest
 
 
+def presence_properties(event: PresenceEvent, offline_ttl: float | None, now: float) -> bytes:
+    """What a presence event tells an MQTT 5 subscriber beside its payload: UTF-8 JSON
+    (Payload Format Indicator 1, Content Type ``application/json``) and, for an offline
+    event the server stops retaining ``offline_ttl`` seconds after it, that as the
+    Message Expiry Interval left (at least 1 s), so a copy queued for an absent
+    subscriber runs out when the retained one does."""
+    expiry = None
+    if event.status == "offline" and offline_ttl is not None:
+        expiry = max(1, math.ceil(event.time + offline_ttl - now))
+    return forwarded(
+        Properties(payload_format_indicator=1, message_expiry_interval=expiry, content_type="application/json")
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class RetainedMessage:
-    """A retained message to send to a new subscription (with the retain flag)."""
+    """A retained message to send to a new subscription (with the retain flag).
+
+    ``properties``: for MQTT 5 subscribers, packed, with the Message Expiry Interval
+    (if any) already lowered to the time left."""
 
     topic: str
     payload: bytes
     qos: int
+    properties: bytes = b""
 
 
 @dataclass
@@ -154,11 +177,15 @@ class Retention:
         self._numbers = itertools.count(1)
         self._logged = OncePer()
 
-    def retain(self, topic: str, payload: bytes, qos: int, owner: str = "") -> bool:
+    def retain(self, topic: str, payload: bytes, qos: int, owner: str = "", properties: bytes = b"") -> bool:
         """A PUBLISH with RETAIN=1 from ``owner``: stored, or cleared by an empty payload.
         False if the store's bounds or the owner's share refused it (counted there, and
-        logged once per owner per spell)."""
-        stored = self.store.store(topic, payload, qos, self._clock(), owner=owner)
+        logged once per owner per spell). An MQTT 5 publisher's ``properties`` are kept
+        with it; a Message Expiry Interval among them ends its retention (§3.3.2.3.3)."""
+        now = self._clock()
+        expiry = message_expiry(properties) if properties else None
+        expires_at = None if expiry is None else now + expiry
+        stored = self.store.store(topic, payload, qos, now, expires_at, owner, properties)
         if not stored and self._logged.due(owner, time.monotonic()):
             count, size = self.store.held_by(owner)
             logger.warning(
@@ -172,6 +199,10 @@ class Retention:
             )
         return stored
 
+    def presence_properties(self, event: PresenceEvent) -> bytes:
+        """:func:`presence_properties` of ``event`` here and now."""
+        return presence_properties(event, self.offline_ttl, self._clock())
+
     def page(
         self, topic_filter: str, cursor: str | None, limit: int = RETAINED_PAGE
     ) -> tuple[list[RetainedMessage], str | None]:
@@ -179,8 +210,12 @@ class Retention:
         the start); returns them and the cursor of the rest (None: that was all)."""
         if cursor is None or cursor.startswith("s:"):
             after = None if cursor is None else cursor[2:]
-            page = self.store.page(topic_filter, self._clock(), after=after, budget=limit)
-            out = [RetainedMessage(r.topic, r.payload, r.qos) for r in page.messages]
+            now = self._clock()
+            page = self.store.page(topic_filter, now, after=after, budget=limit)
+            out = [
+                RetainedMessage(r.topic, r.payload, r.qos, expiring(r.properties, r.expires_at, now))
+                for r in page.messages
+            ]
             if page.cursor is not None:
                 return out, "s:" + page.cursor
             if not self.presence or not presence_possible(topic_filter, self.presence_prefix):
@@ -220,7 +255,9 @@ class Retention:
         event = self.registry.get(client_id)
         if event is None:
             return None
-        ttl = self.offline_ttl
-        if event.status == "offline" and ttl is not None and event.time + ttl <= self._clock():
+        ttl, now = self.offline_ttl, self._clock()
+        if event.status == "offline" and ttl is not None and event.time + ttl <= now:
             return None
-        return RetainedMessage(self.presence_prefix + client_id, event.payload(), 0)
+        return RetainedMessage(
+            self.presence_prefix + client_id, event.payload(), 0, presence_properties(event, ttl, now)
+        )

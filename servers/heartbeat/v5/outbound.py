@@ -10,6 +10,7 @@ persistent session's stored message) into its 5.0 form. Pure: no I/O.
 
 from __future__ import annotations
 
+import math
 import struct
 
 from ..encoders import encode_frame as _frame
@@ -18,6 +19,7 @@ from .wire import pack_varint, read_varint
 
 __all__ = [
     "counted_down",
+    "expiring",
     "forwarded",
     "from_v311",
     "message_expiry",
@@ -98,6 +100,17 @@ def counted_down(properties: bytes, elapsed: float) -> bytes | None:
     left = int.from_bytes(properties[at : at + 4], "big") - int(elapsed)
     if left <= 0:
         return None
+    return properties[:at] + left.to_bytes(4, "big") + properties[at + 4 :]
+
+
+def expiring(properties: bytes, expires_at: float | None, now: float) -> bytes:
+    """``properties`` with their Message Expiry Interval set to the whole seconds left
+    until ``expires_at`` (at least 1: a message that has run out is not sent at all);
+    as they are if the message never expires."""
+    at = _expiry_at(properties)
+    if at < 0 or expires_at is None:
+        return properties
+    left = max(1, math.ceil(expires_at - now))
     return properties[:at] + left.to_bytes(4, "big") + properties[at + 4 :]
 
 

@@ -56,6 +56,7 @@ from ..session import (
 )
 from ..topics import SHARE_PREFIX
 from . import outbound
+from .aliases import OutboundAliases
 from .codec import pack
 from .packets import (
     PUBACK,
@@ -121,6 +122,7 @@ class Session5(Session):
         "max_packet_size",
         "problem_information",
         "aliases",
+        "sent_aliases",
         "_code",
     )
 
@@ -141,6 +143,8 @@ class Session5(Session):
         """Whether the client takes Reason Strings (Request Problem Information)."""
         self.aliases: dict[int, str] | None = None
         """The client's topic aliases (made on the first)."""
+        self.sent_aliases: OutboundAliases | None = None
+        """The server's topic aliases towards the client, if its CONNECT allowed any."""
         self._code: int | None = None
 
     # -- the server's side ---------------------------------------------------------------
@@ -265,6 +269,8 @@ class Session5(Session):
             self.max_packet_size = props.maximum_packet_size
         if props.request_problem_information == 0:
             self.problem_information = False
+        if props.topic_alias_maximum and policy.outbound_topic_aliases:
+            self.sent_aliases = OutboundAliases(props.topic_alias_maximum)
         will = packet.will
         if will is not None:
             topic = will.topic

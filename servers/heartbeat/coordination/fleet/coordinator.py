@@ -193,6 +193,7 @@ class RedisCoordinator(Coordinator, FleetCounts):
             node=node,
             sinks=self.sinks,
             presence_prefix=presence_prefix,
+            offline_ttl=presence_offline_ttl,
             moved_on=self._moved_on,
         )
         self.flusher = Flusher(
@@ -240,11 +241,14 @@ class RedisCoordinator(Coordinator, FleetCounts):
         properties: bytes = b"",
         retain: bool = False,
         groups: Sequence[str] = (),
+        *,
+        origin: str = "",
     ) -> Sequence[str]:
         """Queue ``topic`` for the other nodes whose subscribers' filters match it, and (QoS 1
         and 2) for the persistent sessions whose filters match it, if any. Each shared
         subscription the topic reaches goes to one node holding it, in turn (this node
-        keeps those it serves itself: the return)."""
+        keeps those it serves itself: the return). ``origin``, the publisher's client
+        id, is for the No Local of its own persistent session."""
         mine, shares = self.shares.pick(topic, groups)
         persistent = qos > 0 and bool(self.persistent_filters.matching(topic))
         if (
@@ -255,14 +259,23 @@ class RedisCoordinator(Coordinator, FleetCounts):
             self.route_skipped += 1
             return mine
         self._enqueue(
-            Queued("route", topic=topic, payload=payload, qos=qos, properties=properties, retain=retain, shares=shares)
+            Queued(
+                "route",
+                topic=topic,
+                payload=payload,
+                qos=qos,
+                properties=properties,
+                retain=retain,
+                shares=shares,
+                origin=origin,
+            )
         )
         return mine
 
-    async def open_session(self, client_id: str, username: str | None = None) -> Opened | None:
+    async def open_session(self, client_id: str, username: str | None = None, v5: bool = False) -> Opened | None:
         """The stored session (or a new one), in order with this node's reports; None if
         Redis does not answer within ``open_timeout`` (see :meth:`Coordinator.open_session`)."""
-        question = OpenQuestion(client_id, username)
+        question = OpenQuestion(client_id, username, v5)
         if self._enqueue(Queued("open", question=question)):
             with trio.move_on_after(self.open_timeout):
                 await question.done.wait()
@@ -284,9 +297,9 @@ class RedisCoordinator(Coordinator, FleetCounts):
             del self._attached[report.client_id]
         self._enqueue(Queued("session", report=report))
 
-    def retain(self, topic: str, payload: bytes, qos: int, owner: str = "") -> None:
+    def retain(self, topic: str, payload: bytes, qos: int, owner: str = "", properties: bytes = b"") -> None:
         """Queue a retained message from client ``owner`` (an empty payload clears the topic's)."""
-        self._enqueue(Queued("retain", topic=topic, payload=payload, qos=qos, owner=owner))
+        self._enqueue(Queued("retain", topic=topic, payload=payload, qos=qos, owner=owner, properties=properties))
 
     async def retained(self, topic_filter: str, cursor: str | None) -> tuple[list[RetainedMessage], str | None]:
         """A page of the retained messages ``topic_filter`` matches, then of the devices'

@@ -139,7 +139,9 @@ class Flusher:
             assert report.question is not None
             return self.sessions.open_request(report.question, client)
         if kind == "retain":
-            return [self.retained.request(report.topic, report.payload, report.qos, report.owner, client)]
+            return [
+                self.retained.request(report.topic, report.payload, report.qos, report.owner, client, report.properties)
+            ]
         event = report.event
         assert event is not None and event.client_id is not None
         claims = self.claims

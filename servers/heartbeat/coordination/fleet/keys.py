@@ -19,12 +19,16 @@ Persistent sessions (CleanSession=0), by client id (see :mod:`.sessions`)::
     ps:<client-id>        hash: holder (the epoch holding its connection, '' while
                           away), hnode (the holder's node), was (the last holder),
                           left (ms, Redis's clock), user, lastid (the last packet id
-                          given), seq (send order), qb (bytes queued), dropping
+                          given), seq (send order), qb (bytes queued), dropping,
+                          v5 ('1': the client last spoke MQTT 5.0; packets are written so)
     psub:<client-id>      hash: topic filter -> granted QoS
+    psubo:<client-id>     hash: topic filter -> its MQTT 5 options, packed (only those
+                          that have any: No Local, Retain As Published, identifier)
     pin:<client-id>       set: QoS 2 packet ids received whose PUBREL has not come
     pfl:<client-id>       hash: packet id -> a message in flight (msgpack: seq, qos,
-                          retain, stage, topic, payload)
-    pq:<client-id>        list: the messages queued behind the window (msgpack)
+                          retain, stage, topic, payload, MQTT 5 properties, born ms)
+    pq:<client-id>        list: the messages queued behind the window (msgpack: qos,
+                          retain, topic, payload, MQTT 5 properties, born ms)
     psessions             sorted set: client id -> when it expires (ms; +inf while held)
     pheld:<node>          set: client ids whose connection the node holds
     pf:<filter>           hash: client id -> QoS, every persistent session subscribed to it
@@ -36,8 +40,11 @@ Persistent sessions (CleanSession=0), by client id (see :mod:`.sessions`)::
 
 Retained messages (see :mod:`.retained`)::
 
-    retained              hash: topic -> QoS digit followed by the payload
+    retained              hash: topic -> a head (the QoS digit, or with MQTT 5
+                          properties and an expiry, see :mod:`.retained`) and the payload
     retained-index        sorted set: every retained topic (score 0, paged by ZRANGEBYLEX)
+    retained-expiry       sorted set: the retained topics whose message expires (score:
+                          when, in ms of the wall clock)
     retained-stats        hash: bytes (topics and payloads), refused
     retained-owner        hash: topic -> the client whose message it is (its share)
     retained-shares       hash: client -> messages it holds; client + NUL -> their bytes

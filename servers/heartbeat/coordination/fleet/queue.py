@@ -29,11 +29,13 @@ what to do with its reply."""
 class OpenQuestion:
     """An ``open_session`` waiting in the queue for its answer."""
 
-    __slots__ = ("client_id", "username", "answer", "done", "abandoned")
+    __slots__ = ("client_id", "username", "v5", "answer", "done", "abandoned")
 
-    def __init__(self, client_id: str, username: str | None) -> None:
+    def __init__(self, client_id: str, username: str | None, v5: bool = False) -> None:
         self.client_id = client_id
         self.username = username
+        self.v5 = v5
+        """The client speaks MQTT 5.0: its session's messages are written so."""
         self.answer: Opened | None = None
         self.done = trio.Event()
         self.abandoned = False
@@ -53,9 +55,11 @@ class Queued:
     qos: int = 0
     owner: str = ""
     properties: bytes = b""
-    """A route's MQTT 5 properties, packed."""
+    """A route's or a retained message's MQTT 5 properties, packed."""
     retain: bool = False
     """A route's retain flag as published (for Retain As Published)."""
+    origin: str = ""
+    """A route's publisher (its client id), for the No Local of its own persistent session."""
     shares: dict[str, list[str]] = field(default_factory=dict)
     """A route's shared subscriptions, by the node picked to serve each."""
     report: Report | None = None

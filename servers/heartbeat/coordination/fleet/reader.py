@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -25,6 +26,7 @@ import trio
 
 from ...presence import PresenceEvent, PresenceSink
 from .. import Host, publish_to_sinks
+from ..retention import presence_properties
 from .filters import Filters
 from .keys import FleetKeys
 from .link import RedisLink
@@ -50,6 +52,7 @@ class StreamReader:
         node: str,
         sinks: Sequence[PresenceSink],
         presence_prefix: str,
+        offline_ttl: float | None = None,
         moved_on: Callable[[], None],
     ) -> None:
         self.link = link
@@ -58,6 +61,8 @@ class StreamReader:
         self.node = node
         self.sinks = sinks
         self.presence_prefix = presence_prefix
+        self.offline_ttl = offline_ttl
+        """How long offline presence is retained: the Message Expiry its events carry."""
         self.moved_on = moved_on
         self.k_stream = keys.stream
         self.k_routes = keys.routes
@@ -164,7 +169,8 @@ class StreamReader:
                 topic = self.presence_prefix + event.client_id
                 # Every node reads every event: each serves the shared subscriptions it owns for it.
                 groups = self.filters.shares.owned(topic, f"{event.epoch}\0{event.status}")
-                host.deliver(topic, event.payload(), 0, groups=groups)
+                properties = presence_properties(event, self.offline_ttl, time.time())
+                host.deliver(topic, event.payload(), 0, properties, groups=groups)
             except Exception:
                 logger.exception("node %s: deliver raised", self.node)
 
@@ -175,8 +181,9 @@ class StreamReader:
         except KeyError:
             logger.warning("node %s: malformed session packets", self.node)
             return
+        v5 = fields.get(b"v") == b"1"  # written for MQTT 5.0 (absent from an older node: 3.1.1)
         try:
-            host.transmit(client_id, epoch, [packets])
+            host.transmit(client_id, epoch, [packets], v5)
         except Exception:
             logger.exception("node %s: transmit raised", self.node)
 

@@ -4,6 +4,12 @@ read back a page at a time with the devices' retained presence.
 The store is ``retained`` and its sorted index (``lua/retain_message.lua`` keeps
 both); retained presence is read from the ``dev:`` records (SCAN), offline ones older
 than ``offline_ttl`` skipped. The semantics are those of :class:`~.retention.Retention`.
+
+A stored value is a head, then the payload. The head of a message without MQTT 5
+properties or expiry is its QoS digit (``0``-``2``), as it always was; otherwise it is
+``a``-``c`` (the QoS), the expiry in ms of the wall clock (8 bytes, 0 for never), the
+properties' length (4 bytes) and the properties. An expired message is skipped when
+read and freed by the script once the store is full.
 """
 
 from __future__ import annotations
@@ -20,12 +26,14 @@ import trio
 from ...broker import topic_matches
 from ...logs import OncePer, shown
 from ...presence import PresenceEvent
+from ...v5.outbound import expiring, message_expiry
 from ..retention import (
     RETAINED_PAGE,
     RetainedMessage,
     exact_presence,
     matches_every_presence_topic,
     presence_possible,
+    presence_properties,
 )
 from .keys import FleetKeys
 from .link import RedisLink
@@ -33,7 +41,7 @@ from .metrics import FleetCounts
 from .queue import Request
 from .values import text
 
-__all__ = ["FleetRetained", "glob_escape", "retained_message"]
+__all__ = ["FleetRetained", "glob_escape", "retained_head", "retained_message"]
 
 logger = logging.getLogger("servers.heartbeat.coordination.fleet")
 
@@ -50,9 +58,28 @@ def glob_escape(value: str) -> str:
     return "".join("\\" + c if c in "*?[]\\" else c for c in value)
 
 
-def retained_message(topic: str, value: bytes) -> RetainedMessage:
-    """A stored retained value (the QoS digit, then the payload) as a message."""
-    return RetainedMessage(topic, value[1:], value[0] - ord("0"))
+_LONG_HEAD = ord("a")
+
+
+def retained_head(qos: int, properties: bytes, expires_at: float | None) -> bytes:
+    """The head stored before a retained message's payload (see the module's docstring)."""
+    if not properties and expires_at is None:
+        return str(qos).encode()
+    when = 0 if expires_at is None else int(expires_at * 1000)
+    return bytes([_LONG_HEAD + qos]) + when.to_bytes(8, "big") + len(properties).to_bytes(4, "big") + properties
+
+
+def retained_message(topic: str, value: bytes, now: float) -> RetainedMessage | None:
+    """A stored retained value (its head, then the payload) as a message, its Message
+    Expiry lowered to the time left; None if it has expired."""
+    if value[0] < _LONG_HEAD:
+        return RetainedMessage(topic, value[1:], value[0] - ord("0"))
+    when = int.from_bytes(value[1:9], "big")
+    expires_at = when / 1000 if when else None
+    if expires_at is not None and expires_at <= now:
+        return None
+    end = 13 + int.from_bytes(value[9:13], "big")
+    return RetainedMessage(topic, value[end:], value[0] - _LONG_HEAD, expiring(value[13:end], expires_at, now))
 
 
 class FleetRetained:
@@ -97,12 +124,19 @@ class FleetRetained:
 
     # ------------------------------------------------------------------ store
 
-    def request(self, topic: str, payload: bytes, qos: int, owner: str, client: Any) -> Request:
+    def request(
+        self, topic: str, payload: bytes, qos: int, owner: str, client: Any, properties: bytes = b""
+    ) -> Request:
         """The script call that keeps (or, with an empty payload, clears) ``topic``'s message
-        from client ``owner``, and what to do with its reply."""
+        from client ``owner`` (with an MQTT 5 publisher's ``properties``, whose Message
+        Expiry ends its retention), and what to do with its reply."""
+        now = time.time()
+        expiry = message_expiry(properties) if properties else None
+        expires_at = None if expiry is None else now + expiry
         args: list[str | bytes] = [
-            *(self.prefix, topic, payload, str(qos), str(self.max_bytes), str(self.max_count)),
-            *(owner, str(self.max_owner_count), str(self.max_owner_bytes)),
+            *(self.prefix, topic, payload, retained_head(qos, properties, expires_at)),
+            *(str(self.max_bytes), str(self.max_count), owner, str(self.max_owner_count), str(self.max_owner_bytes)),
+            *("" if expires_at is None else str(int(expires_at * 1000)), str(int(now * 1000))),
         ]
 
         def done(out: Any) -> None:
@@ -145,14 +179,16 @@ class FleetRetained:
         if "+" not in topic_filter and "#" not in topic_filter:
             if after is None:
                 value = await call(redis.hget(self.k_retained, topic_filter))
-                if value is not None:
-                    out.append(retained_message(topic_filter, value))
+                message = None if value is None else retained_message(topic_filter, value, time.time())
+                if message is not None:
+                    out.append(message)
             return out, None
         low, high, parent = self.store_range(topic_filter, after)
         if parent is not None and after is None:
             value = await call(redis.hget(self.k_retained, parent))
-            if value is not None:
-                out.append(retained_message(parent, value))
+            message = None if value is None else retained_message(parent, value, time.time())
+            if message is not None:
+                out.append(message)
         found = await call(
             redis.zrange(self.k_index, low, high, sortby=coredis.PureToken.BYLEX, offset=0, count=self.page + 1)
         )
@@ -161,7 +197,11 @@ class FleetRetained:
         matched = [t for t in page if topic_matches(topic_filter, t)]
         if matched:
             values = await call(redis.hmget(self.k_retained, matched))
-            out += [retained_message(t, v) for t, v in zip(matched, values, strict=True) if v is not None]
+            now = time.time()
+            for t, v in zip(matched, values, strict=True):
+                message = None if v is None else retained_message(t, v, now)
+                if message is not None:
+                    out.append(message)
         return out, ("s:" + page[-1] if len(walked) > self.page else None)
 
     async def _presence_scan(self, topic_filter: str, scan_cursor: int) -> Page:
@@ -220,7 +260,9 @@ class FleetRetained:
         ttl = self.offline_ttl
         if event.status == "offline" and ttl is not None and event.time + ttl <= now:
             return None
-        return RetainedMessage(self.presence_prefix + client_id, event.payload(), 0)
+        return RetainedMessage(
+            self.presence_prefix + client_id, event.payload(), 0, presence_properties(event, ttl, now)
+        )
 
     def presence_page(
         self, topic_filter: str, keys: Sequence[bytes], records: Sequence[Sequence[Any]]

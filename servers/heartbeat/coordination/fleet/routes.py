@@ -115,9 +115,15 @@ class Routes:
         if report.qos > 0 and self.may_read is None:
             filters = self.persistent.matching(report.topic)
             if filters:
-                args: list[str | bytes] = [report.topic, report.payload, str(report.qos), "f", *filters]
+                args = [*self._message(report), "f", *filters]
                 out.append((self.sessions.script("route", args, client), self.sessions.routed))
         return out
+
+    @staticmethod
+    def _message(report: Queued) -> list[str | bytes]:
+        """The session script's route arguments that say what the message is."""
+        retain = "1" if report.retain else "0"
+        return [report.topic, report.payload, str(report.qos), report.properties, retain, report.origin]
 
     def _append(self, nodes: list[str], data: bytes, client: Any) -> Request:
         keys = [self.route_prefix + n for n in nodes]
@@ -143,13 +149,13 @@ class Routes:
         assert may_read is not None
         filters = self.persistent.matching(report.topic)
         redis, call, script = self.link.redis(), self.link.call, self.sessions.script
-        args: list[str | bytes] = [report.topic, report.payload, str(report.qos), "q", *filters]
-        found = await call(script("route", args, redis))
+        found = await call(script("route", [*self._message(report), "q", *filters], redis))
         allowed: list[str | bytes] = []
         for i in range(0, len(found), 3):
             client_id = text(found[i])
             if may_read(username_of(found[i + 2]), client_id, report.topic):
                 allowed += [client_id, str(int(found[i + 1]))]
         if allowed:
-            args = [report.topic, report.payload, str(report.qos), "t", *allowed]
+            # The filters too: a 5.0 session's copy is shaped by the options of those it matched.
+            args = [*self._message(report), "t", str(len(allowed) // 2), *allowed, *filters]
             self.sessions.routed(await call(script("route", args, redis)))

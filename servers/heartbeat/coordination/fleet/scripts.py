@@ -15,13 +15,15 @@ its helpers exist once. ARGV: prefix, node, op, window, max queued, max queued
 bytes, total queued bytes, expiry (ms), route stream maxlen, route stream ttl (ms),
 notices maxlen, then the operation's own arguments from ARGV[12] on.
 
-``retain_message.lua`` keeps ``retained`` (topic -> QoS digit and payload),
-``retained-index`` (the topics, all scores 0, for ZRANGEBYLEX) and ``retained-stats``
-(bytes, refused), and each message's owner (the client that set it last) with the
-count and bytes each owner holds. ARGV: prefix, topic, payload, qos, max bytes, max
-count, owner, owner's max count, owner's max bytes; 1 kept (or cleared), 0 refused. As
-the retained store: a replacement no larger always fits, and a refused one leaves the
-topic's old message in place (one client filling the store must not erase another's).
+``retain_message.lua`` keeps ``retained`` (topic -> head and payload),
+``retained-index`` (the topics, all scores 0, for ZRANGEBYLEX), ``retained-expiry``
+(those with an MQTT 5 Message Expiry, by when) and ``retained-stats`` (bytes, refused),
+and each message's owner (the client that set it last) with the count and bytes each
+owner holds. ARGV: prefix, topic, payload, head, max bytes, max count, owner, owner's
+max count, owner's max bytes, expires at (ms, or empty), now (ms); 1 kept (or
+cleared), 0 refused. As the retained store: a replacement no larger always fits, one
+that does not fit first frees expired messages, and a refused one leaves the topic's
+old message in place (one client filling the store must not erase another's).
 """
 
 from __future__ import annotations

@@ -79,7 +79,7 @@ def session_call(report: Report, max_qos: int) -> tuple[str, list[str | bytes]] 
     if isinstance(report, Subscribed):
         if report.qos is None:
             return "unsub", [report.client_id, report.topic_filter]
-        return "sub", [report.client_id, report.topic_filter, str(min(report.qos, max_qos))]
+        return "sub", [report.client_id, report.topic_filter, str(min(report.qos, max_qos)), str(report.options)]
     if isinstance(report, Acked):
         return "ack", [report.client_id, report.epoch, report.kind, str(report.packet_id)]
     if isinstance(report, Inbound):
@@ -88,7 +88,8 @@ def session_call(report: Report, max_qos: int) -> tuple[str, list[str | bytes]] 
         qos = min(report.qos, max_qos)
         if qos == 0:
             return None
-        return "push", [report.client_id, str(qos), "1" if report.retain else "0", report.topic, report.payload]
+        retain = "1" if report.retain else "0"
+        return "push", [report.client_id, str(qos), retain, report.topic, report.payload, report.properties]
     if isinstance(report, Discard):
         return "discard", [report.client_id]
     raise TypeError(f"not a session report: {report!r}")
@@ -106,13 +107,16 @@ def username_of(stored: bytes | str) -> str | None:
 
 
 def opened_from(reply: Any) -> Opened | None:
-    """The open operation's reply: ``{present, {filter, qos, ...}, {inbound ids}, expired}``;
-    None for a present of -1 (refused: the fleet keeps as many sessions as it may)."""
+    """The open operation's reply: ``{present, {filter, qos, ...}, {inbound ids}, expired,
+    {filter, options, ...}}`` (the options only for a resumed session); None for a
+    present of -1 (refused: the fleet keeps as many sessions as it may)."""
     present, flat, inbound = int(reply[0]), list(reply[1] or []), reply[2] or []
     if present < 0:
         return None
     subscriptions = {text(flat[i]): int(flat[i + 1]) for i in range(0, len(flat), 2)}
-    return Opened(bool(present), subscriptions, frozenset(int(i) for i in inbound))
+    pairs = list(reply[4] or []) if len(reply) > 4 else []
+    options = {text(pairs[i]): int(pairs[i + 1]) for i in range(0, len(pairs), 2)}
+    return Opened(bool(present), subscriptions, frozenset(int(i) for i in inbound), options)
 
 
 def _ignore(_: Any) -> None:
@@ -195,7 +199,8 @@ class PersistentSessions:
                     )
             question.done.set()
 
-        args = [question.client_id, username_arg(question.username), str(self.max_sessions)]
+        v5 = "1" if question.v5 else "0"
+        args = [question.client_id, username_arg(question.username), str(self.max_sessions), v5]
         return [(self.script("open", args, client), opened)]
 
     def routed(self, out: Any) -> None:

@@ -20,34 +20,69 @@ local function varlen(n)
   until n == 0
   return out
 end
-local function publish(topic, payload, qos, retain, pid, dup)
+-- ``props``: an MQTT 5 session's (packed, as servers.heartbeat.v5.outbound writes them);
+-- nil writes 3.1.1.
+local function publish(topic, payload, qos, retain, pid, dup, props)
   local first = 48 + qos * 2 + retain
   if dup then first = first + 8 end
-  local body = struct.pack('>H', #topic) .. topic .. struct.pack('>H', pid) .. payload
+  local body = struct.pack('>H', #topic) .. topic .. struct.pack('>H', pid)
+  if props then body = body .. varlen(#props) .. props end
+  body = body .. payload
   return string.char(first) .. varlen(#body) .. body
 end
 local function pubrel(pid) return string.char(98, 2) .. struct.pack('>H', pid) end
 
--- Packets for the connection ``holder`` of a session, held on ``node``.
+-- Whether a session's client last spoke MQTT 5.0: its packets are written so.
+local function speaks5(cid) return redis.call('HGET', key('ps', cid), 'v5') == '1' end
+
+-- MQTT 5's Message Expiry Interval, counted down (§3.3.2.3.3). The properties are in
+-- the spec's order, so it is first, or second behind a Payload Format Indicator.
+local function expiry_at(props)
+  if props:byte(1) == 2 then return 2 end
+  if props:byte(1) == 1 and props:byte(3) == 2 then return 4 end
+  return nil
+end
+-- ``props`` as sent ``now``, for a message taken at ``born`` (ms); nil once it has run
+-- out, unless ``resend`` (a delivery begun is completed, with a second left at least).
+local function counted(props, born, resend)
+  local at = expiry_at(props)
+  if not at or not born or born == 0 then return props end
+  local lifetime = struct.unpack('>I4', props, at)
+  local left = lifetime - math.floor((now - born) / 1000)
+  if left <= 0 then
+    if not resend then return nil end
+    left = 1
+  end
+  if left > lifetime then left = lifetime end
+  return props:sub(1, at - 1) .. struct.pack('>I4', left) .. props:sub(at + 4)
+end
+
+-- Packets for the connection ``holder`` of a session, held on ``node`` (``v`` says
+-- whether they are written for MQTT 5.0).
 local function send(cid, holder, node, packets)
   if #packets == 0 or node == '' then return end
   local stream = prefix .. 'route:' .. node
-  redis.call('XADD', stream, 'MAXLEN', '~', route_max, '*', 'c', cid, 'e', holder, 'p', table.concat(packets))
+  local v = speaks5(cid) and '1' or '0'
+  redis.call('XADD', stream, 'MAXLEN', '~', route_max, '*', 'c', cid, 'e', holder, 'p', table.concat(packets), 'v', v)
   redis.call('PEXPIRE', stream, route_ttl)
 end
 
--- In flight: pfl:<cid> id -> msgpack {seq, qos, retain, stage (1 sent, 2 released), topic, payload}.
-local function launch(cid, qos, retain, topic, payload)
+-- In flight: pfl:<cid> id -> msgpack {seq, qos, retain, stage (1 sent, 2 released),
+-- topic, payload, props, born}. ``props`` and ``born`` (ms) are an MQTT 5 message's.
+local function launch(cid, qos, retain, topic, payload, props, born)
   local s, fl = key('ps', cid), key('pfl', cid)
   local id = tonumber(redis.call('HGET', s, 'lastid') or '0')
   repeat id = id % 65535 + 1 until redis.call('HEXISTS', fl, id) == 0
   local seq = redis.call('HINCRBY', s, 'seq', 1)
   redis.call('HSET', s, 'lastid', id)
-  redis.call('HSET', fl, id, cmsgpack.pack({seq, qos, retain, 1, topic, payload}))
-  return publish(topic, payload, qos, retain, id, false)
+  redis.call('HSET', fl, id, cmsgpack.pack({seq, qos, retain, 1, topic, payload, props or '', born or 0}))
+  local sent = nil
+  if speaks5(cid) then sent = counted(props or '', born, true) end
+  return publish(topic, payload, qos, retain, id, false, sent)
 end
 
--- Queued: pq:<cid> msgpack {qos, retain, topic, payload}; moved into the window while it has room.
+-- Queued: pq:<cid> msgpack {qos, retain, topic, payload, props, born}; moved into the
+-- window while it has room (one whose Message Expiry ran out meanwhile is deleted).
 local function fill(cid, packets)
   local q, fl = key('pq', cid), key('pfl', cid)
   local freed = 0
@@ -56,7 +91,11 @@ local function fill(cid, packets)
     if not raw then break end
     local m = cmsgpack.unpack(raw)
     freed = freed + #m[3] + #m[4]
-    packets[#packets + 1] = launch(cid, m[1], m[2], m[3], m[4])
+    if m[5] and m[5] ~= '' and not counted(m[5], m[6], false) then
+      redis.call('HINCRBY', stats, 'messages_expired', 1)
+    else
+      packets[#packets + 1] = launch(cid, m[1], m[2], m[3], m[4], m[5], m[6])
+    end
   end
   if freed > 0 then
     redis.call('HINCRBY', key('ps', cid), 'qb', -freed)
@@ -73,21 +112,24 @@ local function drop(s)
 end
 
 -- One message for one session: 1 sent, 2 queued, 0 no such session, < 0 dropped.
-local function push(cid, qos, retain, topic, payload)
+local function push(cid, qos, retain, topic, payload, props)
   local s, q = key('ps', cid), key('pq', cid)
   local cur = redis.call('HMGET', s, 'holder', 'hnode', 'qb')
   if not cur[1] then return 0 end
   local size = #topic + #payload
+  props = props or ''
+  local born = 0
+  if expiry_at(props) then born = now end
   if cur[1] ~= '' then
     if redis.call('LLEN', q) == 0 and redis.call('HLEN', key('pfl', cid)) < window then
-      send(cid, cur[1], cur[2], {launch(cid, qos, retain, topic, payload)})
+      send(cid, cur[1], cur[2], {launch(cid, qos, retain, topic, payload, props, born)})
       return 1
     end
   elseif tonumber(redis.call('HGET', stats, 'queued_bytes') or '0') + size > total_max then
     return drop(s)
   end
   if redis.call('LLEN', q) >= max_queued or tonumber(cur[3]) + size > max_qbytes then return drop(s) end
-  redis.call('RPUSH', q, cmsgpack.pack({qos, retain, topic, payload}))
+  redis.call('RPUSH', q, cmsgpack.pack({qos, retain, topic, payload, props, born}))
   redis.call('HINCRBY', s, 'qb', size)
   redis.call('HINCRBY', stats, 'queued_bytes', size)
   return 2
@@ -118,7 +160,7 @@ local function discard(cid)
   for _, f in ipairs(redis.call('HKEYS', key('psub', cid))) do unindex(f, cid) end
   redis.call('HINCRBY', stats, 'queued_bytes', -tonumber(cur[2]))
   if cur[1] ~= '' then redis.call('SREM', prefix .. 'pheld:' .. cur[1], cid) end
-  redis.call('DEL', s, key('psub', cid), key('pin', cid), key('pfl', cid), key('pq', cid))
+  redis.call('DEL', s, key('psub', cid), key('psubo', cid), key('pin', cid), key('pfl', cid), key('pq', cid))
   return 1
 end
 
@@ -139,40 +181,79 @@ local function attach(cid, epoch, s, old_node)
   for i = 1, #flat, 2 do held[#held + 1] = {tonumber(flat[i]), cmsgpack.unpack(flat[i + 1])} end
   table.sort(held, function(a, b) return a[2][1] < b[2][1] end)
   local packets = {}
+  local v5 = speaks5(cid)
   for _, h in ipairs(held) do
     local m = h[2]
     if m[4] == 2 then packets[#packets + 1] = pubrel(h[1])
-    else packets[#packets + 1] = publish(m[5], m[6], m[2], m[3], h[1], true) end
+    else
+      local props = nil
+      if v5 then props = counted(m[7] or '', m[8], true) end
+      packets[#packets + 1] = publish(m[5], m[6], m[2], m[3], h[1], true, props)
+    end
   end
   fill(cid, packets)
   send(cid, epoch, me, packets)
   return #packets
 end
 
+-- What an MQTT 5 session's options on the ``filters`` that matched make of a message
+-- (as Subscriptions.shaped): nil if No Local skips it (``own``, and every one says so),
+-- else the retain flag (Retain As Published) and the Subscription Identifiers to add.
+local function shaped(cid, filters, own, retain)
+  local nl, rap, ids, seen = true, false, {}, {}
+  for _, f in ipairs(filters) do
+    local value = tonumber(redis.call('HGET', key('psubo', cid), f) or '0')
+    if value % 2 == 0 then nl = false end
+    if math.floor(value / 2) % 2 == 1 then rap = true end
+    local id = math.floor(value / 4)
+    if id > 0 and not seen[id] then
+      seen[id] = true
+      ids[#ids + 1] = id
+    end
+  end
+  if own and nl then return nil end
+  table.sort(ids)
+  local extra = ''
+  for _, id in ipairs(ids) do extra = extra .. string.char(11) .. varlen(id) end
+  if rap and retain == 1 then return 1, extra end
+  return 0, extra
+end
+
 if op == 'route' then
-  -- ARGV[12] topic, [13] payload, [14] qos, [15] mode: 'f' filters follow (route to their
-  -- sessions), 'q' filters follow (only say who they are, with usernames, for the ACL),
-  -- 't' (session, qos) pairs follow (route to exactly those).
-  local topic, payload, qos, mode = ARGV[12], ARGV[13], tonumber(ARGV[14]), ARGV[15]
-  local levels, order = {}, {}
+  -- ARGV[12] topic, [13] payload, [14] qos, [15] the publisher's MQTT 5 properties
+  -- (packed), [16] its retain flag, [17] its client id (for No Local), [18] mode: 'f'
+  -- filters follow (route to their sessions), 'q' filters follow (only say who they
+  -- are, with usernames, for the ACL), 't' a count n, n (session, qos) pairs, then the
+  -- filters (route to exactly those sessions).
+  local topic, payload, qos, mode = ARGV[12], ARGV[13], tonumber(ARGV[14]), ARGV[18]
+  local props, retain, origin = ARGV[15], tonumber(ARGV[16]), ARGV[17]
+  local levels, order, matched = {}, {}, {}
+  local first = 19
   if mode == 't' then
-    for i = 16, #ARGV, 2 do
+    local n = tonumber(ARGV[19])
+    for i = 20, 19 + 2 * n, 2 do
       order[#order + 1] = ARGV[i]
       levels[ARGV[i]] = tonumber(ARGV[i + 1])
+      matched[ARGV[i]] = {}
     end
-  else
-    for i = 16, #ARGV do
-      local flat = redis.call('HGETALL', key('pf', ARGV[i]))
-      for j = 1, #flat, 2 do
-        local c, level = flat[j], math.min(qos, tonumber(flat[j + 1]))
+    first = 20 + 2 * n
+  end
+  for i = first, #ARGV do
+    local flat = redis.call('HGETALL', key('pf', ARGV[i]))
+    for j = 1, #flat, 2 do
+      local c, level = flat[j], math.min(qos, tonumber(flat[j + 1]))
+      if mode ~= 't' then
         local had = levels[c]
         if had == nil then
           order[#order + 1] = c
           levels[c] = level
+          matched[c] = {}
         elseif level > had then
           levels[c] = level
         end
       end
+      local m = matched[c]
+      if m then m[#m + 1] = ARGV[i] end
     end
   end
   if mode == 'q' then
@@ -188,8 +269,12 @@ if op == 'route' then
   end
   local pushed, dropped, newly = 0, 0, {}
   for _, c in ipairs(order) do
-    if levels[c] > 0 then
-      local r = push(c, levels[c], 0, topic, payload)
+    local flag, extra = 0, ''
+    if levels[c] > 0 and speaks5(c) then
+      flag, extra = shaped(c, matched[c], c == origin, retain)
+    end
+    if levels[c] > 0 and flag ~= nil then
+      local r = push(c, levels[c], flag, topic, payload, props .. extra)
       if r > 0 then
         pushed = pushed + 1
       elseif r < 0 then
@@ -236,7 +321,9 @@ local cid = ARGV[12]
 local s = key('ps', cid)
 if op == 'open' then
   -- ARGV[13] the username ('' for none, else '=' .. name); ARGV[14] how many sessions
-  -- the fleet keeps at most (a new one past it is refused: -1).
+  -- the fleet keeps at most (a new one past it is refused: -1); ARGV[15] '1' if the
+  -- client speaks MQTT 5.0. A resumed session also returns its subscriptions' options.
+  local v5 = ARGV[15] or '0'
   local holder = redis.call('HGET', s, 'holder')
   local expired = 0
   if holder then
@@ -246,8 +333,9 @@ if op == 'open' then
       redis.call('HINCRBY', stats, 'expired', 1)
       expired = 1
     else
-      redis.call('HSET', s, 'user', ARGV[13])
-      return {1, redis.call('HGETALL', key('psub', cid)), redis.call('SMEMBERS', key('pin', cid)), 0}
+      redis.call('HSET', s, 'user', ARGV[13], 'v5', v5)
+      local subs, opts = redis.call('HGETALL', key('psub', cid)), redis.call('HGETALL', key('psubo', cid))
+      return {1, subs, redis.call('SMEMBERS', key('pin', cid)), 0, opts}
     end
   end
   local most = tonumber(ARGV[14] or '0')
@@ -257,7 +345,7 @@ if op == 'open' then
   end
   -- Counted as left now: a connection that dies before its CONNACK never attaches.
   redis.call('HSET', s, 'holder', '', 'hnode', '', 'was', '', 'left', now, 'user', ARGV[13],
-    'lastid', 0, 'seq', 0, 'qb', 0)
+    'lastid', 0, 'seq', 0, 'qb', 0, 'v5', v5)
   redis.call('ZADD', sessions, now + expiry, cid)
   return {0, {}, {}, expired}
 elseif op == 'attach' or op == 'reattach' then
@@ -280,12 +368,19 @@ elseif op == 'detach' then
   detach(cid, s, cur[2])
   return 1
 elseif op == 'sub' then
+  -- ARGV[13] filter, [14] qos, [15] its MQTT 5 options, packed ('0' or absent: none).
   if redis.call('EXISTS', s) == 0 then return 0 end
   redis.call('HSET', key('psub', cid), ARGV[13], ARGV[14])
+  if ARGV[15] and ARGV[15] ~= '0' then
+    redis.call('HSET', key('psubo', cid), ARGV[13], ARGV[15])
+  else
+    redis.call('HDEL', key('psubo', cid), ARGV[13])
+  end
   index(ARGV[13], cid, ARGV[14])
   return 1
 elseif op == 'unsub' then
   if redis.call('HDEL', key('psub', cid), ARGV[13]) == 1 then unindex(ARGV[13], cid) end
+  redis.call('HDEL', key('psubo', cid), ARGV[13])
   return 1
 elseif op == 'ack' then
   -- ARGV[13] epoch, [14] puback | pubrec | pubcomp, [15] packet id.
@@ -318,7 +413,7 @@ elseif op == 'inbound' then
   else redis.call('SREM', key('pin', cid), ARGV[13]) end
   return 1
 elseif op == 'push' then
-  return push(cid, tonumber(ARGV[13]), tonumber(ARGV[14]), ARGV[15], ARGV[16])
+  return push(cid, tonumber(ARGV[13]), tonumber(ARGV[14]), ARGV[15], ARGV[16], ARGV[17])
 elseif op == 'discard' then
   return discard(cid)
 end
