@@ -21,15 +21,32 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from loadtest.mqtt_targets import MqttTarget, PeerUnavailable, start_mosquitto
 from loadtest.processes import free_port, start_heartbeat, stop
-from servers.heartbeat.v5.codec import pack, read_packet
-from servers.heartbeat.v5.packets import PUBACK, Ack, Connect, Publish, Subscribe, Subscription
-from servers.heartbeat.v5.wire import read_varint
+from servers.heartbeat.v5.codec import pack, read_whole
+from servers.heartbeat.v5.packets import PUBACK, Ack, Connect, Packet, Publish, Subscribe, Subscription
 
 GROUP = "$share/bench/load/#"
+
+
+def read_forever(sock: socket.socket, handle: Callable[[list[tuple[Packet, int]]], None]) -> None:
+    """Read ``sock`` until it closes, handing each batch of whole packets (with their
+    sizes on the wire) to ``handle``; for a client's reader thread."""
+    buf = b""
+    while True:
+        try:
+            data = sock.recv(1 << 20)
+        except OSError:
+            return
+        if not data:
+            return
+        buf += data
+        packets, used = read_whole(buf)
+        handle(packets)
+        buf = buf[used:]
 
 
 class Reader:
@@ -54,44 +71,26 @@ class Reader:
                 raise RuntimeError(f"{client_id}: no SUBACK")
 
     def _read(self) -> None:
-        buf = b""
-        while True:
-            try:
-                data = self.sock.recv(1 << 20)
-            except OSError:
-                return
-            if not data:
-                return
-            buf += data
-            pos, acks = 0, []
-            while True:
-                if len(buf) - pos < 2:
-                    break
-                try:
-                    length, start = read_varint(buf, pos + 1, len(buf))
-                except Exception:
-                    break  # the length itself is still arriving
-                end = start + length
-                if end > len(buf):
-                    break
-                packet = read_packet(buf[pos], buf[start:end])
-                pos = end
-                if isinstance(packet, Publish):
-                    self.count += 1
-                    self.bodies.append(packet.payload)
-                    self.last = time.perf_counter()
-                    if packet.qos == 1 and packet.packet_id:
-                        acks.append(pack(Ack(PUBACK, packet.packet_id)))
-                elif isinstance(packet, Ack):
-                    with self._lock:
-                        self.acked += 1
-                elif type(packet).__name__ == "Connack":
-                    self.connack.set()
-                elif type(packet).__name__ == "Suback":
-                    self.suback.set()
-            buf = buf[pos:]
-            if acks:
-                self.sock.sendall(b"".join(acks))
+        read_forever(self.sock, self._handle)
+
+    def _handle(self, packets: list[tuple[Packet, int]]) -> None:
+        acks = []
+        for packet, _ in packets:
+            if isinstance(packet, Publish):
+                self.count += 1
+                self.bodies.append(packet.payload)
+                self.last = time.perf_counter()
+                if packet.qos == 1 and packet.packet_id:
+                    acks.append(pack(Ack(PUBACK, packet.packet_id)))
+            elif isinstance(packet, Ack):
+                with self._lock:
+                    self.acked += 1
+            elif type(packet).__name__ == "Connack":
+                self.connack.set()
+            elif type(packet).__name__ == "Suback":
+                self.suback.set()
+        if acks:
+            self.sock.sendall(b"".join(acks))
 
     def close(self) -> None:
         self.sock.close()

@@ -120,17 +120,25 @@ def test_short_topics_other_packets_and_the_clients_packet_size_are_left_alone()
 @given(
     maximum=st.integers(1, 4),
     sends=st.lists(
-        st.tuples(st.sampled_from(["t/one", "t/two", "t/three", "t/four", "t/five", "x"]), st.integers(0, 1)),
-        max_size=60,
+        st.tuples(
+            st.sampled_from(["t/one", "t/two", "t/three", "t/four", "t/five", "x", "long/" + "t" * 200]),
+            st.integers(0, 1),
+            st.binary(max_size=300),  # a remaining length of one byte, or two
+            st.sampled_from([b"", forwarded(Properties(content_type="c", user_properties=(("k", "v" * 150),)))]),
+        ),
+        max_size=40,
     ),
 )
-def test_a_client_resolving_the_aliases_reads_every_topic_right(maximum: int, sends: list[tuple[str, int]]) -> None:
+def test_a_client_resolving_the_aliases_reads_every_topic_right(
+    maximum: int, sends: list[tuple[str, int, bytes, bytes]]
+) -> None:
     aliases = OutboundAliases(maximum)
     resolver = Resolver(maximum)
-    for i, (topic, qos) in enumerate(sends):
-        packet = one(aliases.apply(publish(topic, str(i).encode(), qos, False, i + 1 if qos else None)))
+    for i, (topic, qos, payload, props) in enumerate(sends):
+        packet = one(aliases.apply(publish(topic, payload, qos, False, i + 1 if qos else None, False, props)))
         assert resolver.topic(packet) == topic
-        assert packet.payload == str(i).encode()
+        assert packet.payload == payload and packet.packet_id == (i + 1 if qos else None)
+        assert packet.properties.user_properties == (() if not props else (("k", "v" * 150),))
         assert len(aliases._by_topic) <= maximum
 
 

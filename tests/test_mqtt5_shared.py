@@ -212,3 +212,63 @@ def test_a_message_passed_on_from_a_3_1_1_member_reaches_a_5_0_member_in_5_0s_fo
     assert broker.give_message(new, copy) == 1
     (packet,) = read_packets(new.sent[-1])
     assert packet == Publish("t/1", b"a", 1, packet_id=1)
+
+
+@pytest.mark.parametrize("coordinator", ["workers", "fleet"])
+def test_a_leaving_members_unacknowledged_go_to_a_member_on_another_worker_or_gateway(
+    start_server: Any, clients: list[Paho5], redis_server: RedisServer, tmp_path: Path, coordinator: str
+) -> None:
+    """The only other member is elsewhere: the QoS 1 messages a member left
+    unacknowledged (in flight and queued behind its Receive Maximum) cross to it."""
+    gateways = []
+    try:
+        if coordinator == "fleet":
+            ports = []
+            for i in range(2):
+                port = free_port()
+                args = ["--cluster", redis_server.url, "--node", f"gw{i}", "--tick", "0.05"]
+                args += ["--presence-log", str(tmp_path / f"gw{i}.jsonl")]
+                gateways.append(start_heartbeat(port, 1, args, cwd=str(ROOT)))
+                ports.append(port)
+            stuck_port, healthy_port = ports
+        else:
+            server: Server = start_server(workers=2)
+            healthy_probe = Paho5(server.port, "healthy").start()
+            clients.append(healthy_probe)
+            (seen,) = server.wait_for(lambda e: e.get("client_id") == "healthy" and e["status"] == "online")
+            stuck_port = healthy_port = server.port
+        healthy = clients[-1] if coordinator == "workers" else Paho5(healthy_port, "healthy").start()
+        if coordinator == "fleet":
+            clients.append(healthy)
+        healthy.subscribe(("$share/g/q/#", 1))
+        stuck: Raw5 | None = None
+        for i in range(16):  # on another worker than the healthy member (the kernel spreads them)
+            candidate = Raw5(stuck_port, Connect(f"stuck-{i}", 30, properties=Properties(receive_maximum=2)))
+            if coordinator == "fleet":
+                stuck = candidate
+                break
+            name = f"stuck-{i}"
+            (event,) = server.wait_for(lambda e, n=name: e.get("client_id") == n and e["status"] == "online")
+            if event["worker"] != seen["worker"]:
+                stuck = candidate
+                break
+            candidate.close()
+        assert stuck is not None, "every member landed on the healthy one's worker"
+        stuck.send(Subscribe(1, (Subscription("$share/g/q/#", 1),)))
+        assert stuck.read() == Suback(1, (1,))
+        time.sleep(1.0)  # each side's filters reach the other (through Redis for the fleet)
+        producer = Raw5(stuck_port, Connect("producer", 30))
+        sent = [f"m{i}".encode() for i in range(12)]
+        for i, body in enumerate(sent):
+            producer.send(Publish("q/x", body, qos=1, packet_id=i + 1))
+            assert producer.read() == Ack(PUBACK, i + 1)
+        got = stuck.publishes(2)  # it takes two and never acknowledges them; more wait behind
+        wait_until(lambda: len(payloads(healthy, "q/")) >= 4, 10, "the healthy member's share")
+        stuck.close()
+        wait_until(lambda: len(payloads(healthy, "q/")) >= 12, 15, "every message at the healthy member")
+        assert sorted(payloads(healthy, "q/")) == sorted(sent)
+        assert {p.payload for p in got} <= set(payloads(healthy, "q/"))
+    finally:
+        for proc in gateways:
+            proc.kill()  # by PID
+            proc.wait()

@@ -361,6 +361,10 @@ class Broker(Generic[S]):
         self.persist: Callable[[S, Message], None] | None = None
         """Where a persistent session's QoS 1 or 2 message from a shared subscription goes
         (its session store; a plain subscription's copies go there by routing instead)."""
+        self.unserved: Callable[[Message], None] | None = None
+        """Called with a QoS 1 or 2 message the coordinator sent here for a shared
+        subscription (``groups``) that has no member here any more: its last one left
+        while the message was on its way, so it is passed on."""
 
     @property
     def dropped(self) -> int:
@@ -453,6 +457,8 @@ class Broker(Generic[S]):
             if picked is not None and (not checks or picked[0].may_read(topic)):
                 message = Message(topic, payload, min(qos, picked[1]), retain, properties, group=shared)
                 count += self.give_message(picked[0], message, published_retain)
+            elif picked is None and groups is not None and qos and self.unserved is not None:
+                self.unserved(Message(topic, payload, qos, published_retain, properties, group=shared))
         self.delivered += count
         return count
 

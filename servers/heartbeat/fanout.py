@@ -66,6 +66,7 @@ class FanOut:
         self.broker: Broker[Connection] = Broker(config.max_qos, budget, config.max_inflight, config.max_queued)
         self.broker.checks_reads = config.acl is not None
         self.broker.persist = self._persist
+        self.broker.unserved = self._elsewhere
         self.retained = RetainedDelivery(coordinator, self.broker, nursery)
         self.unsettled: dict[Connection, list[AddSubscription]] = {}
         """Connections whose next reply (the SUBACK) waits for :meth:`settle`, with the
@@ -217,7 +218,8 @@ class FanOut:
         """``conn`` ended: nothing waits for its SUBACK, its queue no longer counts, and
         its subscriptions go (the other workers are told if the filters changed). The
         QoS 1 and 2 messages it had from shared subscriptions and did not acknowledge
-        go to another member of the group on this worker (counted as lost if none)."""
+        go to another member of the group: on this worker if one is here, else on
+        another worker or gateway (counted as lost if there is none)."""
         self.unsettled.pop(conn, None)
         broker = self.broker
         box = conn.held
@@ -233,12 +235,21 @@ class FanOut:
     def _pass_on(self, conn: Connection, message: Message) -> None:
         picked = self.broker.member(message.group, skip=conn)
         if picked is None:
-            self.counters["shared_unacknowledged_lost"] += 1
+            self._elsewhere(message)
             return
         sub, qos = picked
         level = min(message.qos, qos)
         copy = Message(message.topic, message.payload, level, message.retain, message.properties, message.group)
         self.counters["shared_passed_on"] += self.broker.give_message(sub, copy)
+
+    def _elsewhere(self, message: Message) -> None:
+        """A shared subscription's message with no member here to take it: to one on
+        another worker or gateway, if any holds the group."""
+        m = message
+        if self.coordinator.pass_on(m.topic, m.payload, m.qos, m.properties or b"", m.retain, m.group):
+            self.counters["shared_passed_elsewhere"] += 1
+        else:
+            self.counters["shared_unacknowledged_lost"] += 1
 
     def filters(self) -> set[str]:
         """Every filter this worker's subscribers hold."""

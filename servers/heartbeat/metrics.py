@@ -36,6 +36,7 @@ COUNTERS: Iterable[tuple[str, str]] = (
     ("wills_published", "Will messages published for devices that died."),
     ("wills_delayed", "MQTT 5 Wills held back for their Will Delay Interval."),
     ("shared_passed_on", "Unacknowledged messages of a shared subscription's member that left, given to another."),
+    ("shared_passed_elsewhere", "Such messages given to a member on another worker or gateway (none was here)."),
     ("shared_unacknowledged_lost", "Unacknowledged shared-subscription messages of a member that left, with no other."),
     ("wills_cancelled", "Delayed Wills dropped: the device connected again in time, here or elsewhere."),
     ("refused_keepalive", "3.1.1 CONNECTs refused (2): keep-alive over --max-keepalive (--keepalive-over-max refuse)."),

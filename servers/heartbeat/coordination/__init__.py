@@ -206,6 +206,12 @@ class Coordinator(abc.ABC):
         serves itself; the coordinator sees to the others (and to groups held only
         elsewhere)."""
 
+    def pass_on(self, topic: str, payload: bytes, qos: int, properties: bytes, retain: bool, group: str) -> bool:
+        """A QoS 1 or 2 message of shared subscription ``group`` that a member here left
+        unacknowledged, with no other member here to take it: give it to a member on
+        another worker or gateway. False if there is none (it is lost, and counted)."""
+        return False
+
     @abc.abstractmethod
     def filters_changed(self, added: Collection[str], removed: Collection[str] = ()) -> None:
         """Since the last call, this worker's subscribers came to hold ``added`` (each

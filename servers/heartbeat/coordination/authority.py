@@ -154,6 +154,8 @@ class Authority:
         """Numbered frames that came again after a dropped link and were not applied twice."""
         self.stale_attaches = 0
         """Persistent sessions' attaches refused: their connection had already lost the client id."""
+        self.shared_lost = 0
+        """Shared subscriptions' unacknowledged messages passed on with no member left to take them."""
 
     # -- LinkHandler ---------------------------------------------------------------
 
@@ -279,6 +281,9 @@ class Authority:
         elif isinstance(frame, Ended):
             if self.registry.offline(frame.event, forget=frame.forget) is not None:
                 self._publish(frame.event)
+        elif isinstance(frame, Routed) and frame.group:
+            deliver = Deliver(frame.topic, frame.payload, frame.qos, frame.properties, frame.retain, frame.group)
+            self._pass_on(deliver, skip=peer)
         elif isinstance(frame, Routed):
             self._deliver(Deliver(frame.topic, frame.payload, frame.qos, frame.properties, frame.retain), skip=peer)
             route = (frame.topic, frame.payload, frame.qos, frame.properties, frame.retain, frame.origin)
@@ -442,6 +447,21 @@ class Authority:
             turn = self._turns.get(group, 0)
             self._turns[group] = turn + 1
             peers[turn % len(peers)].link.send(encode(replace(frame, group=group)))
+
+    def _pass_on(self, frame: Deliver, skip: _Peer) -> None:
+        """A shared subscription's message a member of ``skip`` left unacknowledged: to
+        another worker holding the group, in turn (lost if none does now)."""
+        peers = [
+            p
+            for p in list(self._peers.values())
+            if p is not skip and p.index and p.index.shared and frame.group in p.index.shared.matching(frame.topic)
+        ]
+        if not peers:
+            self.shared_lost += 1
+            return
+        turn = self._turns.get(frame.group, 0)
+        self._turns[frame.group] = turn + 1
+        peers[turn % len(peers)].link.send(encode(frame))
 
     def _filters_changed(self) -> None:
         """Send each worker what changed in the filters held by others than it (the

@@ -118,6 +118,9 @@ class Routed(Frame):
     """The flag it was published with (for Retain As Published)."""
     origin: str = ""
     """The publisher's client id (for the No Local of its own persistent session)."""
+    group: str = ""
+    """A shared subscription's message a member left unacknowledged: for one member of
+    that group elsewhere, and nobody else."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -183,6 +183,18 @@ class BusCoordinator(Coordinator):
             self._send(Routed(0, topic, payload, qos, properties, retain))
         return mine
 
+    def pass_on(self, topic: str, payload: bytes, qos: int, properties: bytes, retain: bool, group: str) -> bool:
+        """See :meth:`Coordinator.pass_on`: numbered, for the supervisor to pick a worker
+        holding the group."""
+        remote = self._remote
+        if self.orphaned or not remote or group not in remote:
+            return False
+        if self._unacked_bytes + len(payload) > MAX_UNACKED_ROUTED_BYTES:
+            return False
+        self._unacked_bytes += len(payload)
+        self._numbered(Routed(self._next(), topic, payload, qos, properties, retain, group=group))
+        return True
+
     def filters_changed(self, added: Collection[str], removed: Collection[str] = ()) -> None:
         """See :meth:`Coordinator.filters_changed`. Unlinked, the change is dropped: the
         whole set goes on the next link (:meth:`_greet`)."""

@@ -19,10 +19,8 @@ does it as the bytes are queued. Pure: bytes in, bytes out.
 
 from __future__ import annotations
 
-import struct
 from collections import OrderedDict
 
-from ..encoders import encode_frame
 from .wire import pack_varint, read_varint
 
 __all__ = ["MIN_TOPIC", "OutboundAliases"]
@@ -30,7 +28,6 @@ __all__ = ["MIN_TOPIC", "OutboundAliases"]
 MIN_TOPIC = 4
 """Topics shorter than this many bytes are never aliased (an alias costs three)."""
 
-_H = struct.Struct("!H")
 _TOPIC_ALIAS = 0x23
 
 
@@ -60,23 +57,26 @@ class OutboundAliases:
         first = data[0]
         if first >> 4 != 3:
             return data
-        length, pos = read_varint(data, 1, len(data))
-        end = pos + length
-        (topic_length,) = _H.unpack_from(data, pos)
-        if topic_length < MIN_TOPIC:
+        # Every length read inline when it is one byte (nearly always): this runs for
+        # each message to each such client, beside an encode that costs about as much.
+        pos = 2 if data[1] < 0x80 else read_varint(data, 1, len(data))[1]
+        start = pos + 2
+        topic_end = start + (data[pos] << 8 | data[pos + 1])
+        if topic_end - start < MIN_TOPIC:
             return data
-        topic = data[pos + 2 : pos + 2 + topic_length]
-        after_topic = pos + 2 + topic_length + (2 if first & 0x06 else 0)
-        props_length, props_start = read_varint(data, after_topic, end)
-        props_end = props_start + props_length
+        topic = data[start:topic_end]
+        after = topic_end + 2 if first & 0x06 else topic_end
+        if data[after] < 0x80:
+            props_length, props_start = data[after], after + 1
+        else:
+            props_length, props_start = read_varint(data, after, len(data))
         by_topic = self._by_topic
         alias = by_topic.get(topic)
         if alias is not None:
             by_topic.move_to_end(topic)
             self.used += 1
-            named = b""
+            head = b"\x00\x00"  # the topic, empty: the alias names it
         else:
-            named = topic
             if len(data) + 4 > max_packet_size > 0:  # the alias property, and a longer length maybe
                 return data
             if len(by_topic) < self.maximum:
@@ -85,17 +85,19 @@ class OutboundAliases:
                 _, alias = by_topic.popitem(last=False)
             by_topic[topic] = alias
             self.set += 1
-        props = data[props_start:props_end] + bytes((_TOPIC_ALIAS, alias >> 8, alias & 0xFF))
+            head = data[pos:topic_end]
+        props_end = props_start + props_length
         body = b"".join(
             (
-                _H.pack(len(named)),
-                named,
-                data[pos + 2 + topic_length : after_topic],  # the packet id, if any
-                pack_varint(len(props)),
-                props,
-                data[props_end:end],
+                head,
+                data[topic_end:after],  # the packet id, if any
+                bytes((props_length + 3,)) if props_length < 125 else pack_varint(props_length + 3),
+                data[props_start:props_end],
+                bytes((_TOPIC_ALIAS, alias >> 8, alias & 0xFF)),
+                data[props_end:],
             )
         )
-        out = encode_frame(first, body)
+        n = len(body)
+        out = bytes((first, n)) + body if n < 0x80 else bytes((first,)) + pack_varint(n) + body
         self.saved += len(data) - len(out)
         return out

@@ -49,7 +49,7 @@ from .properties import EMPTY, Carrier, Properties, pack_properties, read_proper
 from .reason_codes import malformed, protocol_error
 from .wire import pack_binary, pack_string, read_binary, read_string, read_u8, read_u16, read_varint
 
-__all__ = ["pack", "read_packet", "read_packets"]
+__all__ = ["pack", "read_packet", "read_packets", "read_whole"]
 
 _PINGREQ, _PINGRESP = Pingreq(), Pingresp()
 _Reader = Callable[[int, bytes, int, int], Packet]
@@ -298,6 +298,27 @@ def read_packet(first: int, body: bytes) -> Packet:
     if kind != PUBLISH and flags != _FLAGS[kind]:
         raise malformed(f"{_NAMES[kind]} with fixed-header flags 0x{flags:X}")
     return reader(flags, body, 0, len(body))
+
+
+def read_whole(data: bytes) -> tuple[list[tuple[Packet, int]], int]:
+    """The whole packets at the start of ``data`` (a stream read so far), each with its
+    size on the wire, and how many bytes they took; the rest waits for more (for
+    clients and benchmarks)."""
+    out: list[tuple[Packet, int]] = []
+    pos, end = 0, len(data)
+    while end - pos >= 2:
+        last = pos + 1
+        while last < end and data[last] & 0x80 and last - pos < 4:
+            last += 1
+        if last >= end:
+            break  # the length itself is still arriving
+        length, start = read_varint(data, pos + 1, end)
+        stop = start + length
+        if stop > end:
+            break
+        out.append((read_packet(data[pos], data[start:stop]), stop - pos))
+        pos = stop
+    return out, pos
 
 
 def read_packets(data: bytes) -> list[Packet]:

@@ -258,19 +258,40 @@ class RedisCoordinator(Coordinator, FleetCounts):
         ):
             self.route_skipped += 1
             return mine
-        self._enqueue(
-            Queued(
-                "route",
-                topic=topic,
-                payload=payload,
-                qos=qos,
-                properties=properties,
-                retain=retain,
-                shares=shares,
-                origin=origin,
-            )
-        )
+        self._enqueue(self._route(topic, payload, qos, properties, retain, shares=shares, origin=origin))
         return mine
+
+    @staticmethod
+    def _route(
+        topic: str,
+        payload: bytes,
+        qos: int,
+        properties: bytes,
+        retain: bool,
+        *,
+        shares: dict[str, list[str]],
+        origin: str = "",
+        plain: bool = True,
+    ) -> Queued:
+        """A "route" report of a message."""
+        return Queued(
+            "route",
+            topic=topic,
+            payload=payload,
+            qos=qos,
+            properties=properties,
+            retain=retain,
+            shares=shares,
+            origin=origin,
+            plain=plain,
+        )
+
+    def pass_on(self, topic: str, payload: bytes, qos: int, properties: bytes, retain: bool, group: str) -> bool:
+        """See :meth:`Coordinator.pass_on`: to another gateway holding the group, in turn."""
+        node = self.shares.elsewhere(topic, group)
+        if node is None:
+            return False
+        return self._enqueue(self._route(topic, payload, qos, properties, retain, shares={node: [group]}, plain=False))
 
     async def open_session(self, client_id: str, username: str | None = None, v5: bool = False) -> Opened | None:
         """The stored session (or a new one), in order with this node's reports; None if

@@ -60,6 +60,8 @@ class Queued:
     """A route's retain flag as published (for Retain As Published)."""
     origin: str = ""
     """A route's publisher (its client id), for the No Local of its own persistent session."""
+    plain: bool = True
+    """False: a route for its ``shares`` only (a message a group's member left unacknowledged)."""
     shares: dict[str, list[str]] = field(default_factory=dict)
     """A route's shared subscriptions, by the node picked to serve each."""
     report: Report | None = None

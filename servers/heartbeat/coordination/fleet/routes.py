@@ -106,13 +106,15 @@ class Routes:
         a pipeline), each with what to do with its reply; none if nobody wants it now."""
         out: list[Request] = []
         targets = [n for n, f in self.remote.items() if n != self.node and f.matches_plain(report.topic)]
+        if not report.plain:
+            targets = []
         message = RoutedMessage(report.topic, report.payload, report.qos, report.properties, report.retain)
         if targets:
             out.append(self._append(targets, encode_route(message), client))
         for node, groups in report.shares.items():
             for group in groups:  # the node picked to serve the group's copy
                 out.append(self._append([node], encode_route(replace(message, group=group)), client))
-        if report.qos > 0 and self.may_read is None:
+        if report.qos > 0 and self.may_read is None and report.plain:
             filters = self.persistent.matching(report.topic)
             if filters:
                 args = [*self._message(report), "f", *filters]
@@ -138,6 +140,7 @@ class Routes:
         topic is decided here, between asking Redis who the sessions are and routing."""
         return (
             report.kind == "route"
+            and report.plain
             and report.qos > 0
             and self.may_read is not None
             and bool(self.persistent.matching(report.topic))

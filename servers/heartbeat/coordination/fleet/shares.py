@@ -71,6 +71,20 @@ class SharePicker:
                 elsewhere.setdefault(chosen, []).append(group)
         return mine, elsewhere
 
+    def elsewhere(self, topic: str, group: str) -> str | None:
+        """Another node holding shared subscription ``group`` (which ``topic`` reaches),
+        in turn; None if no other node holds it."""
+        nodes = sorted(
+            node
+            for node, index in self.remote.items()
+            if node != self.node and index.shared and group in index.shared.matching(topic)
+        )
+        if not nodes:
+            return None
+        turn = self._turns.get(group, 0)
+        self._turns[group] = turn + 1
+        return nodes[turn % len(nodes)]
+
     def owned(self, topic: str, key: str) -> list[str]:
         """The shared subscriptions held here that this node serves a fleet-wide event
         (``key`` names it the same on every node) to."""
