@@ -57,7 +57,7 @@ __all__ = [
     "serve_tcp",
 ]
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 if TYPE_CHECKING:
     from .engine import Engine, open_engine, serve_protocol

@@ -223,7 +223,9 @@ def test_metrics_label_values_may_hold_any_character() -> None:
 
 
 def test_ci_smoke_run_with_a_stall(tmp_path: Path) -> None:
-    """2,000 devices, keep-alive 2 s, 2% silent, 0.5% vanish, 0.5% reconnect, a 4 s SIGSTOP."""
+    """2,000 devices, keep-alive 2 s, 2% silent, 0.5% vanish, 0.5% reconnect, a 4 s SIGSTOP;
+    a mixed fleet (20% MQTT 3.1, 40% 3.1.1, 40% 5.0), as real fleets are mid-upgrade: none
+    refused or dropped, every silent one found (the 5.0 ones told why), across the stall."""
     out = tmp_path / "devices.json"
     plots = tmp_path / "plots"
     started = time.monotonic()
@@ -234,7 +236,7 @@ def test_ci_smoke_run_with_a_stall(tmp_path: Path) -> None:
             "loadtest",
             "devices",
             *("--devices", "2000", "--keepalive", "2", "--silent", "0.02", "--vanish", "0.005"),
-            *("--reconnect", "0.005", "--stall", "--tick", "0.1", "--quiet"),
+            *("--reconnect", "0.005", "--stall", "--tick", "0.1", "--quiet", "--protocol", "3.1:0.2,5:0.4"),
             *("--json", str(out), "--plots", str(plots)),
         ],
         capture_output=True,
@@ -246,6 +248,9 @@ def test_ci_smoke_run_with_a_stall(tmp_path: Path) -> None:
     r = json.loads(out.read_text())
     assert passed(r)
     assert r["connected"] == 2000 and r["connect_failed"] == 0 and r["refused"] == 0
+    assert r["protocols"] == {"3.1": 400, "3.1.1": 800, "5.0": 800}
+    told = r["disconnects"]  # what the 5.0 devices' DISCONNECTs said, by reason code
+    assert told and all(code.startswith(("0x8D", "0x8E")) for code in told), told
     assert r["false_expiries"] == 0, r["false_expiry_examples"]
     assert r["detected"] == r["silent"] == 40
     sv = r["server_view"]

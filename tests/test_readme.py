@@ -45,6 +45,8 @@ def test_readme_example_runs(code: str, tmp_path: Path) -> None:
         assert 'idlekeeper_expired_total{reason="idle",worker="0"} 1.0' in done.stdout
     if "gone_events" in code:
         assert "idle after 0.2s\nidle after 0.4s\n" in done.stdout
+    if "last_words" in code:
+        assert done.stdout == "b'bye: idle\\n'\nb''\n"
     if "call_every" in code:
         assert done.stdout.count("every 100 ms") == 3
         assert done.stdout.count("once") == 1
