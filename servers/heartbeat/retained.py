@@ -38,7 +38,7 @@ order; replacing or clearing a topic leaves its old heap item behind rather than
 searching the heap for it, and a stale item is skipped when it surfaces (the heap is
 rebuilt once stale items outnumber live ones by more than a thousand).
 
-Memory. One :class:`Retained` (a 4-slot object, 64 bytes) per topic, sharing its
+Memory. One :class:`Retained` (six slots, 80 bytes) per topic, sharing its
 topic string with the dict key, the sorted index and the heap. Measured with
 tracemalloc on CPython 3.11 (``tests/test_mqtt_retained.py``) for a 60-byte topic and
 a 200-byte payload: 435 to 449 bytes per entry in all, depending on where the dict is
