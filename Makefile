@@ -29,6 +29,7 @@ unit: $(STAMP)
 	$(PY) -m pytest
 
 bench: $(STAMP)
+	$(PY) -m pytest -q benchmarks/checks
 	$(PY) -m benchmarks.core
 
 clean:

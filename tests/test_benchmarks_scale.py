@@ -7,8 +7,7 @@ import argparse
 
 import pytest
 
-from benchmarks.scale import cold_touch, keepalive_for, main, measure_pair, parse_shape
-from loadtest.mqtt_targets import mosquitto_binary
+from benchmarks.scale import cold_touch, keepalive_for, parse_shape
 
 
 def test_a_shape_is_devices_by_rate() -> None:
@@ -30,21 +29,3 @@ def test_the_kernel_s_cost_per_ready_socket_is_measured_for_each_pause() -> None
     out = cold_touch(sockets=20, ready=5, sleeps=(0.001, 0.002), rounds=3)
     assert set(out) == {0.001, 0.002}
     assert all(0 < us < 1e6 for us in out.values())
-
-
-def test_one_small_shape_is_run_and_every_heartbeat_answered(capsys: pytest.CaptureFixture[str]) -> None:
-    args = ["--shape", "50x20", "--seconds", "2", "--warmup", "0", "--touch-rounds", "2", "--repeat", "1"]
-    assert main([*args, "--no-mosquitto"]) == 0
-    out = capsys.readouterr().out
-    assert "pair 1: 50 devices at 20/s: idlekeeper " in out and "| 50 | 20 | " in out
-
-
-def test_both_servers_are_measured_in_one_window() -> None:
-    if mosquitto_binary() is None:
-        pytest.skip("mosquitto is not installed (apt-get install mosquitto; .ci/run installs it)")
-    pair = measure_pair(50, 20.0, seconds=2, coalesce=1.0, warmup=0)
-    ours, theirs = pair["idlekeeper"], pair["Mosquitto"]
-    assert ours["answered"] == theirs["answered"] == 1.0
-    assert ours["cpu_pct_per_1k"] > 0 and theirs["cpu_pct_per_1k"] > 0
-    # The two drivers start their windows at the same instant, give or take a connect.
-    assert abs(ours["window_start"] - theirs["window_start"]) < 0.5

@@ -5,15 +5,11 @@ from __future__ import annotations
 
 import math
 import os
-import shutil
-from pathlib import Path
 
 import pytest
 
 from benchmarks.topics import ROOT, Row, cpu_of, main, memory_per_filter, ratios, table
 from benchmarks.topics_load import Window, percentile
-
-IN_CI = os.environ.get("CI") == "true"
 
 
 def _row(server: str, filters: int, topic: str, cpu: float, rtts: list[float]) -> Row:
@@ -50,23 +46,6 @@ def test_a_wildcard_filter_costs_a_few_hundred_bytes() -> None:
     got = memory_per_filter(str(ROOT), 2000)
     assert 100 < got["subscriptions"] < 2000
     assert 50 < got["index"] < got["subscriptions"]
-
-
-@pytest.mark.skipif(shutil.which("mosquitto") is None and not Path("/usr/sbin/mosquitto").exists() and not IN_CI,
-                    reason="mosquitto not installed")  # fmt: skip
-def test_a_tiny_run_beside_mosquitto(capsys: pytest.CaptureFixture[str]) -> None:
-    argv = ["--filters", "0,50", "--rates", "100", "--seconds", "0.5", "--devices", "2", "--memory", "100"]
-    assert main(argv) == 0
-    out = capsys.readouterr().out
-    rows = [line.split(" | ") for line in out.splitlines() if line.startswith(("| ours |", "| mosquitto |"))]
-    windows = {(r[0][2:], r[1], r[3]): r for r in rows if len(r) == 10}
-    for server in ("ours", "mosquitto"):
-        assert {t for s, n, t in windows if s == server and n == "50"} == {"subscribing", "quiet", "none", "one"}
-        one = windows[(server, "50", "one")]
-        assert one[9].rstrip(" |") != "0"  # the one filter that matches got the messages
-        assert windows[(server, "50", "none")][9].rstrip(" |") == "0"
-        assert windows[(server, "50", "quiet")][6].endswith(" ms")  # the devices' pings were answered
-    assert "| server / mosquitto |" in out and "bytes per wildcard filter" in out
 
 
 def test_each_tree_may_have_options_of_its_own() -> None:

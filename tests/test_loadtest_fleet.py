@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from loadtest.fleet import run_fleet
+from loadtest.fleet.cli import load_from, parser
 from loadtest.fleet.judge import classify_drops, judge_sessions, killed_node_view, node_of, sessions_of
 from loadtest.fleet.load import FleetLoad, fleet_specs, plan_fleet
 from loadtest.fleet.results import passed, report
@@ -109,6 +110,19 @@ def test_fleet_specs_give_every_generator_the_gateways_and_two_waves_of_reconnec
     assert sum(1 for t in times if t < tl.detect_by) == 50 and sum(1 for t in times if t >= tl.wave2) == 50
     assert FleetLoad(devices=30_000, kill_node=True).workers() == 2
     assert FleetLoad(devices=3_000).workers() == 1
+
+
+def test_the_fleets_devices_speak_the_protocol_asked(tmp_path: Path) -> None:
+    def load(*args: str) -> FleetLoad:
+        return load_from(parser().parse_args(list(args)))
+
+    mixed = load("--devices", "1000", "--protocol", "5:0.3")
+    assert mixed.protocol == "3.1.1:0.7,5.0:0.3"  # the option normalised
+    versions = "".join(s.versions for s in fleet_specs(mixed, plan_fleet(mixed, 1), [7000], tmp_path))
+    assert len(versions) == 1000 and versions.count("5") == 300 and versions.count("4") == 700
+    plain = load("--devices", "100")
+    assert plain.protocol == "3.1.1"
+    assert all(not s.versions for s in fleet_specs(plain, plan_fleet(plain, 1), [7000], tmp_path))
 
 
 needs_redis = pytest.mark.skipif(

@@ -52,6 +52,7 @@ from ..options import (
     add_devices,
     add_json,
     add_keepalive,
+    add_protocol,
     add_quiet,
     add_rate,
     add_seed,
@@ -85,6 +86,7 @@ _LOAD_FLAGS = (
     "tick",
     "lease",
     "seed",
+    "protocol",
 )
 """The flags that make a :class:`~loadtest.fleet.load.FleetLoad` as they are (``--failover-delay`` is a pair)."""
 
@@ -205,6 +207,7 @@ def parser(prog: str = "python -m loadtest fleet") -> argparse.ArgumentParser:
     a("--workers-per-node", type=int, default=None, help="workers per gateway (default: enough for its share)")
     add_keepalive(p, d.keepalive)
     add_silent(p, d.silent)
+    add_protocol(p, d.protocol)
     a("--reconnect", type=float, default=d.reconnect, help=f"share that reconnect elsewhere (default: {d.reconnect})")
     add_rate(p, d.rate)
     a("--kill-node", action="store_true", help="SIGKILL one gateway (supervisor and workers) mid-run")

@@ -37,6 +37,8 @@ class FleetLoad:
     tick: float = 0.1
     per_generator: int = FILE_BUDGET
     seed: int = 1
+    protocol: str = "3.1.1"
+    """The devices' MQTT version, or a mix (:mod:`loadtest.mqtt_versions`)."""
 
     def workers(self) -> int:
         """Workers per gateway: the busiest gateway's share within the per-process file budget."""
@@ -62,6 +64,7 @@ class FleetLoad:
             rate=self.rate,
             per_generator=self.per_generator,
             seed=self.seed,
+            protocol=self.protocol,
         )
 
 
