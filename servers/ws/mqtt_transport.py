@@ -1,0 +1,165 @@
+"""MQTT over WebSockets (MQTT 3.1.1 §6, 5.0 §6), sans-IO: the bytes a connection
+receives in, the MQTT bytes they carry and the bytes to write back out.
+
+MQTT rides in binary frames only (MQTT-6.0.0-1: a text frame ends the connection,
+with close code 1003, where Mosquitto 2.0.11 went on serving one). A frame is
+handed on as wsproto yields it, a piece at a time, never reassembled: MQTT packets
+may span frames and a frame may hold several (MQTT-6.0.0-2), so the MQTT reader sees
+one byte stream whatever the framing, and a frame of any declared size costs no
+more memory than the piece that arrived. Pings are answered at once; a close is
+answered and ends the connection, as do frames that break RFC 6455 (wsproto's close
+1002, 1007).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from wsproto import ConnectionType, WSConnection
+from wsproto.connection import ConnectionState
+from wsproto.events import (
+    AcceptConnection,
+    BytesMessage,
+    CloseConnection,
+    Event,
+    Ping,
+    Pong,
+    Request,
+    TextMessage,
+)
+from wsproto.utilities import RemoteProtocolError
+
+from .handshake import WsPolicy
+
+__all__ = ["MqttOverWs", "Step"]
+
+UNSUPPORTED_DATA = 1003
+"""The close code for a text frame: it carries no MQTT."""
+ABNORMAL_CLOSURE = 1006
+"""What wsproto reports for a connection that ended without a close frame."""
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """What one :meth:`MqttOverWs.receive` made of the bytes it was given."""
+
+    mqtt: bytes
+    """MQTT bytes for the packet reader, in order (possibly part of a packet)."""
+    out: bytes
+    """Bytes to write to the peer (the handshake's answer, pongs, a close)."""
+    ended: str | None
+    """Why the connection is over (write ``out``, then close), or None."""
+
+
+class MqttOverWs:
+    """One WebSocket connection that carries MQTT, from its opening handshake on."""
+
+    __slots__ = ("policy", "subprotocol", "pongs", "ended", "_ws", "_early")
+
+    def __init__(self, policy: WsPolicy) -> None:
+        self.policy = policy
+        self.subprotocol: str | None = None
+        """The subprotocol the handshake chose (``mqtt``), once accepted."""
+        self.pongs = 0
+        """Pongs received: each answers a ping the server sent (a liveness deadline's proof)."""
+        self.ended: str | None = None
+        self._ws = WSConnection(ConnectionType.SERVER)
+        # What came before the handshake was answered. wsproto's server side drops the
+        # bytes that follow the request in the same read (its client side keeps them),
+        # and a client may send its first frames without waiting for the answer.
+        self._early: bytearray | None = bytearray()
+
+    @property
+    def open(self) -> bool:
+        """Whether the handshake was accepted and the connection is not closing."""
+        return self._ws.state is ConnectionState.OPEN and self.ended is None
+
+    def receive(self, data: bytes) -> Step:
+        """Take bytes from the peer (b"" at EOF)."""
+        ws = self._ws
+        mqtt: list[bytes] = []
+        out: list[bytes] = []
+        if self.ended is not None:
+            return Step(b"", b"", self.ended)
+        if self._early is not None:
+            self._early += data
+        try:
+            ws.receive_data(data or None)
+            for event in self._events():
+                if isinstance(event, BytesMessage):
+                    mqtt.append(bytes(event.data))
+                elif isinstance(event, Request):
+                    decision = self.policy.decide(event)
+                    if isinstance(decision, AcceptConnection):
+                        self.subprotocol = decision.subprotocol
+                        out.append(ws.send(decision))
+                        self._after_request()
+                    else:
+                        out.append(ws.send(decision.response))
+                        self.ended = f"handshake refused ({decision.response.status_code}): {decision.reason}"
+                        self._early = None
+                        break
+                elif isinstance(event, TextMessage):
+                    out.append(self.close(UNSUPPORTED_DATA, "text frames carry no MQTT"))
+                    self.ended = "a text frame (MQTT-6.0.0-1)"
+                    break
+                elif isinstance(event, Ping):
+                    out.append(ws.send(event.response()))
+                elif isinstance(event, Pong):
+                    self.pongs += 1
+                elif isinstance(event, CloseConnection):
+                    if ws.state is not ConnectionState.CLOSED:
+                        out.append(ws.send(event.response()))
+                    code = int(event.code)
+                    said = f": {event.reason}" if event.reason else ""
+                    if code == ABNORMAL_CLOSURE:
+                        self.ended = "the peer closed its side"  # EOF, no close frame
+                    elif code < 1002:
+                        self.ended = f"closed by the peer ({code}{said})"
+                    else:
+                        self.ended = f"bad frame ({code}{said})"
+                    break
+        except RemoteProtocolError as exc:
+            if exc.event_hint is not None and ws.state is ConnectionState.CONNECTING:
+                out.append(ws.send(exc.event_hint))
+            self.ended = f"bad handshake: {exc}"
+            self._early = None
+        if not data and self.ended is None:
+            self.ended = "the peer closed its side"
+        return Step(b"".join(mqtt), b"".join(out), self.ended)
+
+    def _after_request(self) -> None:
+        early, self._early = self._early, None
+        if early:
+            # An upgrade request has no body: the frames start after its blank line.
+            trailing = bytes(early[early.index(b"\r\n\r\n") + 4 :])
+            if trailing:
+                self._ws.receive_data(trailing)
+
+    def _events(self) -> Iterator[Event]:
+        # Bytes that came behind the opening handshake are read as frames only once it
+        # is answered: ask again after each batch until none is left.
+        while True:
+            batch = list(self._ws.events())
+            if not batch:
+                return
+            yield from batch
+
+    def send(self, mqtt: bytes) -> bytes:
+        """MQTT bytes (one packet or several) as one binary frame; b"" once closing."""
+        if not self.open:
+            return b""
+        return self._ws.send(BytesMessage(data=mqtt))
+
+    def ping(self, payload: bytes = b"") -> bytes:
+        """A ping to prove the peer is there (its pong counts in :attr:`pongs`)."""
+        if not self.open:
+            return b""
+        return self._ws.send(Ping(payload=payload))
+
+    def close(self, code: int = 1000, reason: str = "") -> bytes:
+        """The close frame that ends the connection from this side (b"" if one was sent)."""
+        if self._ws.state is not ConnectionState.OPEN:
+            return b""
+        return self._ws.send(CloseConnection(code=code, reason=reason))
