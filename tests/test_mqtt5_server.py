@@ -112,9 +112,17 @@ class Paho5:
     """A paho-mqtt 2.x client speaking 5.0, recording what it hears."""
 
     def __init__(
-        self, port: int, client_id: str, keep_alive: int = 30, protocol: MQTTProtocolVersion = mqtt.MQTTv5
+        self,
+        port: int,
+        client_id: str,
+        keep_alive: int = 30,
+        protocol: MQTTProtocolVersion = mqtt.MQTTv5,
+        transport: str = "tcp",
     ) -> None:
-        self.client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=client_id, protocol=protocol)
+        kind: Any = transport  # paho types it as a Literal
+        self.client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=client_id, protocol=protocol, transport=kind)
+        if transport == "websockets":
+            self.client.ws_set_options(path="/mqtt")
         self.messages: list[mqtt.MQTTMessage] = []
         self.connected = threading.Event()
         self.subscribed = threading.Event()

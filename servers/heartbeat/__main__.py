@@ -83,6 +83,21 @@ def parser() -> argparse.ArgumentParser:
         help="topic aliases an MQTT 5 client may set towards the server; 0: none (default: 10, as Mosquitto)",
     )
     a(
+        "--ws-port",
+        type=int,
+        default=None,
+        help="also serve MQTT over WebSockets on this port (browsers' only way in: MQTT.js, Paho JavaScript);"
+        " a task per connection whatever --engine (default: none)",
+    )
+    a("--ws-path", default="/mqtt", help="the request path the WebSocket listener serves (default: /mqtt)")
+    a(
+        "--ws-allowed-origins",
+        default=None,
+        help="comma-separated browser origins let in (https://dash.example.com): a page from any other is"
+        " refused 403 (cross-site WebSocket hijacking); clients that send no Origin are not browsers"
+        " (default: any origin)",
+    )
+    a(
         "--outbound-topic-aliases",
         choices=("on", "off"),
         default="on",
@@ -286,6 +301,13 @@ def config_from(args: argparse.Namespace, worker: int) -> HeartbeatConfig:
         max_inflight=args.max_inflight,
         max_topic_alias=args.max_topic_alias,
         outbound_topic_aliases=args.outbound_topic_aliases == "on",
+        ws_port=args.ws_port,
+        ws_path=args.ws_path,
+        ws_allowed_origins=(
+            None
+            if args.ws_allowed_origins is None
+            else frozenset(o.strip().lower() for o in args.ws_allowed_origins.split(",") if o.strip())
+        ),
         max_queued=args.max_queued,
         max_queued_bytes=args.max_queued_bytes,
         max_subscriber_bytes=args.max_subscriber_bytes,
@@ -386,6 +408,9 @@ async def run_worker(args: argparse.Namespace, worker: int, reuse_port: bool) ->
     config = config_from(args, worker)
     coordinator, sinks = coordinator_for(args, config)
     listeners = open_listeners(args.host, args.port, reuse_port=reuse_port)
+    if reuse_port and args.ws_port == 0:
+        raise SystemExit("--ws-port 0 (any free port) needs --workers 1: the workers share one port")
+    ws_listeners = None if args.ws_port is None else open_listeners(args.host, args.ws_port, reuse_port=reuse_port)
     status_port = None if args.status_port is None else args.status_port + worker
     status_tokens = TokenFile.load(args.status_token_file) if args.status_token_file else None
 
@@ -394,6 +419,7 @@ async def run_worker(args: argparse.Namespace, worker: int, reuse_port: bool) ->
             lambda task_status: serve_heartbeat(
                 config,
                 listeners=listeners,
+                ws_listeners=ws_listeners,
                 status_port=status_port,
                 status_host=args.status_host,
                 status_tokens=status_tokens,

@@ -115,6 +115,12 @@ class HeartbeatConfig(WorkerConfig):
     """This gateway's name in a fleet (empty on a lone machine); part of every session's epoch."""
     extra_sinks: list[PresenceSink] = field(default_factory=list)
     """Presence sinks of the default (in-process) coordinator; other coordinators hold their own."""
+    ws_port: int | None = None
+    """A port for MQTT over WebSockets (browsers' only way in), beside the TCP one; None: none."""
+    ws_path: str = "/mqtt"
+    """The request path the WebSocket listener serves."""
+    ws_allowed_origins: frozenset[str] | None = None
+    """Browser origins let in (``https://dash.example.com``); None: any. See :mod:`..ws.handshake`."""
 
     def __post_init__(self) -> None:
         check_presence_prefix(self.presence_prefix)

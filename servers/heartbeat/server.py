@@ -141,6 +141,8 @@ class HeartbeatServer:
         """CONNECTs per source address (see :mod:`.connect_rate`); None: unbounded."""
         self._logged = OncePer()
         self.port = 0
+        self.ws_port = 0
+        """The port MQTT over WebSockets is served on (0: none)."""
         self.engine: idlekeeper.Engine | None = None
         """The dense engine serving the connections, if that is the engine."""
         self.stop_accepting: Callable[[], None] = lambda: None

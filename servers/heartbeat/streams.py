@@ -18,6 +18,8 @@ import trio
 
 import idlekeeper
 
+from ..ws.handshake import WsPolicy
+from ..ws.mqtt_transport import MqttOverWs
 from .budget import CONGESTED_BYTES
 from .connection import GOODBYE_TIMEOUT, Connection
 from .fanout import Exchange
@@ -34,8 +36,9 @@ from .session import (
     State,
 )
 from .v5.packets import Connect as V5Connect
+from .websocket import WsMqttStream
 
-__all__ = ["StreamConnection", "serve_streams"]
+__all__ = ["StreamConnection", "serve_streams", "serve_websockets"]
 
 # The writer joins queued packets into sends of up to this many bytes: one system call
 # for many small packets, and the budget learns what was sent after each.
@@ -140,16 +143,23 @@ class StreamConnection(Connection):
             # reaper cannot write a TLS record, so this task says the goodbye. Asked for
             # before the end is told: it records the reason code the event carries.
             words = self.farewell
-            if server.config.tls is not None and words is None and self.stream.reason is not None:
+            framed = not self.plain
+            if framed and words is None and self.stream.reason is not None:
                 words = self.last_words(self.stream.reason)
             server.ended(self, self.end_reason(outcome), detail)
-            if server.config.tls is not None and words:
-                await self._tls_farewell(words)
+            if framed and words:
+                await self._farewell(words)
 
-    async def _tls_farewell(self, words: bytes) -> None:
-        """Tell an MQTT 5 client over TLS why its connection ends (0x8D, or what
-        :meth:`say` kept), briefly, and only if nothing is left unsent that the goodbye
-        would cut into; trio closes the socket after."""
+    @property
+    def plain(self) -> bool:
+        """Whether the client's bytes go straight to a TCP socket (not TLS records, not
+        WebSocket frames): then the keeper's reaper and :meth:`say` may write them."""
+        return isinstance(self.stream.transport_stream, trio.SocketStream)
+
+    async def _farewell(self, words: bytes) -> None:
+        """Tell an MQTT 5 client over TLS or a WebSocket why its connection ends (0x8D,
+        or what :meth:`say` kept), briefly, and only if nothing is left unsent that the
+        goodbye would cut into; the socket is closed after."""
         stream = self.stream
         if self.pending:
             return
@@ -234,7 +244,7 @@ class StreamConnection(Connection):
         """Write ``data`` now if nothing is being sent (see :meth:`Connection.say`). Over
         TLS, kept for the connection's task to send as it ends: the socket under the
         stream takes records, not plaintext."""
-        if self.server.config.tls is not None:
+        if not self.plain:
             self.farewell = data
             return
         sock = self.stream.socket
@@ -304,4 +314,40 @@ async def serve_streams(
             handshake_timeout=idlekeeper.DEFAULT_HANDSHAKE_TIMEOUT if tls is None else tls.handshake_timeout,
         )
     for listener in listeners:  # refuse new connections at once, not after the shutdown
+        await listener.aclose()
+
+
+async def serve_websockets(
+    server: HeartbeatServer,
+    listeners: list[trio.SocketListener],
+    task_status: trio.TaskStatus[list[trio.SocketListener]] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """MQTT over WebSockets on ``listeners`` (``--ws-port``), a task per connection,
+    beside the server's TCP listeners whichever engine serves those; until cancelled
+    or ``server.stop_accepting()``.
+
+    The keeper watches the stream of MQTT bytes the frames carry, so keep-alive counts
+    MQTT packets and the stall check looks at the socket under the frames. An expiry
+    cancels the connection's task (``close=False``), which sends an MQTT 5 client its
+    DISCONNECT in a frame; trio closes the socket after.
+    """
+    config = server.config
+    policy = WsPolicy(config.ws_path, allowed_origins=config.ws_allowed_origins)
+    accepting = trio.CancelScope()
+    others = server.stop_accepting
+
+    def stop_accepting() -> None:
+        others()
+        accepting.cancel()
+
+    server.stop_accepting = stop_accepting
+
+    async def handle(raw: trio.SocketStream) -> None:
+        stream = WsMqttStream(raw, MqttOverWs(policy))
+        with server.keeper.watch(stream, close=False) as watch:
+            await StreamConnection(server, watch.stream).serve()
+
+    with accepting:
+        await trio.serve_listeners(handle, listeners, handler_nursery=server.nursery, task_status=task_status)
+    for listener in listeners:
         await listener.aclose()

@@ -16,7 +16,7 @@ from .config import HeartbeatConfig
 from .coordination import Coordinator
 from .dense import serve_dense
 from .server import HeartbeatServer
-from .streams import serve_streams
+from .streams import serve_streams, serve_websockets
 
 __all__ = ["serve_heartbeat"]
 
@@ -25,6 +25,7 @@ async def serve_heartbeat(
     config: HeartbeatConfig,
     *,
     listeners: list[trio.SocketListener] | None = None,
+    ws_listeners: list[trio.SocketListener] | None = None,
     status_port: int | None = None,
     status_host: str = "127.0.0.1",
     status_tokens: TokenFile | None = None,
@@ -34,8 +35,10 @@ async def serve_heartbeat(
     """Run one heartbeat worker until cancelled; ``nursery.start`` returns the server.
 
     ``listeners`` default to a TCP listener on ``config.host:config.port`` (port 0
-    picks a free one: read ``server.port``). ``config.engine`` says how connections
-    are served: ``dense`` (the default; no task per connection) or ``streams``. ``coordinator`` defaults to a lone
+    picks a free one: read ``server.port``); ``ws_listeners``, to one on
+    ``config.ws_port`` for MQTT over WebSockets if that is set (``server.ws_port``).
+    ``config.engine`` says how connections are served: ``dense`` (the default; no task
+    per connection) or ``streams``. ``coordinator`` defaults to a lone
     worker's (:class:`InProcessCoordinator`, with ``config.extra_sinks``). ``await
     server.shutdown()`` first for a graceful stop (subscribers hear every device go
     offline); cancelling alone ends every connection at once, each with reason
@@ -53,6 +56,11 @@ async def serve_heartbeat(
             listeners = open_listeners(config.host, config.port)
         server.port = port_of(listeners)
         await nursery.start(serve_dense if config.engine == "dense" else serve_streams, server, listeners)
+        if ws_listeners is None and config.ws_port is not None:
+            ws_listeners = open_listeners(config.host, config.ws_port)
+        if ws_listeners is not None:
+            server.ws_port = port_of(ws_listeners)
+            await nursery.start(serve_websockets, server, ws_listeners)
         if status_port is not None:
             await nursery.start(
                 partial(serve_status, server, status_port, keeper=keeper, host=status_host, tokens=status_tokens)
