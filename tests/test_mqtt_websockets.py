@@ -70,6 +70,15 @@ class RawWs:
         self.sock.sendall(self.ws.send(BytesMessage(data=mqtt_bytes)))
 
 
+def connected(ws_port: int, client_id: str) -> RawWs:
+    """A 3.1.1 device over a WebSocket, past its CONNACK."""
+    client = RawWs(ws_port)
+    client.events(AcceptConnection)
+    client.send(encoders.encode_connect(client_id, keep_alive=30))
+    client.events(BytesMessage)  # its CONNACK
+    return client
+
+
 def ws_server(start: Any, *args: str) -> tuple[Server, int]:
     ws_port = free_port()
     return start("--ws-port", str(ws_port), *args), ws_port
@@ -113,10 +122,7 @@ def test_a_silent_5_0_client_over_websockets_is_told_0x8d_in_a_frame(start_serve
 
 def test_a_text_frame_closes_the_connection_with_1003(start_server: Any) -> None:
     server, ws_port = ws_server(start_server)
-    client = RawWs(ws_port)
-    client.events(AcceptConnection)
-    client.send(encoders.encode_connect("ws-texter", keep_alive=30))
-    client.events(BytesMessage)  # its CONNACK
+    client = connected(ws_port, "ws-texter")
     client.sock.sendall(client.ws.send(TextMessage(data="\xc0\x00")))  # a PINGREQ, as text: not MQTT
     closes = [e for e in client.events(CloseConnection) if isinstance(e, CloseConnection)]
     assert closes and closes[0].code == 1003
@@ -145,10 +151,7 @@ def test_a_page_from_an_origin_not_allowed_is_refused(start_server: Any) -> None
 def test_a_disconnect_and_a_close_in_one_read_end_the_session_cleanly(start_server: Any) -> None:
     """The MQTT bytes of a read are handed on before the close behind them ends the stream."""
     server, ws_port = ws_server(start_server)
-    client = RawWs(ws_port)
-    client.events(AcceptConnection)
-    client.send(encoders.encode_connect("ws-leaver", keep_alive=30))
-    client.events(BytesMessage)  # its CONNACK
+    client = connected(ws_port, "ws-leaver")
     client.sock.sendall(client.ws.send(BytesMessage(data=b"\xe0\x00")) + client.ws.send(CloseConnection(code=1000)))
     assert next(e for e in client.events(CloseConnection) if isinstance(e, CloseConnection)).code == 1000
     (ended,) = server.wait_for(lambda e: e.get("client_id") == "ws-leaver" and e["status"] == "offline")
