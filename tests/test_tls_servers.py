@@ -329,6 +329,41 @@ def test_5_0_clients_over_tls_are_told_why_their_connection_ends(mqtt_server: ob
     new.close()
 
 
+def test_paho_over_wss_beside_mqtts(mqtt_server: object, certs: Certs) -> None:
+    """With TLS options, the WebSocket port is wss: paho-mqtt over TLS WebSockets and a
+    TLS MQTT client on the same server hear each other."""
+    ws_port = free_port()
+    server: MqttServer = mqtt_server("--ws-port", str(ws_port))  # type: ignore[operator]
+    got: list[bytes] = []
+    heard = threading.Event()
+    tcp = paho_tls(certs, "mqtts-watcher", None)
+
+    def on_message(client: mqtt.Client, userdata: object, message: mqtt.MQTTMessage) -> None:
+        got.append(bytes(message.payload))
+        heard.set()
+
+    tcp.on_message = on_message
+    tcp.on_connect = lambda c, u, f, rc, p: c.subscribe("wss/#", qos=1)
+    tcp.connect("localhost", server.port, keepalive=30)
+    tcp.loop_start()
+    browser = mqtt.Client(CallbackAPIVersion.VERSION2, client_id="wss-browser", transport="websockets")
+    browser.ws_set_options(path="/mqtt")
+    browser.tls_set(ca_certs=certs.ca_file)
+    try:
+        server.wait_for(lambda e: e.get("client_id") == "mqtts-watcher" and e["status"] == "online")
+        time.sleep(0.3)
+        browser.connect("localhost", ws_port, keepalive=30)
+        browser.loop_start()
+        browser.publish("wss/hello", b"over TLS WebSockets", qos=1).wait_for_publish(5)
+        assert heard.wait(5)
+    finally:
+        browser.loop_stop()
+        tcp.loop_stop()
+    assert got == [b"over TLS WebSockets"]
+    (online,) = server.wait_for(lambda e: e.get("client_id") == "wss-browser" and e["status"] == "online")
+    assert online["protocol_level"] == 4
+
+
 def paho_tls(certs: Certs, client_id: str, name: str | None) -> mqtt.Client:
     client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=client_id)
     if name is None:

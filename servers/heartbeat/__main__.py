@@ -87,7 +87,7 @@ def parser() -> argparse.ArgumentParser:
         type=int,
         default=None,
         help="also serve MQTT over WebSockets on this port (browsers' only way in: MQTT.js, Paho JavaScript);"
-        " a task per connection whatever --engine (default: none)",
+        " wss with --tls-cert; a task per connection whatever --engine (default: none)",
     )
     a("--ws-path", default="/mqtt", help="the request path the WebSocket listener serves (default: /mqtt)")
     a(

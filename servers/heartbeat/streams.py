@@ -322,9 +322,9 @@ async def serve_websockets(
     listeners: list[trio.SocketListener],
     task_status: trio.TaskStatus[list[trio.SocketListener]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """MQTT over WebSockets on ``listeners`` (``--ws-port``), a task per connection,
-    beside the server's TCP listeners whichever engine serves those; until cancelled
-    or ``server.stop_accepting()``.
+    """MQTT over WebSockets on ``listeners`` (``--ws-port``; over TLS, wss, when the
+    server has TLS options), a task per connection, beside the server's TCP listeners
+    whichever engine serves those; until cancelled or ``server.stop_accepting()``.
 
     The keeper watches the stream of MQTT bytes the frames carry, so keep-alive counts
     MQTT packets and the stall check looks at the socket under the frames. An expiry
@@ -333,6 +333,9 @@ async def serve_websockets(
     """
     config = server.config
     policy = WsPolicy(config.ws_path, allowed_origins=config.ws_allowed_origins)
+    # With the server's TLS options, the WebSocket port is wss: the TLS handshake runs
+    # on the first read, inside the watch, under the CONNECT deadline.
+    context = None if config.tls is None else config.tls.context()
     accepting = trio.CancelScope()
     others = server.stop_accepting
 
@@ -343,7 +346,10 @@ async def serve_websockets(
     server.stop_accepting = stop_accepting
 
     async def handle(raw: trio.SocketStream) -> None:
-        stream = WsMqttStream(raw, MqttOverWs(policy))
+        carrier: trio.abc.Stream = raw
+        if context is not None:
+            carrier = trio.SSLStream(raw, context, server_side=True, https_compatible=True)
+        stream = WsMqttStream(carrier, MqttOverWs(policy))
         with server.keeper.watch(stream, close=False) as watch:
             await StreamConnection(server, watch.stream).serve()
 
