@@ -7,6 +7,7 @@ keep-alives of a second or two, and every process is stopped by its PID.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -16,7 +17,7 @@ import subprocess
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -210,6 +211,32 @@ def test_mosquitto_clients(start_server: object) -> None:
     assert '"reason":"disconnect"' in lines[1]
 
 
+@contextlib.contextmanager
+def stalled_while_pinging(proc: subprocess.Popen[str], ping: Callable[[], None]) -> Iterator[None]:
+    """``ping`` every 0.5 s from a thread while ``proc`` is SIGSTOPped for 3 s (twice a
+    1 s keep-alive's window: the pings pile up in the kernel), then SIGCONTed; the
+    block runs after, still pinging. Every stop is undone, whatever happens."""
+    stop = threading.Event()
+
+    def pinger() -> None:
+        while not stop.is_set():
+            ping()
+            time.sleep(0.5)
+
+    thread = threading.Thread(target=pinger, daemon=True)
+    thread.start()
+    try:
+        time.sleep(0.5)
+        os.kill(proc.pid, signal.SIGSTOP)
+        time.sleep(3.0)
+        os.kill(proc.pid, signal.SIGCONT)
+        yield
+    finally:
+        stop.set()
+        os.kill(proc.pid, signal.SIGCONT)
+        thread.join()
+
+
 @pytest.mark.parametrize("engine", ["dense", "streams"])
 def test_sigstop_stall_keeps_pinging_clients(start_server: object, engine: str) -> None:
     """The server is stopped for longer than 1.5 x keep-alive; a client that kept
@@ -217,33 +244,15 @@ def test_sigstop_stall_keeps_pinging_clients(start_server: object, engine: str) 
     server: Server = start_server("--engine", engine)  # type: ignore[operator]
     alive = raw_connect(server.port, "stall-alive", keep_alive=1)  # deadline 1.5 s
     silent = raw_connect(server.port, "stall-silent", keep_alive=1, v5=True)
-    stop = threading.Event()
-
-    def pinger() -> None:
-        while not stop.is_set():
-            alive.sendall(encoders.encode_pingreq())
-            time.sleep(0.5)
-
-    thread = threading.Thread(target=pinger, daemon=True)
-    thread.start()
-    try:
-        time.sleep(0.5)
-        os.kill(server.proc.pid, signal.SIGSTOP)
-        time.sleep(3.0)  # twice the keep-alive window, pings piling up in the kernel
-        os.kill(server.proc.pid, signal.SIGCONT)
+    with stalled_while_pinging(server.proc, lambda: alive.sendall(encoders.encode_pingreq())):
         wait_closed(silent, 5)
         time.sleep(2.0)
-        stop.set()
-        thread.join()
-        alive.setblocking(False)
-        try:
-            data = alive.recv(65536)
-        except BlockingIOError:
-            data = b"x"
-        assert data != b"", "the pinging client was dropped"
-    finally:
-        stop.set()
-        os.kill(server.proc.pid, signal.SIGCONT)
+    alive.setblocking(False)
+    try:
+        data = alive.recv(65536)
+    except BlockingIOError:
+        data = b"x"
+    assert data != b"", "the pinging client was dropped"
     offline = {e["client_id"]: e["reason"] for e in server.events() if e["status"] == "offline"}
     assert offline.get("stall-silent") == "keepalive-timeout"
     assert "stall-alive" not in offline

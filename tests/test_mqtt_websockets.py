@@ -23,7 +23,7 @@ from servers.heartbeat.policy import DEFAULT_PRESENCE_PREFIX as PRESENCE
 from servers.heartbeat.v5 import codec as v5_codec
 from servers.heartbeat.v5 import packets as v5_packets
 
-from .test_heartbeat_clients import Server
+from .test_heartbeat_clients import Server, stalled_while_pinging
 from .test_heartbeat_clients import start_server as start_server  # the fixture, used by name
 from .test_mqtt5_server import Paho5, by_topic, presence
 from .test_mqtt5_server import clients as clients  # the fixture, used by name
@@ -70,11 +70,11 @@ class RawWs:
         self.sock.sendall(self.ws.send(BytesMessage(data=mqtt_bytes)))
 
 
-def connected(ws_port: int, client_id: str) -> RawWs:
+def connected(ws_port: int, client_id: str, keep_alive: int = 30) -> RawWs:
     """A 3.1.1 device over a WebSocket, past its CONNACK."""
     client = RawWs(ws_port)
     client.events(AcceptConnection)
-    client.send(encoders.encode_connect(client_id, keep_alive=30))
+    client.send(encoders.encode_connect(client_id, keep_alive=keep_alive))
     client.events(BytesMessage)  # its CONNACK
     return client
 
@@ -156,3 +156,19 @@ def test_a_disconnect_and_a_close_in_one_read_end_the_session_cleanly(start_serv
     assert next(e for e in client.events(CloseConnection) if isinstance(e, CloseConnection)).code == 1000
     (ended,) = server.wait_for(lambda e: e.get("client_id") == "ws-leaver" and e["status"] == "offline")
     assert ended["reason"] == "disconnect"
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_sigstop_spares_a_websocket_device_whose_pings_wait_in_the_kernel(start_server: Any, engine: str) -> None:
+    """The stall check looks at the socket under the frames: a device over a WebSocket
+    that kept pinging while the server was stopped survives; a silent one is cut."""
+    server, ws_port = ws_server(start_server, "--engine", engine)
+    alive = connected(ws_port, "ws-stall-alive", keep_alive=1)  # deadline 1.5 s
+    quiet = connected(ws_port, "ws-stall-quiet", keep_alive=1)  # held open, silent
+    with stalled_while_pinging(server.proc, lambda: alive.send(encoders.encode_pingreq())):
+        server.wait_for(lambda e: e.get("client_id") == "ws-stall-quiet" and e["status"] == "offline")
+        time.sleep(2.0)
+    offline = {e["client_id"]: e["reason"] for e in server.events() if e["status"] == "offline"}
+    quiet.sock.close()
+    assert offline.get("ws-stall-quiet") == "keepalive-timeout"
+    assert "ws-stall-alive" not in offline
