@@ -100,7 +100,7 @@ def counted_down(properties: bytes, elapsed: float) -> bytes | None:
     left = int.from_bytes(properties[at : at + 4], "big") - int(elapsed)
     if left <= 0:
         return None
-    return properties[:at] + left.to_bytes(4, "big") + properties[at + 4 :]
+    return _with_expiry(properties, at, left)
 
 
 def expiring(properties: bytes, expires_at: float | None, now: float) -> bytes:
@@ -110,8 +110,11 @@ def expiring(properties: bytes, expires_at: float | None, now: float) -> bytes:
     at = _expiry_at(properties)
     if at < 0 or expires_at is None:
         return properties
-    left = max(1, math.ceil(expires_at - now))
-    return properties[:at] + left.to_bytes(4, "big") + properties[at + 4 :]
+    return _with_expiry(properties, at, max(1, math.ceil(expires_at - now)))
+
+
+def _with_expiry(properties: bytes, at: int, seconds: int) -> bytes:
+    return properties[:at] + seconds.to_bytes(4, "big") + properties[at + 4 :]
 
 
 def subscription_identifier(identifier: int) -> bytes:

@@ -41,7 +41,7 @@ from .metrics import FleetCounts
 from .queue import Request
 from .values import text
 
-__all__ = ["FleetRetained", "glob_escape", "retained_head", "retained_message"]
+__all__ = ["FleetRetained", "glob_escape", "live_messages", "retained_head", "retained_message"]
 
 logger = logging.getLogger("servers.heartbeat.coordination.fleet")
 
@@ -80,6 +80,16 @@ def retained_message(topic: str, value: bytes, now: float) -> RetainedMessage | 
         return None
     end = 13 + int.from_bytes(value[9:13], "big")
     return RetainedMessage(topic, value[end:], value[0] - _LONG_HEAD, expiring(value[13:end], expires_at, now))
+
+
+def live_messages(stored: list[tuple[str, bytes | None]], now: float) -> list[RetainedMessage]:
+    """The stored values (topic, value or None for none) that are there and unexpired, as messages."""
+    out: list[RetainedMessage] = []
+    for topic, value in stored:
+        message = None if value is None else retained_message(topic, value, now)
+        if message is not None:
+            out.append(message)
+    return out
 
 
 class FleetRetained:
@@ -175,20 +185,14 @@ class FleetRetained:
 
     async def _store_page(self, topic_filter: str, after: str | None) -> Page:
         redis, call = self.link.redis(), self.link.call
-        out: list[RetainedMessage] = []
+        stored: list[tuple[str, bytes | None]] = []
         if "+" not in topic_filter and "#" not in topic_filter:
             if after is None:
-                value = await call(redis.hget(self.k_retained, topic_filter))
-                message = None if value is None else retained_message(topic_filter, value, time.time())
-                if message is not None:
-                    out.append(message)
-            return out, None
+                stored.append((topic_filter, await call(redis.hget(self.k_retained, topic_filter))))
+            return live_messages(stored, time.time()), None
         low, high, parent = self.store_range(topic_filter, after)
         if parent is not None and after is None:
-            value = await call(redis.hget(self.k_retained, parent))
-            message = None if value is None else retained_message(parent, value, time.time())
-            if message is not None:
-                out.append(message)
+            stored.append((parent, await call(redis.hget(self.k_retained, parent))))
         found = await call(
             redis.zrange(self.k_index, low, high, sortby=coredis.PureToken.BYLEX, offset=0, count=self.page + 1)
         )
@@ -196,13 +200,8 @@ class FleetRetained:
         page = walked[: self.page]
         matched = [t for t in page if topic_matches(topic_filter, t)]
         if matched:
-            values = await call(redis.hmget(self.k_retained, matched))
-            now = time.time()
-            for t, v in zip(matched, values, strict=True):
-                message = None if v is None else retained_message(t, v, now)
-                if message is not None:
-                    out.append(message)
-        return out, ("s:" + page[-1] if len(walked) > self.page else None)
+            stored += zip(matched, await call(redis.hmget(self.k_retained, matched)), strict=True)
+        return live_messages(stored, time.time()), ("s:" + page[-1] if len(walked) > self.page else None)
 
     async def _presence_scan(self, topic_filter: str, scan_cursor: int) -> Page:
         redis = self.link.redis()
