@@ -174,8 +174,7 @@ class BusCoordinator(Coordinator):
         mine = [group for group in groups if group not in remote] if groups else groups
         if remote.matches(topic):
             self.routed += 1
-            if qos and self._unacked_bytes + len(payload) <= MAX_UNACKED_ROUTED_BYTES:
-                self._unacked_bytes += len(payload)
+            if qos and self._keep_routed(len(payload)):
                 self._numbered(Routed(self._next(), topic, payload, qos, properties, retain, origin))
                 return mine
             if qos:
@@ -189,10 +188,17 @@ class BusCoordinator(Coordinator):
         remote = self._remote
         if self.orphaned or not remote or group not in remote:
             return False
-        if self._unacked_bytes + len(payload) > MAX_UNACKED_ROUTED_BYTES:
+        if not self._keep_routed(len(payload)):
             return False
-        self._unacked_bytes += len(payload)
         self._numbered(Routed(self._next(), topic, payload, qos, properties, retain, group=group))
+        return True
+
+    def _keep_routed(self, size: int) -> bool:
+        """Whether a routed message of ``size`` bytes may be kept for resending (its
+        bytes are then counted until the supervisor acknowledges it)."""
+        if self._unacked_bytes + size > MAX_UNACKED_ROUTED_BYTES:
+            return False
+        self._unacked_bytes += size
         return True
 
     def filters_changed(self, added: Collection[str], removed: Collection[str] = ()) -> None:
