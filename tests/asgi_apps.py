@@ -12,7 +12,8 @@ import trio
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, StreamingResponse
-from starlette.routing import Route
+from starlette.routing import Route, WebSocketRoute
+from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from servers.http.asgi import Message, Receive, Scope, Send
 
@@ -135,12 +136,42 @@ async def _numbers(request: Request) -> StreamingResponse:
     return StreamingResponse(numbers(), media_type="text/plain")
 
 
+async def _ws_echo(websocket: WebSocket) -> None:
+    offered = websocket.scope["subprotocols"]
+    await websocket.accept(subprotocol="chat" if "chat" in offered else None)
+    try:
+        while True:
+            message = await websocket.receive()
+            if message["type"] == "websocket.disconnect":
+                starlette_events.append(f"ws-disconnect {message.get('code')}")
+                return
+            if message.get("text") == "greeting":
+                await websocket.send_text(websocket.state.greeting)
+            elif message.get("text") is not None:
+                await websocket.send_text(message["text"])
+            else:
+                await websocket.send_bytes(message["bytes"])
+    except WebSocketDisconnect as exc:  # pragma: no cover - receive() above returns it
+        starlette_events.append(f"ws-disconnect {exc.code}")
+
+
+async def _ws_private(websocket: WebSocket) -> None:
+    if websocket.query_params.get("token") != "let-me-in":
+        await websocket.send_denial_response(PlainTextResponse("a token, please", status_code=401))
+        return
+    await websocket.accept()
+    await websocket.send_text("welcome")
+    await websocket.close(code=4000, reason="that is all")
+
+
 starlette_app = Starlette(
     routes=[
         Route("/", _home),
         Route("/items/{item}", _items),
         Route("/upload", _upload, methods=["POST"]),
         Route("/numbers", _numbers),
+        WebSocketRoute("/ws/echo", _ws_echo),
+        WebSocketRoute("/ws/private", _ws_private),
     ],
     lifespan=_starlette_lifespan,
 )

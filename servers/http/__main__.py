@@ -53,8 +53,37 @@ def parser() -> argparse.ArgumentParser:
     a("--max-body-size", type=int, default=16 * 1024 * 1024, help="bytes of request body (413 beyond; 16 MiB)")
     a("--max-connections", type=int, default=16_000, help="connections per worker; beyond it 503 (default 16000)")
     a("--grace", type=float, default=10.0, help="seconds requests in flight get at shutdown (default: 10)")
+    ws = p.add_argument_group("WebSockets (uvicorn's names and defaults)")
+    w = ws.add_argument
+    w("--ws", choices=("wsproto", "none"), default="wsproto", help="serve WebSocket upgrades (none: 404)")
+    w("--ws-max-size", type=int, default=16 * 1024 * 1024, help="bytes of one message, inflated (1009 beyond)")
+    w("--ws-ping-interval", type=_seconds_or_none, default=20.0, help="seconds between pings (0: none)")
+    w("--ws-ping-timeout", type=_seconds_or_none, default=20.0, help="seconds a pong may take (1011 beyond)")
+    w(
+        "--ws-per-message-deflate",
+        type=_on_off,
+        default=True,
+        metavar="{true,false}",
+        help="take permessage-deflate offers (default: true)",
+    )
+    w("--ws-close-timeout", type=float, default=10.0, help="seconds for the client's answer to a close")
     add_tls_arguments(p, client_certificates=False)
     return p
+
+
+def _seconds_or_none(value: str) -> float | None:
+    seconds = float(value)
+    if seconds < 0:
+        raise argparse.ArgumentTypeError("must be 0 or more")
+    return seconds or None
+
+
+def _on_off(value: str) -> bool:
+    if value.lower() in ("true", "1", "on", "yes"):
+        return True
+    if value.lower() in ("false", "0", "off", "no"):
+        return False
+    raise argparse.ArgumentTypeError("true or false")
 
 
 def config_from(args: argparse.Namespace, worker: int) -> HttpConfig:
@@ -73,6 +102,12 @@ def config_from(args: argparse.Namespace, worker: int) -> HttpConfig:
         max_connections=args.max_connections,
         grace=args.grace,
         engine=args.engine,
+        websockets=args.ws != "none",
+        ws_max_size=args.ws_max_size,
+        ws_ping_interval=args.ws_ping_interval,
+        ws_ping_timeout=args.ws_ping_timeout,
+        ws_per_message_deflate=args.ws_per_message_deflate,
+        ws_close_timeout=args.ws_close_timeout,
     )
 
 

@@ -46,6 +46,18 @@ class HttpConfig(WorkerConfig):
     grace: float = 10.0
     engine: str = "dense"
     """``dense`` (no task per connection) or ``streams``; TLS always uses ``streams``."""
+    websockets: bool = True
+    """Serve WebSocket upgrades to the app (``--ws wsproto``); off, they are 404."""
+    ws_max_size: int = 16 * 1024 * 1024
+    """Bytes of one WebSocket message, after inflation; beyond it, close 1009."""
+    ws_ping_interval: float | None = 20.0
+    """Seconds between the server's pings (None: no pings, no liveness deadline)."""
+    ws_ping_timeout: float | None = 20.0
+    """Seconds a pong may take, beyond the interval, before the peer is closed 1011."""
+    ws_per_message_deflate: bool = True
+    """Take a client's ``permessage-deflate`` offer (RFC 7692), memory bounded."""
+    ws_close_timeout: float = 10.0
+    """Seconds the peer has to answer this side's close frame before the cut."""
     evict_at_cap: bool = False
     """At ``max_connections``, close the oldest connection to take a new one (one not
     with the app if there is one) rather than refuse the new one with 503, as nginx

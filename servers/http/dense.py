@@ -23,13 +23,16 @@ import trio
 
 import idlekeeper
 
+from ..ws.upgrade import is_upgrade
 from .core import TIMEOUT_LINGER, Phase, address
 from .delivery import KERNEL_BACKLOG, DeliveryWatch, kernel_backlog
 from .dense_server import DenseHttpServer, Runner
+from .dense_ws import open_websocket
 from .errors import error_response, log_refusal
 from .exchange import ClientGone, Exchange, Outcome
 from .head import RequestHead, bad_head_status, head_refusal, header_list, make_scope
 from .quickhead import QuickHead, quick_head, replay
+from .websocket import WebSocketExchange
 from .whole import HOOKS
 
 __all__ = ["HttpProtocol", "run_dense"]
@@ -62,6 +65,7 @@ class HttpProtocol(idlekeeper.Protocol):
         "gone",
         "peer_eof",
         "cancel_armed",
+        "ws",
         "_readable",
         "_writable",
         "_gone_event",
@@ -88,6 +92,8 @@ class HttpProtocol(idlekeeper.Protocol):
         self.gone = False
         self.peer_eof = False  # the client half-closed while the app had its request
         self.cancel_armed = False
+        self.ws: WebSocketExchange | None = None
+        """The WebSocket this connection switched to, if it did."""
         self._readable: trio.Event | None = None
         self._writable: trio.Event | None = None
         self._gone_event: trio.Event | None = None
@@ -108,6 +114,10 @@ class HttpProtocol(idlekeeper.Protocol):
             self.lingered += len(data)
             if self.lingered > _LINGER_LIMIT:
                 self.t.abort()
+            return
+        ws = self.ws
+        if ws is not None:
+            ws.feed(data)
             return
         h = self.h11
         if h is None:
@@ -130,6 +140,9 @@ class HttpProtocol(idlekeeper.Protocol):
     def eof_received(self) -> bool:
         if self.lingered >= 0:
             return False  # the client read the answer and closed: close too
+        if self.ws is not None:
+            self.ws.feed(b"")
+            return True  # the exchange closes once its answer is out
         self.parser().receive_data(b"")
         if self.exchange is None:
             self._heads()
@@ -160,12 +173,18 @@ class HttpProtocol(idlekeeper.Protocol):
             self.delivery.cancel()
             self.delivery = None
         self.server.connections.pop(self, None)
+        if self.ws is not None:
+            self.ws.lost(exc.reason if isinstance(exc, idlekeeper.ExpiredError) else None)
         for event in (self._readable, self._writable, self._gone_event):
             if event is not None:
                 event.set()
         # The app hears http.disconnect at once; one that goes on regardless is
         # cancelled after the grace a shutdown gives it.
         self._cancel_app_later()
+
+    def last_words(self, reason: idlekeeper.Reason) -> bytes | None:
+        """A WebSocket's close frame, just before a ping timeout cuts it."""
+        return None if self.ws is None else self.ws.last_words(reason)
 
     def _cancel_app_later(self) -> None:
         runner, exchange = self.runner, self.exchange
@@ -216,7 +235,7 @@ class HttpProtocol(idlekeeper.Protocol):
         t = self.t
         if self.phase is Phase.IDLE:
             t.idle_timeout = None
-        refusal = head_refusal(event, headers, cfg.max_header_size, cfg.max_body_size)
+        refusal = head_refusal(event, headers, cfg.max_header_size, cfg.max_body_size, websockets=cfg.websockets)
         if refusal is not None:
             self.refuse(*refusal)
             return
@@ -229,6 +248,12 @@ class HttpProtocol(idlekeeper.Protocol):
         scope = make_scope(
             event, headers, scheme=server.scheme, client=self.peer, server=self.local, state=server.state
         )
+        if quick is None and cfg.websockets and is_upgrade(headers):
+            self.ws = open_websocket(self, event, headers, scope)
+            if self.ws is not None:
+                server.exchange_started()
+                server.dispatch(self)
+            return
         self.exchange = Exchange(self, scope, max_body_size=cfg.max_body_size, must_close=self._must_close, quick=quick)
         server.exchange_started()
         server.dispatch(self)
@@ -258,6 +283,12 @@ class HttpProtocol(idlekeeper.Protocol):
         connection as it says. A cancellation (the app outlived its client by the
         grace, or the server is cut) propagates: it ends the runner too."""
         server = self.server
+        if self.ws is not None:
+            try:
+                await self.ws.run(server.app)
+            finally:
+                server.exchange_ended()
+            return
         exchange = self.exchange
         assert exchange is not None
         self.runner = runner
@@ -299,7 +330,9 @@ class HttpProtocol(idlekeeper.Protocol):
             self.refuse(408, "", log=False, linger=TIMEOUT_LINGER)
             self._wake_reader()
 
-    def refuse(self, status: int, why: str, *, log: bool = True, linger: float = 1.0) -> None:
+    def refuse(
+        self, status: int, why: str, *, log: bool = True, linger: float = 1.0, response: bytes | None = None
+    ) -> None:
         """Answer ``status`` past h11 and close, lingering so that the client reads the
         answer rather than a reset; the connection's other work stops."""
         if log:
@@ -310,7 +343,7 @@ class HttpProtocol(idlekeeper.Protocol):
         t = self.t
         t.idle_timeout = None
         t.receive_timeout = None
-        t.write(error_response(status))
+        t.write(error_response(status) if response is None else response)
         t.write_eof()
         t.resume_reading()
         t.deadline = trio.current_time() + linger  # the linger's end, if the client never closes
@@ -378,6 +411,10 @@ class HttpProtocol(idlekeeper.Protocol):
             raise ClientGone("the connection is closed")
         self.t.write(data)
         self.written += len(data)
+        await self.writable()
+
+    async def writable(self) -> None:
+        """Return once the transport's queue is below its high-water mark."""
         writable = self._writable
         if writable is not None:
             await writable.wait()

@@ -107,11 +107,13 @@ class DenseHttpServer(HttpServer):
 
     def _close_idle(self) -> None:
         for conn in list(self.connections):
-            if conn.exchange is None and conn.phase is Phase.IDLE:
+            if conn.ws is not None:
+                conn.ws.shut()  # close 1001: its app ends when the client answers
+            elif conn.exchange is None and conn.phase is Phase.IDLE:
                 conn.t.close()
 
     def _busy(self) -> bool:
-        return any(conn.exchange is not None for conn in self.connections)
+        return any(conn.exchange is not None or conn.ws is not None for conn in self.connections)
 
     def _cut_all(self) -> None:
         self.exchanges.cancel_scope.cancel()
@@ -119,7 +121,7 @@ class DenseHttpServer(HttpServer):
             conn.t.abort()
 
     def _with_app(self, conn: Any) -> bool:
-        return conn.exchange is not None
+        return conn.exchange is not None or conn.ws is not None
 
     def _evict(self, conn: Any) -> None:
         conn.t.abort()

@@ -62,14 +62,19 @@ def header_list(request: h11.Request) -> list[tuple[bytes, bytes]]:
 
 
 def head_refusal(
-    request: RequestHead, headers: list[tuple[bytes, bytes]], max_header_size: int, max_body_size: int
+    request: RequestHead,
+    headers: list[tuple[bytes, bytes]],
+    max_header_size: int,
+    max_body_size: int,
+    *,
+    websockets: bool = False,
 ) -> tuple[int, str] | None:
     """``(status, reason)`` for a parsed head that must not reach the app, or None.
 
     431 for a head over the limit (h11 only bounds one still arriving; one that came
     whole in a single read is measured here), 505 for another major version, 400 for
-    ambiguous framing (RFC 9112 §6.3), 413 for a declared body over the limit, 404
-    for a WebSocket upgrade (not served).
+    ambiguous framing (RFC 9112 §6.3), 413 for a declared body over the limit; for a
+    WebSocket upgrade, 404 unless ``websockets`` are served, and 400 if it has a body.
     """
     size = len(request.method) + len(request.target) + 14
     length: bytes | None = None
@@ -96,7 +101,10 @@ def head_refusal(
     if length is not None and length.isdigit() and int(length) > max_body_size:
         return 413, "declared request body too large"
     if upgrade:
-        return 404, "WebSocket is not served"
+        if not websockets:
+            return 404, "WebSocket is not served"
+        if chunked or (length is not None and length != b"0"):
+            return 400, "a WebSocket upgrade request with a body"
     return None
 
 

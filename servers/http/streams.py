@@ -17,12 +17,15 @@ import idlekeeper
 from idlekeeper import Reason
 
 from ..listeners import port_of
-from .asgi import ASGIApp
+from ..ws.upgrade import Offer, denial_head, is_upgrade, read_offer
+from .asgi import ASGIApp, Scope
 from .core import TIMEOUT_LINGER, HttpConfig, HttpServer, Phase, address
 from .errors import log_refusal, send_error
 from .exchange import ClientGone, Exchange, Outcome
 from .head import bad_head_status, head_refusal, header_list, make_scope
 from .lifespan import Lifespan
+from .streams_ws import StreamPipe, run_websocket
+from .websocket import WebSocketExchange, websocket_scope
 
 __all__ = ["StreamsHttpServer", "run_streams"]
 
@@ -31,7 +34,7 @@ class _StreamConn:
     """One connection of the streams driver, and the :class:`~.exchange.Channel` its
     exchanges read and write through."""
 
-    __slots__ = ("h11", "phase", "requests", "started", "stream", "config")
+    __slots__ = ("h11", "phase", "requests", "started", "stream", "config", "ws")
 
     def __init__(self, stream: idlekeeper.WatchedStream, config: HttpConfig) -> None:
         self.stream = stream
@@ -40,6 +43,7 @@ class _StreamConn:
         self.phase = Phase.IDLE
         self.requests = 0
         self.started = trio.current_time()
+        self.ws: WebSocketExchange | None = None
 
     def parser(self) -> h11.Connection:
         """h11 reads every request here (quick heads are the dense driver's)."""
@@ -89,6 +93,9 @@ class StreamsHttpServer(HttpServer):
         super().__init__(app, config, keeper, lifespan)
         self.accepting = trio.CancelScope()
         """Cancelled to stop accepting new connections."""
+        self.apps: trio.Nursery
+        """Where WebSocket apps run, outside their connections' cancel scopes (set by
+        :func:`run_streams`)."""
 
     @property
     def engine(self) -> str:
@@ -99,7 +106,9 @@ class StreamsHttpServer(HttpServer):
 
     def _close_idle(self) -> None:
         for conn in list(self.connections):
-            if conn.phase is Phase.IDLE:
+            if conn.ws is not None:
+                conn.ws.shut()  # close 1001: its app ends when the client answers
+            elif conn.phase is Phase.IDLE:
                 conn.stream.cancel_scope.cancel()
 
     def _busy(self) -> bool:
@@ -108,6 +117,8 @@ class StreamsHttpServer(HttpServer):
     def _cut_all(self) -> None:
         for conn in list(self.connections):
             conn.stream.cancel_scope.cancel()
+            if conn.ws is not None:
+                conn.ws.cut()
 
     def _with_app(self, conn: _StreamConn) -> bool:
         return conn.phase is Phase.APP or conn.phase is Phase.BODY
@@ -182,13 +193,18 @@ class StreamsHttpServer(HttpServer):
                 stream.deadline = None
             stream.idle_timeout = None
             headers = header_list(event)
-            refusal = head_refusal(event, headers, cfg.max_header_size, cfg.max_body_size)
+            refusal = head_refusal(
+                event, headers, cfg.max_header_size, cfg.max_body_size, websockets=cfg.websockets
+            )
             if refusal is not None:
                 await _refuse(stream, *refusal)
                 return
             conn.requests += 1
             conn.phase = Phase.APP
             scope = make_scope(event, headers, scheme=self.scheme, client=client, server=local, state=self.state)
+            if cfg.websockets and is_upgrade(headers):
+                await self._websocket(conn, event, headers, scope)
+                return
             exchange = Exchange(
                 conn,
                 scope,
@@ -207,6 +223,31 @@ class StreamsHttpServer(HttpServer):
                 return
 
 
+    async def _websocket(
+        self, conn: _StreamConn, event: h11.Request, headers: list[tuple[bytes, bytes]], scope: Scope
+    ) -> None:
+        offer = read_offer(event.method, event.http_version, headers)
+        stream = conn.stream
+        if not isinstance(offer, Offer):
+            status, why, extra = offer
+            log_refusal(status, why)
+            await stream.send_all(denial_head(status, extra, 0))
+            return
+        h = conn.h11
+        if isinstance(h.next_event(), h11.EndOfMessage):
+            h.next_event()  # PAUSED: what follows is the WebSocket's
+        pipe = StreamPipe(stream)
+        exchange = WebSocketExchange(
+            pipe, websocket_scope(scope, offer), offer, self.config, self.keeper, bytes(h.trailing_data[0])
+        )
+        conn.ws = exchange
+        self.exchange_started()
+        try:
+            await run_websocket(exchange, pipe, self.app, self.apps)
+        finally:
+            self.exchange_ended()
+
+
 async def _refuse(stream: idlekeeper.WatchedStream, status: int, why: str) -> None:
     log_refusal(status, why)
     await send_error(stream, status)
@@ -221,6 +262,7 @@ async def run_streams(
     """Serve ``server``'s app on ``listeners`` with a task per connection until
     cancelled; ``nursery.start`` returns once it listens (``server.port`` is set)."""
     async with trio.open_nursery() as nursery:
+        server.apps = nursery
         server.port = port_of(listeners)
         bound = listeners
 

@@ -1,0 +1,83 @@
+"""A WebSocket on the dense driver: the :class:`~.websocket.WsPipe` over an engine
+transport, and the switch from a request head to a WebSocket.
+
+Reading stays the engine's callbacks (:meth:`~.dense.HttpProtocol.data_received`
+feeds the exchange, and answers pings without waking anything); writing is the
+transport's queue. The app's task, a parked runner handed the exchange as a request
+would be, is the connection's only task.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import h11
+
+import idlekeeper
+
+from ..ws.upgrade import Offer, denial_head, read_offer
+from .asgi import Scope
+from .errors import log_refusal
+from .head import RequestHead
+from .websocket import WebSocketExchange, websocket_scope
+
+if TYPE_CHECKING:
+    from .dense import HttpProtocol
+
+__all__ = ["DensePipe", "open_websocket"]
+
+
+class DensePipe:
+    """:class:`~.websocket.WsPipe` over a dense connection's transport."""
+
+    __slots__ = ("conn",)
+
+    def __init__(self, conn: HttpProtocol) -> None:
+        self.conn = conn
+
+    @property
+    def watch(self) -> idlekeeper.Watch:
+        return self.conn.t
+
+    def put(self, data: bytes) -> None:
+        if not self.conn.gone:
+            self.conn.t.write(data)
+
+    def queued(self) -> int:
+        return self.conn.t.get_write_buffer_size()
+
+    async def drain(self) -> None:
+        await self.conn.writable()
+
+    def reading(self, on: bool) -> None:
+        t = self.conn.t
+        if on:
+            t.resume_reading()
+        else:
+            t.pause_reading()
+
+    def finish(self) -> None:
+        self.conn.t.close()
+
+
+def open_websocket(
+    conn: HttpProtocol, request: RequestHead, headers: list[tuple[bytes, bytes]], scope: Scope
+) -> WebSocketExchange | None:
+    """The exchange for ``conn``'s upgrade request, with what followed its head;
+    None when it is refused (answered here, and the connection closes)."""
+    offer = read_offer(request.method, request.http_version, headers)
+    if not isinstance(offer, Offer):
+        status, why, extra = offer
+        log_refusal(status, why)
+        conn.refuse(status, why, log=False, response=denial_head(status, extra, 0))
+        return None
+    h = conn.parser()
+    event = h.next_event()  # the upgrade request's EndOfMessage (it has no body)
+    if isinstance(event, h11.EndOfMessage):
+        h.next_event()  # PAUSED: what follows is the WebSocket's
+    early, _ = h.trailing_data
+    conn.h11 = None
+    server = conn.server
+    return WebSocketExchange(
+        DensePipe(conn), websocket_scope(scope, offer), offer, server.config, server.keeper, bytes(early)
+    )
