@@ -9,22 +9,38 @@ would be, is the connection's only task.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import h11
+from h11 import Connection as H11Connection
 
 import idlekeeper
 
 from ..ws.upgrade import Offer, denial_head, read_offer
 from .asgi import Scope
+from .dense_server import DenseHttpServer
 from .errors import log_refusal
 from .head import RequestHead
 from .websocket import WebSocketExchange, websocket_scope
 
-if TYPE_CHECKING:
-    from .dense import HttpProtocol
-
 __all__ = ["DensePipe", "open_websocket"]
+
+
+class HttpProtocol(Protocol):
+    """What is used here of :class:`~.dense.HttpProtocol` (which imports this module)."""
+
+    t: idlekeeper.Transport
+    h11: H11Connection | None
+    server: DenseHttpServer
+    gone: bool
+
+    def parser(self) -> H11Connection: ...
+
+    async def writable(self) -> None: ...
+
+    def refuse(
+        self, status: int, why: str, *, log: bool = True, linger: float = 1.0, response: bytes | None = None
+    ) -> None: ...
 
 
 class DensePipe:
