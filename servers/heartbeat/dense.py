@@ -76,6 +76,9 @@ class DenseConnection(Connection, idlekeeper.Protocol):
             self.server.counters["packets_in"] += 1
             self.stream.write(_PINGRESP)
             return
+        self._received(data)
+
+    def _received(self, data: bytes) -> None:
         try:
             packets = self.reader.feed(data)
         except ProtocolError as exc:
@@ -119,7 +122,7 @@ class DenseConnection(Connection, idlekeeper.Protocol):
                     self.waiting.extend(packets[i + 1 :])
                     return
                 if session.state is State.CLOSED:
-                    self.stream.close()
+                    self.close()
                     return
         except ProtocolError as exc:
             self._violation(exc)
@@ -130,7 +133,7 @@ class DenseConnection(Connection, idlekeeper.Protocol):
     def _apply(self, effect: object) -> None:
         server = self.server
         if isinstance(effect, Send):
-            self.stream.write(effect.data)
+            self.write(effect.data)
         elif isinstance(effect, Route):
             server.published(self, effect)
         elif isinstance(effect, Accept):
@@ -195,7 +198,7 @@ class DenseConnection(Connection, idlekeeper.Protocol):
         connack = server.admit(self, request, opened, arrived)
         if connack is None:
             return  # superseded: closed unanswered
-        self.stream.write(connack)
+        self.write(connack)
         for effect in server.restored(opened):
             self._apply(effect)
         server.announce(self)
@@ -213,15 +216,23 @@ class DenseConnection(Connection, idlekeeper.Protocol):
         stream = self.stream
         stream.pause_reading()
         stream.send_timeout = GOODBYE_TIMEOUT
-        stream.write(connack)
-        stream.close()
+        self.write(connack)
+        self.close()
+
+    def write(self, data: bytes) -> None:
+        """Queue MQTT bytes on the transport (:mod:`.dense_ws` frames them)."""
+        self.stream.write(data)
+
+    def close(self) -> None:
+        """Close once what is queued is sent."""
+        self.stream.close()
 
     def say(self, data: bytes) -> None:
         """Write ``data`` if nothing is queued (see :meth:`Connection.say`): the
         transport tries the kernel at once."""
         stream = self.stream
         if not stream.is_closing() and not stream.get_write_buffer_size():
-            stream.write(data)
+            self.write(data)
 
     def pause_writing(self) -> None:
         """The client is not reading what it is sent (its queue passed the high-water
@@ -257,9 +268,8 @@ class DenseConnection(Connection, idlekeeper.Protocol):
     def push(self, data: bytes, *, held: bool = False) -> None:
         """Queue on the transport, behind the replies already there (the broker's
         budget bounds what is queued)."""
-        stream = self.stream
-        if not stream.is_closing():
-            stream.write(data)
+        if not self.stream.is_closing():
+            self.write(data)
 
     def queued(self) -> int:
         """Bytes on the transport's queue (replies included), not yet taken by the kernel."""

@@ -15,6 +15,7 @@ from ..status import serve_status
 from .config import HeartbeatConfig
 from .coordination import Coordinator
 from .dense import serve_dense
+from .dense_ws import serve_websockets_dense
 from .server import HeartbeatServer
 from .streams import serve_streams, serve_websockets
 
@@ -60,7 +61,10 @@ async def serve_heartbeat(
             ws_listeners = open_listeners(config.host, config.ws_port)
         if ws_listeners is not None:
             server.ws_port = port_of(ws_listeners)
-            await nursery.start(serve_websockets, server, ws_listeners)
+            if server.engine is not None and config.tls is None:
+                serve_websockets_dense(server, server.engine, ws_listeners)
+            else:
+                await nursery.start(serve_websockets, server, ws_listeners)
         if status_port is not None:
             await nursery.start(
                 partial(serve_status, server, status_port, keeper=keeper, host=status_host, tokens=status_tokens)

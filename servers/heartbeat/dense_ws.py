@@ -1,0 +1,86 @@
+"""MQTT over WebSockets on the dense engine: no task per connection, as over TCP.
+
+A :class:`WsDenseConnection` is a :class:`~.dense.DenseConnection` whose bytes pass
+through :class:`~servers.ws.mqtt_transport.MqttOverWs` first: what the engine reads
+is unframed before the MQTT reader sees it, and every MQTT write goes out as a
+binary frame. The handshake's answer, pongs and close frames are written as they
+are. The CONNECT deadline, which starts at accept, covers the opening handshake;
+the keep-alive and the stall check are the transport's, as over TCP (any byte the
+client sends refreshes them there, a WebSocket ping included: it proves the
+connection alive; the streams engine counts MQTT bytes only).
+"""
+
+from __future__ import annotations
+
+import trio
+
+import idlekeeper
+
+from ..ws.handshake import WsPolicy
+from ..ws.mqtt_transport import MqttOverWs
+from .dense import DenseConnection
+from .packets import ProtocolError
+from .server import HeartbeatServer
+
+__all__ = ["WsDenseConnection", "serve_websockets_dense"]
+
+_PEER_CLOSED = ("closed by the peer", "the peer closed")
+
+
+class WsDenseConnection(DenseConnection):
+    """One MQTT-over-WebSocket client served by the dense engine's callbacks."""
+
+    __slots__ = ("ws",)
+
+    def __init__(self, server: HeartbeatServer, policy: WsPolicy) -> None:
+        super().__init__(server)
+        self.ws = MqttOverWs(policy)
+
+    def data_received(self, data: bytes) -> None:
+        """Unframe what arrived; hand its MQTT bytes on."""
+        step = self.ws.receive(data)
+        if step.out:
+            self.stream.write(step.out)
+        if step.mqtt:
+            self._received(step.mqtt)
+        ended = step.ended
+        if ended is not None and not self.stream.is_closing():
+            if ended.startswith(_PEER_CLOSED):
+                self.stream.close()  # as an EOF over TCP
+            else:
+                self._violation(ProtocolError("websocket", detail=ended))
+
+    def eof_received(self) -> bool | None:
+        """The client's EOF is the WebSocket's end, as over TCP."""
+        self.ws.receive(b"")
+        return None
+
+    def write(self, data: bytes) -> None:
+        """MQTT bytes as one binary frame (nothing once the WebSocket is closing)."""
+        frame = self.ws.send(data)
+        if frame:
+            self.stream.write(frame)
+
+    def close(self) -> None:
+        """A close frame, then the close once the queue is out."""
+        frame = self.ws.close(1000)
+        if frame:
+            self.stream.write(frame)
+        self.stream.close()
+
+    def last_words(self, reason: idlekeeper.Reason) -> bytes | None:
+        """An MQTT 5 client's DISCONNECT (0x8D) in a frame, and the close frame."""
+        said = super().last_words(reason)
+        if said is None:
+            return None
+        return self.ws.send(said) + self.ws.close(1000)
+
+
+def serve_websockets_dense(
+    server: HeartbeatServer, engine: idlekeeper.Engine, listeners: list[trio.SocketListener]
+) -> None:
+    """MQTT over WebSockets on ``listeners`` (``--ws-port``), on the engine that serves
+    the TCP listeners: ``server.stop_accepting`` closes them all at once."""
+    config = server.config
+    policy = WsPolicy(config.ws_path, allowed_origins=config.ws_allowed_origins)
+    engine.serve(listeners, lambda: WsDenseConnection(server, policy))
