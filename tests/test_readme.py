@@ -36,7 +36,7 @@ def test_readme_example_runs(code: str, tmp_path: Path) -> None:
     if "serve_http" in code:
         assert "b'hello, trio\\n'" in done.stdout
         assert "b'HTTP/1.1 408 Request Timeout'" in done.stdout
-    if "serve_asgi" in code:
+    if "serve_asgi" in code and "dead_phone" not in code:
         assert "b'hello, trio from ASGI\\n'" in done.stdout
     if "hello over TLS" in code:
         assert "b'hello over TLS\\n'\nb''\n1 " in done.stdout
@@ -47,6 +47,13 @@ def test_readme_example_runs(code: str, tmp_path: Path) -> None:
         assert "idle after 0.2s\nidle after 0.4s\n" in done.stdout
     if "last_words" in code:
         assert done.stdout == "b'bye: idle\\n'\nb''\n"
+    if "dead_phone" in code:
+        assert "echo: hello\n" in done.stdout
+        assert "dead phone closed: 1011 keepalive ping timeout True\n" in done.stdout
+        assert "app heard the client go: 1011 keepalive ping timeout\n" in done.stdout
+    if "ws-lamp" in code:
+        assert "presence: ws-lamp offline keepalive-timeout\n" in done.stdout
+        assert "$SYS/presence/ws-lamp online\n$SYS/presence/ws-lamp offline\n" in done.stdout
     if "call_every" in code:
         assert done.stdout.count("every 100 ms") == 3
         assert done.stdout.count("once") == 1
