@@ -49,7 +49,7 @@ def test_readme_example_runs(code: str, tmp_path: Path) -> None:
         assert done.stdout == "b'bye: idle\\n'\nb''\n"
     if "dead_phone" in code:
         assert "echo: hello\n" in done.stdout
-        assert "dead phone closed: 1011 keepalive ping timeout True\n" in done.stdout
+        assert "dead phone closed: 1011 keepalive ping timeout\n" in done.stdout
         assert "app heard the client go: 1011 keepalive ping timeout\n" in done.stdout
     if "ws-lamp" in code:
         assert "presence: ws-lamp offline keepalive-timeout\n" in done.stdout
