@@ -111,5 +111,5 @@ def test_a_killed_supervisor_s_workers_end_their_websocket_devices(start_server:
         # A 5.0 device is told why (DISCONNECT 0x8B, Server Shutting Down) in a binary frame.
         assert got.startswith(b"\x82\x04\xe0\x02\x8b\x00") if i % 2 else got in (b"", b"\x88\x02\x03\xe8"), got
         sock.close()
-    ended = [e["client_id"] for e in server.events() if e.get("status") == "offline" and e["reason"] == "shutdown"]
+    ended = [str(e["client_id"]) for e in server.events() if e.get("status") == "offline" and e["reason"] == "shutdown"]
     assert sorted(ended) == sorted(f"orphan-{i}" for i in range(6))
