@@ -25,12 +25,14 @@ from wsproto.events import (
     Event,
     Ping,
     Pong,
+    RejectConnection,
     Request,
     TextMessage,
 )
 from wsproto.utilities import RemoteProtocolError
 
-from .handshake import WsPolicy
+from .handshake import Refusal, WsPolicy
+from .upgrade import Offer, read_offer
 
 __all__ = ["MqttOverWs", "Step"]
 
@@ -90,7 +92,7 @@ class MqttOverWs:
                 if isinstance(event, BytesMessage):
                     mqtt.append(bytes(event.data))
                 elif isinstance(event, Request):
-                    decision = self.policy.decide(event)
+                    decision = self._check(event)
                     if isinstance(decision, AcceptConnection):
                         self.subprotocol = decision.subprotocol
                         out.append(ws.send(decision))
@@ -105,20 +107,24 @@ class MqttOverWs:
                     self.ended = "a text frame (MQTT-6.0.0-1)"
                     break
                 elif isinstance(event, Ping):
-                    out.append(ws.send(event.response()))
+                    if ws.state is ConnectionState.OPEN:
+                        out.append(ws.send(event.response()))
                 elif isinstance(event, Pong):
                     self.pongs += 1
                 elif isinstance(event, CloseConnection):
-                    if ws.state is not ConnectionState.CLOSED:
-                        out.append(ws.send(event.response()))
                     code = int(event.code)
                     said = f": {event.reason}" if event.reason else ""
                     if code == ABNORMAL_CLOSURE:
                         self.ended = "the peer closed its side"  # EOF, no close frame
-                    elif code < 1002:
-                        self.ended = f"closed by the peer ({code}{said})"
-                    else:
+                    elif ws.state is ConnectionState.OPEN:
+                        # wsproto reports a frame it could not parse as a close event
+                        # and stays open: the close is ours to send, with its code.
+                        out.append(self.close(code, event.reason or ""))
                         self.ended = f"bad frame ({code}{said})"
+                    else:
+                        if ws.state is ConnectionState.REMOTE_CLOSING:
+                            out.append(ws.send(event.response()))
+                        self.ended = f"closed by the peer ({code}{said})"
                     break
         except RemoteProtocolError as exc:
             if exc.event_hint is not None and ws.state is ConnectionState.CONNECTING:
@@ -138,13 +144,35 @@ class MqttOverWs:
                 self._ws.receive_data(trailing)
 
     def _events(self) -> Iterator[Event]:
-        # Bytes that came behind the opening handshake are read as frames only once it
-        # is answered: ask again after each batch until none is left.
+        # One event at a time, each handled before the next frame is parsed: a close
+        # parsed early would change the state a pong before it is answered in. Bytes
+        # that came behind the opening handshake are read as frames only once it is
+        # answered: ask again until a pass yields nothing.
         while True:
-            batch = list(self._ws.events())
-            if not batch:
+            found = False
+            for event in self._ws.events():
+                found = True
+                yield event
+            if not found:
                 return
-            yield from batch
+
+    def _check(self, request: Request) -> AcceptConnection | Refusal:
+        # wsproto's server handshake checks the version and that a key is there; RFC
+        # 6455 §4.2.1 asks more (a 16-byte key, one of it, GET over HTTP/1.1), which
+        # the HTTP server's own check (servers.ws.upgrade) already asks of its requests.
+        head = bytes(self._early or b"").partition(b"\r\n\r\n")[0]
+        line, _, rest = head.partition(b"\r\n")
+        parts = line.split(b" ")
+        headers = []
+        for field in rest.split(b"\r\n"):
+            name, _, value = field.partition(b":")
+            headers.append((name.strip().lower(), value.strip()))
+        version = parts[2].removeprefix(b"HTTP/") if len(parts) == 3 else b""
+        offer = read_offer(parts[0], version, headers)
+        if not isinstance(offer, Offer):
+            status, why, extra = offer
+            return Refusal(RejectConnection(status_code=status, headers=extra), why)
+        return self.policy.decide(request)
 
     def send(self, mqtt: bytes) -> bytes:
         """MQTT bytes (one packet or several) as one binary frame; b"" once closing."""
