@@ -12,13 +12,15 @@ connection alive; the streams engine counts MQTT bytes only).
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+
 import trio
 
 import idlekeeper
 
 from ..ws.handshake import WsPolicy
 from ..ws.mqtt_transport import MqttOverWs
-from .dense import DenseConnection
+from .dense import DenseConnection, T
 from .packets import ProtocolError
 from .server import HeartbeatServer
 
@@ -30,11 +32,14 @@ _PEER_CLOSED = ("closed by the peer", "the peer closed")
 class WsDenseConnection(DenseConnection):
     """One MQTT-over-WebSocket client served by the dense engine's callbacks."""
 
-    __slots__ = ("ws",)
+    __slots__ = ("ws", "later")
 
     def __init__(self, server: HeartbeatServer, policy: WsPolicy) -> None:
         super().__init__(server)
         self.ws = MqttOverWs(policy)
+        self.later: str | None = None
+        """How the WebSocket ended, while packets before the end wait for a password
+        check or a session lookup: acted on once they are handled."""
 
     def data_received(self, data: bytes) -> None:
         """Unframe what arrived; hand its MQTT bytes on."""
@@ -44,11 +49,25 @@ class WsDenseConnection(DenseConnection):
         if step.mqtt:
             self._received(step.mqtt)
         ended = step.ended
-        if ended is not None and not self.stream.is_closing():
-            if ended.startswith(_PEER_CLOSED):
-                self.stream.close()  # as an EOF over TCP
+        if ended is not None:
+            if self.waiting is not None:
+                self.later = ended  # the CONNECT before it is still being vetted
             else:
-                self._violation(ProtocolError("websocket", detail=ended))
+                self._ended(ended)
+
+    def _ended(self, ended: str) -> None:
+        if self.stream.is_closing():
+            return
+        if ended.startswith(_PEER_CLOSED):
+            self.stream.close()  # as an EOF over TCP
+        else:
+            self._violation(ProtocolError("websocket", detail=ended))
+
+    async def _resume_after(self, work: Callable[[T], Awaitable[bool]], arg: T) -> None:
+        await super()._resume_after(work, arg)
+        later, self.later = self.later, None
+        if later is not None and not self.finished:
+            self._ended(later)
 
     def eof_received(self) -> bool | None:
         """The client's EOF is the WebSocket's end, as over TCP."""
