@@ -76,6 +76,10 @@ class StreamPipe:
                 self._wake = trio.Event()
                 await self._wake.wait()
                 continue
+            # A cancellation already pending (an expiry in the same reaper pass as a
+            # ping) is taken here, while nothing of the data has gone: the close frame
+            # the expiry earns may still be written whole.
+            await trio.lowlevel.checkpoint_if_cancelled()
             data, self.buffer = bytes(self.buffer), bytearray()
             self._room.set()
             self.sending = True

@@ -121,6 +121,7 @@ class WebSocketExchange:
         "connected",
         "denial",
         "early",
+        "eof",
         "_readable",
         "_app_done",
         "cancel",
@@ -145,6 +146,7 @@ class WebSocketExchange:
         self.connected = False  # websocket.connect handed to the app
         self.denial: tuple[int, list[tuple[bytes, bytes]], bytearray] | None = None
         self.early = bytearray(early)  # frames that came before the app accepted
+        self.eof = False  # and the client's EOF behind them
         self._readable: trio.Event | None = None
         self._app_done = False
         self.cancel: trio.CancelScope | None = None
@@ -161,7 +163,11 @@ class WebSocketExchange:
                 if len(self.early) > self.config.ws_max_size:
                     self.pipe.reading(False)  # the app has not accepted yet: read no further
             else:
-                self._end(Closed(_ABNORMAL, "", by_peer=True))
+                # The client is done sending before the app answered: what it sent is
+                # read once the app accepts (a close frame among it, say), and the
+                # connection ends then; or with the app's refusal.
+                self.eof = True
+                self._wake()
             return
         got = session.receive(data)
         if got.out:
@@ -236,6 +242,8 @@ class WebSocketExchange:
         try:
             with trio.CancelScope() as self.cancel:
                 await app(self.scope, self.receive, self.send)
+        except ClientDisconnected:
+            self._after_app(1000, "")  # ASGI: an app that does not catch it simply ends
         except Exception:
             logger.exception("websocket app %s raised", self.scope.get("path"))
             self._after_app(1011, "internal error")
@@ -274,6 +282,8 @@ class WebSocketExchange:
                 return {"type": "websocket.receive", "bytes": message}
             if self.ended is not None:
                 return {"type": "websocket.disconnect", "code": self.ended.code, "reason": self.ended.reason}
+            if self.eof and self.session is None:
+                return {"type": "websocket.disconnect", "code": _ABNORMAL, "reason": ""}
             self._readable = event = trio.Event()
             await event.wait()
 
@@ -349,6 +359,8 @@ class WebSocketExchange:
         self.pipe.reading(True)
         if early:
             self.feed(early)
+        if self.eof:
+            self.feed(b"")
 
     def _ping(self) -> None:
         session = self.session

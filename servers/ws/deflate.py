@@ -41,11 +41,24 @@ class BoundedDeflate(PerMessageDeflate):
         super().__init__(server_no_context_takeover=True)
         self.max_size = max_size
         self._inflated = 0
+        self._control = False  # a control frame is being read, inside a message or not
 
     def frame_inbound_header(
         self, proto: FrameDecoder | FrameProtocol, opcode: Opcode, rsv: RsvBits, payload_length: int
     ) -> CloseReason | RsvBits:
-        if opcode is not Opcode.CONTINUATION and not opcode.iscontrol():
+        if opcode.iscontrol():
+            # wsproto's extension forgets a compressed message open across a ping
+            # between its fragments; a control frame is never compressed, so it is
+            # passed by without touching the message's state.
+            if rsv.rsv1:
+                return CloseReason.PROTOCOL_ERROR
+            self._control = True
+            return RsvBits(True, False, False)
+        if opcode is not Opcode.CONTINUATION:
+            if self._inbound_compressed is not None:
+                # A new message while one is open (RFC 6455 §5.4): a protocol error,
+                # which the inflater must not turn into a bad payload first.
+                return CloseReason.PROTOCOL_ERROR
             self._inflated = 0  # a new message
         return super().frame_inbound_header(proto, opcode, rsv, payload_length)
 
@@ -64,11 +77,14 @@ class BoundedDeflate(PerMessageDeflate):
         return out
 
     def frame_inbound_payload_data(self, proto: FrameDecoder | FrameProtocol, data: bytes) -> bytes | CloseReason:
-        if not self._inbound_compressed or not self._inbound_is_compressible:
+        if self._control or not self._inbound_compressed or not self._inbound_is_compressible:
             return data
         return self._inflate(bytes(data))
 
     def frame_inbound_complete(self, proto: FrameDecoder | FrameProtocol, fin: bool) -> bytes | CloseReason | None:
+        if self._control:
+            self._control = False
+            return None
         if not fin or not self._inbound_is_compressible or not self._inbound_compressed:
             return super().frame_inbound_complete(proto, fin)
         out = self._inflate(_TAIL)
@@ -83,7 +99,7 @@ class BoundedDeflate(PerMessageDeflate):
         self, proto: FrameDecoder | FrameProtocol, opcode: Opcode, rsv: RsvBits, data: bytes, fin: bool
     ) -> tuple[RsvBits, bytes]:
         if self._compressor is None and opcode in (Opcode.TEXT, Opcode.BINARY):
-            self._compressor = zlib.compressobj(
-                zlib.Z_DEFAULT_COMPRESSION, zlib.DEFLATED, -COMPRESS_WINDOW_BITS, _MEM_LEVEL
-            )
+            # Never a longer window than the client allowed (RFC 7692 §7.1.2.1).
+            bits = min(COMPRESS_WINDOW_BITS, self.server_max_window_bits)
+            self._compressor = zlib.compressobj(zlib.Z_DEFAULT_COMPRESSION, zlib.DEFLATED, -bits, _MEM_LEVEL)
         return super().frame_outbound(proto, opcode, rsv, data, fin)

@@ -98,14 +98,44 @@ def take_deflate(offer: Offer, *, max_size: int) -> tuple[BoundedDeflate, bytes]
         name, _, _ = item.partition(b";")
         if name.strip().lower() != b"permessage-deflate":
             continue
+        if not _valid_deflate_offer(item):
+            continue  # RFC 7692 §7: decline it, and try the client's next offer
         extension = BoundedDeflate(max_size=max_size)
         try:
             answer = extension.accept(item.decode("latin-1"))
         except (ValueError, IndexError):
-            continue  # a malformed parameter: try the client's next offer
+            continue
         if isinstance(answer, str):
             return extension, b"; ".join([b"permessage-deflate"] + ([answer.encode("latin-1")] if answer else []))
     return None
+
+
+_FLAGS = frozenset({b"server_no_context_takeover", b"client_no_context_takeover"})
+
+
+def _valid_deflate_offer(item: bytes) -> bool:
+    """Whether a ``permessage-deflate`` offer is one RFC 7692 §7 lets a server take:
+    known parameters, each once, the flags without a value, window bits 9-15 (8 is
+    declined: zlib cannot compress within a 256-byte window)."""
+    seen: set[bytes] = set()
+    for param in item.split(b";")[1:]:
+        name, eq, value = (part.strip() for part in param.partition(b"="))
+        name = name.lower()
+        if name in seen:
+            return False
+        seen.add(name)
+        if name in _FLAGS:
+            if eq:
+                return False
+        elif name in (b"server_max_window_bits", b"client_max_window_bits"):
+            value = value.strip(b'"')
+            if not eq and name == b"client_max_window_bits":
+                continue  # the client lets the server choose
+            if not value.isdigit() or not 9 <= int(value) <= 15:
+                return False
+        else:
+            return False
+    return True
 
 
 def accept_head(
