@@ -9,6 +9,7 @@ python -m loadtest fleet --nodes 3 --kill-node           gateways sharing presen
 python -m loadtest tls                                   MQTT over TLS: memory per connection, handshakes/s vs Mosquitto
 python -m loadtest fuzz --target both --inputs 200000    hostile input against both servers, judged
 python -m loadtest abuse                                 issue 33's attacks with a healthy fleet beside them, judged
+python -m loadtest ws                                    WebSockets vs uvicorn and hypercorn; MQTT over WS vs Mosquitto
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ COMMANDS = {
     "tls": "loadtest.tls_load",
     "fuzz": "loadtest.fuzz",
     "abuse": "loadtest.abuse",
+    "ws": "loadtest.ws",
 }
 
 

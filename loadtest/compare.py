@@ -42,7 +42,7 @@ from typing import Any
 from .device_results import report
 from .devices import run_devices
 from .http.load import describe, run_http, start_target
-from .http.loadgen import median_round, run_load
+from .http.loadgen import median_round, rounds_in_turn, run_load
 from .http.targets import ALL_HTTP_TARGETS, HTTP_TARGETS
 from .http.workload import HttpLoad
 from .live import Live
@@ -218,14 +218,13 @@ def compare_http(load: HttpLoad, targets: Sequence[str], rounds: int = 3, pinned
                 missing[name] = skip_reason(exc)
                 print(f"\n== http: {name} ==\n   skipped: {missing[name]}", flush=True)
         names = list(started)
-        alone: dict[str, list[Any]] = {name: [] for name in names}
         with load_side(split):
-            for r in range(rounds):
-                print(f"\n== http: unattacked round {r + 1} of {rounds} ==", flush=True)
-                for name in names[r % len(names) :] + names[: r % len(names)] if names else []:
-                    figures = run_load(started[name][1], load.connections, load.duration)
-                    alone[name].append(figures)
-                    print(f"   {name:<20} {figures.rps:,.0f} req/s, p99 {figures.p99_ms:.1f} ms", flush=True)
+            alone = rounds_in_turn(
+                names,
+                rounds,
+                lambda name: run_load(started[name][1], load.connections, load.duration),
+                "http: unattacked",
+            )
         for name in names:
             print(f"\n== http: {name} ==", flush=True)
             _proc, port, pids = started[name]
@@ -265,7 +264,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     a(
         "--http-targets",
         default=",".join(HTTP_TARGETS),
-        help="comma-separated, of " + ", ".join(ALL_HTTP_TARGETS) + " (default: all but idlekeeper-streams)",
+        help="comma-separated, of " + ", ".join(ALL_HTTP_TARGETS) + " (default: " + ",".join(HTTP_TARGETS) + ")",
     )
     add_devices(p, 10_000, help="devices per target: one process each")
     add_keepalive(p, 10)

@@ -25,6 +25,7 @@ __all__ = [
     "idle_memory",
     "waiting_in_kernel",
     "watch_attack",
+    "watch_release",
 ]
 
 SLOWLORIS_SOURCE = "127.0.0.3"
@@ -166,21 +167,31 @@ def waiting_in_kernel(port: int) -> set[tuple[str, int]]:
 
 
 def watch_attack(attack: Attack, pids: list[int], port: int, until: float) -> dict[tuple[str, int], float]:
-    """Poll the socket tables until every attacker is released or ``until``; their hold times.
+    """Poll the socket tables until every attacker is released or ``until``; their hold
+    times (:func:`watch_release`)."""
+    return watch_release(attack.connected_at, pids, port, until)
+
+
+def watch_release(
+    since: dict[tuple[str, int], float], pids: list[int], port: int, until: float, every: float = 0.2
+) -> dict[tuple[str, int], float]:
+    """Poll the socket tables every ``every`` s until the server has released each client
+    address of ``since`` or ``until``; for each released one, the time from its ``since``.
 
     Released means no longer in the server's processes and no longer ESTABLISHED in
     the kernel: a connection still in the accept queue is the server's to answer, so
     it counts as held, while one the server closed between two polls (before this
-    watcher ever saw it owned) counts as released.
+    watcher ever saw it owned) counts as released. A close queued behind data the
+    client never reads counts as released: the server let go of it.
     """
     released: dict[tuple[str, int], float] = {}
-    pending = set(attack.connected_at)
+    pending = set(since)
     while pending and time.monotonic() < until:
         held = held_by_server(pids, port) | waiting_in_kernel(port)
         now = time.monotonic()
         for addr in list(pending):
             if addr not in held:
-                released[addr] = now - attack.connected_at[addr]
+                released[addr] = now - since[addr]
                 pending.discard(addr)
-        time.sleep(0.2)
+        time.sleep(every)
     return released

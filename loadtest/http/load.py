@@ -44,12 +44,15 @@ __all__ = ["describe", "main", "run_http", "start_target"]
 
 
 def start_target(
-    target: str, load: HttpLoad, split: CpuSplit | None = None
+    target: str, load: HttpLoad, split: CpuSplit | None = None, extra: Sequence[str] = ()
 ) -> tuple[subprocess.Popen[str], int, list[int]]:
     """Start ``target`` on a free port, with ``load``'s timeouts (on the server's CPUs
-    of ``split``, if given): its process, its port and the PIDs of its process tree."""
+    of ``split``, if given) and ``extra`` flags: its process, its port and the PIDs of
+    its process tree."""
     port = free_port()
-    proc = start_http_target(target, port, header_timeout=load.header_timeout, keep_alive=load.header_timeout)
+    proc = start_http_target(
+        target, port, header_timeout=load.header_timeout, keep_alive=load.header_timeout, extra=extra
+    )
     pids = [p.pid for p in process_tree(proc.pid)]
     if split is not None:
         pin(pids, split.server)

@@ -10,12 +10,15 @@ import shutil
 import socket
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 from ..stats import percentile
 from .workload import REQUEST, LoadFigures
 
-__all__ = ["median_round", "run_load", "run_own_client", "run_wrk"]
+__all__ = ["median_round", "rounds_in_turn", "run_load", "run_own_client", "run_wrk"]
+
+Figures = TypeVar("Figures", bound=LoadFigures)
 
 
 def _ms(text: str) -> float:
@@ -101,6 +104,24 @@ def median_round(rounds: Sequence[LoadFigures]) -> LoadFigures:
         raise ValueError("no rounds")
     ordered = sorted(rounds, key=lambda r: (r.rps != r.rps, r.rps))
     return ordered[(len(ordered) - 1) // 2]
+
+
+def rounds_in_turn(
+    names: Sequence[str], rounds: int, measure: Callable[[str], Figures], title: str, unit: str = "req/s"
+) -> dict[str, list[Figures]]:
+    """``measure`` each server of ``names`` once per round, each round starting from the next
+    one, so that a disturbance of the shared machine falls on all of them alike; every
+    server's rounds, in order (:func:`median_round` picks its figure). A line per
+    measurement, under a ``title`` per round."""
+    out: dict[str, list[Figures]] = {name: [] for name in names}
+    order = list(names)
+    for r in range(rounds):
+        print(f"\n== {title} round {r + 1} of {rounds} ==", flush=True)
+        for name in order[r % len(order) :] + order[: r % len(order)] if order else []:
+            figures = measure(name)
+            out[name].append(figures)
+            print(f"   {name:<20} {figures.rps:,.0f} {unit}, p99 {figures.p99_ms:.1f} ms", flush=True)
+    return out
 
 
 def run_load(port: int, connections: int, duration: float, tool: str = "auto") -> LoadFigures:

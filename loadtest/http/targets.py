@@ -15,6 +15,10 @@ ASGI costs). ``idlekeeper-streams`` is the ASGI app on the task-per-connection d
   parsed; ``--read-timeout`` is off by default and left off, as shipped. No send timeout.
 - ``uvicorn`` (h11 on asyncio): ``--timeout-keep-alive`` is cancelled on the first
   byte and never re-armed (its issue #157); no header or send timeout.
+- ``uvicorn-standard``: the same uvicorn as ``pip install uvicorn[standard]`` runs it
+  (httptools, uvloop, and the ``websockets`` library for WebSockets), as FastAPI's docs
+  tell users to install it. Both uvicorn rows name their implementations on the command
+  line: with the extra installed, plain ``uvicorn`` would otherwise pick them too.
 """
 
 from __future__ import annotations
@@ -22,39 +26,58 @@ from __future__ import annotations
 import math
 import subprocess
 import sys
+from collections.abc import Sequence
 
 from ..processes import start_http, wait_listening
 
-__all__ = ["ALL_HTTP_TARGETS", "ASGI_APP", "HTTP_TARGETS", "start_http_target"]
+__all__ = ["ALL_HTTP_TARGETS", "ASGI_APP", "HTTP_TARGETS", "UVICORN_IMPLEMENTATIONS", "start_http_target"]
 
 HTTP_TARGETS = ("idlekeeper", "idlekeeper-native", "hypercorn", "uvicorn")
 """What ``compare`` runs by default."""
-ALL_HTTP_TARGETS = (*HTTP_TARGETS, "idlekeeper-streams")
+ALL_HTTP_TARGETS = (*HTTP_TARGETS, "idlekeeper-streams", "uvicorn-standard")
 
 ASGI_APP = "loadtest.asgi_app:app"
 
 
+UVICORN_IMPLEMENTATIONS = {
+    "uvicorn": ("--http", "h11", "--loop", "asyncio"),
+    "uvicorn-standard": ("--http", "httptools", "--loop", "uvloop", "--ws", "websockets"),
+}
+"""What each uvicorn row runs on."""
+
+
 def start_http_target(
-    name: str, port: int, *, header_timeout: float, keep_alive: float, tick: float = 0.1
+    name: str,
+    port: int,
+    *,
+    header_timeout: float,
+    keep_alive: float,
+    tick: float = 0.1,
+    extra: Sequence[str] = (),
 ) -> subprocess.Popen[str]:
-    """Start ``name`` on ``127.0.0.1:port``; return once it accepts connections. Stop it by PID."""
+    """Start ``name`` on ``127.0.0.1:port``; return once it accepts connections. Stop it by PID.
+
+    ``extra`` goes on the server's command line as it is (each server spells its own flags).
+    """
     if name.startswith("idlekeeper"):
         if name not in ALL_HTTP_TARGETS:
             raise ValueError(f"unknown HTTP target {name!r}")
-        extra = [] if name == "idlekeeper-native" else [ASGI_APP]
-        extra += ["--engine", "streams" if name == "idlekeeper-streams" else "dense"]
-        extra += ["--tick", str(tick), "--header-timeout", str(header_timeout)]
-        extra += ["--keep-alive-timeout", str(keep_alive), "--send-timeout", str(header_timeout)]
-        return start_http(port, 1, extra)
+        args = [] if name == "idlekeeper-native" else [ASGI_APP]
+        args += ["--engine", "streams" if name == "idlekeeper-streams" else "dense"]
+        args += ["--tick", str(tick), "--header-timeout", str(header_timeout)]
+        args += ["--keep-alive-timeout", str(keep_alive), "--send-timeout", str(header_timeout), *extra]
+        return start_http(port, 1, args)
     if name == "hypercorn":
         cmd = [sys.executable, "-m", "hypercorn", "--worker-class", "trio", "--workers", "1"]
         cmd += ["--bind", f"127.0.0.1:{port}", "--keep-alive", str(math.ceil(keep_alive)), "loadtest.asgi_app:app"]
-    elif name == "uvicorn":
+    elif name in UVICORN_IMPLEMENTATIONS:
         cmd = [sys.executable, "-m", "uvicorn", "--host", "127.0.0.1", "--port", str(port)]
+        cmd += UVICORN_IMPLEMENTATIONS[name]
         cmd += ["--timeout-keep-alive", str(math.ceil(keep_alive)), "--log-level", "warning", "--no-access-log"]
         cmd += ["loadtest.asgi_app:app"]
     else:
         raise ValueError(f"unknown HTTP target {name!r}")
+    cmd += extra
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True)
     wait_listening(port, proc)
     return proc
