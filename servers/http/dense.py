@@ -285,7 +285,7 @@ class HttpProtocol(idlekeeper.Protocol):
         server = self.server
         if self.ws is not None:
             try:
-                await self.ws.run(server.app)
+                await self.ws.run(server.app, runner.scope)
             finally:
                 server.exchange_ended()
             return

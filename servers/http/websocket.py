@@ -122,7 +122,7 @@ class WebSocketExchange:
         "denial",
         "early",
         "eof",
-        "_readable",
+        "_reader",
         "_app_done",
         "cancel",
     )
@@ -137,7 +137,9 @@ class WebSocketExchange:
         self.keeper = keeper
         self.session: WsSession | None = None
         """The open WebSocket, once the app accepted it."""
-        self.inbox: deque[str | bytes] = deque()
+        # Made when a message waits, dropped when none does: an idle WebSocket
+        # holds no queue (a deque is 0.6 KiB empty).
+        self.inbox: deque[str | bytes] | None = None
         self.held = 0
         """Bytes of messages waiting for the app's ``receive``."""
         self.ended: Closed | None = None
@@ -147,7 +149,7 @@ class WebSocketExchange:
         self.denial: tuple[int, list[tuple[bytes, bytes]], bytearray] | None = None
         self.early = bytearray(early)  # frames that came before the app accepted
         self.eof = False  # and the client's EOF behind them
-        self._readable: trio.Event | None = None
+        self._reader: trio.lowlevel.Task | None = None  # the app's task, parked in receive()
         self._app_done = False
         self.cancel: trio.CancelScope | None = None
         """The app's scope, cancelled a grace after the connection is lost."""
@@ -173,8 +175,11 @@ class WebSocketExchange:
         if got.out:
             self.pipe.put(got.out)
         if got.messages:
+            inbox = self.inbox
+            if inbox is None:
+                inbox = self.inbox = deque()
             for message in got.messages:
-                self.inbox.append(message)
+                inbox.append(message)
                 self.held += len(message)
             if self.held > self.config.ws_max_size:
                 self.pipe.reading(False)  # the app is slow to receive: read on when it has
@@ -198,7 +203,7 @@ class WebSocketExchange:
         if not self._app_done and self.cancel is not None:
             # The app hears websocket.disconnect now; one that goes on regardless is
             # cancelled after the grace a shutdown gives it.
-            self.keeper.call_later(self.config.grace, self.cancel.cancel)
+            self.keeper.call_later(self.config.grace, self.cut)
 
     def last_words(self, reason: Reason) -> bytes | None:
         """The close frame written just before a ping timeout cuts the connection."""
@@ -215,8 +220,9 @@ class WebSocketExchange:
             self._close(session, GOING_AWAY, "server shutting down")
 
     def cut(self) -> None:
-        """Cancel the app now (the server is cut, not closing gracefully)."""
-        if self.cancel is not None:
+        """Cancel the app now, if it is still running (on the dense engine its scope
+        is its runner's, which goes on to other exchanges once this one is over)."""
+        if not self._app_done and self.cancel is not None:
             self.cancel.cancel()
 
     def _end(self, closed: Closed) -> None:
@@ -225,9 +231,12 @@ class WebSocketExchange:
         self._wake()
 
     def _wake(self) -> None:
-        if self._readable is not None:
-            self._readable.set()
-            self._readable = None
+        # The app parks its own task rather than waiting on a trio.Event: an Event and
+        # its parking lot for every idle WebSocket would cost more than the rest of it.
+        reader = self._reader
+        if reader is not None:
+            self._reader = None
+            trio.lowlevel.reschedule(reader)
 
     def _stop_pinging(self) -> None:
         if self.pinger is not None:
@@ -236,12 +245,18 @@ class WebSocketExchange:
 
     # -- the app's side -------------------------------------------------------------
 
-    async def run(self, app: ASGIApp) -> None:
+    async def run(self, app: ASGIApp, scope: trio.CancelScope | None = None) -> None:
         """Run ``app`` on this WebSocket, and end the handshake or the connection
-        as it leaves them."""
+        as it leaves them. ``scope``, if given, is the one cancelled when the app
+        outlives its connection (a dense runner's own, which a second would only
+        duplicate); otherwise the app gets one of its own."""
         try:
-            with trio.CancelScope() as self.cancel:
+            if scope is not None:
+                self.cancel = scope
                 await app(self.scope, self.receive, self.send)
+            else:
+                with trio.CancelScope() as self.cancel:
+                    await app(self.scope, self.receive, self.send)
         except ClientDisconnected:
             self._after_app(1000, "")  # ASGI: an app that does not catch it simply ends
         except Exception:
@@ -272,8 +287,11 @@ class WebSocketExchange:
             self.connected = True
             return {"type": "websocket.connect"}
         while True:
-            if self.inbox:
-                message = self.inbox.popleft()
+            inbox = self.inbox
+            if inbox:
+                message = inbox.popleft()
+                if not inbox:
+                    self.inbox = None
                 self.held -= len(message)
                 if self.held <= self.config.ws_max_size and self.ended is None:
                     self.pipe.reading(True)
@@ -284,8 +302,14 @@ class WebSocketExchange:
                 return {"type": "websocket.disconnect", "code": self.ended.code, "reason": self.ended.reason}
             if self.eof and self.session is None:
                 return {"type": "websocket.disconnect", "code": _ABNORMAL, "reason": ""}
-            self._readable = event = trio.Event()
-            await event.wait()
+            if self._reader is not None:
+                raise RuntimeError("receive() called from two tasks at once")
+            self._reader = trio.lowlevel.current_task()
+            await trio.lowlevel.wait_task_rescheduled(self._abandon)
+
+    def _abandon(self, _: object) -> trio.lowlevel.Abort:
+        self._reader = None  # cancelled while parked
+        return trio.lowlevel.Abort.SUCCEEDED
 
     async def send(self, message: Message) -> None:
         """The ASGI ``send``. Raises :class:`~.exchange.ClientDisconnected` once the

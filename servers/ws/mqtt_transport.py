@@ -32,7 +32,7 @@ from wsproto.events import (
 from wsproto.utilities import RemoteProtocolError
 
 from .handshake import Refusal, WsPolicy
-from .upgrade import Offer, read_offer
+from .upgrade import Offer, denial_head, read_offer
 
 __all__ = ["MqttOverWs", "Step"]
 
@@ -130,6 +130,11 @@ class MqttOverWs:
             if exc.event_hint is not None and ws.state is ConnectionState.CONNECTING:
                 out.append(ws.send(exc.event_hint))
             self.ended = f"bad handshake: {exc}"
+            self._early = None
+        except UnicodeDecodeError:
+            # wsproto decodes some handshake headers as ASCII and lets the error out.
+            out.append(denial_head(400, [], 0))
+            self.ended = "bad handshake: a header value that is not ASCII"
             self._early = None
         if not data and self.ended is None:
             self.ended = "the peer closed its side"
