@@ -135,3 +135,12 @@ def test_upgrade_heads_are_told_apart() -> None:
     assert not is_upgrade([(b"upgrade", b"h2c")])
     refused = read_offer(b"GET", b"1.0", [])
     assert not isinstance(refused, Offer) and refused[0] == 400
+
+
+def test_an_eof_ends_the_session_1006_whatever_holds_wsprotos_events() -> None:
+    peer = client()
+    session = WsSession(max_size=100)
+    assert session.receive(peer.send(TextMessage(data="a"))).messages == ["a"]
+    got = session.receive(b"")
+    assert got.closed is not None and (got.closed.code, got.closed.by_peer) == (1006, True)
+    assert got.out == b"" and session.receive(b"x").closed == got.closed

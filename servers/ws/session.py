@@ -11,6 +11,7 @@ answered with wsproto's close code (1002, 1007) and end the connection.
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
 
 from wsproto.connection import Connection, ConnectionState, ConnectionType
@@ -48,6 +49,28 @@ class Received:
     """Pongs that came (answers to the server's pings)."""
 
 
+class _Rare:
+    """What wsproto's connection needs of its event queue (``append``, ``popleft``,
+    truth), holding nothing until an event is queued."""
+
+    __slots__ = ("items",)
+
+    def __init__(self) -> None:
+        self.items: list[object] | None = None
+
+    def append(self, item: object) -> None:
+        if self.items is None:
+            self.items = []
+        self.items.append(item)
+
+    def popleft(self) -> object:
+        assert self.items
+        return self.items.pop(0)
+
+    def __bool__(self) -> bool:
+        return bool(self.items)
+
+
 class WsSession:
     """One WebSocket after its opening handshake, on the server side."""
 
@@ -56,7 +79,11 @@ class WsSession:
     def __init__(self, *, max_size: int, extensions: list[Extension] | None = None) -> None:
         self.max_size = max_size
         self.closed: Closed | None = None
-        self._ws = Connection(ConnectionType.SERVER, extensions)
+        self._ws = ws = Connection(ConnectionType.SERVER, extensions)
+        if isinstance(ws._events, deque) and not ws._events:
+            # wsproto queues events here only for an EOF; an empty deque is 0.7 KiB,
+            # most of an idle WebSocket's frame layer.
+            ws._events = _Rare()  # type: ignore[assignment]
         self._parts: list[str | bytes] | None = None  # a message still arriving, by fragments
         self._size = 0
 
