@@ -1,7 +1,7 @@
 """The canary of ``python -m loadtest fuzz``: well-behaved clients beside the fuzzer, in a
 process of their own, so that the fuzzer's load never starves them.
 
-    python -m loadtest.fuzz.canary --protocol mqtt|http --port P --tag T [--no-presence]
+    python -m loadtest.fuzz.canary --protocol mqtt|http|ws|mqtt-ws --port P --tag T [--no-presence]
 
 It connects, prints one JSON line (``{"ready": true}``) on stdout, keeps its clients
 busy until its stdin is closed, then stops them cleanly and prints its
@@ -13,9 +13,14 @@ connections had (the judge leaves them out of the fuzz connections' accounting).
   their presence topics that must hear them come online and never go offline, and a
   new connection every :data:`PROBE_INTERVAL` s that must get CONNACK 0. With
   ``--no-presence`` (a peer that publishes no presence, Mosquitto) no subscriber.
+  ``mqtt-ws``: the same clients over WebSockets (:data:`MQTT_WS_PATH`), every one of them.
 - HTTP (:class:`HttpCanary`): one keep-alive connection alternating ``GET /healthz``
   and ``POST /echo``, each 200 with the right body, and a new connection every
   :data:`PROBE_INTERVAL` s that must get 200.
+- WebSocket (:class:`WsCanary`): one WebSocket to the echo app, sending text and
+  binary messages in turn, each echoed intact, answering the server's pings; and a new
+  WebSocket every :data:`PROBE_INTERVAL` s whose message is echoed and whose close is
+  answered with 1000.
 
 A reply slower than :data:`CANARY_LATENCY` is a problem. So is a pause of the canary
 itself as long as the server's keep-alive window: its own silence could then explain
@@ -29,7 +34,7 @@ import collections
 import dataclasses
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 import trio
 
@@ -39,8 +44,9 @@ from servers.heartbeat.policy import DEFAULT_PRESENCE_PREFIX
 from ..mqtt_frames import frames
 from .connection import peer_name
 from .observation import CanaryReport
+from .ws_stream import WsClientStream
 
-__all__ = ["HttpCanary", "MqttCanary", "main"]
+__all__ = ["HttpCanary", "MqttCanary", "WsCanary", "main"]
 
 
 CANARY_DEVICES = 3
@@ -54,6 +60,12 @@ PROBE_INTERVAL = 1.0
 MAX_PROBLEMS = 20
 HTTP_KEEPALIVE_TIMEOUT = 2.0
 """The HTTP server's ``--keep-alive-timeout`` in a fuzz run (:data:`~.targets.HTTP_SERVER_ARGS`)."""
+WS_PING_INTERVAL = 1.0
+WS_PING_TIMEOUT = 1.0
+"""The HTTP server's ``--ws-ping-interval`` and ``--ws-ping-timeout`` in a fuzz run
+(:data:`~.targets.WS_SERVER_ARGS`): a WebSocket silent that long is closed."""
+MQTT_WS_PATH = "/mqtt"
+"""Where the heartbeat server's WebSocket listener serves MQTT (its default ``--ws-path``)."""
 
 
 class _Canary:
@@ -78,8 +90,14 @@ class _Canary:
             if seconds >= limit:
                 self.problem(f"the canary itself was starved for {seconds:.1f} s, its check is void")
 
-    async def open(self) -> trio.SocketStream:
+    async def open(self) -> trio.abc.Stream:
         stream = await trio.open_tcp_stream("127.0.0.1", self.port)
+        self.peers.add(peer_name(stream.socket))
+        return stream
+
+    async def open_ws(self, path: str, subprotocols: Sequence[str] = ()) -> WsClientStream:
+        """A WebSocket (its handshake done) to ``path`` on the server's port."""
+        stream = await WsClientStream.connect(self.port, path, subprotocols)
         self.peers.add(peer_name(stream.socket))
         return stream
 
@@ -100,11 +118,24 @@ class _Canary:
         """Open probe ``n``; count it and note any problem with it."""
         raise NotImplementedError
 
+    async def _checked(self, n: int, probe: Callable[[], Awaitable[str]]) -> None:
+        """Run probe ``n`` within :data:`CANARY_LATENCY`: counted if it ran, a problem if it
+        failed or says one (it says nothing when all went well)."""
+        try:
+            with trio.fail_after(CANARY_LATENCY):
+                said = await probe()
+        except (OSError, trio.TooSlowError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            self.problem(f"probe {n}: {exc!r}")
+            return
+        self.report.probes += 1
+        if said:
+            self.problem(f"probe {n}: {said}")
+
 
 class _MqttClient:
     """One canary connection: a reader that frames the server's packets, pings FIFO-matched."""
 
-    def __init__(self, canary: MqttCanary, name: str, stream: trio.SocketStream) -> None:
+    def __init__(self, canary: MqttCanary, name: str, stream: trio.abc.Stream) -> None:
         self.canary = canary
         self.name = name
         self.stream = stream
@@ -178,10 +209,12 @@ class MqttCanary(_Canary):
     to their presence topics that must hear them come online and never go offline, and a
     new connection every :data:`PROBE_INTERVAL` s that must be accepted."""
 
-    def __init__(self, port: int, tag: str, presence: bool = True) -> None:
+    def __init__(self, port: int, tag: str, presence: bool = True, ws_path: str | None = None) -> None:
         super().__init__(port, tag, "mqtt")
         self.with_presence = presence
         """Whether the server publishes presence, and a subscriber must hear it."""
+        self.ws_path = ws_path
+        """Where MQTT over WebSockets is served, if the port is a WebSocket listener."""
         self.ids = [f"canary-{tag}-{i}" for i in range(CANARY_DEVICES)]
         self.clients: list[_MqttClient] = []
         self.online: set[str] = set()
@@ -199,6 +232,12 @@ class MqttCanary(_Canary):
             self.report.online_seen = len(self.online)
         elif event.get("status") == "offline" and not (self.stopping and event.get("reason") == "disconnect"):
             self.report.false_offline.append(f"{client_id} ({event.get('reason')})")
+
+    async def open(self) -> trio.abc.Stream:
+        """A connection to the server: TCP, or a WebSocket carrying MQTT."""
+        if self.ws_path is None:
+            return await super().open()
+        return await self.open_ws(self.ws_path, ("mqtt",))
 
     async def _client(self, nursery: trio.Nursery, client_id: str) -> _MqttClient:
         stream = await self.open()
@@ -286,7 +325,7 @@ class HttpCanary(_Canary):
     def __init__(self, port: int, tag: str) -> None:
         super().__init__(port, tag, "http")
 
-    async def _exchange(self, stream: trio.SocketStream, request: bytes, buf: bytearray) -> tuple[int, bytes]:
+    async def _exchange(self, stream: trio.abc.Stream, request: bytes, buf: bytearray) -> tuple[int, bytes]:
         await stream.send_all(request)
         while True:
             head_end = buf.find(b"\r\n\r\n")
@@ -319,7 +358,7 @@ class HttpCanary(_Canary):
         nursery.start_soon(self._run, stream, buf)
         nursery.start_soon(self._probe)
 
-    async def _run(self, stream: trio.SocketStream, buf: bytearray) -> None:
+    async def _run(self, stream: trio.abc.Stream, buf: bytearray) -> None:
         n = 0
         while not self.stopping:
             n += 1
@@ -353,21 +392,16 @@ class HttpCanary(_Canary):
         await stream.aclose()
 
     async def _probe_and_report(self, n: int) -> None:
-        try:
-            with trio.fail_after(CANARY_LATENCY):
-                stream = await self.open()
-                try:
-                    status, _ = await self._exchange(
-                        stream, b"GET / HTTP/1.1\r\nHost: canary\r\nConnection: close\r\n\r\n", bytearray()
-                    )
-                finally:
-                    await stream.aclose()
-        except (OSError, trio.TooSlowError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-            self.problem(f"probe {n}: {exc!r}")
-            return
-        self.report.probes += 1
-        if status != 200:
-            self.problem(f"probe {n}: status {status}")
+        async def probe() -> str:
+            stream = await self.open()
+            try:
+                request = b"GET / HTTP/1.1\r\nHost: canary\r\nConnection: close\r\n\r\n"
+                status, _ = await self._exchange(stream, request, bytearray())
+            finally:
+                await stream.aclose()
+            return "" if status == 200 else f"status {status}"
+
+        await self._checked(n, probe)
 
     async def stop(self) -> None:
         """Stop after the request in flight."""
@@ -375,9 +409,94 @@ class HttpCanary(_Canary):
         await trio.sleep(0.2)
 
 
+class WsCanary(_Canary):
+    """A well-behaved WebSocket client beside the fuzzer: on one WebSocket to the echo
+    app, a text and a binary message in turn, each of which must come back intact,
+    the server's pings answered as they come; and a new WebSocket every
+    :data:`PROBE_INTERVAL` s whose message must come back and whose close (1000) must
+    be answered."""
+
+    def __init__(self, port: int, tag: str) -> None:
+        super().__init__(port, tag, "ws")
+
+    async def start(self, nursery: trio.Nursery) -> None:
+        """Open the WebSocket and return once a first message came back on it; then the
+        messages go on, with the probes."""
+        self.report.clients = 1
+        stream = await self.open_ws("/canary")
+        with trio.fail_after(CANARY_LATENCY):
+            await stream.send_message("hello")
+            if await stream.receive_message() != "hello":
+                raise RuntimeError("the canary's first message did not come back")
+        echoes_in, echoes = trio.open_memory_channel[str | bytes | None](16)
+        nursery.start_soon(self._read, stream, echoes_in)
+        nursery.start_soon(self._run, stream, echoes)
+        nursery.start_soon(self._probe)
+
+    async def _read(self, stream: WsClientStream, echoes: trio.MemorySendChannel[str | bytes | None]) -> None:
+        # Reading all the time: a ping is answered at once, whatever the writer waits for.
+        while True:
+            try:
+                message = await stream.receive_message()
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                message = None
+            await echoes.send(message)
+            if message is None:
+                return
+
+    async def _run(self, stream: WsClientStream, echoes: trio.MemoryReceiveChannel[str | bytes | None]) -> None:
+        n = 0
+        while not self.stopping:
+            n += 1
+            message: str | bytes = f"canary-{self.tag}-{n} é" if n % 2 else bytes(range(256)) * (n % 7)
+            began = trio.current_time()
+            try:
+                with trio.fail_after(CANARY_LATENCY):
+                    await stream.send_message(message)
+                    got = await echoes.receive()
+            except (trio.TooSlowError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+                got = repr(exc)
+            if got is None and self.stopping:
+                return
+            if got != message:
+                self.problem(f"message {n}: {got!r:.60} came back (close {stream.close_code})")
+                return  # the WebSocket is gone or out of step: the problem is noted
+            self.latency(trio.current_time() - began)
+            self.report.exchanges += 1
+            before = trio.current_time()
+            await trio.sleep(0.05)
+            # Away as long as the server's ping window: a close would be ours.
+            self.gap(trio.current_time() - before, WS_PING_INTERVAL + WS_PING_TIMEOUT)
+        await stream.aclose()
+
+    async def _probe_and_report(self, n: int) -> None:
+        async def probe() -> str:
+            stream = await self.open_ws(f"/probe/{n}")
+            try:
+                await stream.send_message(f"probe {n}")
+                got = await stream.receive_message()
+                await stream.close_handshake()
+            finally:
+                await stream.aclose()
+            if got != f"probe {n}" or stream.close_code != 1000:
+                return f"{got!r:.40} came back, close {stream.close_code}"
+            return ""
+
+        await self._checked(n, probe)
+
+    async def stop(self) -> None:
+        """Stop after the message in flight."""
+        self.stopping = True
+        await trio.sleep(0.2)
+
+
 async def serve(protocol: str, port: int, tag: str, presence: bool = True) -> None:
     """Run the canary until stdin closes; print the ready line, then the report."""
-    canary: MqttCanary | HttpCanary = MqttCanary(port, tag, presence) if protocol == "mqtt" else HttpCanary(port, tag)
+    canary: MqttCanary | HttpCanary | WsCanary
+    if protocol in ("mqtt", "mqtt-ws"):
+        canary = MqttCanary(port, tag, presence, MQTT_WS_PATH if protocol == "mqtt-ws" else None)
+    else:
+        canary = HttpCanary(port, tag) if protocol == "http" else WsCanary(port, tag)
     async with trio.open_nursery() as nursery:
         await canary.start(nursery)
         print(json.dumps({"ready": True}), flush=True)
@@ -392,7 +511,7 @@ async def serve(protocol: str, port: int, tag: str, presence: bool = True) -> No
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m loadtest.fuzz.canary``."""
     p = argparse.ArgumentParser(prog="python -m loadtest.fuzz.canary", description=__doc__.split("\n\n")[0])
-    p.add_argument("--protocol", choices=("mqtt", "http"), required=True)
+    p.add_argument("--protocol", choices=("mqtt", "http", "ws", "mqtt-ws"), required=True)
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--tag", required=True, help="makes the canary's client ids unique to the run")
     p.add_argument("--no-presence", action="store_true", help="MQTT: the server publishes no presence (a peer)")

@@ -27,7 +27,7 @@ class CanaryProcess:
         self.protocol = protocol
         self.tag = tag
         cmd = [sys.executable, "-m", "loadtest.fuzz.canary", "--protocol", protocol, "--port", str(port)]
-        if protocol == "mqtt" and not presence:
+        if protocol in ("mqtt", "mqtt-ws") and not presence:
             cmd.append("--no-presence")
         self.proc = subprocess.Popen(
             [*cmd, "--tag", tag], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT

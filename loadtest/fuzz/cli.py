@@ -1,6 +1,6 @@
 """``python -m loadtest fuzz``: hostile input against our servers, judged.
 
-    python -m loadtest fuzz --target mqtt|http|both|mosquitto --inputs 200000 [--seed S]
+    python -m loadtest fuzz --target mqtt|http|both|mosquitto|ws|mqtt-ws --inputs 200000 [--seed S]
         [--engine dense|streams|both] [--connections 200] [--max-seconds 1800] [--mqtt5 0.2]
 
 Starts the server (``servers.heartbeat`` on each engine asked for, ``servers.http``;
@@ -18,6 +18,18 @@ that lies, a string that is not UTF-8, an overlong variable byte integer) —
 traceback in its log, a clear outcome for every connection, the canary healthy, open
 files back to where they were and RSS not growing with the inputs. The report and
 ``results/fuzz.json`` give the counts; the exit status is 0 only if every run passed.
+
+``--target ws`` sends WebSocket input to ``servers.http`` serving an ASGI echo app
+(``loadtest.asgi_app``), ``--target mqtt-ws`` MQTT over WebSockets to the heartbeat
+server's ``--ws-port``, each on the engines ``--engine`` names: opening handshakes,
+then frames with one fault each (masks, lengths, fragmentation, control frames,
+reserved bits and opcodes, UTF-8, compression, a text frame where MQTT goes) over a
+few valid reshapings, or (``mqtt-ws``) MQTT faults in valid frames —
+:mod:`.corpus_ws`, :mod:`.mutators_ws`. Each input is judged by itself too: the close
+code RFC 6455 gives its fault (1002, 1007, 1009; 1003 for text on MQTT), the HTTP
+status a bad handshake warrants, or what a valid input gets (its echo, its close);
+the canary is an echo client, or MQTT devices over WebSockets whose presence must
+stay online.
 
 Every input is a pure function of the seed and its index (and ``--mqtt5``):
 ``--replay 17,4242`` (with the same ``--seed`` and ``--mqtt5``) sends just those
@@ -49,7 +61,17 @@ from .faults import first_fault
 from .judge import Limits, Verdict, judge
 from .observation import Observation
 from .runner import FuzzOptions, run_target
-from .targets import HTTP_SERVER_ARGS, MQTT_SERVER_ARGS, ServerSpec, http_spec, mosquitto_spec, mqtt_spec
+from .targets import (
+    HTTP_SERVER_ARGS,
+    MQTT_SERVER_ARGS,
+    WS_SERVER_ARGS,
+    ServerSpec,
+    http_spec,
+    mosquitto_spec,
+    mqtt_spec,
+    mqtt_ws_spec,
+    ws_spec,
+)
 
 __all__ = ["main", "machine", "render", "run"]
 
@@ -90,6 +112,7 @@ def render(run: dict[str, Any]) -> str:
     if "statuses" in c:
         lines.append(f"statuses               {_share(c['statuses'], sum(c['statuses'].values()), 10)}")
     lines.append(f"endings                {_share(c['endings'], done, 10)}")
+    lines.extend(_ws_lines(c))
     if "server_reasons" in c:
         reasons = c["server_reasons"]
         lines.append(f"server's log           {_share(reasons, sum(reasons.values()), 10)}")
@@ -103,6 +126,12 @@ def render(run: dict[str, Any]) -> str:
             f"canary                 {canary['clients']} clients, {canary['exchanges']:,} pings answered "
             f"(slowest {canary['max_latency'] * 1000:,.0f} ms), {len(canary['false_offline'])} false offline, "
             f"{canary['probes']} accept probes, {len(canary['problems'])} problems"
+        )
+    elif canary["kind"] == "ws":
+        lines.append(
+            f"canary                 {canary['exchanges']:,} messages echoed "
+            f"(slowest {canary['max_latency'] * 1000:,.0f} ms), {canary['probes']} WebSocket probes, "
+            f"{len(canary['problems'])} problems"
         )
     else:
         lines.append(
@@ -143,6 +172,24 @@ def render(run: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _ws_lines(c: dict[str, Any]) -> list[str]:
+    """The WebSocket figures: each fault's count and answers, and what was checked."""
+    by_fault: dict[str, dict[str, int]] = c.get("ws_by_fault", {})
+    if not by_fault:
+        return []
+    lines = [
+        f"websocket              {c['ws_checked']:,} answers checked against their fault, "
+        f"{sum(c['ws_mismatches'].values()):,} not warranted, {c['ws_bad_frames']:,} bad frames from the server, "
+        f"{c['ws_reset_before_answer']:,} reset before the answer was read, {c['ws_sent_late']:,} sent after "
+        f"the server's handshake deadline; echoes {_share(c['echo'], 0) or 'not checked'}"
+    ]
+    width = max(len(kind) for kind in by_fault)
+    for kind, outcomes in by_fault.items():
+        total = sum(outcomes.values())
+        lines.append(f"  {kind:<{width}} {total:>7,}  {_share(outcomes, total, 4)}")
+    return lines
+
+
 def _record(spec: ServerSpec, options: FuzzOptions, obs: Observation, verdict: Verdict) -> dict[str, Any]:
     return {
         "target": spec.name,
@@ -162,7 +209,7 @@ def _record(spec: ServerSpec, options: FuzzOptions, obs: Observation, verdict: V
         "server_command": " ".join(["python", *spec.command[1:]]),
         "wait_limit": spec.wait,
         "holds": spec.holds,
-        "mqtt5_share": options.mqtt5 if spec.protocol == "mqtt" else 0.0,
+        "mqtt5_share": options.mqtt5 if spec.protocol in ("mqtt", "mqtt-ws") else 0.0,
         "suspects": obs.suspects,
         "first_fault": first_fault(obs.stderr),
     }
@@ -178,10 +225,15 @@ def run(spec: ServerSpec, options: FuzzOptions, rss_growth: float = Limits.rss_g
 def specs(target: str, engine: str, server_args: Sequence[str] = ()) -> list[ServerSpec]:
     """The servers a ``--target``/``--engine`` pair asks for, in order, each with ``server_args`` added."""
     out = []
+    engines = ENGINES if engine == "both" else (engine,)
     if target in ("mqtt", "both"):
-        out += [mqtt_spec(e) for e in (ENGINES if engine == "both" else (engine,))]
+        out += [mqtt_spec(e) for e in engines]
     if target in ("http", "both"):
         out.append(http_spec())
+    if target == "ws":
+        out += [ws_spec(e) for e in engines]
+    if target == "mqtt-ws":
+        out += [mqtt_ws_spec(e) for e in engines]
     for spec in out:
         spec.command += server_args
     if target == "mosquitto":
@@ -195,14 +247,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     a = p.add_argument
     a(
         "--target",
-        choices=("mqtt", "http", "both", "mosquitto"),
+        choices=("mqtt", "http", "both", "mosquitto", "ws", "mqtt-ws"),
         default="both",
-        help="which server: ours (mqtt, http, both) or Mosquitto as the peer, with --server-args ignored "
-        "(default: both)",
+        help="which server: ours (mqtt, http, both; ws: the HTTP server's WebSockets to an echo app; mqtt-ws: "
+        "MQTT over WebSockets) or Mosquitto as the peer, with --server-args ignored (default: both)",
     )
     a("--inputs", type=int, default=200_000, help="inputs per server, one connection each (default: 200000)")
     a("--seed", type=int, default=None, help="the corpus and mutation seed (default: a random one, reported)")
-    a("--engine", choices=(*ENGINES, "both"), default="dense", help="the MQTT server's engine (default: dense)")
+    a(
+        "--engine",
+        choices=(*ENGINES, "both"),
+        default="dense",
+        help="the engine of the MQTT server, and of the servers of ws and mqtt-ws (default: dense)",
+    )
     a("--connections", type=int, default=200, help="connections open at a time (default: 200)")
     a(
         "--mqtt5",
@@ -228,7 +285,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--server-args",
         default="",
         help="more options for the server, as one string (say '--gc-freeze 0'); "
-        f"MQTT runs with {' '.join(MQTT_SERVER_ARGS)}, HTTP with {' '.join(HTTP_SERVER_ARGS)}",
+        f"MQTT runs with {' '.join(MQTT_SERVER_ARGS)}, HTTP with {' '.join(HTTP_SERVER_ARGS)}, ws with "
+        f"{' '.join(WS_SERVER_ARGS[len(HTTP_SERVER_ARGS) :])} too",
     )
     a("--json", default="results/fuzz.json", help="where the results go (default: results/fuzz.json)")
     a("--quiet", action="store_true", help="no progress lines")
@@ -285,4 +343,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"result                 {out['result']} ({len(runs)} runs)")
     print(f"written                {path}")
     return 0 if passed else 1
-

@@ -4,15 +4,16 @@ case says, and see how the server answers and when it closes.
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import struct
 import time
 
 import trio
 
-from .corpus import Case
+from .corpus import WS_PROTOCOLS, Case
 from .observation import ConnRecord
-from .replies import http_statuses, mqtt_disconnect, mqtt_reply
+from .replies import WsReply, http_statuses, mqtt_disconnect, mqtt_reply, ws_reply
 
 __all__ = ["peer_name", "run_case"]
 
@@ -49,6 +50,7 @@ async def run_case(case: Case, protocol: str, port: int, source: str, wait: floa
     received = 0
     kept = bytearray()
     ending = "open"
+    sent_after = 0.0
     try:
         await sock.bind((source, 0))
         try:
@@ -57,12 +59,24 @@ async def run_case(case: Case, protocol: str, port: int, source: str, wait: floa
         except (OSError, trio.TooSlowError):
             return ConnRecord(case.index, case.end, "", "none", "connect-failed", started=started, finished=time.time())
         peer = peer_name(sock)
+        connected = time.monotonic()
         try:
             with trio.move_on_after(SEND_LIMIT) as sending:
                 for i, piece in enumerate(case.pieces):
                     if i and case.gap:
                         await trio.sleep(case.gap)
+                    if i == 1 and case.await_reply:
+                        before = time.monotonic()
+                        received = await _read_head(sock, kept, wait)
+                        connected += time.monotonic() - before  # the server's time, not ours
                     await _send_all(sock, piece)
+            sent_after = time.monotonic() - connected
+        except OSError:
+            # ECONNRESET or EPIPE: the server closed while we sent, maybe with its
+            # answer on its way first: read what came.
+            ending = "reset"
+            received += (await _read(sock, kept, wait))[1]
+        else:
             if sending.cancelled_caught:
                 ending = "stuck"  # the server stopped reading us and never closed
             elif case.end == "abort":
@@ -70,26 +84,19 @@ async def run_case(case: Case, protocol: str, port: int, source: str, wait: floa
                 ending = "aborted"
             else:
                 if case.end == "half-close":
-                    sock.shutdown(socket.SHUT_WR)
-                with trio.move_on_after(wait):
-                    while True:
-                        data = await sock.recv(65536)
-                        if not data:
-                            ending = "eof"
-                            break
-                        received += len(data)
-                        if len(kept) < KEEP:
-                            kept += data[: KEEP - len(kept)]
-                        if received >= READ_CAP:
-                            ending = "cut"
-                            break
-        except OSError:
-            ending = "reset"  # ECONNRESET or EPIPE: the server reset the connection
+                    with contextlib.suppress(OSError):  # reset already: the read says so
+                        sock.shutdown(socket.SHUT_WR)
+                ending, got = await _read(sock, kept, wait)
+                received += got
     finally:
         sock.close()
     data = bytes(kept)
     statuses: tuple[int, ...] = ()
     disconnect = ""
+    if protocol in WS_PROTOCOLS:
+        record = _ws_record(case, protocol, peer, ending, data, received, started)
+        record.sent_after = sent_after
+        return record
     if protocol == "mqtt":
         reply = mqtt_reply(data)
         disconnect = mqtt_disconnect(data)
@@ -97,3 +104,80 @@ async def run_case(case: Case, protocol: str, port: int, source: str, wait: floa
         statuses = http_statuses(data)
         reply = str(statuses[0]) if statuses else "none"
     return ConnRecord(case.index, case.end, peer, reply, ending, statuses, received, started, time.time(), disconnect)
+
+
+async def _read(sock: trio.socket.SocketType, kept: bytearray, wait: float) -> tuple[str, int]:
+    """Read until the server closes (``eof``), resets (``reset``), sends more than
+    :data:`READ_CAP` (``cut``) or ``wait`` passes (``open``); keep the first :data:`KEEP`
+    bytes. How it ended, and the bytes read."""
+    received = 0
+    try:
+        with trio.move_on_after(wait):
+            while True:
+                data = await sock.recv(65536)
+                if not data:
+                    return "eof", received
+                received += len(data)
+                kept += data[: KEEP - len(kept)]
+                if received >= READ_CAP:
+                    return "cut", received
+    except OSError:
+        return "reset", received
+    return "open", received
+
+
+async def _read_head(sock: trio.socket.SocketType, kept: bytearray, wait: float) -> int:
+    """Read the server's answer to the opening handshake into ``kept``, until its head
+    is whole, the server closes, or ``wait`` passes; the bytes read."""
+    got = 0
+    with trio.move_on_after(wait):
+        while b"\r\n\r\n" not in kept:
+            data = await sock.recv(65536)
+            if not data:
+                break
+            got += len(data)
+            kept += data[: KEEP - len(kept)]
+    return got
+
+
+def _ws_record(
+    case: Case, protocol: str, peer: str, ending: str, data: bytes, received: int, started: float
+) -> ConnRecord:
+    """A WebSocket connection's record: its answer, and whether the echo was true."""
+    got = ws_reply(data, mqtt=protocol == "mqtt-ws")
+    opened = got.outcome.startswith(("close-", "eof", "bad-"))  # a 101 came
+    if case.deflate is not None and opened and got.deflate != case.deflate:
+        said = (
+            "agreed to a permessage-deflate offer RFC 7692 says to decline"
+            if got.deflate
+            else ("declined a valid permessage-deflate offer")
+        )
+        # Judged as a fault of the server's, whatever the frames did after.
+        got = WsReply("bad-handshake", problem=said)
+    reply, disconnect, echo = got.outcome, "", ""
+    if protocol == "mqtt-ws" and got.outcome.startswith(("close-", "eof")):
+        reply, disconnect = mqtt_reply(got.binary), mqtt_disconnect(got.binary)
+    if case.messages is not None and not got.outcome.startswith("bad-"):
+        sent = case.messages
+        echoed = list(got.messages)
+        if echoed != list(sent[: len(echoed)]):
+            echo = "wrong"
+        else:
+            echo = "short" if case.echo_all and len(echoed) < len(sent) else "ok"
+    return ConnRecord(
+        case.index,
+        case.end,
+        peer,
+        reply,
+        ending,
+        (),
+        received,
+        started,
+        time.time(),
+        disconnect,
+        got.outcome,
+        case.fault,
+        case.expect,
+        echo,
+        got.problem,
+    )

@@ -16,6 +16,8 @@ reproducer is just those two numbers.
   targets, HTTP/1.0, a varying set of headers.
 - **Mutations** (:mod:`.mutators`): most inputs get one to three; a few are
   sent valid, as a control.
+- **WebSockets.** The ``ws`` and ``mqtt-ws`` inputs, each carrying what the server
+  may answer to it, are :mod:`.corpus_ws`'s (:func:`make_case` hands them on).
 - **Delivery.** Mostly in one write; some split into pieces a few milliseconds
   apart (a packet across reads); some are a slow trickle of a *valid* prefix,
   bounded in pieces and time. Then the connection is half-closed (the server must
@@ -38,14 +40,19 @@ __all__ = [
     "END_MODES",
     "PROTOCOLS",
     "V5_SHARE",
+    "WS_PROTOCOLS",
     "Case",
     "http_requests",
     "make_case",
     "mqtt_session",
     "mutate",
+    "split_pieces",
+    "trickle_pieces",
 ]
 
-PROTOCOLS = ("mqtt", "http")
+PROTOCOLS = ("mqtt", "http", "ws", "mqtt-ws")
+WS_PROTOCOLS = ("ws", "mqtt-ws")
+"""WebSocket echo to an ASGI app, and MQTT over WebSockets (:mod:`.corpus_ws`)."""
 END_MODES = ("half-close", "wait", "abort")
 """After sending: half-close (``shutdown(SHUT_WR)``) and read until the server closes;
 wait for the server to close (its own timeouts bound that); or reset at once."""
@@ -89,6 +96,24 @@ class Case:
     gap: float
     end: str
     """One of :data:`END_MODES`."""
+    fault: str = ""
+    """WebSocket inputs: the one fault put in (:mod:`.mutators_ws`), ``mqtt`` for MQTT
+    faults in valid frames, empty for a valid input."""
+    expect: tuple[str, ...] = ()
+    """WebSocket inputs: what the server may answer (``close-1002``, ``http-400``, ``eof``,
+    ``any``...; :func:`~.replies.ws_reply` names the answer the same way)."""
+    messages: tuple[str | bytes, ...] | None = None
+    """WebSocket echo inputs: the messages sent, which must come back in order (None: not
+    checked, the input being damaged beyond telling)."""
+    echo_all: bool = False
+    """Whether every one of :attr:`messages` must come back (a valid input the server
+    keeps open until its ping timeout), or a first part of them may do."""
+    await_reply: bool = False
+    """Send the first piece (the opening handshake), wait for the server's answer, then
+    the rest: as a browser does, where the others send their frames at once behind it."""
+    deflate: bool | None = None
+    """WebSocket inputs: whether the server must agree to the ``permessage-deflate``
+    offered (RFC 7692 §7: it must decline a malformed offer); None: not checked."""
 
     @property
     def data(self) -> bytes:
@@ -104,6 +129,11 @@ class Case:
             "end": self.end,
             "gap": self.gap,
             "pieces_hex": [p.hex() for p in self.pieces],
+            **(
+                {"fault": self.fault, "expect": list(self.expect), "await_reply": self.await_reply}
+                if self.expect
+                else {}
+            ),
         }
 
 
@@ -264,23 +294,41 @@ def http_requests(rng: random.Random) -> tuple[str, Segments]:
 
 
 def mutate(
-    rng: random.Random, segments: Sequence[bytes], mutators: dict[str, tuple[float, Mutator]]
+    rng: random.Random,
+    segments: Sequence[bytes],
+    mutators: dict[str, tuple[float, Mutator]],
+    counts: Sequence[int] = (1, 1, 1, 2, 2, 3),
 ) -> tuple[Segments, tuple[str, ...]]:
-    """One to three mutators from ``mutators`` (chosen by weight), applied in turn."""
+    """As many mutators from ``mutators`` as one of ``counts`` says (one to three by
+    default), each chosen by weight, applied in turn."""
     names = list(mutators)
     weights = [mutators[n][0] for n in names]
-    applied = tuple(rng.choices(names, weights, k=rng.choice((1, 1, 1, 2, 2, 3))))
+    applied = tuple(rng.choices(names, weights, k=rng.choice(counts)))
     out = list(segments)
     for name in applied:
         out = mutators[name][1](rng, out)
     return out, applied
 
 
-def _split(rng: random.Random, data: bytes) -> tuple[bytes, ...]:
+def split_pieces(rng: random.Random, data: bytes) -> tuple[bytes, ...]:
+    """``data`` cut in two to six pieces, at random places."""
     if len(data) < 2:
         return (data,)
     cuts = sorted(rng.sample(range(1, len(data)), min(len(data) - 1, rng.randint(1, 5))))
     return tuple(data[a:b] for a, b in zip([0, *cuts], [*cuts, len(data)], strict=True))
+
+
+def trickle_pieces(rng: random.Random, data: bytes) -> tuple[bytes, ...]:
+    """A prefix of ``data`` in 1 to 4-byte pieces, at most :data:`TRICKLE_MAX_PIECES` of them."""
+    pieces: list[bytes] = []
+    at = 0
+    for _ in range(rng.randint(2, TRICKLE_MAX_PIECES)):
+        if at >= len(data):
+            break
+        step = rng.randint(1, 4)
+        pieces.append(data[at : at + step])
+        at += step
+    return tuple(pieces)
 
 
 def make_case(seed: int, protocol: str, index: int, v5_share: float = V5_SHARE) -> Case:
@@ -288,6 +336,12 @@ def make_case(seed: int, protocol: str, index: int, v5_share: float = V5_SHARE) 
     inputs, ``v5_share`` are 5.0 sessions."""
     if protocol not in PROTOCOLS:
         raise ValueError(f"protocol must be one of {PROTOCOLS}, not {protocol!r}")
+    if protocol in WS_PROTOCOLS:
+        # The WebSocket corpus builds on this module's (its sessions, Case): imported
+        # here, where this module is complete.
+        from .corpus_ws import ws_case
+
+        return ws_case(seed, protocol, index, v5_share)
     # A string seed is hashed with SHA-512 by random.Random: stable across processes and
     # Python runs (unlike hash()), and independent from one index to the next.
     rng = random.Random(f"{seed}/{protocol}/{index}")
@@ -303,21 +357,13 @@ def make_case(seed: int, protocol: str, index: int, v5_share: float = V5_SHARE) 
     r = rng.random()
     if r < TRICKLE_SHARE:
         # A valid prefix, a few bytes at a time: the server's deadlines must cut it.
-        data = b"".join(segments)
-        pieces: list[bytes] = []
-        at = 0
-        for _ in range(rng.randint(2, TRICKLE_MAX_PIECES)):
-            if at >= len(data):
-                break
-            step = rng.randint(1, 4)
-            pieces.append(data[at : at + step])
-            at += step
-        return Case(index, base, ("trickle",), tuple(pieces), rng.uniform(0.03, TRICKLE_MAX_GAP), end)
+        pieces = trickle_pieces(rng, b"".join(segments))
+        return Case(index, base, ("trickle",), pieces, rng.uniform(0.03, TRICKLE_MAX_GAP), end)
     if r < TRICKLE_SHARE + VALID_SHARE:
         applied: tuple[str, ...] = ()
     else:
         segments, applied = mutate(rng, segments, mutators)
     data = b"".join(segments)
     if rng.random() < SPLIT_SHARE:
-        return Case(index, base, applied, _split(rng, data), rng.uniform(0.001, 0.01), end)
+        return Case(index, base, applied, split_pieces(rng, data), rng.uniform(0.001, 0.01), end)
     return Case(index, base, applied, (data,), 0.0, end)

@@ -12,6 +12,14 @@ __all__ = ["fault_summary", "first_fault", "log_faults"]
 
 _RECORD = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) \S+ (ERROR|CRITICAL) ")
 _FAULT_MARKERS = ("Traceback (most recent call last)", "Exception ignored in", "Fatal Python error")
+_GROUP_MARKER = re.compile(r"^\s*\+ Exception Group Traceback")
+"""An exception group's traceback, as Python prints one that ends a process: framed in
+``+`` and ``|``, its first line indented."""
+_GROUP_CAUSE = re.compile(r"^[\s|]*\| ([A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt)\b.*)")
+
+
+def _marks_fault(line: str) -> bool:
+    return bool(_RECORD.match(line) or line.startswith(_FAULT_MARKERS) or _GROUP_MARKER.match(line))
 
 
 def log_faults(text: str) -> list[tuple[float | None, str]]:
@@ -25,7 +33,7 @@ def log_faults(text: str) -> list[tuple[float | None, str]]:
         stamp = re.match(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ", line)
         if stamp is not None:
             last = datetime.strptime(stamp.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
-        if _RECORD.match(line) or any(line.startswith(m) for m in _FAULT_MARKERS):
+        if _marks_fault(line):
             out.append((last, line))
     return out
 
@@ -46,6 +54,15 @@ def fault_summary(text: str) -> collections.Counter[str]:
             if i < len(lines):
                 out[lines[i][:200]] += 1
                 i += 1
+        elif _GROUP_MARKER.match(line):
+            # The innermost exception the group holds: the last one printed in its frame.
+            causes = []
+            while i < len(lines) and lines[i][:1] in (" ", "|", "+"):
+                cause = _GROUP_CAUSE.match(lines[i])
+                if cause is not None:
+                    causes.append(cause.group(1))
+                i += 1
+            out[(causes or ["an exception group"])[-1][:200]] += 1
         elif _RECORD.match(line):
             out[line[24:224]] += 1  # without the time: one kind however often it came
         elif line.startswith(_FAULT_MARKERS[1:]):
@@ -57,6 +74,6 @@ def first_fault(text: str, context: int = 60) -> str:
     """The lines around the first fault in a server's stderr (empty if there is none)."""
     lines = text.splitlines()
     for i, line in enumerate(lines):
-        if _RECORD.match(line) or line.startswith(_FAULT_MARKERS):
+        if _marks_fault(line):
             return "\n".join(lines[max(0, i - 2) : i + context])
     return ""

@@ -14,6 +14,10 @@ The runner (:mod:`.runner`) collects an :class:`~.observation.Observation`;
   from the server that does not parse is a fault, as is HTTP 500;
 - MQTT: every connection's end is in the presence log, with its reason (a protocol
   error names which one);
+- WebSocket: every input got an answer its fault warrants (:attr:`~.corpus.Case.expect`:
+  the RFC 6455 close code for the fault, an HTTP status for a bad handshake, or what a
+  valid input gets), every frame the server sent is one a client may take, and the echo
+  app's messages came back as they were sent;
 - the canary stayed healthy: no false offline, every ping answered, every HTTP
   request 200, and the server kept accepting new connections;
 - the server's open files came back to what they were before the run (no leaked
@@ -30,10 +34,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from .faults import fault_summary, log_faults
+from .mutators_ws import ANY
 from .observation import ConnRecord, Observation
 from .replies import ACCEPTED
 
-__all__ = ["Limits", "Verdict", "judge", "suspects_at", "unclear"]
+__all__ = ["Limits", "Verdict", "judge", "suspects_at", "unclear", "ws_fits"]
+
+UNJUDGED = ("aborted", "connect-failed", "stuck", "open", "cut")
+"""Endings whose answer is not there to judge: we reset it, it never opened, it is held
+(judged as such), or we stopped reading."""
 
 
 @dataclass
@@ -52,6 +61,10 @@ class Limits:
     holds: str = ""
     """Why the server may keep a connection open past ``wait`` by design (a peer's documented
     behaviour: such connections are counted, not failed); empty for ours."""
+    handshake: float = 1.0
+    """Seconds our servers give a connection to send its opening handshake (``--header-timeout``,
+    ``--connect-timeout`` in a fuzz run): a WebSocket input the fuzzer took longer to send may be
+    cut before its answer, which is counted, not failed."""
 
 
 @dataclass
@@ -124,6 +137,76 @@ def _presence_check(obs: Observation, records: Sequence[ConnRecord]) -> tuple[li
         "unattributed_ends": spare,
         "missing_ends": missing,
         "missing_accepted": accepted,
+    }
+    return problems, counts
+
+
+def ws_fits(r: ConnRecord) -> bool:
+    """Whether a WebSocket connection's answer is one its fault warrants."""
+    if ANY in r.expect:
+        # Blind damage: any clear answer will do, none the server may not give.
+        return not r.ws.startswith(("bad-", "http-garbage", "http-5"))
+    return r.ws in r.expect
+
+
+def _samples(records: Sequence[ConnRecord], n: int = 8) -> str:
+    return ", ".join(str(r.index) for r in records[:n])
+
+
+def _ws_check(records: Sequence[ConnRecord], handshake: float) -> tuple[list[str], dict[str, Any]]:
+    """Every WebSocket input's answer against its fault; the server's frames; the echoes."""
+    by_fault: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
+    wrong: dict[str, list[ConnRecord]] = collections.defaultdict(list)
+    bad: list[ConnRecord] = []
+    echoes: list[ConnRecord] = []
+    lost = checked = late = 0
+    for r in records:
+        if not r.expect:
+            continue
+        kind = r.fault or "valid"
+        by_fault[kind][r.ws or "none"] += 1
+        if r.ending in UNJUDGED:
+            continue
+        checked += 1
+        if r.ws.startswith("bad-"):
+            bad.append(r)
+        elif not ws_fits(r):
+            if r.ending == "reset" and r.ws in ("eof", "none"):
+                lost += 1  # the server reset the connection before its answer was read
+            elif r.ws in ("eof", "none") and r.sent_after > handshake:
+                late += 1  # the fuzzer was slower than the server's deadline, which closed it first
+            else:
+                wrong[kind].append(r)
+        if r.echo in ("wrong", "short"):
+            echoes.append(r)
+    problems = []
+    for kind, found in sorted(wrong.items(), key=lambda item: -len(item[1])):
+        got = collections.Counter(r.ws for r in found)
+        problems.append(
+            f"{len(found):,} {kind} inputs got another answer than the fault warrants "
+            f"({' or '.join(found[0].expect)}): {', '.join(f'{k} {n:,}' for k, n in got.most_common(4))} "
+            f"(inputs {_samples(found)})"
+        )
+    if bad:
+        kinds = collections.Counter(r.problem.split(":")[0] for r in bad)
+        problems.append(
+            f"{len(bad):,} connections got a handshake answer or a frame from the server that a client must refuse: "
+            f"{'; '.join(f'{k} ({n:,})' for k, n in kinds.most_common(3))} (inputs {_samples(bad)})"
+        )
+    if echoes:
+        short = sum(r.echo == "short" for r in echoes)
+        problems.append(
+            f"{len(echoes):,} echoes were not what was sent ({len(echoes) - short:,} other messages, "
+            f"{short:,} fewer than sent) (inputs {_samples(echoes)})"
+        )
+    counts = {
+        "ws_by_fault": {kind: dict(c.most_common(6)) for kind, c in sorted(by_fault.items())},
+        "ws_checked": checked,
+        "ws_mismatches": {kind: len(found) for kind, found in wrong.items()},
+        "ws_reset_before_answer": lost,
+        "ws_sent_late": late,
+        "ws_bad_frames": len(bad),
+        "echo": dict(collections.Counter(r.echo for r in records if r.echo)),
     }
     return problems, counts
 
@@ -216,6 +299,10 @@ def judge(obs: Observation, limits: Limits) -> Verdict:
 
     if obs.protocol == "http":
         counts["statuses"] = _top(statuses, 20)
+    if any(r.expect for r in records):
+        problems, ws_counts = _ws_check(records, limits.handshake)
+        reasons.extend(problems)
+        counts.update(ws_counts)
     if obs.presence is not None:
         problems, presence_counts = _presence_check(obs, records)
         reasons.extend(problems)

@@ -42,6 +42,24 @@ class ConnRecord:
     disconnect: str = ""
     """MQTT 5.0: the reason code of the DISCONNECT the server sent before closing (``0x81``),
     ``malformed``, or empty for none."""
+    ws: str = ""
+    """WebSocket: the server's answer, named as :func:`~.replies.ws_reply` names it
+    (``close-1002``, ``http-400``, ``eof``...)."""
+    fault: str = ""
+    """WebSocket: the case's fault (:attr:`~.corpus.Case.fault`)."""
+    expect: tuple[str, ...] = ()
+    """WebSocket: the answers the fault warrants (:attr:`~.corpus.Case.expect`)."""
+    echo: str = ""
+    """WebSocket echo: ``ok`` (what came back is what was sent, in order, as far as it
+    goes), ``short`` (less came back than had to), ``wrong`` (something else came
+    back), or empty (not checked)."""
+    problem: str = ""
+    """WebSocket: why the server's answer is one a client must refuse (a frame, or its
+    answer to a compression offer)."""
+    sent_after: float = 0.0
+    """Seconds the fuzzer took from the connect to send the whole input, waiting for the
+    server's answer to the handshake left out (loaded, it may be slower than the server's
+    deadline for the handshake)."""
 
 
 @dataclass

@@ -271,7 +271,7 @@ class _Run:
             died=self.state.died,
             timed_out=self.state.timed_out,
             canary_peers=peers,
-            canary_prefix=f"canary-{canary.tag}-" if self.spec.protocol == "mqtt" else "",
+            canary_prefix=f"canary-{canary.tag}-" if self.spec.protocol in ("mqtt", "mqtt-ws") else "",
             replayed=replayed,
             server_cpu=server_cpu,
         )
@@ -299,9 +299,16 @@ def run_target(spec: ServerSpec, options: FuzzOptions) -> Observation:
         log = workdir / "server.log"
         presence = workdir / "presence.jsonl"
         port = free_port()
-        proc = start_server(spec, port, log, ["--presence-log", str(presence)] if spec.presence_log else [])
+        extra = ["--presence-log", str(presence)] if spec.presence_log else []
+        target = port
+        if spec.ws_port:
+            # The inputs and the canary go to its WebSocket listener, on a port of its own.
+            while target == port:
+                target = free_port()
+            extra += ["--ws-port", str(target)]
+        proc = start_server(spec, port, log, extra)
         try:
-            obs = trio.run(_Run(spec, options, proc, port).main)
+            obs = trio.run(_Run(spec, options, proc, target).main)
         finally:
             code = stop(proc, timeout=30.0)
         obs.exit_code = None if obs.died else code

@@ -25,18 +25,22 @@ from servers.readiness import find_ready
 
 from ..mqtt_targets import mosquitto_binary
 from ..processes import stop, wait_listening
-from .canary import CANARY_KEEPALIVE, HTTP_KEEPALIVE_TIMEOUT
+from .canary import CANARY_KEEPALIVE, HTTP_KEEPALIVE_TIMEOUT, WS_PING_INTERVAL, WS_PING_TIMEOUT
+from .mutators_ws import ALLOWED_ORIGIN, MAX_SIZE
 
 __all__ = [
     "HTTP_SERVER_ARGS",
     "MOSQUITTO_CONFIG",
     "MQTT_SERVER_ARGS",
     "ROOT",
+    "WS_SERVER_ARGS",
     "ServerSpec",
     "http_spec",
     "mosquitto_spec",
     "mqtt_spec",
+    "mqtt_ws_spec",
     "start_server",
+    "ws_spec",
 ]
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -84,6 +88,27 @@ and bodies that stall answered 408 after 1 s."""
 HTTP_LONGEST = HTTP_KEEPALIVE_TIMEOUT
 """Seconds the server may leave a connection open with those options (its keep-alive timeout)."""
 
+WS_CLOSE_TIMEOUT = 1.0
+WS_SERVER_ARGS = (
+    *HTTP_SERVER_ARGS,
+    "--ws-max-size",
+    str(MAX_SIZE),
+    "--ws-ping-interval",
+    f"{WS_PING_INTERVAL:g}",
+    "--ws-ping-timeout",
+    f"{WS_PING_TIMEOUT:g}",
+    "--ws-close-timeout",
+    f"{WS_CLOSE_TIMEOUT:g}",
+)
+"""The HTTP server's options for a WebSocket fuzz run: those of an HTTP one, messages
+bounded at 64 KiB (so 1009 is cheap to reach), a silent WebSocket closed 2 s after its
+last byte (1011), and 1 s for the client's answer to a close."""
+WS_APP = "loadtest.asgi_app:app"
+"""The ASGI app the WebSocket inputs go to: an echo at any path."""
+WS_LONGEST = max(HTTP_KEEPALIVE_TIMEOUT, WS_PING_INTERVAL + WS_PING_TIMEOUT) + WS_CLOSE_TIMEOUT
+"""Seconds the server may leave a WebSocket open with those options: the ping window,
+then the close's."""
+
 MOSQUITTO_CONFIG = """\
 listener {port} 127.0.0.1
 allow_anonymous true
@@ -127,6 +152,9 @@ class ServerSpec:
     """Give it ``--presence-log FILE`` (MQTT): the judge matches every connection's end there,
     and the canary subscribes to its devices' presence."""
     env: dict[str, str] | None = None
+    ws_port: bool = False
+    """Give it ``--ws-port`` on a second free port (MQTT over WebSockets), where the inputs
+    and the canary go."""
     config: str | None = None
     """A config file to start it with (``-c FILE``; ``{port}`` in it is the port), instead of
     ``--port N``; it is ready once it accepts connections (Mosquitto)."""
@@ -165,6 +193,20 @@ def http_spec() -> ServerSpec:
     """``python -m servers.http``, one worker."""
     cmd = [sys.executable, "-m", "servers.http", "--workers", "1", *HTTP_SERVER_ARGS]
     return ServerSpec("http", "http", cmd, "http", HTTP_LONGEST)
+
+
+def ws_spec(engine: str) -> ServerSpec:
+    """``python -m servers.http`` on ``engine``, one worker, serving the echo app's WebSockets."""
+    cmd = [sys.executable, "-m", "servers.http", "--workers", "1", "--engine", engine, *WS_SERVER_ARGS, WS_APP]
+    return ServerSpec(f"ws-{engine}", "ws", cmd, "http", WS_LONGEST)
+
+
+def mqtt_ws_spec(engine: str) -> ServerSpec:
+    """``python -m servers.heartbeat`` on ``engine``, MQTT over WebSockets on a second port
+    with one browser origin allowed, and a presence log."""
+    spec = mqtt_spec(engine)
+    spec.command += ["--ws-allowed-origins", ALLOWED_ORIGIN.decode()]
+    return ServerSpec(f"mqtt-ws-{engine}", "mqtt-ws", spec.command, "heartbeat", MQTT_LONGEST, True, ws_port=True)
 
 
 def start_server(
