@@ -524,13 +524,8 @@ def quick(target: str, engine: str, inputs: int = 300) -> dict[str, Any]:
     return fuzz.run(spec, options)
 
 
-# Each finding of these runs has a test of its own (tests/test_fuzz_ws_findings.py); those
-# fixed, a short run must pass outright.
-OPEN_FINDING = pytest.mark.xfail(
-    strict=True,
-    reason="open finding: the streams engine logs a traceback when a client resets during its echo "
-    "(test_a_client_that_resets_during_the_echo_leaves_no_traceback)",
-)
+# Each finding of these runs has a test of its own (tests/test_fuzz_ws_findings.py); with
+# those fixed, a short run must pass outright.
 
 
 @pytest.mark.slow
@@ -538,7 +533,7 @@ OPEN_FINDING = pytest.mark.xfail(
     ("target", "engine"),
     [
         ("ws", "dense"),
-        pytest.param("ws", "streams", marks=OPEN_FINDING),
+        ("ws", "streams"),
         ("mqtt-ws", "dense"),
         ("mqtt-ws", "streams"),
     ],

@@ -83,7 +83,12 @@ class StreamPipe:
             data, self.buffer = bytes(self.buffer), bytearray()
             self._room.set()
             self.sending = True
-            await self.stream.send_all(data)
+            try:
+                await self.stream.send_all(data)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                self.sending = False
+                self.finish()  # the client is gone (a reset): nothing more can go
+                return
             self.sending = False
 
     async def read_all(self, exchange: WebSocketExchange) -> None:
@@ -93,7 +98,10 @@ class StreamPipe:
                 self._resume = trio.Event()
                 await self._resume.wait()
                 continue
-            data = await self.stream.receive_some(16384)
+            try:
+                data = await self.stream.receive_some(16384)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                data = b""  # a reset: as an EOF
             exchange.feed(bytes(data))
             if not data:
                 return

@@ -42,6 +42,7 @@ class BoundedDeflate(PerMessageDeflate):
         self.max_size = max_size
         self._inflated = 0
         self._control = False  # a control frame is being read, inside a message or not
+        self._open = False  # a message's first frame has come, its last not yet
 
     def frame_inbound_header(
         self, proto: FrameDecoder | FrameProtocol, opcode: Opcode, rsv: RsvBits, payload_length: int
@@ -55,7 +56,9 @@ class BoundedDeflate(PerMessageDeflate):
             self._control = True
             return RsvBits(True, False, False)
         if opcode is not Opcode.CONTINUATION:
-            if self._inbound_compressed is not None:
+            # wsproto asks again when a header it began came in two reads: whether a
+            # message is open is known from frames completed, not headers seen.
+            if self._open:
                 # A new message while one is open (RFC 6455 §5.4): a protocol error,
                 # which the inflater must not turn into a bad payload first.
                 return CloseReason.PROTOCOL_ERROR
@@ -85,6 +88,7 @@ class BoundedDeflate(PerMessageDeflate):
         if self._control:
             self._control = False
             return None
+        self._open = not fin
         if not fin or not self._inbound_is_compressible or not self._inbound_compressed:
             return super().frame_inbound_complete(proto, fin)
         out = self._inflate(_TAIL)
