@@ -145,4 +145,8 @@ async def run_websocket(exchange: WebSocketExchange, pipe: StreamPipe, app: ASGI
                             await stream.send_all(words)
             exchange.lost(reason if reason in (Reason.RECEIVE, Reason.SEND) else None)
             pipe.finish()  # an app waiting for room to send hears of it
+            # The socket closes now, not when the app has heard and returned: with many
+            # peers dying at once, those wake-ups would make the close late.
+            with trio.move_on_after(_FAREWELL_TIMEOUT):
+                await stream.aclose()
             await app_done.wait()

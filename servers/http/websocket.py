@@ -33,6 +33,7 @@ app awaits ``receive`` for as long as the socket is open) is the only one.
 from __future__ import annotations
 
 import logging
+import math
 from collections import deque
 from typing import Protocol
 
@@ -377,7 +378,9 @@ class WebSocketExchange:
             # A ping every interval: a peer that answers within the timeout always
             # reads before this deadline, and one that does not is cut at it.
             timeout = cfg.ws_ping_interval + (cfg.ws_ping_timeout or 0.0)
-            watch.receive_timeout = timeout
+            # Counted from the client's last byte (its handshake, or frames that came
+            # with it), not from when the app got round to accepting.
+            watch.receive_timeout_since(timeout, -math.inf)
             self.pinger = self.keeper.call_every(cfg.ws_ping_interval, self._ping)
         early, self.early = bytes(self.early), bytearray()
         self.pipe.reading(True)
