@@ -30,6 +30,7 @@ unit: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) -m pytest -q benchmarks/checks
+	$(PY) -m pytest -q -m bench tests
 	$(PY) -m benchmarks.core
 
 clean:

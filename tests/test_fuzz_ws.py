@@ -538,6 +538,7 @@ def quick(target: str, engine: str, inputs: int = 300) -> dict[str, Any]:
         ("mqtt-ws", "streams"),
     ],
 )
+@pytest.mark.bench
 def test_a_short_run_passes(target: str, engine: str) -> None:
     run = quick(target, engine)
     assert run["reasons"] == [], run["reasons"]

@@ -233,6 +233,7 @@ def test_the_catalog_and_the_report() -> None:
     assert rows[3].startswith("| status-starve | mosquitto | n/a: no status port |")
 
 
+@pytest.mark.bench
 @pytest.mark.slow
 @pytest.mark.skipif(mosquitto_binary() is None, reason="mosquitto is not installed")
 def test_a_short_real_run_is_judged_by_what_the_server_did(tmp_path: Path) -> None:

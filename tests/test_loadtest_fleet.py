@@ -131,6 +131,7 @@ needs_redis = pytest.mark.skipif(
 )
 
 
+@pytest.mark.bench
 @pytest.mark.slow
 @needs_redis
 def test_ci_fleet_run_with_a_killed_gateway_and_a_redis_restart() -> None:

@@ -677,6 +677,7 @@ trio.run(main, int(sys.argv[sys.argv.index("--port") + 1]))
 """
 
 
+@pytest.mark.bench
 @pytest.mark.slow
 def test_the_judge_fails_a_server_that_leaks_connections(tmp_path: Path) -> None:
     script = tmp_path / "leaky_http.py"

@@ -347,6 +347,7 @@ def _devices(tmp_path: Path, *args: str) -> dict[str, object]:
     return r
 
 
+@pytest.mark.bench
 @needs_mosquitto
 @pytest.mark.slow
 def test_a_mixed_fleet_against_mosquitto(tmp_path: Path, mosquitto: MqttTarget) -> None:
@@ -366,6 +367,7 @@ def test_a_mixed_fleet_against_mosquitto(tmp_path: Path, mosquitto: MqttTarget) 
     assert r["heartbeats"] > 1000  # type: ignore[operator]
 
 
+@pytest.mark.bench
 @needs_mosquitto
 @pytest.mark.slow
 @pytest.mark.parametrize("mosquitto", ["max_keepalive 10\n"], indirect=True)

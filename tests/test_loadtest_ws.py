@@ -89,6 +89,7 @@ def test_a_server_that_sends_no_pings_is_seen_to_close_no_dead_peer() -> None:
     assert figures.dead == 5 and figures.dead_closed == 0 and figures.healthy_closed == 0
 
 
+@pytest.mark.bench
 def test_quick_run_against_ours(tmp_path: Path) -> None:
     out = tmp_path / "ws.json"
     argv = ["ws", "--quick", "--targets", "idlekeeper", "--mqtt-targets", "idlekeeper", "--quiet", "--json", str(out)]
