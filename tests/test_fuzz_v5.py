@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 
 from loadtest import fuzz
-from loadtest.fuzz.corpus import V5_SHARE, make_case
+from loadtest.fuzz.cases import make_case
+from loadtest.fuzz.corpus import V5_SHARE
 from loadtest.fuzz.corpus_v5 import mqtt5_session
 from loadtest.fuzz.judge import Limits, judge
 from loadtest.fuzz.mutators import MQTT5_MUTATORS, MQTT_MUTATORS

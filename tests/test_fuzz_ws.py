@@ -22,7 +22,8 @@ from wsproto.events import BytesMessage, CloseConnection, Event, Ping, Pong, Tex
 from wsproto.extensions import Extension, PerMessageDeflate
 
 from loadtest import fuzz
-from loadtest.fuzz.corpus import END_MODES, make_case
+from loadtest.fuzz.cases import make_case
+from loadtest.fuzz.corpus import END_MODES
 from loadtest.fuzz.corpus_ws import echo_session, messages_of, mqtt_ws_session, served
 from loadtest.fuzz.faults import fault_summary, first_fault, log_faults
 from loadtest.fuzz.judge import Limits, judge

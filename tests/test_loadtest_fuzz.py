@@ -16,7 +16,8 @@ import h11
 import pytest
 
 from loadtest import fuzz
-from loadtest.fuzz.corpus import END_MODES, TRICKLE_MAX_GAP, TRICKLE_MAX_PIECES, http_requests, make_case, mqtt_session
+from loadtest.fuzz.cases import make_case
+from loadtest.fuzz.corpus import END_MODES, TRICKLE_MAX_GAP, TRICKLE_MAX_PIECES, http_requests, mqtt_session
 from loadtest.fuzz.faults import fault_summary, first_fault, log_faults
 from loadtest.fuzz.judge import Limits, judge
 from loadtest.fuzz.mutators import HTTP_MUTATORS, MQTT_MUTATORS

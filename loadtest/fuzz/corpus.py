@@ -1,7 +1,7 @@
 """The inputs of ``python -m loadtest fuzz``: a seeded corpus of valid MQTT sessions and
 HTTP requests, mutated, and how each is delivered. Pure: no I/O.
 
-A :class:`Case` is a pure function of ``(seed, target, index)`` (:func:`make_case`),
+A :class:`Case` is a pure function of ``(seed, target, index)`` (:func:`.cases.make_case`),
 so any input of a run can be rebuilt from the seed and its index, and a run's
 reproducer is just those two numbers.
 
@@ -17,7 +17,7 @@ reproducer is just those two numbers.
 - **Mutations** (:mod:`.mutators`): most inputs get one to three; a few are
   sent valid, as a control.
 - **WebSockets.** The ``ws`` and ``mqtt-ws`` inputs, each carrying what the server
-  may answer to it, are :mod:`.corpus_ws`'s (:func:`make_case` hands them on).
+  may answer to it, are :mod:`.corpus_ws`'s (:func:`.cases.make_case` hands them on).
 - **Delivery.** Mostly in one write; some split into pieces a few milliseconds
   apart (a packet across reads); some are a slow trickle of a *valid* prefix,
   bounded in pieces and time. Then the connection is half-closed (the server must
@@ -43,7 +43,7 @@ __all__ = [
     "WS_PROTOCOLS",
     "Case",
     "http_requests",
-    "make_case",
+    "plain_case",
     "mqtt_session",
     "mutate",
     "split_pieces",
@@ -331,17 +331,12 @@ def trickle_pieces(rng: random.Random, data: bytes) -> tuple[bytes, ...]:
     return tuple(pieces)
 
 
-def make_case(seed: int, protocol: str, index: int, v5_share: float = V5_SHARE) -> Case:
-    """Input number ``index`` of a run with ``seed`` against a ``protocol`` server; of MQTT
-    inputs, ``v5_share`` are 5.0 sessions."""
-    if protocol not in PROTOCOLS:
-        raise ValueError(f"protocol must be one of {PROTOCOLS}, not {protocol!r}")
-    if protocol in WS_PROTOCOLS:
-        # The WebSocket corpus builds on this module's (its sessions, Case): imported
-        # here, where this module is complete.
-        from .corpus_ws import ws_case
-
-        return ws_case(seed, protocol, index, v5_share)
+def plain_case(seed: int, protocol: str, index: int, v5_share: float = V5_SHARE) -> Case:
+    """Input number ``index`` of a run with ``seed`` against a plain MQTT or HTTP server;
+    of MQTT inputs, ``v5_share`` are 5.0 sessions. (:func:`.cases.make_case` takes any
+    target, the WebSocket ones included.)"""
+    if protocol not in PROTOCOLS or protocol in WS_PROTOCOLS:
+        raise ValueError(f"protocol must be one of {PROTOCOLS} but the WebSocket ones, not {protocol!r}")
     # A string seed is hashed with SHA-512 by random.Random: stable across processes and
     # Python runs (unlike hash()), and independent from one index to the next.
     rng = random.Random(f"{seed}/{protocol}/{index}")

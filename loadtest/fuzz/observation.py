@@ -24,7 +24,7 @@ class ConnRecord:
     """One fuzz connection, as the client saw it."""
 
     index: int
-    """The case's index (rebuild it with :func:`~.corpus.make_case`)."""
+    """The case's index (rebuild it with :func:`~.cases.make_case`)."""
     end: str
     """The case's end mode: half-close, wait or abort."""
     peer: str

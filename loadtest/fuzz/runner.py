@@ -2,7 +2,7 @@
 it, send every input over many concurrent loopback connections, and watch the server.
 
 One trio process drives everything: ``--connections`` tasks each take the next case
-(:func:`~.corpus.make_case`), open a socket from one of several loopback source
+(:func:`~.cases.make_case`), open a socket from one of several loopback source
 addresses (127.0.0.2, 127.0.0.3, ...: plenty of ephemeral ports), send the case's
 pieces, then half-close, wait or reset as the case says, and read whatever the
 server answers until it closes or :attr:`~.targets.ServerSpec.wait` passes. Meanwhile:
@@ -46,8 +46,9 @@ from servers.prometheus import open_descriptors
 from ..processes import free_port, stop
 from ..sampler import cpu_seconds, process_tree, rss_bytes
 from .canary_process import CanaryProcess
+from .cases import make_case
 from .connection import run_case
-from .corpus import V5_SHARE, make_case
+from .corpus import V5_SHARE
 from .faults import log_faults
 from .judge import suspects_at, unclear
 from .observation import ConnRecord, Observation
