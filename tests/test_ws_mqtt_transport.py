@@ -128,7 +128,7 @@ def test_a_large_frame_is_handed_on_in_pieces_never_reassembled() -> None:
 def test_a_text_frame_ends_the_connection_with_1003() -> None:
     server, ws = opened()
     step = server.receive(ws.send(TextMessage(data="CONNECT")))
-    assert step.ended == "a text frame (MQTT-6.0.0-1)" and step.mqtt == b""
+    assert step.ended == "a text frame (MQTT-6.0.0-1)" and step.mqtt == b"" and not server.by_peer
     (close,) = answer(ws, step.out)
     assert isinstance(close, CloseConnection) and close.code == 1003
     assert server.send(PINGREQ) == b"" and not server.open
@@ -146,7 +146,7 @@ def test_pings_are_answered_and_pongs_counted() -> None:
 def test_a_close_is_answered_and_ends_the_connection() -> None:
     server, ws = opened()
     step = server.receive(ws.send(CloseConnection(code=1000, reason="bye")))
-    assert step.ended == "closed by the peer (1000: bye)"
+    assert step.ended == "closed by the peer (1000: bye)" and server.by_peer
     (reply,) = answer(ws, step.out)
     assert isinstance(reply, CloseConnection) and reply.code == 1000
     server2, _ = opened()

@@ -26,8 +26,6 @@ from .server import HeartbeatServer
 
 __all__ = ["WsDenseConnection", "serve_websockets_dense"]
 
-_PEER_CLOSED = ("closed by the peer", "the peer closed")
-
 
 class WsDenseConnection(DenseConnection):
     """One MQTT-over-WebSocket client served by the dense engine's callbacks."""
@@ -58,7 +56,7 @@ class WsDenseConnection(DenseConnection):
     def _ended(self, ended: str) -> None:
         if self.stream.is_closing():
             return
-        if ended.startswith(_PEER_CLOSED):
+        if self.ws.by_peer:
             self.stream.close()  # as an EOF over TCP
         else:
             self._violation(ProtocolError("websocket", detail=ended))

@@ -46,10 +46,9 @@ class WsMqttStream(trio.abc.Stream):
                 return step.mqtt  # an ending behind them is found by the next call
             if step.ended is not None:
                 break
-        ended = self.ws.ended or ""
-        if ended.startswith(("closed by the peer", "the peer closed")):
+        if self.ws.by_peer:
             return b""
-        raise ProtocolError("websocket", detail=ended)
+        raise ProtocolError("websocket", detail=self.ws.ended or "")
 
     async def send_all(self, data: bytes | bytearray | memoryview) -> None:
         """``data`` (MQTT bytes) as one binary frame; dropped once the WebSocket is closing."""

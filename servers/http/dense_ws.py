@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from typing import Protocol
 
-import h11
 from h11 import Connection as H11Connection
 
 import idlekeeper
@@ -21,7 +20,7 @@ from .asgi import Scope
 from .dense_server import DenseHttpServer
 from .errors import log_refusal
 from .head import RequestHead
-from .websocket import WebSocketExchange, websocket_scope
+from .websocket import WebSocketExchange, after_upgrade, websocket_scope
 
 __all__ = ["DensePipe", "open_websocket"]
 
@@ -87,13 +86,7 @@ def open_websocket(
         log_refusal(status, why)
         conn.refuse(status, why, log=False, response=denial_head(status, extra, 0))
         return None
-    h = conn.parser()
-    event = h.next_event()  # the upgrade request's EndOfMessage (it has no body)
-    if isinstance(event, h11.EndOfMessage):
-        h.next_event()  # PAUSED: what follows is the WebSocket's
-    early, _ = h.trailing_data
+    early = after_upgrade(conn.parser())
     conn.h11 = None
     server = conn.server
-    return WebSocketExchange(
-        DensePipe(conn), websocket_scope(scope, offer), offer, server.config, server.keeper, bytes(early)
-    )
+    return WebSocketExchange(DensePipe(conn), websocket_scope(scope, offer), offer, server.config, server.keeper, early)

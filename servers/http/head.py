@@ -14,6 +14,7 @@ from urllib.parse import unquote_to_bytes
 
 import h11
 
+from ..ws.upgrade import names_websocket
 from .asgi import ASGI_VERSION, Scope
 
 __all__ = ["RequestHead", "bad_head_status", "head_refusal", "header_list", "make_scope", "origin_form"]
@@ -85,7 +86,7 @@ def head_refusal(
             length = value
         elif name == b"transfer-encoding":
             chunked = True
-        elif name == b"upgrade" and value.lower() == b"websocket":
+        elif name == b"upgrade" and names_websocket(value):
             upgrade = True
     if size > max_header_size:
         return 431, "request head too large"

@@ -25,7 +25,7 @@ from .exchange import ClientGone, Exchange, Outcome
 from .head import bad_head_status, head_refusal, header_list, make_scope
 from .lifespan import Lifespan
 from .streams_ws import StreamPipe, run_websocket
-from .websocket import WebSocketExchange, websocket_scope
+from .websocket import WebSocketExchange, after_upgrade, websocket_scope
 
 __all__ = ["StreamsHttpServer", "run_streams"]
 
@@ -233,12 +233,9 @@ class StreamsHttpServer(HttpServer):
             log_refusal(status, why)
             await stream.send_all(denial_head(status, extra, 0))
             return
-        h = conn.h11
-        if isinstance(h.next_event(), h11.EndOfMessage):
-            h.next_event()  # PAUSED: what follows is the WebSocket's
         pipe = StreamPipe(stream)
         exchange = WebSocketExchange(
-            pipe, websocket_scope(scope, offer), offer, self.config, self.keeper, bytes(h.trailing_data[0])
+            pipe, websocket_scope(scope, offer), offer, self.config, self.keeper, after_upgrade(conn.h11)
         )
         conn.ws = exchange
         self.exchange_started()

@@ -18,11 +18,10 @@ import idlekeeper
 from idlekeeper import Reason
 
 from .asgi import ASGIApp
-from .websocket import WebSocketExchange
+from .websocket import SEND_HIGH_WATER, WebSocketExchange
 
 __all__ = ["StreamPipe", "run_websocket"]
 
-_HIGH_WATER = 64 * 1024
 _FAREWELL_TIMEOUT = 0.25
 
 
@@ -53,7 +52,7 @@ class StreamPipe:
         return len(self.buffer)
 
     async def drain(self) -> None:
-        while len(self.buffer) > _HIGH_WATER and not self.finished:
+        while len(self.buffer) > SEND_HIGH_WATER and not self.finished:
             self._room = trio.Event()
             await self._room.wait()
 

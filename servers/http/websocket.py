@@ -37,6 +37,7 @@ import math
 from collections import deque
 from typing import Protocol
 
+import h11
 import trio
 
 import idlekeeper
@@ -48,7 +49,15 @@ from .asgi import ASGIApp, Message, Scope
 from .core import HttpConfig
 from .exchange import ClientDisconnected, ClientGone
 
-__all__ = ["PING_TIMEOUT", "STOPPED_READING", "WebSocketExchange", "WsPipe", "websocket_scope"]
+__all__ = [
+    "PING_TIMEOUT",
+    "SEND_HIGH_WATER",
+    "STOPPED_READING",
+    "WebSocketExchange",
+    "WsPipe",
+    "after_upgrade",
+    "websocket_scope",
+]
 
 logger = logging.getLogger("servers.http")
 
@@ -59,8 +68,8 @@ STOPPED_READING = 1008
 GOING_AWAY = 1001
 _ABNORMAL = 1006
 
-# Bytes queued for the client beyond which ``send`` waits (as a transport's high-water mark).
-_HIGH_WATER = 64 * 1024
+SEND_HIGH_WATER = 64 * 1024
+"""Bytes queued for the client beyond which the app's ``send`` waits for the pipe to drain."""
 
 
 class WsPipe(Protocol):
@@ -91,6 +100,14 @@ class WsPipe(Protocol):
     def finish(self) -> None:
         """Close the connection once the queue is sent."""
         ...
+
+
+def after_upgrade(h: h11.Connection) -> bytes:
+    """What came behind an upgrade request's head (the WebSocket's first frames):
+    h11 is walked past the request's end, where it pauses for the switch."""
+    if isinstance(h.next_event(), h11.EndOfMessage):  # an upgrade request has no body
+        h.next_event()  # PAUSED
+    return bytes(h.trailing_data[0])
 
 
 def websocket_scope(http_scope: Scope, offer: Offer) -> Scope:
@@ -330,7 +347,7 @@ class WebSocketExchange:
             if not frame:
                 raise ClientDisconnected("websocket closing")
             self.pipe.put(frame)
-            if self.pipe.queued() > _HIGH_WATER:
+            if self.pipe.queued() > SEND_HIGH_WATER:
                 try:
                     await self.pipe.drain()
                 except ClientGone as exc:

@@ -57,7 +57,7 @@ class Step:
 class MqttOverWs:
     """One WebSocket connection that carries MQTT, from its opening handshake on."""
 
-    __slots__ = ("policy", "subprotocol", "pongs", "ended", "_ws", "_early")
+    __slots__ = ("policy", "subprotocol", "pongs", "ended", "by_peer", "_ws", "_early")
 
     def __init__(self, policy: WsPolicy) -> None:
         self.policy = policy
@@ -66,6 +66,9 @@ class MqttOverWs:
         self.pongs = 0
         """Pongs received: each answers a ping the server sent (a liveness deadline's proof)."""
         self.ended: str | None = None
+        self.by_peer = False
+        """Whether the peer ended it, by a close frame or an EOF (an EOF to the MQTT
+        reader); else :attr:`ended` is a violation."""
         self._ws = WSConnection(ConnectionType.SERVER)
         # What came before the handshake was answered. wsproto's server side drops the
         # bytes that follow the request in the same read (its client side keeps them),
@@ -116,6 +119,7 @@ class MqttOverWs:
                     said = f": {event.reason}" if event.reason else ""
                     if code == ABNORMAL_CLOSURE:
                         self.ended = "the peer closed its side"  # EOF, no close frame
+                        self.by_peer = True
                     elif ws.state is ConnectionState.OPEN:
                         # wsproto reports a frame it could not parse as a close event
                         # and stays open: the close is ours to send, with its code.
@@ -125,6 +129,7 @@ class MqttOverWs:
                         if ws.state is ConnectionState.REMOTE_CLOSING:
                             out.append(ws.send(event.response()))
                         self.ended = f"closed by the peer ({code}{said})"
+                        self.by_peer = True
                     break
         except RemoteProtocolError as exc:
             if exc.event_hint is not None and ws.state is ConnectionState.CONNECTING:
@@ -138,6 +143,7 @@ class MqttOverWs:
             self._early = None
         if not data and self.ended is None:
             self.ended = "the peer closed its side"
+            self.by_peer = True
         return Step(b"".join(mqtt), b"".join(out), self.ended)
 
     def _after_request(self) -> None:

@@ -15,7 +15,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from wsproto.connection import Connection, ConnectionState, ConnectionType
-from wsproto.events import BytesMessage, CloseConnection, Ping, Pong, TextMessage
+from wsproto.events import BytesMessage, CloseConnection, Ping, TextMessage
 from wsproto.extensions import Extension
 from wsproto.frame_protocol import CloseReason
 
@@ -45,8 +45,6 @@ class Received:
     """Bytes to write to the peer (pongs, the close that answers the peer's)."""
     closed: Closed | None
     """Set once the connection is over: write ``out``, then close the socket."""
-    pongs: int
-    """Pongs that came (answers to the server's pings)."""
 
 
 class _Rare:
@@ -99,7 +97,7 @@ class WsSession:
 
     def receive(self, data: bytes) -> Received:
         """Take bytes from the peer; ``b""`` is its EOF."""
-        got = Received([], b"", self.closed, 0)
+        got = Received([], b"", self.closed)
         if self.closed is not None:
             return got
         ws = self._ws
@@ -118,8 +116,6 @@ class WsSession:
             elif isinstance(event, Ping):
                 if ws.state is ConnectionState.OPEN:
                     out.append(ws.send(event.response()))
-            elif isinstance(event, Pong):
-                got.pongs += 1
             elif isinstance(event, CloseConnection):
                 out.append(self._closed(event))
                 break
@@ -177,7 +173,7 @@ class WsSession:
         return self._ws.send(BytesMessage(data=message))
 
     def ping(self, payload: bytes = b"") -> bytes:
-        """A ping (the peer's pong counts in :attr:`Received.pongs`)."""
+        """A ping: the peer's pong is a read, which keeps its receive deadline fresh."""
         if self._ws.state is not ConnectionState.OPEN:
             return b""
         return self._ws.send(Ping(payload=payload))

@@ -21,7 +21,16 @@ from wsproto.utilities import generate_accept_token
 
 from .deflate import BoundedDeflate
 
-__all__ = ["Offer", "Refused", "accept_head", "denial_head", "is_upgrade", "read_offer", "subprotocols_of"]
+__all__ = [
+    "Offer",
+    "Refused",
+    "accept_head",
+    "denial_head",
+    "is_upgrade",
+    "names_websocket",
+    "read_offer",
+    "subprotocols_of",
+]
 
 Headers = Iterable[tuple[bytes, bytes]]
 
@@ -30,9 +39,14 @@ def _tokens(value: bytes) -> list[bytes]:
     return [token.strip().lower() for token in value.split(b",")]
 
 
+def names_websocket(upgrade: bytes) -> bool:
+    """Whether an ``Upgrade`` header's value names WebSocket (among other protocols, maybe)."""
+    return b"websocket" in _tokens(upgrade)
+
+
 def is_upgrade(headers: Headers) -> bool:
     """Whether a request head asks to switch to WebSocket (``Upgrade: websocket``)."""
-    return any(name == b"upgrade" and b"websocket" in _tokens(value) for name, value in headers)
+    return any(name == b"upgrade" and names_websocket(value) for name, value in headers)
 
 
 @dataclass(frozen=True, slots=True)
