@@ -56,6 +56,7 @@ class _Host(Protocol):
         send: float | None,
         max_age: float | None,
         on_expire: ExpireHook | None,
+        peer: object = None,
     ) -> Transport: ...
 
 
@@ -95,7 +96,7 @@ class Listener:
         sock = self.sock
         for _ in range(host.accept_batch):
             try:
-                conn, _addr = sock.accept()
+                conn, addr = sock.accept()
             except (BlockingIOError, InterruptedError):
                 return False
             except OSError as exc:
@@ -119,7 +120,7 @@ class Listener:
                 logger.exception("idlekeeper: protocol factory %r raised", self.factory)
                 conn.close()
                 continue
-            host._start(conn, protocol, self.idle, self.receive, self.send, self.max_age, self.on_expire)
+            host._start(conn, protocol, self.idle, self.receive, self.send, self.max_age, self.on_expire, addr)
         return True
 
     def close(self) -> None:

@@ -104,6 +104,10 @@ class Dispatcher:
         self._woken = False
         self._backlog = False
         self._in_pass = False
+        # The connection whose connection_made runs, and the address accept() gave it:
+        # a peer that reset before it was read has no other (getpeername fails), and
+        # an address kept on every transport would cost each of a million connections.
+        self._starting: tuple[Transport, object] | None = None
         self.accepted = 0
         """Connections accepted."""
         self.accept_errors = 0
@@ -212,6 +216,7 @@ class Dispatcher:
         send: float | None,
         max_age: float | None,
         on_expire: ExpireHook | None,
+        peer: object = None,
     ) -> Transport:
         keeper = self.keeper
         t = Transport(keeper, self, sock, stall_check=keeper._stall_check, on_expire=on_expire)
@@ -224,13 +229,21 @@ class Dispatcher:
         self._epoll.register(fd, _IN)
         t._io |= _REG_IN
         t.start()
+        self._starting = (t, peer)
         try:
             protocol.connection_made(t)
         except Exception as exc:
             self.callback_errors += 1
             logger.exception("idlekeeper: connection_made of %r raised", protocol)
             self._drop(t, exc)
+        finally:
+            self._starting = None
         return t
+
+    def _accepted_peer(self, t: Transport) -> object:
+        """The address ``accept`` gave ``t``, while its protocol is being made (None else)."""
+        starting = self._starting
+        return starting[1] if starting is not None and starting[0] is t else None
 
     def _update(self, t: Transport) -> None:
         """Bring the socket's epoll registration in line with what the transport wants."""

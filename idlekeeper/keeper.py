@@ -30,7 +30,16 @@ from .lookahead import LookaheadWheel
 from .stall import SocketLike, send_would_progress, unread_bytes
 from .stats import KeeperStats
 from .timers import TimerHandle, Timers
-from .watch import STALL_CHECK, ExpireHook, HalfCloseableWatchedStream, Watch, WatchedStream, WatchState, find_socket
+from .watch import (
+    GRACED,
+    STALL_CHECK,
+    ExpireHook,
+    HalfCloseableWatchedStream,
+    Watch,
+    WatchedStream,
+    WatchState,
+    find_socket,
+)
 from .wheel import WheelEntry
 
 __all__ = ["Keeper", "open_keeper"]
@@ -101,6 +110,27 @@ class Keeper(metaclass=NoPublicConstructor):
         """The lateness budget: no expiry runs more than one tick after its deadline
         (the wheel's slots are half a tick)."""
         return self._tick
+
+    def late_with_unread(self, sock: SocketLike, when: float, now: float | None = None) -> bool:
+        """Whether a deadline ``when`` on ``sock``'s connection, passing now, deserves one
+        tick more: it was reached more than a tick late, so this process stalled (a long
+        pass, a collection, SIGSTOP), and the peer's bytes wait unread, so they may have
+        come before ``when`` and only we failed to read them.
+
+        An absolute deadline is not moved by activity, or a trickle would extend it
+        forever; but a stall of ours must not cost a peer whose bytes came in time. The
+        keeper asks this once per :attr:`Watch.deadline <idlekeeper.Watch.deadline>`
+        and, if so, looks again a tick later, after the connection's reader has run.
+        A timer that stands for a deadline of the same kind (a request head's, say)
+        asks it too, and calls itself again with :meth:`call_later` (``tick``) if so.
+        Each True is counted in :attr:`~idlekeeper.KeeperStats.stall_graces`.
+        """
+        if now is None:
+            now = trio.current_time()
+        if now - when <= self._tick or unread_bytes(sock) <= 0:
+            return False
+        self.stats.stall_graces += 1
+        return True
 
     @property
     def lookahead(self) -> float:
@@ -307,10 +337,16 @@ class Keeper(metaclass=NoPublicConstructor):
             self._refile(watch, now, when)
             return
         sock = watch._socket
-        if sock is not None and watch._flags & STALL_CHECK and self._peer_kept_up(watch, sock, reason):
-            self.stats.stall_saves += 1
-            self._refile(watch, now)
-            return
+        if sock is not None and watch._flags & STALL_CHECK:
+            if reason is Reason.ABSOLUTE:
+                if not watch._flags & GRACED and self.late_with_unread(sock, when, now):
+                    watch._flags |= GRACED
+                    self._refile(watch, now, now + self._tick)
+                    return
+            elif self._peer_kept_up(watch, sock, reason):
+                self.stats.stall_saves += 1
+                self._refile(watch, now)
+                return
         watch._expire(reason, now - when)
         self.stats.expired[reason] += 1
         self.stats.lag.observe(now - when)
@@ -322,8 +358,6 @@ class Keeper(metaclass=NoPublicConstructor):
 
         If so, stamp the activity now: it happened no later than now.
         """
-        if reason is Reason.ABSOLUTE:
-            return False
         if reason is not Reason.SEND and unread_bytes(sock) > 0:
             watch._rx = self._epochs.current
             return True

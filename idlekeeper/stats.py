@@ -98,6 +98,7 @@ class KeeperStats:
         "refiles",
         "wakeups",
         "stall_saves",
+        "stall_graces",
         "hook_errors",
         "hooks_cancelled",
         "closed_watches",
@@ -121,6 +122,10 @@ class KeeperStats:
         """Times the reaper woke up."""
         self.stall_saves = 0
         """Inactivity expiries skipped because the peer's bytes were waiting unread."""
+        self.stall_graces = 0
+        """Absolute deadlines (and timers that asked, :meth:`~idlekeeper.Keeper.late_with_unread`)
+        given one tick more because they were reached more than a tick late, a stall of
+        ours, with the peer's bytes waiting unread: bytes that may have come in time."""
         self.hook_errors = 0
         """Callbacks (``on_expire`` hooks, timer callbacks) that raised or overran
         ``hook_timeout``."""
@@ -165,6 +170,7 @@ class KeeperStats:
             "refiles": self.refiles,
             "wakeups": self.wakeups,
             "stall_saves": self.stall_saves,
+            "stall_graces": self.stall_graces,
             "hook_errors": self.hook_errors,
             "hooks_cancelled": self.hooks_cancelled,
             "closed_watches": self.closed_watches,

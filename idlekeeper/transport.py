@@ -75,6 +75,8 @@ class _Loop(Protocol):
 
     def _drop(self, transport: Transport, exc: BaseException | None) -> None: ...
 
+    def _accepted_peer(self, transport: Transport) -> object: ...
+
 
 class Transport(Watch):
     """A connection served by a dense engine; the protocol's handle on it.
@@ -245,7 +247,11 @@ class Transport(Watch):
         return self._protocol
 
     def get_extra_info(self, name: str, default: object = None) -> object:
-        """asyncio's names: ``"socket"``, ``"peername"``, ``"sockname"``."""
+        """asyncio's names: ``"socket"``, ``"peername"``, ``"sockname"``.
+
+        In ``connection_made``, ``"peername"`` of a peer that already reset (the kernel
+        no longer knows its address) is the address ``accept`` returned.
+        """
         try:
             if name == "socket":
                 return self._socket
@@ -254,6 +260,10 @@ class Transport(Watch):
             if name == "sockname":
                 return self._socket.getsockname()
         except OSError:
+            if name == "peername":
+                # Reset before it was read: in connection_made, accept's address stands in.
+                peer = self._loop._accepted_peer(self)
+                return default if peer is None else peer
             return default
         return default
 

@@ -59,6 +59,9 @@ CLOSE_ON_EXPIRY = 1
 STALL_CHECK = 2
 ENDED_BY_CLOSE = 4
 CANCELLED = 8
+# The absolute deadline has had its one grace after a stall (see Keeper._due); a new
+# deadline gets one again.
+GRACED = 16
 
 # Module globals: the keeper tests the state on every deadline change, and a global
 # is one dictionary look-up where ``WatchState.WATCHING`` is two.
@@ -289,6 +292,7 @@ class Watch(ConnectionDeadlines):
     @deadline.setter
     def deadline(self, when: float | None) -> None:
         self._set_deadline(when)
+        self._flags &= ~GRACED
         self._owner._changed(self)
 
     # -- activity by hand, for connections that are not read through .stream -------

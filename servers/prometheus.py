@@ -110,6 +110,11 @@ class KeeperCollector(Collector):
         f.counter(f"{p}_refiles_total", "Lazy re-files of entries that had activity.", stats.refiles)
         f.counter(f"{p}_wakeups_total", "Reaper wake-ups.", stats.wakeups)
         f.counter(f"{p}_stall_saves_total", "Expiries skipped: the peer's bytes were unread.", stats.stall_saves)
+        f.counter(
+            f"{p}_stall_graces_total",
+            "Absolute deadlines given a tick after a stall, the peer's bytes unread.",
+            stats.stall_graces,
+        )
         f.counter(f"{p}_hook_errors_total", "Callbacks that raised or overran.", stats.hook_errors)
         f.counter(f"{p}_reaper_pass_yields_total", "Checkpoints a long reaper pass took.", stats.pass_yields)
         f.counter(f"{p}_reaper_busy_seconds_total", "Time the reaper spent working.", stats.busy_seconds)

@@ -218,6 +218,35 @@ async def test_echo_round_trip_and_callback_order(keeper: idlekeeper.Keeper, clo
     assert len(probe.lost) == 1  # engine shutdown did not tell it twice
 
 
+async def test_a_peer_that_reset_before_it_was_read_still_has_its_address(
+    keeper: idlekeeper.Keeper, clock: MockClock
+) -> None:
+    # The kernel forgets a reset peer's address (getpeername fails), but accept()
+    # returned it: a server logging who sent a reset needs it in connection_made.
+    seen: list[object] = []
+
+    class Recorder(Probe):
+        def connection_made(self, transport: Transport) -> None:
+            super().connection_made(transport)
+            seen.append(transport.get_extra_info("peername"))
+
+    probes, factory = collecting(Recorder)
+    async with trio.open_nursery() as nursery:
+        engine: Engine = await nursery.start(partial(idlekeeper.serve_protocol, factory, 0, keeper=keeper, host=HOST))
+        port = engine.listeners[0].getsockname()[1]
+        # Connected, and reset, before the engine runs again to accept it.
+        client = socket.create_connection((HOST, port))
+        address = client.getsockname()
+        client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        client.close()
+        await until(lambda: bool(probes), "the accept")
+        [probe] = probes
+        await lost(probe)
+        assert seen == [address]
+        assert probe.t.get_extra_info("peername") is None  # afterwards the address is not kept
+        nursery.cancel_scope.cancel()
+
+
 # -- 2. each deadline on a real socket ---------------------------------------------------
 
 

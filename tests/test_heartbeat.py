@@ -284,6 +284,30 @@ async def test_a_connect_vetted_after_a_newer_one_of_its_id_does_not_take_the_se
     assert (dropped.status, dropped.reason, dropped.client_id) == ("refused", Offline.SUPERSEDED, None)
 
 
+async def test_a_connection_that_ends_while_its_connect_is_vetted_is_logged_once_and_not_as_presence(
+    clock: MockClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Found by the fuzz run (issue 29): a connection that ended between its CONNECT and
+    # the CONNACK, while its password was checked, left no record at all, so the log
+    # could not account for every connection. It was never the device it named: its
+    # end is a record apart from presence, with the id only claimed.
+    waiting = trio.Event()
+
+    async def check_never_ends(self: HeartbeatServer, conn: object, request: object) -> int:
+        waiting.set()
+        await trio.sleep_forever()
+        return 0
+
+    monkeypatch.setattr(HeartbeatServer, "authenticate", check_never_ends)
+    async with running(HeartbeatConfig(auth=PasswordFile())) as (server, events):
+        await Client.connect(server.port, "phone", expect=None, will_topic="w/phone", will_message=b"x")
+        await waiting.wait()
+    # The server stopped with the check under way.
+    mine = [e for e in events if "phone" in (e.client_id, e.claimed_client_id)]
+    assert [(e.status, e.reason, e.client_id) for e in mine] == [("refused", Offline.SHUTDOWN, None)]
+    assert server.counters["wills_published"] == 0
+
+
 BAD_INPUTS = {
     "truncated packet then silence": encoders.encode_connect("t", keep_alive=5)[:-3],
     "oversized packet": b"\x30\xff\xff\xff\x7f",

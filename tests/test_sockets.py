@@ -14,6 +14,7 @@ from trio.testing import MockClock
 
 import idlekeeper
 from idlekeeper import Reason
+from servers.prometheus import KeeperCollector
 
 from .conftest import tcp_pair
 
@@ -152,6 +153,71 @@ async def test_without_unread_bytes_the_same_server_expires(keeper: idlekeeper.K
     assert w.reason is Reason.IDLE
     assert keeper.stats.stall_saves == 0
     assert 5 <= trio.current_time() < 5 + keeper.tick
+
+
+async def test_an_absolute_deadline_passed_in_our_stall_gives_bytes_sent_in_time_a_tick(
+    keeper: idlekeeper.Keeper, clock: MockClock
+) -> None:
+    """Guarantee 6 for absolute deadlines: a request head's last bytes came before its
+    deadline, but we stalled past it without reading them. The reader gets one tick."""
+    server, client = await tcp_pair()
+    with keeper.watch(server) as w:
+        w.deadline = trio.current_time() + 1
+        await client.send_all(b"the head's end")  # at t=0: in time
+        clock.jump(3)  # a stall of ours: nothing ran at t=1
+        await trio.sleep(keeper.tick / 2)  # the reaper's late pass
+        assert not w.expired
+        assert keeper.stats.stall_graces == 1
+        assert await w.stream.receive_some() == b"the head's end"
+        w.deadline = None  # the head is complete: its deadline goes
+        # The next deadline gets its own grace.
+        w.deadline = trio.current_time() + 1
+        await client.send_all(b"next head")
+        clock.jump(3)
+        await trio.sleep(keeper.tick / 2)
+        assert not w.expired and keeper.stats.stall_graces == 2
+        assert await w.stream.receive_some() == b"next head"
+        w.deadline = None
+        await trio.sleep(5)
+    assert not w.expired
+
+
+async def test_the_grace_is_one_tick_once_and_only_after_a_stall(keeper: idlekeeper.Keeper, clock: MockClock) -> None:
+    """Not read within the grace, the connection ends; and with no stall, bytes unread at
+    an absolute deadline spare nobody (a slowloris's last byte would extend it)."""
+    server, client = await tcp_pair()
+    with keeper.watch(server) as w:
+        w.deadline = trio.current_time() + 1
+        await client.send_all(b"x")
+        clock.jump(3)
+        stalled_until = trio.current_time()
+        await trio.sleep(60)  # never read
+    assert w.reason is Reason.ABSOLUTE and keeper.stats.stall_graces == 1
+    assert stalled_until + keeper.tick <= trio.current_time() < stalled_until + 2 * keeper.tick
+    server, client = await tcp_pair()
+    with keeper.watch(server) as w:
+        start = trio.current_time()
+        w.deadline = start + 1
+        await client.send_all(b"x")
+        await trio.sleep(60)  # no stall: the reaper is on time
+    assert w.reason is Reason.ABSOLUTE and keeper.stats.stall_graces == 1
+    assert start + 1 <= trio.current_time() < start + 1 + keeper.tick
+
+
+async def test_late_with_unread_asks_for_both_a_stall_and_bytes(keeper: idlekeeper.Keeper, clock: MockClock) -> None:
+    """The check a timer standing for a deadline (a request head's) makes before acting."""
+    server, client = await tcp_pair()
+    sock = server.socket
+    now = trio.current_time()
+    assert not keeper.late_with_unread(sock, now - 5, now)  # late, nothing unread
+    await client.send_all(b"x")
+    await trio.testing.wait_all_tasks_blocked()
+    assert not keeper.late_with_unread(sock, now - keeper.tick, now)  # unread, on time
+    assert keeper.late_with_unread(sock, now - 5, now)
+    assert keeper.stats.stall_graces == 1
+    assert keeper.stats.as_dict()["stall_graces"] == 1
+    exported = {m.name: m.samples[0].value for m in KeeperCollector(keeper.stats, {}).collect()}
+    assert exported["idlekeeper_stall_graces"] == 1
 
 
 async def test_close_false_leaves_socket_open_for_a_goodbye(keeper: idlekeeper.Keeper, clock: MockClock) -> None:

@@ -162,8 +162,12 @@ def peer_of(stream: idlekeeper.Watch, *, port: bool = True) -> str:
     """``host:port`` of the client, for logs and presence events; ``host`` alone without
     ``port`` (the key its failed password checks are throttled by); ``?`` if unknown."""
     try:
-        host, number = stream.socket.getpeername()[:2]  # type: ignore[union-attr]
-    except (OSError, AttributeError, ValueError):
+        if isinstance(stream, idlekeeper.Transport):
+            # Knows the address of a peer that reset before it was read (from accept).
+            host, number = stream.get_extra_info("peername")[:2]  # type: ignore[index]
+        else:
+            host, number = stream.socket.getpeername()[:2]  # type: ignore[union-attr]
+    except (OSError, AttributeError, ValueError, TypeError):
         return "?"
     return f"{host}:{number}" if port else str(host)
 

@@ -37,16 +37,19 @@ class ConnectionEvents:
             event = self.event(conn, "offline", reason, detail, epoch=online.epoch, username=online.username)
             # Exactly once, fleet-wide: the coordinator drops it if the session was already ended.
             self.coordinator.offline(event, forget=conn.session.assigned)
-        elif reason is Offline.REFUSED or reason is Offline.SUPERSEDED:
-            # Not the device's presence: the id was only asked for, by whoever knew it.
+        elif reason is Offline.REFUSED or reason is Offline.SUPERSEDED or conn.session.client_id is not None:
+            # A CONNECT that never made the connection its device: refused, superseded,
+            # or lost (or broken) while its password or stored session was looked up.
+            # Not the device's presence, since the id was only asked for, by whoever
+            # knew it; but logged, so that every connection's end is in the log.
             self.coordinator.note(self.refused(conn, detail, reason))
-        elif conn.session.client_id is None:
+        else:
             self.coordinator.note(self.event(conn, "offline", reason, detail))
 
     def refused(self, conn: Connection, detail: str, reason: Offline = Offline.REFUSED) -> PresenceEvent:
-        """The record of a refused (or superseded) CONNECT: status ``refused``, no client
-        id (only the one claimed), so no reader takes it for the named device's presence;
-        see :mod:`.presence`."""
+        """The record of a CONNECT refused, superseded, or lost before its CONNACK: status
+        ``refused``, no client id (only the one claimed), so no reader takes it for the
+        named device's presence; see :mod:`.presence`."""
         session = conn.session
         code = REFUSALS.get(conn.refusal, f"code-{conn.refusal}") if reason is Offline.REFUSED else reason.value
         claimed = "" if session.assigned or session.client_id is None else session.client_id

@@ -18,7 +18,10 @@ An event's ``status`` is one of:
   presence or subscribers, so a flood of them neither displaces nor invents devices.
   ``reason`` is :attr:`Offline.REFUSED` and ``detail`` names the CONNACK code; or
   :attr:`Offline.SUPERSEDED` for a CONNECT dropped unanswered because a later
-  connection of the same client id had already taken the session.
+  connection of the same client id had already taken the session; or the reason a
+  connection ended (``connection-lost``, ``protocol-error``...) after its CONNECT and
+  before its CONNACK, while its password or stored session was being looked up.
+  So every connection's end is in the log once: as ``offline`` or ``refused``.
 """
 
 from __future__ import annotations

@@ -325,6 +325,16 @@ class HttpProtocol(idlekeeper.Protocol):
 
     def _too_slow(self) -> None:
         """The header or body timer: the client did not send its request in time."""
+        timer, self.timer = self.timer, None
+        keeper, sock = self.server.keeper, self.t.socket
+        if timer is not None and sock is not None and keeper.late_with_unread(sock, timer.when):
+            # We stalled past the deadline with the client's bytes unread: they may
+            # have come in time, so the reader gets a tick to take them first.
+            self.timer = keeper.call_later(keeper.tick, self._too_slow_after_all)
+            return
+        self._too_slow_after_all()
+
+    def _too_slow_after_all(self) -> None:
         self.timer = None
         if self.phase in (Phase.HEAD, Phase.BODY) and not self.gone and self.lingered < 0:
             self.refuse(408, "", log=False, linger=TIMEOUT_LINGER)
