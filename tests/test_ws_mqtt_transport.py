@@ -25,7 +25,7 @@ from wsproto.events import (
 from servers.heartbeat import encoders
 from servers.heartbeat.reader import PacketReader
 from servers.ws.handshake import WsPolicy
-from servers.ws.mqtt_transport import MqttOverWs
+from servers.ws.mqtt_transport import MAX_HEAD, MqttOverWs
 
 CONNECT = encoders.encode_connect("ws-device", keep_alive=30)
 PINGREQ = b"\xc0\x00"
@@ -166,6 +166,19 @@ def test_a_request_that_is_no_websocket_handshake_gets_400() -> None:
     step = server.receive(b"GET /mqtt HTTP/1.1\r\nHost: x\r\n\r\n")
     assert step.ended is not None and step.ended.startswith("bad handshake")
     assert step.out.startswith(b"HTTP/1.1 400 ")
+
+
+def test_an_endless_handshake_is_refused_431_not_buffered() -> None:
+    server = MqttOverWs(WsPolicy())
+    step = server.receive(b"GET /mqtt HTTP/1.1\r\nHost: x\r\n")
+    assert step.ended is None and step.out == b""
+    for _ in range(MAX_HEAD // 1000 + 2):
+        step = server.receive(b"X-Pad: " + b"a" * 993 + b"\r\n")
+        if step.ended:
+            break
+    assert step.ended is not None and "over 16384 bytes" in step.ended
+    assert step.out.startswith(b"HTTP/1.1 431 ")
+    assert server.receive(b"more").out == b""
 
 
 def test_what_the_server_sends_is_one_binary_frame() -> None:

@@ -19,7 +19,7 @@ from wsproto.events import BytesMessage, CloseConnection, Ping, TextMessage
 from wsproto.extensions import Extension
 from wsproto.frame_protocol import CloseReason
 
-__all__ = ["MESSAGE_TOO_BIG", "Closed", "Received", "WsSession"]
+__all__ = ["MESSAGE_TOO_BIG", "Closed", "Received", "WsSession", "quiet_events"]
 
 MESSAGE_TOO_BIG = CloseReason.MESSAGE_TOO_BIG.value
 ABNORMAL_CLOSURE = CloseReason.ABNORMAL_CLOSURE.value
@@ -69,6 +69,15 @@ class _Rare:
         return bool(self.items)
 
 
+def quiet_events(ws: Connection) -> None:
+    """Give ``ws`` an event queue that holds nothing until an event is queued.
+
+    wsproto queues events there only for an EOF; an empty deque is 0.7 KiB, most of
+    an idle WebSocket's frame layer."""
+    if isinstance(ws._events, deque) and not ws._events:
+        ws._events = _Rare()  # type: ignore[assignment]
+
+
 class WsSession:
     """One WebSocket after its opening handshake, on the server side."""
 
@@ -78,10 +87,7 @@ class WsSession:
         self.max_size = max_size
         self.closed: Closed | None = None
         self._ws = ws = Connection(ConnectionType.SERVER, extensions)
-        if isinstance(ws._events, deque) and not ws._events:
-            # wsproto queues events here only for an EOF; an empty deque is 0.7 KiB,
-            # most of an idle WebSocket's frame layer.
-            ws._events = _Rare()  # type: ignore[assignment]
+        quiet_events(ws)
         self._parts: list[str | bytes] | None = None  # a message still arriving, by fragments
         self._size = 0
 
