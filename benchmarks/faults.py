@@ -12,7 +12,8 @@ raw MQTT devices (keep-alive 300 s, so nothing expires on its own) and a few
 2. SIGTERMs the server: how long until every subscriber has heard every remaining
    device's ``shutdown`` (before its own connection closed), and the exit code.
 
-Then it checks the whole log: one offline event per session. Loopback only; the
+Then it checks the whole log: one offline event per session, and the history per
+device (:mod:`loadtest.history`: no end without a start, no overlap). Loopback only; the
 server is stopped by its PID.
 """
 
@@ -30,6 +31,7 @@ import threading
 import time
 from pathlib import Path
 
+from loadtest.history import check_history
 from loadtest.mqtt_frames import frames
 from loadtest.processes import free_port, start_heartbeat
 from servers.heartbeat import encoders
@@ -144,6 +146,8 @@ def run(devices: int, workers: int, subscribers: int) -> dict[str, object]:
             if e.get("status") == "offline" and e.get("epoch"):
                 sessions[str(e["epoch"])] += 1
         started = {str(e["epoch"]) for e in _log(log) if e.get("status") == "online"}
+        # No device reconnects here, so no two sessions of one may overlap at all.
+        history = check_history(_log(log), lease=0.0)
         return {
             "devices": devices,
             "workers": workers,
@@ -159,6 +163,8 @@ def run(devices: int, workers: int, subscribers: int) -> dict[str, object]:
             "sessions": len(started),
             "sessions_without_offline": len(started - set(sessions)),
             "sessions_with_several_offline": sum(n > 1 for n in sessions.values()),
+            "history": history.summary(examples=3),
+            "history_ok": history.ok,
         }
     finally:
         for s in socks:
@@ -182,6 +188,7 @@ def main(argv: list[str] | None = None) -> int:
         and result["worker_lost_wrong"] == 0
         and result["sessions_without_offline"] == 0
         and result["sessions_with_several_offline"] == 0
+        and result["history_ok"]
         and result["exit_code"] == 0
         and result["subscribers_heard_every_shutdown"]
     )

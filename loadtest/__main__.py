@@ -10,6 +10,7 @@ python -m loadtest tls                                   MQTT over TLS: memory p
 python -m loadtest fuzz --target both --inputs 200000    hostile input against both servers, judged
 python -m loadtest abuse                                 issue 33's attacks with a healthy fleet beside them, judged
 python -m loadtest ws                                    WebSockets vs uvicorn and hypercorn; MQTT over WS vs Mosquitto
+python -m loadtest history presence.jsonl ...            check presence logs: one start and one end per session
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ COMMANDS = {
     "fuzz": "loadtest.fuzz",
     "abuse": "loadtest.abuse",
     "ws": "loadtest.ws",
+    "history": "loadtest.history_cli",
 }
 
 

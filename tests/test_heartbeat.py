@@ -308,6 +308,52 @@ async def test_a_connection_that_ends_while_its_connect_is_vetted_is_logged_once
     assert server.counters["wills_published"] == 0
 
 
+async def test_a_message_sent_live_while_retained_ones_are_read_is_not_sent_again_as_retained(
+    clock: MockClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Found by a loaded test run: a subscription's retained messages are read in a task
+    # after the SUBACK; a device that came online (or a retained PUBLISH) in between was
+    # sent live, then again from the store, and a dashboard saw it come online twice.
+    reading, go_on = trio.Event(), trio.Event()
+    read = InProcessCoordinator.retained
+
+    async def slow_read(self: InProcessCoordinator, topic_filter: str, cursor: str | None) -> object:
+        if topic_filter.startswith(PRESENCE) or topic_filter == "data/#":
+            reading.set()
+            await go_on.wait()
+        return await read(self, topic_filter, cursor)
+
+    monkeypatch.setattr(InProcessCoordinator, "retained", slow_read)
+    async with running() as (server, _):
+        old = await Client.connect(server.port, "old-lamp", keep_alive=60)
+        await old.send(encoders.encode_publish("data/old", b"kept", retain=True))
+        watcher = await Client.connect(server.port, "dashboard", keep_alive=60)
+        await watcher.send(encoders.encode_subscribe(1, [(f"{PRESENCE}#", 0), ("data/#", 0)]))
+        assert await watcher.read_packet() == encoders.encode_suback(1, [0, 0])
+        await reading.wait()
+        lamp = await Client.connect(server.port, "lamp", keep_alive=60)  # online while the read waits
+        await lamp.send(encoders.encode_publish("data/x", b"1", retain=True))
+        await trio.sleep(1)
+        go_on.set()
+        got = await heard_all(watcher, 2.0)
+        topics = [t for t, _ in got]
+        assert topics.count(f"{PRESENCE}lamp") == 1, got  # live, and not again as retained
+        assert topics.count("data/x") == 1, got
+        # What was retained before the subscription still comes, once.
+        assert topics.count(f"{PRESENCE}old-lamp") == 1 and topics.count("data/old") == 1, got
+        assert server.broker.retained_resent_skipped == 2
+        assert not server.broker.sent_live  # the window closed with the last retained page
+
+
+async def heard_all(client: Client, seconds: float) -> list[tuple[str, bytes]]:
+    """Every PUBLISH ``client`` reads within ``seconds`` (the clock is mocked)."""
+    out: list[tuple[str, bytes]] = []
+    with trio.move_on_after(seconds):
+        while True:
+            out.append(publish_topic(await client.read_packet()))
+    return out
+
+
 BAD_INPUTS = {
     "truncated packet then silence": encoders.encode_connect("t", keep_alive=5)[:-3],
     "oversized packet": b"\x30\xff\xff\xff\x7f",

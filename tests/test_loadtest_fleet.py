@@ -151,6 +151,8 @@ def test_ci_fleet_run_with_a_killed_gateway_and_a_redis_restart() -> None:
     assert r["connected"] == 600, text
     assert r["feed"]["lost"] == 0 and r["feed"]["duplicated"] == 0, text
     assert r["feed"]["online_duplicated"] == 0, text
+    assert r["history"]["stream"]["ok"] and r["history"]["logs"]["ok"], text
+    assert r["history"]["stream"]["sessions"] >= 600, text
     assert r["false_expiries"] == 0, text
     assert r["detected"] == r["silent"] == 30, text
     kill = r["kill"]

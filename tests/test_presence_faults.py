@@ -14,6 +14,7 @@ import time
 import urllib.request
 from collections.abc import Sequence
 
+from loadtest.history import check_history
 from servers.heartbeat import encoders
 from servers.heartbeat.policy import DEFAULT_PRESENCE_PREFIX as PRESENCE
 
@@ -129,6 +130,8 @@ def test_a_killed_worker_s_devices_go_offline_once_worker_lost_everywhere(start_
     # The survivors' devices stay online through a later SIGTERM's clean ending: one offline per session.
     server.proc.send_signal(signal.SIGTERM)
     assert server.proc.wait(timeout=20) == 0
+    history = check_history(server.events())
+    assert history.ok and history.sessions >= len(names), history.summary()
     for epoch, events in sessions(server).items():
         offs = [e for e in events if e["status"] == "offline"]
         assert len(offs) == 1, (epoch, events)
@@ -236,5 +239,7 @@ def test_sigterm_every_subscriber_on_every_worker_hears_every_device_end(start_s
         assert heard(got, "offline", "shutdown") >= names, f"{name} (worker {placed[name]}) missed some"
     for epoch, events in sessions(server).items():
         assert sum(e["status"] == "offline" for e in events) == 1, (epoch, events)
+    history = check_history(server.events())
+    assert history.ok, history.summary()
     for device in devices:
         device.close()

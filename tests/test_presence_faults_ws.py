@@ -12,6 +12,7 @@ import socket
 
 import psutil
 
+from loadtest.history import check_history
 from loadtest.processes import free_port
 from servers.heartbeat import encoders
 from servers.heartbeat.v5 import codec as v5_codec
@@ -84,6 +85,8 @@ def test_a_killed_worker_s_websocket_devices_go_offline_once(start_server: objec
         assert not heard(got, "offline") & (names - lost), "a healthy WebSocket device was declared offline"
     server.proc.send_signal(signal.SIGTERM)
     assert server.proc.wait(timeout=20) == 0
+    history = check_history(server.events())
+    assert history.ok and history.sessions >= len(names), history.summary()
     for epoch, events in sessions(server).items():
         offs = [e for e in events if e["status"] == "offline"]
         assert len(offs) == 1, (epoch, events)

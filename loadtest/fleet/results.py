@@ -8,6 +8,7 @@ from dataclasses import asdict
 from typing import Any
 
 from ..device_results import Arrived, connect_rate, devices_passed
+from ..history import check_history
 from ..report import verdict
 from ..stats import summary_ms
 from .gateways import Gateway
@@ -15,10 +16,13 @@ from .judge import classify_drops, judge_sessions, killed_node_view, node_of, se
 from .load import FleetLoad, FleetTimeline
 from .redis import PresenceReader
 
-__all__ = ["TAKEOVER_P99_TARGET_MS", "merge_fleet", "passed", "report"]
+__all__ = ["HISTORY_SLACK", "TAKEOVER_P99_TARGET_MS", "merge_fleet", "passed", "report"]
 
 TAKEOVER_P99_TARGET_MS = 50.0
 """The cross-node takeover p99 the report measures a run against (reported, not judged)."""
+HISTORY_SLACK = 3.0
+"""Seconds past the lease that one device's two sessions may both look online: a
+survivor's sweep of a killed node's sessions follows the lease by up to a sweep."""
 
 
 def merge_fleet(
@@ -40,6 +44,12 @@ def merge_fleet(
     window = 1.5 * load.keepalive
     sessions = sessions_of(((e.incarnation, e.event) for e in reader.events), logs)
     feed = judge_sessions(sessions)
+    # The whole history, checked per device: what the stream gave its reader, in order,
+    # and what the gateways logged, merged by time.
+    lease = load.lease + HISTORY_SLACK
+    stream_history = check_history(({**e.event, "incarnation": e.incarnation} for e in reader.events), lease=lease)
+    by_time = sorted(logs, key=lambda e: float(e.get("time", 0.0)))
+    log_history = check_history(by_time, lease=lease, reannounced_copies=True)
     drops = classify_drops(joined("drops"), kill.get("port"), kill.get("mono"), window)
     killed = killed_node_view(sessions, kill["gateway"], kill["wall"]) if kill else None
     # A gateway that was never killed must end its own sessions: node-lost there means its
@@ -98,6 +108,7 @@ def merge_fleet(
         "drops": drops,
         "false_expiries": drops["false_expiries"] + sum(len(r["false_expiries"]) for r in ok),
         "feed": feed,
+        "history": {"lease_s": lease, "stream": stream_history.as_dict(), "logs": log_history.as_dict()},
         "node_lost_on_live_gateways": swept_alive,
         "stream_entries": len(reader.events),
         "log_entries": len(logs),
@@ -136,8 +147,9 @@ def merge_fleet(
 
 def passed(r: dict[str, Any]) -> bool:
     """The run's pass criteria: every device connected, every session ended exactly once,
-    no healthy device dropped, every silent one found, every takeover done, and every
-    session of a killed gateway ended."""
+    the whole history without a violation (:mod:`loadtest.history`), no healthy device
+    dropped, every silent one found, every takeover done, and every session of a killed
+    gateway ended."""
     feed = r["feed"]
     kill = r["kill"]
     return devices_passed(r) and bool(
@@ -145,6 +157,8 @@ def passed(r: dict[str, Any]) -> bool:
         and feed["duplicated"] == 0
         and feed["online_duplicated"] == 0
         and r["node_lost_on_live_gateways"] == 0
+        and r["history"]["stream"]["ok"]
+        and r["history"]["logs"]["ok"]
         and (kill is None or (kill["accounted"] and not kill["other"]))
     )
 
@@ -177,6 +191,15 @@ def report(r: dict[str, Any]) -> str:
     )
     if feed["reannounced_after_restart"]:
         lines.append(f"  re-announced         {feed['reannounced_after_restart']:,} sessions after Redis came back")
+    for source in ("stream", "logs"):
+        h = r["history"][source]
+        found = ", ".join(f"{k} {v:,}" for k, v in h["violations"].items() if v) or "no violation"
+        lines.append(
+            f"  history ({source + ')':<8} {h['sessions']:,} sessions of {h['devices']:,} devices: {found}; "
+            f"longest overlap {h['longest_overlap_s'] * 1000:,.0f} ms (lease {r['history']['lease_s']:g} s)"
+        )
+        for v in h["examples"][:3]:
+            lines.append(f"    {v['kind']}: {v['client_id']} session {v['epoch']}: {v['detail']}")
     if feed["offline_without_online"]:
         lines.append(f"  offline w/o online   {feed['offline_without_online']:,} (their online event was not seen)")
     lines.append(

@@ -26,6 +26,7 @@ __all__ = [
     "MAX_QUEUED",
     "NO_LOCAL",
     "RETAIN_AS_PUBLISHED",
+    "SENT_LIVE_LIMIT",
     "TOO_LARGE",
     "Broker",
     "Limits5",
@@ -39,6 +40,10 @@ NO_LOCAL = 1
 """An MQTT 5 subscription option: not sent what its own client publishes."""
 RETAIN_AS_PUBLISHED = 2
 """An MQTT 5 subscription option: the retain flag as the publisher set it."""
+SENT_LIVE_LIMIT = 4096
+"""Messages sent live that a subscriber's retained ones are checked against (past it,
+a retained copy of a message already sent may go too: the same message twice, never
+one lost)."""
 
 
 def pack_options(no_local: bool = False, retain_as_published: bool = False, identifier: int = 0) -> int:
@@ -365,6 +370,13 @@ class Broker(Generic[S]):
         """Called with a QoS 1 or 2 message the coordinator sent here for a shared
         subscription (``groups``) that has no member here any more: its last one left
         while the message was on its way, so it is passed on."""
+        self.retained_resent_skipped = 0
+        """Retained messages not sent to a new subscription: it had them live already."""
+        self.sent_live: dict[S, set[tuple[str, bytes]]] = {}
+        """Subscribers whose new subscriptions' retained messages are still to come, and
+        the (topic, payload) each has been sent live since it subscribed (at most
+        :data:`SENT_LIVE_LIMIT`): a retained copy of one of those would be the same
+        message twice (:mod:`.retained_delivery` skips it)."""
 
     @property
     def dropped(self) -> int:
@@ -415,10 +427,15 @@ class Broker(Generic[S]):
         wire = wire5 = b""
         count = 0
         checks = self.checks_reads
+        sent_live = self.sent_live
         for sub, granted in targets.items():
             if checks and not sub.may_read(topic):
                 self.denied += 1
                 continue
+            if sent_live:
+                seen = sent_live.get(sub)
+                if seen is not None and len(seen) < SENT_LIVE_LIMIT:
+                    seen.add((topic, payload))
             level = min(qos, granted)
             v5 = sub.v5
             if v5 is not None:
@@ -555,6 +572,7 @@ class Broker(Generic[S]):
     def forget(self, sub: S) -> None:
         """The subscriber's connection ended: what was queued for it no longer counts."""
         self.budget.forget(sub)
+        self.sent_live.pop(sub, None)
 
     def _cut(self) -> None:
         for sub, detail in self.budget.take_cut():

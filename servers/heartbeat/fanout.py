@@ -67,7 +67,7 @@ class FanOut:
         self.broker.checks_reads = config.acl is not None
         self.broker.persist = self._persist
         self.broker.unserved = self._elsewhere
-        self.retained = RetainedDelivery(coordinator, self.broker, nursery)
+        self.retained = RetainedDelivery(coordinator, self.broker, nursery, lambda conn: conn in self.unsettled)
         self.unsettled: dict[Connection, list[AddSubscription]] = {}
         """Connections whose next reply (the SUBACK) waits for :meth:`settle`, with the
         subscriptions whose retained messages follow it."""
@@ -124,6 +124,7 @@ class FanOut:
         if conn.finished:
             return  # its end has been dealt with: nothing would ever drop this subscription
         self.broker.subscriptions.subscribe(conn, effect.topic_filter, effect.qos, effect.options)
+        self.retained.expect(conn, effect)
         conn.stream.send_timeout = self.config.send_timeout
         if conn.persistent:
             client_id = conn.session.client_id or ""

@@ -107,6 +107,11 @@ def worker_figures(source: FigureSource) -> list[Metric]:
         "Messages not delivered: the ACL does not let the subscriber read the topic.",
         broker.denied,
     )
+    f.counter(
+        "heartbeat_retained_already_sent_total",
+        "Retained messages not sent to a new subscription: it had been sent them live since.",
+        broker.retained_resent_skipped,
+    )
     f.counter_by(
         "heartbeat_offline_total",
         "Connections ended, by reason.",

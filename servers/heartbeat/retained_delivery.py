@@ -11,6 +11,7 @@ PINGREQ was answered, before).
 from __future__ import annotations
 
 import collections
+from collections.abc import Callable
 
 import trio
 
@@ -36,13 +37,29 @@ READS_AT_ONCE = 8
 class RetainedDelivery:
     """Sends a new subscription the retained messages it matches, a page at a time."""
 
-    def __init__(self, coordinator: Coordinator, broker: Broker[Connection], nursery: trio.Nursery) -> None:
+    def __init__(
+        self,
+        coordinator: Coordinator,
+        broker: Broker[Connection],
+        nursery: trio.Nursery,
+        pending: Callable[[Connection], bool] = lambda conn: False,
+    ) -> None:
         self.coordinator = coordinator
         self.broker = broker
         self.nursery = nursery
+        self.pending = pending
+        """Whether a connection has subscriptions not started yet (their SUBACK waits)."""
         self._waiting: dict[Connection, collections.deque[AddSubscription]] = {}
         """The subscriptions each connection's task has yet to serve."""
         self._reads = trio.CapacityLimiter(READS_AT_ONCE)
+
+    def expect(self, conn: Connection, effect: AddSubscription) -> None:
+        """``conn`` just subscribed (its filter is routed to from now on): what it is
+        sent live until its retained messages are all out is noted, so that none is
+        sent to it again as retained. The retained ones are read later, in a task, and
+        a message published meanwhile is in the store too."""
+        if effect.retained:
+            self.broker.sent_live.setdefault(conn, set())
 
     def start(self, conn: Connection, effect: AddSubscription) -> None:
         """Send ``effect``'s retained messages, after those of ``conn``'s earlier
@@ -64,6 +81,8 @@ class RetainedDelivery:
                 await self.send(conn, waiting.popleft())
         finally:
             del self._waiting[conn]
+            if not self.pending(conn):
+                self.broker.sent_live.pop(conn, None)
 
     async def send(self, conn: Connection, effect: AddSubscription) -> None:
         """The retained messages the new subscription matches, page by page, with the
@@ -90,6 +109,10 @@ class RetainedDelivery:
         broker = self.broker
         if not conn.may_read(topic):
             broker.denied += 1
+            return
+        seen = broker.sent_live.get(conn)
+        if seen is not None and (topic, payload) in seen:
+            broker.retained_resent_skipped += 1  # it went out live after the subscription
             return
         # A persistent session's QoS 1 and 2 ones go to its store (the broker's persist).
         message = Message(topic, payload, qos, True, properties + _identifier(options))

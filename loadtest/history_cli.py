@@ -1,0 +1,62 @@
+"""``python -m loadtest history``: check presence logs as one history (:mod:`.history`).
+
+    python -m loadtest history presence.jsonl [more.jsonl ...] [--lease 10] [--incomplete] [--json FILE]
+
+Each file is a presence log as the heartbeat server writes it (``--presence-log``,
+one JSON event a line); the logs of several workers or gateways are merged by their
+events' time stamps, each file's own order kept among equal stamps. Exits 1 if any
+violation is found, 2 if a file cannot be read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import heapq
+import math
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from .device_results import read_presence_log
+from .history import check_history
+from .report import write_json
+
+__all__ = ["main"]
+
+
+def _merged(logs: Sequence[list[dict[str, Any]]]) -> Iterator[dict[str, Any]]:
+    def keyed(log: list[dict[str, Any]], n: int) -> Iterator[tuple[float, int, int, dict[str, Any]]]:
+        for i, event in enumerate(log):
+            when = event.get("time")
+            yield (float(when) if isinstance(when, int | float) else -math.inf, n, i, event)
+
+    for _, _, _, event in heapq.merge(*(keyed(log, n) for n, log in enumerate(logs))):
+        yield event
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Check the logs given; exit 0 only if the history keeps every promise."""
+    p = argparse.ArgumentParser(prog="python -m loadtest history", description=__doc__.split("\n\n")[0])
+    p.add_argument("logs", nargs="+", type=Path, help="presence logs (JSON lines)")
+    p.add_argument(
+        "--lease", type=float, default=0.0, help="seconds two sessions of one device may both be online (default: 0)"
+    )
+    p.add_argument(
+        "--incomplete", action="store_true", help="the servers were still running: a session without an end is fine"
+    )
+    p.add_argument("--json", default=None, help="also write the report here")
+    args = p.parse_args(argv)
+    logs = []
+    for path in args.logs:
+        events = read_presence_log(path)
+        if events is None:
+            print(f"history: cannot read {path}")
+            return 2
+        logs.append([e for e in events if isinstance(e, dict)])
+    # A log has no store runs: a session announced again after its store was lost is
+    # a word-for-word copy of its online line.
+    report = check_history(_merged(logs), lease=args.lease, complete=not args.incomplete, reannounced_copies=True)
+    print(report.summary())
+    if args.json:
+        write_json(args.json, report.as_dict())
+    return 0 if report.ok else 1
