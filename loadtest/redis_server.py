@@ -13,7 +13,7 @@ import shutil
 import socket
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from .processes import free_port, stop
@@ -42,12 +42,14 @@ def _ping(port: int, timeout: float = 0.5) -> bool:
 class RedisServer:
     """``redis-server`` on ``127.0.0.1:port`` (a free one by default), without persistence."""
 
-    def __init__(self, port: int | None = None, binary: str | None = None) -> None:
+    def __init__(self, port: int | None = None, binary: str | None = None, extra: Sequence[str] = ()) -> None:
         found = binary or redis_server_binary()
         if found is None:
             raise RuntimeError("redis-server is not installed (apt-get install redis-server)")
         self.binary = found
         self.port = port if port is not None else free_port()
+        self.extra = list(extra)
+        """More options (``--replicaof 127.0.0.1 PORT`` for a replica)."""
         self.proc: subprocess.Popen[bytes] | None = None
         self.restarts = 0
 
@@ -65,7 +67,7 @@ class RedisServer:
         """Start it and return once it answers PING."""
         assert self.proc is None, "already running"
         cmd = [self.binary, "--save", "", "--appendonly", "no", "--bind", "127.0.0.1", "--port", str(self.port)]
-        cmd += ["--daemonize", "no", "--loglevel", "warning"]
+        cmd += ["--daemonize", "no", "--loglevel", "warning", *self.extra]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -83,6 +85,13 @@ class RedisServer:
         proc, self.proc = self.proc, None
         if proc is not None:
             stop(proc, timeout)
+
+    def kill(self) -> None:
+        """SIGKILL it by its PID (a machine lost: no shutdown, no last write) and reap it."""
+        proc, self.proc = self.proc, None
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
     def restart(self) -> None:
         """Stop it (if running), then start an empty server on the same port."""

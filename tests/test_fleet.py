@@ -255,6 +255,35 @@ async def test_cross_node_takeover(redis_server: RedisServer) -> None:
             assert await r.smembers(PREFIX + "owned:b") == {b"dev-1"}
 
 
+async def test_a_session_displaced_while_redis_had_lost_its_record_ends_once(redis_server: RedisServer) -> None:
+    # Found by the history checker in a Sentinel failover to a replica that was behind
+    # (issue 32), and as likely after an empty restart: a device moved from node a to
+    # node b while Redis was away. b's claim reached the new Redis first and found no
+    # record to take over; a's re-claim then found b's newer session and was refused.
+    # Nobody wrote the end of a's session. The re-claim now does, once.
+    async with fleet(redis_server.url, "a", "b") as (a, b):
+        old = a.online("lamp", "e-a")
+        await drain(a, b)
+        async with coredis.Redis.from_url(redis_server.url) as r:
+            await r.delete([PREFIX + "dev:lamp"])  # the record, lost with the primary
+        b.online("lamp", "e-b", at=old.time + 1)
+        await drain(a, b)
+        assert statuses(b.host.presence("lamp")) == [("online", "e-a", None), ("online", "e-b", None)]
+        assert not await a.coord.ownership.claim(old, "reclaim")  # stale: a newer session holds it
+        assert not await a.coord.ownership.claim(old, "reclaim")  # asked again (a retry): nothing more
+        await drain(a, b)
+        ended = [e for e in b.host.presence("lamp") if e.status == "offline"]
+        assert [(e.epoch, e.reason) for e in ended] == [("e-a", Offline.TAKEOVER)]
+        # Where the takeover had been written, a late re-claim of the session it ended adds nothing.
+        a.online("bulb", "e-1")
+        await drain(a, b)
+        b.online("bulb", "e-2")
+        await drain(a, b)
+        assert not await a.coord.ownership.claim(a.host.live["bulb"], "reclaim")
+        await drain(a, b)
+        assert [e.epoch for e in b.host.presence("bulb") if e.status == "offline"] == ["e-1"]
+
+
 async def test_route_reaches_only_matching_nodes(redis_server: RedisServer) -> None:
     async with fleet(redis_server.url, "a", "b", "c") as (a, b, c):
         a.coord.filters_changed({"sensors/#"})

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import signal
+import subprocess
 import time
 import urllib.error
 import urllib.request
@@ -37,6 +38,30 @@ def redis() -> Iterator[RedisServer]:
     server.stop()
 
 
+Gateway = tuple[subprocess.Popen[str], int, int, Path]
+"""A gateway process, its MQTT port, its status port and its presence log."""
+
+
+def start_gateways(url: str, tmp_path: Path, n: int = 2) -> list[Gateway]:
+    """``n`` gateways on the fleet at ``url`` (``gw0``...), each one worker, lease 3 s."""
+    gateways = []
+    for i in range(n):
+        port, status = free_port(), free_port()
+        log = tmp_path / f"gw{i}.jsonl"
+        args = ["--cluster", url, "--node", f"gw{i}", "--presence-log", str(log)]
+        args += ["--tick", "0.05", "--status-port", str(status), "--lease", "3"]
+        gateways.append((start_heartbeat(port, 1, args, cwd=str(ROOT)), port, status, log))
+    return gateways
+
+
+def kill_gateways(gateways: list[Gateway]) -> None:
+    """SIGKILL (by PID) any that still run: what a failed test leaves."""
+    for proc, *_ in gateways:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
 def get(url: str) -> tuple[int, bytes]:
     try:
         with urllib.request.urlopen(url, timeout=5) as r:
@@ -48,14 +73,8 @@ def get(url: str) -> tuple[int, bytes]:
 def test_a_fleet_survives_a_roaming_device_a_killed_gateway_and_a_redis_restart(
     redis: RedisServer, tmp_path: Path
 ) -> None:
-    gateways = []
+    gateways = start_gateways(redis.url, tmp_path)
     try:
-        for i in range(2):
-            port, status = free_port(), free_port()
-            log = tmp_path / f"gw{i}.jsonl"
-            args = ["--cluster", redis.url, "--node", f"gw{i}", "--presence-log", str(log)]
-            args += ["--tick", "0.05", "--status-port", str(status), "--lease", "3"]
-            gateways.append((start_heartbeat(port, 1, args, cwd=str(ROOT)), port, status, log))
         (gw0, port0, _, _), (gw1, port1, status1, log1) = gateways
         watch, got = subscriber(port1, "dashboard", f"{PRESENCE}#")
         time.sleep(0.3)
@@ -114,7 +133,4 @@ def test_a_fleet_survives_a_roaming_device_a_killed_gateway_and_a_redis_restart(
         for sock in [*on0.values(), *on1.values(), moved, watch]:
             sock.close()
     finally:
-        for proc, *_ in gateways:
-            if proc.poll() is None:
-                proc.kill()  # by PID
-                proc.wait()
+        kill_gateways(gateways)

@@ -191,8 +191,9 @@ def parser() -> argparse.ArgumentParser:
         "--cluster",
         default=None,
         metavar="URL",
-        help="share presence with a fleet of gateways on Redis >= 7, e.g. redis://127.0.0.1:6379/0 "
-        "(default: this machine only, no external service)",
+        help="share presence with a fleet of gateways on Redis >= 7, e.g. redis://127.0.0.1:6379/0, or "
+        "through Sentinels: redis+sentinel://HOST:PORT[,HOST:PORT...]/SERVICE[/DB], which follows a "
+        "failover (default: this machine only, no external service)",
     )
     a("--node", default=None, help="this gateway's name in the fleet (default: HOST:PORT); each worker is NODE/wI")
     a(
@@ -456,6 +457,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             TokenFile.load(args.status_token_file)  # a bad file is told here, once, not by every worker
         except TokenFileError as exc:
             cli.error(str(exc))
+    if args.cluster:
+        from .coordination.fleet.target import parse_target
+
+        try:
+            parse_target(args.cluster)  # told here, once, not by every worker
+        except ValueError as exc:
+            cli.error(f"--cluster: {exc}")
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     if not args.presence_prefix.startswith("$") and args.worker_index is None:
         logging.getLogger("servers.heartbeat").warning(

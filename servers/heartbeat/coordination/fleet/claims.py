@@ -12,7 +12,10 @@ node was cut off longer than its lease and declared lost), it registers again,
 republishes its filters and re-claims every session its host holds; if reports were
 dropped, devices the registry has it holding that it no longer holds go offline
 (``connection-lost``). A re-claim that finds a newer session elsewhere evicts the
-local one, stale.
+local one, stale; if Redis had lost the record of the local one (a failover to a
+replica behind, a restart), the newer one displaced it without an event, and the
+re-claim writes its end (``takeover``). The record keeps the last few sessions a
+takeover ended (``displaced``), so none is ended twice.
 """
 
 from __future__ import annotations
@@ -108,7 +111,10 @@ class Claims:
     def claimed(self, out: Any) -> bool:
         """Count a claim's reply; False if a newer session (by accept time) holds the device."""
         ids = list(out or [])
-        if ids == [b"stale"]:
+        if ids and ids[0] == b"stale":
+            if len(ids) > 1:  # a re-claimed session's end, written for it (see the script)
+                self.counts.offlines += 1
+                self.emitted = max(self.emitted, stream_id(ids[1]))
             return False
         if ids:
             self.counts.claims += 1

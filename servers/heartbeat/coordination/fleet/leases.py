@@ -3,7 +3,17 @@ between its renewals measured, and the members whose leases lapsed found.
 
 A node counts as alive while its lease (``node:<node>``, a TTL of ``lease`` seconds)
 exists; it renews it every ``renew`` seconds. A node that finds its lease gone
-registers again and resynchronises (see :mod:`.claims`).
+registers again and resynchronises (see :mod:`.claims`). So does one that finds Redis
+to be another server than at its last renewal (its ``run_id`` changed): a Sentinel
+failover promotes a replica that may lack the primary's last writes (replication is
+asynchronous), and a restart may come back from an older snapshot. It then also
+reconciles: what the new server has it holding that it no longer holds goes offline.
+
+After either, and after any renewal that failed, this node declares no other node
+lost for one lease (:attr:`LeaseKeeper.sweep_hold_until`): while Redis could not be
+reached (a failover, a stall, a restart) nobody could renew, so every lease may have
+lapsed at once, and a sweep then would end the sessions of gateways that are alive.
+Each has a lease's time to renew on the server that answers now.
 """
 
 from __future__ import annotations
@@ -41,18 +51,56 @@ class LeaseKeeper:
         self._token = f"{node}@{time.time():.3f}"
         self._registered = False
         self._last_renewal: float | None = None
+        self._run_id: str | None = None
+        self.sweep_hold_until = 0.0
+        """``time.monotonic()`` before which no other node is declared lost (see above)."""
+        self.server_changed = False
+        """Set by :meth:`renew` when Redis is another server than at the renewal before."""
 
     async def renew(self) -> bool:
-        """Renew the lease; False if it was gone (taken afresh: the first time, or lost)."""
+        """Renew the lease; False if it was gone (taken afresh: the first time, or lost),
+        or if Redis is another server than at the last renewal (:attr:`server_changed`)."""
+        changed = await self._server_changed()
         args = [self.node, self._token, str(int(self.lease * 1000))]
         kept = await self.link.call(self.link.scripts.renew([self.keys.lease, self.keys.members], args))
         self.renewed()
+        if changed:
+            self.counts.server_changes += 1
+            logger.warning(
+                "node %s: redis is another server than at the last renewal (a failover or a restart); "
+                "resynchronising and reconciling",
+                self.node,
+            )
+            self._registered = True
+            return False
         if kept == 1:
             return True
         if self._registered:
             logger.warning("node %s: lease was lost; registering again and resynchronising", self.node)
         self._registered = True
         return False
+
+    async def _server_changed(self) -> bool:
+        """Whether Redis is another server than when this was last asked (its ``run_id``);
+        if so, sweeps wait and the next renewal resynchronises."""
+        server = await self.link.call(self.link.redis().info("server"))
+        run_id = str(server.get("run_id", ""))
+        changed = self._run_id is not None and run_id != self._run_id
+        self._run_id = run_id
+        if changed:
+            self._hold_sweeps()
+            self.server_changed = True
+        return changed or self.server_changed
+
+    def _hold_sweeps(self) -> None:
+        self.sweep_hold_until = max(self.sweep_hold_until, time.monotonic() + self.lease)
+
+    def sweeps_held(self) -> bool:
+        """Whether declaring other nodes lost must wait: Redis failed a call of this node's,
+        or changed under it, less than a lease ago (see the module's docstring)."""
+        failed = self.link.last_failure
+        now = time.monotonic()
+        return now < self.sweep_hold_until or (failed is not None and now < failed + self.lease)
 
     def renewed(self) -> None:
         """Note the gap since the last renewal: one near the lease means this node is
@@ -72,7 +120,9 @@ class LeaseKeeper:
         return {text(m) for m in await self.link.call(self.link.redis().smembers(self.keys.members))}
 
     async def lapsed(self) -> list[str]:
-        """The other members whose lease is gone."""
+        """The other members whose lease is gone (none while :meth:`sweeps_held`)."""
+        if await self._server_changed() or self.sweeps_held():
+            return []
         dead = await self.link.call(self.link.scripts.lapsed([self.keys.members], [self.keys.prefix, self.node]))
         return [text(m) for m in dead or []]
 
@@ -84,7 +134,8 @@ class LeaseKeeper:
             try:
                 if not await self.renew():
                     filters.republish()
-                    queue.resync_soon()
+                    queue.resync_soon(reconcile=self.server_changed)
+                    self.server_changed = False
                 if await filters.publish():
                     moved_on()
                 await filters.refresh()

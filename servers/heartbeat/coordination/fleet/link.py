@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
 
 import coredis
 import trio
+from coredis.connection import TCPLocation
 
 from .scripts import FleetScripts
+from .target import RedisTarget, parse_target
 
 __all__ = ["RedisLink"]
 
@@ -27,6 +31,8 @@ class RedisLink:
 
     def __init__(self, url: str, node: str, *, timeout: float, renew: float) -> None:
         self.url = url
+        self.target: RedisTarget = parse_target(url)
+        """One Redis, or the primary of a Sentinel-monitored service."""
         self.node = node
         self.timeout = timeout
         self.renew = renew
@@ -35,19 +41,34 @@ class RedisLink:
         self.connected = False
         self.down_since: float | None = time.monotonic()
         self.last_error = "not connected yet"
+        self.last_failure: float | None = None
+        """``time.monotonic()`` of the last call that failed, any task's."""
         self.rtt_last = 0.0
         """Round trip of the last call, in seconds."""
         self.rtt_avg = 0.0
         """Moving average of the round trips."""
 
-    def connect(self) -> coredis.Redis[bytes]:
-        """A new client, the scripts registered with it; the caller enters it (``async with``)."""
-        client: coredis.Redis[bytes] = coredis.Redis.from_url(
-            self.url, connect_timeout=self.timeout, stream_timeout=self.timeout + 1.0
+    def connect(self) -> AbstractAsyncContextManager[Any]:
+        """A new client, the scripts registered with it; the caller enters what is
+        returned (``async with``), which is the client, or the Sentinels and the client."""
+        target = self.target
+        timeouts: dict[str, Any] = {"connect_timeout": self.timeout, "stream_timeout": self.timeout + 1.0}
+        if not target.sentinel:
+            client: coredis.Redis[bytes] = coredis.Redis.from_url(self.url, **timeouts)
+            self.client = client
+            self.scripts.register(client)
+            return client
+        sentinel: coredis.Sentinel[bytes] = coredis.Sentinel(
+            [TCPLocation(host, port) for host, port in target.sentinels], **timeouts
         )
-        self.client = client
-        self.scripts.register(client)
-        return client
+        # Each new connection asks the Sentinels where the primary is: after a
+        # failover the calls that failed are tried again by their tasks, and reach it.
+        primary: coredis.Redis[bytes] = sentinel.primary_for(
+            target.service, db=target.db, username=target.username, password=target.password, **timeouts
+        )
+        self.client = primary
+        self.scripts.register(primary)
+        return _entered(sentinel, primary)
 
     def disconnected(self) -> None:
         """The client is closed: nothing is sent until the next :meth:`connect`."""
@@ -72,6 +93,7 @@ class RedisLink:
 
     def failed(self, exc: BaseException) -> None:
         """A call failed with ``exc``: Redis counts as unreachable until one is answered."""
+        self.last_failure = time.monotonic()
         error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
         # A client library may quote a call's arguments (a 64 KB client id) in its error.
         self.last_error = error if len(error) <= 300 else f"{error[:300]}... ({len(error)} characters)"
@@ -92,3 +114,9 @@ class RedisLink:
         """Note a task's failure (its ``attempt``-th in a row) and wait before its next try."""
         self.failed(exc)
         await trio.sleep(min(self.renew, 0.05 * 2 ** min(attempt, 6)))
+
+
+@asynccontextmanager
+async def _entered(sentinel: coredis.Sentinel[bytes], primary: coredis.Redis[bytes]) -> AsyncIterator[None]:
+    async with sentinel, primary:
+        yield

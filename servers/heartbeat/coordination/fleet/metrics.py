@@ -30,6 +30,9 @@ class FleetCounts:
         self.routed = 0
         self.route_skipped = 0
         self.resyncs = 0
+        self.server_changes = 0
+        """Renewals that found Redis to be another server than at the one before (a
+        Sentinel failover, a restart): each resynchronises and reconciles."""
         self.delivered = 0
         self.persistent_routed = 0
         self.persistent_dropped = 0
@@ -74,6 +77,11 @@ def fleet_families(
     f.counter("heartbeat_fleet_routed_total", "Messages routed to other nodes.", counts.routed)
     f.counter("heartbeat_fleet_route_skipped_total", "Messages no other node subscribes to.", counts.route_skipped)
     f.counter("heartbeat_fleet_resyncs_total", "Re-registrations after the lease was lost.", counts.resyncs)
+    f.counter(
+        "heartbeat_fleet_redis_server_changes_total",
+        "Times Redis was found to be another server (a failover, a restart): each resynchronises.",
+        counts.server_changes,
+    )
     f.counter("heartbeat_fleet_delivered_total", "Presence events read from the stream.", counts.delivered)
     f.gauge("heartbeat_fleet_redis_rtt_seconds", "Round trip of the last Redis call.", link.rtt_last)
     f.gauge("heartbeat_fleet_redis_rtt_avg_seconds", "Moving average of Redis round trips.", link.rtt_avg)

@@ -106,9 +106,11 @@ class ReportQueue:
         self._wakeup.set()
         return True
 
-    def resync_soon(self) -> None:
-        """Have the flusher claim the host's sessions again before its next reports."""
+    def resync_soon(self, *, reconcile: bool = False) -> None:
+        """Have the flusher claim the host's sessions again before its next reports (and,
+        with ``reconcile``, end what Redis has this node holding that it no longer holds)."""
         self.resync = True
+        self.reconcile = self.reconcile or reconcile
         self._wakeup.set()
 
     async def wait(self) -> None:

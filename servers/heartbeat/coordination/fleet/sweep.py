@@ -8,7 +8,8 @@ dead node held with reason ``node-lost``, a batch per Lua call. Each device is
 compare-and-set on (online, owner = the dead node) and removed from ``owned:<node>``
 in the same call, so a retry, a second sweeper or a sweep resumed after its sweeper
 died never emits twice; the owned set and the membership go only once it is empty.
-A node that renews again stops the sweep.
+A node that renews again stops the sweep. No node sweeps for a lease after Redis
+failed it or changed under it (see :mod:`.leases`).
 """
 
 from __future__ import annotations

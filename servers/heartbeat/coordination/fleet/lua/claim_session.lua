@@ -13,11 +13,45 @@ if cur_epoch == epoch then
   -- resynchronisation re-announces a session still held (declared lost meanwhile).
   if mode ~= 'reclaim' then return {} end
 end
+-- Sessions a takeover has ended (the latest few), so that a re-claim of one of them
+-- after a failover or a restart does not end it a second time.
+local displaced = redis.call('HGET', dev, 'displaced') or ''
+local function was_displaced(e)
+  for d in string.gmatch(displaced, '%S+') do
+    if d == e then return true end
+  end
+  return false
+end
+local function displace(e)
+  local kept, n = {e}, 1
+  for d in string.gmatch(displaced, '%S+') do
+    if n >= 4 then break end
+    kept[#kept + 1] = d
+    n = n + 1
+  end
+  displaced = table.concat(kept, ' ')
+  redis.call('HSET', dev, 'displaced', displaced)
+end
 local out = {}
 if status == 'online' then
   -- Claims from different nodes can cross on the way (the registry's rule): one
   -- accepted before the current owner's loses at once, unpublished.
   if tonumber(cur[5] or '0') > tonumber(now) then
+    if mode == 'reclaim' and cur_epoch ~= epoch and not was_displaced(epoch) then
+      -- A session announced before Redis lost its record (a failover to a replica
+      -- behind, a restart), which a newer one displaced meanwhile without knowing
+      -- of it: nobody else will end it, so its end is written here.
+      local ended = cjson.decode(ev)
+      ended['status'] = 'offline'
+      ended['reason'] = 'takeover'
+      ended['time'] = tonumber(cur[5])
+      ended['silent_for'] = 0
+      ended['detail'] = detail
+      ended['keep_alive'] = nil
+      displace(epoch)
+      return {'stale', redis.call('XADD', stream, 'MAXLEN', '~', maxlen, '*',
+        'event', cjson.encode(ended), 'origin', me, 'evict', '')}
+    end
     return {'stale'}
   end
   local old = cjson.decode(cur[4])
@@ -29,6 +63,7 @@ if status == 'online' then
   old['keep_alive'] = nil
   out[#out + 1] = redis.call('XADD', stream, 'MAXLEN', '~', maxlen, '*',
     'event', cjson.encode(old), 'origin', me, 'evict', cur_owner)
+  displace(cur_epoch)
   if cur_owner ~= me then redis.call('SREM', prefix .. 'owned:' .. cur_owner, cid) end
 end
 redis.call('HSET', dev, unpack(ARGV, 10))
