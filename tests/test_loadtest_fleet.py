@@ -164,3 +164,23 @@ def test_ci_fleet_run_with_a_killed_gateway_and_a_redis_restart() -> None:
     assert t["n"] == r["reconnected"] == 48 and r["takeover_missed"] == 0, text
     assert t["p99"] <= 500, text  # the target is 50 ms; a loaded CI machine gets ten times that
     assert passed(r), text
+
+
+@pytest.mark.bench
+@pytest.mark.slow
+@needs_redis
+def test_ci_fleet_run_through_a_sentinel_failover() -> None:
+    load = FleetLoad(
+        nodes=2, devices=400, keepalive=3, silent=0.05, reconnect=0.08, sentinel=True, failover=True, lease=3.0
+    )
+    r = run_fleet(load)
+    text = report(r)
+    assert r["connected"] == 400, text
+    assert r["history"]["stream"]["ok"] and r["history"]["logs"]["ok"], text
+    assert r["feed"]["lost"] == 0 and r["feed"]["duplicated"] == 0, text
+    assert r["false_expiries"] == 0 and r["node_lost_on_live_gateways"] == 0, text
+    assert r["detected"] == r["silent"] == 20, text
+    outage = r["redis_outage"]
+    assert outage is not None and 0 < outage["down_for_s"] < 15, text  # the replica was promoted
+    assert "redis failover" in text, text
+    assert passed(r), text

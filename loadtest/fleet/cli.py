@@ -62,6 +62,7 @@ from ..options import (
     fields_from,
 )
 from ..processes import stop
+from ..redis_sentinel import SentinelSet
 from ..redis_server import RedisServer
 from ..report import write_json, written
 from ..workload import generator_count
@@ -83,6 +84,8 @@ _LOAD_FLAGS = (
     "kill_node",
     "redis_restart",
     "outage",
+    "sentinel",
+    "failover",
     "tick",
     "lease",
     "seed",
@@ -97,8 +100,19 @@ def run_fleet(
     """Run the fleet load test; return the merged results. ``keep_failed``: a failed run
     keeps its scratch directory (presence logs, the stream read, generator results)."""
     workdir = Path(tempfile.mkdtemp(prefix="ik-fleet-"))
-    redis = RedisServer()
-    redis.start()
+    group = SentinelSet(replicas=1, sentinels=3, quorum=2, down_after=2000) if load.sentinel else None
+    redis = RedisServer() if group is None else group.primary
+    if group is None:
+        redis.start()
+    else:
+        group.start()
+    url = redis.url if group is None else group.url
+
+    def primary() -> int:
+        """Where the primary is now (a failover moves it)."""
+        found = None if group is None else group.primary_port()
+        return redis.port if found is None else found
+
     gateways: list[Gateway] = []
     reader: PresenceReader | None = None
     pool: GeneratorPool | None = None
@@ -108,8 +122,8 @@ def run_fleet(
     redis_rss: list[tuple[float, int]] = []
     online_at_settle: dict[str, float] = {}
     try:
-        gateways = start_gateways(load, redis, workdir)
-        reader = PresenceReader(redis.port).start()
+        gateways = start_gateways(load, url, workdir)
+        reader = PresenceReader(primary).start()
         timeline = plan_fleet(load, generator_count(load.device_load()))
         gen_specs = fleet_specs(load, timeline, [g.port for g in gateways], workdir)
         pool = GeneratorPool(gen_specs, workdir)
@@ -127,20 +141,26 @@ def run_fleet(
             if timeline.redis_down is not None and "down" not in outage and now >= timeline.redis_down:
                 # What the old Redis holds and what the reader has of it: the difference
                 # is what nobody reading the stream will see.
-                outage["stream_length"] = stream_length(redis.port)
+                outage["stream_length"] = stream_length(primary())
                 outage["read"] = reader.count()
                 outage["down"] = time.monotonic()
-                redis.stop()
+                if group is not None:
+                    outage["old_port"] = group.kill_primary().port  # SIGKILL: the machine is gone
+                else:
+                    redis.stop()
             if timeline.redis_up is not None and "up" not in outage and now >= timeline.redis_up:
                 redis.restart()
                 outage["up"] = time.monotonic()
+            if group is not None and "old_port" in outage and "up" not in outage and primary() != outage["old_port"]:
+                outage["up"] = time.monotonic()  # the Sentinels name the promoted replica
             if now >= next_sample:
                 next_sample = now + 1.0
                 for gw in gateways:
                     gw.sample_rss(now)
-                if redis.pid is not None:
-                    with contextlib.suppress(psutil.Error):
-                        redis_rss.append((now, psutil.Process(redis.pid).memory_info().rss))
+                with contextlib.suppress(psutil.Error):
+                    pids = [s.pid for s in ([redis] if group is None else group.servers) if s.pid is not None]
+                    if pids:
+                        redis_rss.append((now, sum(psutil.Process(pid).memory_info().rss for pid in pids)))
                 if not online_at_settle and now >= timeline.acts - 1.5:
                     online_at_settle = {gw.name: gw.online() for gw in gateways}
             if show is not None:
@@ -181,7 +201,10 @@ def run_fleet(
             stop(gw.proc, timeout=10)
         if reader is not None:
             reader.stop()
-        redis.stop()
+        if group is None:
+            redis.stop()
+        else:
+            group.stop()
     results = pool.results()
     logs = [e for gw in gateways for e in read_presence_log(gw.log) or []]
     merged = merge_fleet(load, timeline, results, reader, logs, gateways, kill, outage, redis_rss, online_at_settle)
@@ -214,6 +237,13 @@ def parser(prog: str = "python -m loadtest fleet") -> argparse.ArgumentParser:
     a("--redis-restart", action="store_true", help="stop redis-server mid-run and start it again, empty")
     a("--outage", type=float, default=d.outage, help=f"seconds Redis stays down (default: {d.outage})")
     a(
+        "--sentinel",
+        action="store_true",
+        help="Redis as a primary, a replica and three Sentinels (redis-server --sentinel); the gateways are "
+        "given redis+sentinel://...",
+    )
+    a("--failover", action="store_true", help="with --sentinel: SIGKILL the primary mid-run (a replica is promoted)")
+    a(
         "--failover-delay",
         type=float,
         nargs=2,
@@ -241,6 +271,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     load = load_from(args)
     if load.kill_node and load.nodes < 2:
         print("--kill-node needs at least 2 gateways", flush=True)
+        return 2
+    if load.failover and (not load.sentinel or load.redis_restart):
+        print("--failover needs --sentinel, and not --redis-restart (the primary is killed, not restarted)", flush=True)
         return 2
     if not args.quiet:
         print(

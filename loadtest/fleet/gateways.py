@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..processes import free_port, start_heartbeat, stop
-from ..redis_server import RedisServer
 from ..sampler import Metrics, parse_metrics, process_tree, rss_bytes
 from .load import FleetLoad
 
@@ -82,7 +81,7 @@ class Gateway:
         return math.nan if m is None else m.online
 
 
-def start_gateways(load: FleetLoad, redis: RedisServer, workdir: Path) -> list[Gateway]:
+def start_gateways(load: FleetLoad, url: str, workdir: Path) -> list[Gateway]:
     """Start the gateways, one after the other (each port is free when it is taken)."""
     out: list[Gateway] = []
     workers = load.workers()
@@ -92,7 +91,7 @@ def start_gateways(load: FleetLoad, redis: RedisServer, workdir: Path) -> list[G
             port = free_port()
             status = free_port(run=workers)
             log = workdir / f"presence-{name}.jsonl"
-            extra = ["--cluster", redis.url, "--node", name, "--presence-log", str(log)]
+            extra = ["--cluster", url, "--node", name, "--presence-log", str(log)]
             extra += ["--status-port", str(status), "--tick", str(load.tick), "--lease", str(load.lease)]
             for attempt in range(3):
                 try:

@@ -30,6 +30,10 @@ class FleetLoad:
     redis_restart: bool = False
     outage: float = 3.0
     """Seconds Redis stays down in ``--redis-restart``."""
+    sentinel: bool = False
+    """Redis as a primary, a replica and three Sentinels; the gateways find the primary through them."""
+    failover: bool = False
+    """With ``sentinel``: SIGKILL the primary mid-run, and the Sentinels promote the replica."""
     failover_delay: tuple[float, float] | None = None
     """A failing-over device's back-off, (min, max) s; None: (0.5, K)."""
     lease: float = 10.0
@@ -100,6 +104,10 @@ class FleetTimeline:
         return "finishing"
 
 
+FAILOVER_ALLOWANCE = 6.0
+"""Seconds a Sentinel failover is given in the plan (``down-after-milliseconds`` 2000, then the election)."""
+
+
 def plan_fleet(load: FleetLoad, generators: int) -> FleetTimeline:
     """Lay the phases out from now; each fault gets a phase of its own, so what it causes is its own."""
     k = load.keepalive
@@ -115,6 +123,9 @@ def plan_fleet(load: FleetLoad, generators: int) -> FleetTimeline:
         redis_down = t
         redis_up = t + load.outage
         t = redis_up + load.lease + 3.0  # every node has found its lease gone and resynchronised
+    elif load.failover:
+        redis_down = t  # the primary is killed; the Sentinels promote the replica a few seconds on
+        t += FAILOVER_ALLOWANCE + load.lease + 3.0
     wave2 = t
     end = wave2 + k / 2 + 3.0
     return FleetTimeline(start, acts, detect_by, kill, redis_down, redis_up, wave2, end)

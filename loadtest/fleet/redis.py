@@ -16,6 +16,7 @@ import math
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -59,10 +60,11 @@ class RedisStats:
 
 
 class PresenceReader:
-    """Reads the presence stream from id 0 until stopped, through restarts of Redis."""
+    """Reads the presence stream from id 0 until stopped, through restarts of Redis and
+    failovers (``port`` may be a callable: where the primary is now)."""
 
-    def __init__(self, port: int, *, block_ms: int = 300, max_seconds: float = 3600.0) -> None:
-        self.port = port
+    def __init__(self, port: int | Callable[[], int], *, block_ms: int = 300, max_seconds: float = 3600.0) -> None:
+        self.port: Callable[[], int] = port if callable(port) else (lambda: port)
         self.block_ms = block_ms
         self.max_seconds = max_seconds
         self.events: list[StreamEvent] = []
@@ -101,38 +103,55 @@ class PresenceReader:
         trio.run(self._run)
 
     async def _run(self) -> None:
-        client: coredis.Redis[bytes] = coredis.Redis(
-            host="127.0.0.1", port=self.port, db=0, connect_timeout=1.0, stream_timeout=2.0 + self.block_ms / 1000
-        )
-        async with client, trio.open_nursery() as nursery:
-            nursery.start_soon(self._sample, client)
-            await self._read(client)
-            nursery.cancel_scope.cancel()
+        position = "0-0"
+        run_id = ""
+        deadline = time.monotonic() + self.max_seconds
+        # A client per server: after a failover the primary is another port.
+        while not self._stop.is_set() and time.monotonic() < deadline:
+            port = self.port()
+            client: coredis.Redis[bytes] = coredis.Redis(
+                host="127.0.0.1", port=port, db=0, connect_timeout=1.0, stream_timeout=2.0 + self.block_ms / 1000
+            )
+
+            def moved(connected_to: int = port) -> bool:
+                return self.port() != connected_to
+
+            async with client, trio.open_nursery() as nursery:
+                nursery.start_soon(self._sample, client)
+                position, run_id = await self._read(client, position, run_id, moved)
+                nursery.cancel_scope.cancel()
 
     async def _run_id(self, client: coredis.Redis[bytes]) -> str:
         info = await client.info("server")
         return str(info.get("run_id", ""))
 
-    async def _read(self, client: coredis.Redis[bytes]) -> None:
-        position = "0-0"
-        run_id = ""
+    async def _read(
+        self, client: coredis.Redis[bytes], position: str, run_id: str, moved: Callable[[], bool]
+    ) -> tuple[str, str]:
+        """Read from ``position`` until stopped, or until ``moved()`` after a failure;
+        where reading stopped, and the server's run_id."""
         connected = False
         deadline = time.monotonic() + self.max_seconds
         while not self._stop.is_set() and time.monotonic() < deadline:
             try:
                 with trio.fail_after(5.0):
                     if not connected:
-                        # A new run_id is a restarted (empty) Redis: its stream starts over.
                         now_id = await self._run_id(client)
                         if now_id != run_id:
+                            # Another server: a restart (its stream starts over, empty) or a
+                            # promoted replica (its stream is the old one's, maybe short of the
+                            # last entries). Reading goes on from where both agree, and the
+                            # gateways announce their sessions again into a new run.
+                            position = await self._resume(client, position)
                             run_id = now_id
                             self.incarnation += 1
-                            position = "0-0"
                         connected = True
                     res = await client.xread({PRESENCE_STREAM: position}, count=5000, block=self.block_ms)
             except (Exception, trio.TooSlowError):
                 self.errors += 1
                 connected = False
+                if moved():
+                    return position, run_id
                 await trio.sleep(0.1)
                 continue
             batch: list[StreamEvent] = []
@@ -153,6 +172,17 @@ class PresenceReader:
                 with self._lock:
                     self.events.extend(batch)
                 self.last_event_at = time.monotonic()
+        return position, run_id
+
+    @staticmethod
+    async def _resume(client: coredis.Redis[bytes], position: str) -> str:
+        """Where to read a new server's stream from: ``position``, or its last entry if
+        that is older (its top is where the two streams part), or the start if it has none."""
+        last = await client.xrevrange(PRESENCE_STREAM, "+", "-", count=1)
+        if not last:
+            return "0-0"
+        top = _text(last[0].identifier)
+        return top if _stream_id(top) < _stream_id(position) else position
 
     async def _sample(self, client: coredis.Redis[bytes]) -> None:
         last_run = ""
@@ -189,6 +219,11 @@ def stream_length(port: int, timeout: float = 2.0) -> int:
     except OSError:
         return -1
     return int(reply[1:].split(b"\r\n", 1)[0]) if reply.startswith(b":") else -1
+
+
+def _stream_id(text: str) -> tuple[int, int]:
+    ms, _, seq = text.partition("-")
+    return int(ms), int(seq or 0)
 
 
 def _int(value: object) -> int:

@@ -174,8 +174,9 @@ def report(r: dict[str, Any]) -> str:
     t = r["takeover_ms"]
     late = r["lateness_ms"]
     lines = [
-        f"fleet                  {o['nodes']} gateways x {r['workers_per_node']} workers, one redis-server; "
-        f"keep-alive {o['keepalive']} s",
+        f"fleet                  {o['nodes']} gateways x {r['workers_per_node']} workers, "
+        + ("Redis: a primary, a replica, three Sentinels; " if o.get("sentinel") else "one redis-server; ")
+        + f"keep-alive {o['keepalive']} s",
         f"devices connected      {r['connected']:,} of {r['devices']:,} ({r['connect_rate_per_s']:,.0f}/s; "
         f"failed {r['connect_failed']}, refused {r['refused']})",
         f"presence feed          {r['stream_entries']:,} stream entries over {r['redis_incarnations']} run(s) "
@@ -229,7 +230,13 @@ def report(r: dict[str, Any]) -> str:
             f"after the kill; {r['drops']['by_kill']:,} devices failed over ({r['retries']} refused retries)"
         )
     ro = r["redis_outage"]
-    if ro:
+    if ro and o.get("failover"):
+        lines.append(
+            f"redis failover         primary SIGKILLed at {ro['down_at_s']:.1f} s; the Sentinels promoted the replica "
+            f"{ro['down_for_s']:.1f} s later; its stream held {ro['stream_length']:,} entries then, "
+            f"the reader had read {ro['read_before']:,}"
+        )
+    elif ro:
         lines.append(
             f"redis restart          down at {ro['down_at_s']:.1f} s for {ro['down_for_s']:.1f} s, back empty; "
             f"its stream held {ro['stream_length']:,} entries, the reader had read {ro['read_before']:,}"
