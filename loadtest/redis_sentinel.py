@@ -8,7 +8,9 @@ redis+sentinel://...``). No persistence. Every process is stopped by its PID.
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -41,11 +43,14 @@ def _ask(port: int, *words: str, timeout: float = 1.0) -> list[str]:
 class SentinelSet:
     """A primary, ``replicas`` replicas and ``sentinels`` Sentinels (quorum ``quorum``).
 
+    With two replicas or more, each server refuses writes while it is a primary with
+    no replica in sync (after a failover, one of the replicas follows the new primary).
+
     ``down_after`` (ms) is how long the Sentinels wait before they call the primary
     down; the failover follows within a second or two of that.
     """
 
-    def __init__(self, replicas: int = 1, sentinels: int = 3, quorum: int = 2, down_after: int = 1000) -> None:
+    def __init__(self, replicas: int = 2, sentinels: int = 3, quorum: int = 2, down_after: int = 1000) -> None:
         binary = redis_server_binary()
         if binary is None:
             raise RuntimeError("redis-server is not installed (apt-get install redis-server)")
@@ -53,8 +58,14 @@ class SentinelSet:
         # Every server may be promoted, and so serve replicas: none waits 5 s (Redis 7's
         # default) for more replicas before it starts a full sync.
         self._dir = Path(tempfile.mkdtemp(prefix="ik-sentinel-"))
-        # A replica's full sync may write an RDB file: into the set's own directory.
+        # A replica's full sync may write an RDB file: into the set's own directory. A
+        # primary that lost its replicas refuses writes (min-replicas-to-write), as
+        # Redis advises under Sentinel: one that hung and runs again after a failover
+        # would otherwise take writes the promoted replica never sees, until the
+        # Sentinels demote it and they are gone.
         fast = ["--repl-diskless-sync-delay", "0", "--dir", str(self._dir)]
+        if replicas > 1:
+            fast += ["--min-replicas-to-write", "1", "--min-replicas-max-lag", "2"]
         self.primary = RedisServer(binary=binary, extra=fast)
         self.replicas = [
             RedisServer(binary=binary, extra=[*fast, "--replicaof", "127.0.0.1", str(self.primary.port)])
@@ -122,6 +133,20 @@ class SentinelSet:
         victim.kill()
         return victim
 
+    def stall_primary(self) -> RedisServer:
+        """SIGSTOP the current primary (by PID): a machine that hangs; :meth:`resume` it."""
+        port = self.primary_port()
+        victim = next(s for s in self.servers if s.port == port)
+        assert victim.pid is not None
+        os.kill(victim.pid, signal.SIGSTOP)
+        return victim
+
+    @staticmethod
+    def resume(server: RedisServer) -> None:
+        """SIGCONT a server :meth:`stall_primary` stopped."""
+        if server.pid is not None:
+            os.kill(server.pid, signal.SIGCONT)
+
     def wait_failover(self, old_port: int, timeout: float = 30.0) -> float:
         """Seconds until the Sentinels name a primary other than ``old_port`` that answers as one."""
         started = time.monotonic()
@@ -136,6 +161,8 @@ class SentinelSet:
 
     def stop(self) -> None:
         """Stop every process by its PID, and remove their files."""
+        for server in self.servers:
+            self.resume(server)  # a stalled one could not hear its SIGTERM
         for proc in self._sentinels:
             stop(proc, 10.0)
         self._sentinels = []

@@ -1,8 +1,9 @@
 """A fleet on Redis Sentinel (issue 32): two gateways find the primary through three
 Sentinels (real ``redis-server --sentinel`` processes) and follow it when it is
-SIGKILLed and a replica is promoted, with devices connected, connecting and leaving
-meanwhile. Presence stays exactly once per session: checked per device over both
-gateways' logs (:mod:`loadtest.history`), and the new primary's registry re-asserted."""
+SIGKILLed, or SIGSTOPped past its failover and then let run again, with devices
+connected, connecting, leaving and roaming meanwhile. Presence stays exactly once per
+session: checked per device over both gateways' logs (:mod:`loadtest.history`), and
+the new primary's registry re-asserted."""
 
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ from .test_presence_faults import heard, until
 @pytest.fixture
 def sentinels() -> Iterator[SentinelSet]:
     require_binary()
-    group = SentinelSet(replicas=1, sentinels=3, quorum=2, down_after=1000)
+    group = SentinelSet(replicas=2, sentinels=3, quorum=2, down_after=1000)
     group.start()
     yield group
     group.stop()
@@ -45,9 +46,12 @@ def metric(status_port: int, name: str) -> float:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("fault", ["killed", "stalled"])
 def test_a_fleet_follows_a_sentinel_failover_and_presence_stays_exactly_once(
-    sentinels: SentinelSet, tmp_path: Path
+    sentinels: SentinelSet, tmp_path: Path, fault: str
 ) -> None:
+    # Killed: the machine is gone (SIGKILL). Stalled: it hangs (SIGSTOP) long enough to be
+    # failed over, then runs again and is made a replica of the new primary.
     gateways = start_gateways(sentinels.url, tmp_path)
     try:
         (_, port0, status0, log0), (_, port1, status1, log1) = gateways
@@ -59,18 +63,22 @@ def test_a_fleet_follows_a_sentinel_failover_and_presence_stays_exactly_once(
 
         old = sentinels.primary_port()
         assert old == sentinels.primary.port
-        sentinels.kill_primary()  # SIGKILL, by PID: the machine is gone
+        stalled = sentinels.stall_primary() if fault == "stalled" else None
+        if stalled is None:
+            sentinels.kill_primary()  # by PID
         # While the Sentinels decide: a device leaves, another arrives, a third roams.
         on0.pop("a-0").sendall(encoders.encode_disconnect())
         late = raw_connect(port1, "late", keep_alive=60)  # keep-alive never waits on Redis
         roamer = raw_connect(port1, "a-2", keep_alive=60)  # a-2 moves from gw0 to gw1
         gap = sentinels.wait_failover(old)
         assert gap < 15, gap
+        if stalled is not None:
+            sentinels.resume(stalled)  # back, with writes it took before the stall, and demoted
 
         # Both gateways find the new primary, notice it is another server, and re-assert.
         for status in (status0, status1):
             until(lambda s=status: get(f"http://127.0.0.1:{s}/healthz")[1] == b"ok\n", 20, "healthz ok")
-            until(lambda s=status: metric(s, "heartbeat_fleet_redis_server_changes_total") >= 1, 10, "the change seen")
+            until(lambda s=status: metric(s, "heartbeat_fleet_redis_server_changes_total") >= 1, 30, "the change seen")
         until(lambda: "a-0" in heard(got, "offline"), 15, "the offline made during the failover")
         until(lambda: "late" in heard(got, "online"), 15, "the online made during the failover")
         wait_closed(on0.pop("a-2"), 10)  # taken over by its new connection, across gateways

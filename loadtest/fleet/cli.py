@@ -100,7 +100,7 @@ def run_fleet(
     """Run the fleet load test; return the merged results. ``keep_failed``: a failed run
     keeps its scratch directory (presence logs, the stream read, generator results)."""
     workdir = Path(tempfile.mkdtemp(prefix="ik-fleet-"))
-    group = SentinelSet(replicas=1, sentinels=3, quorum=2, down_after=2000) if load.sentinel else None
+    group = SentinelSet(replicas=2, sentinels=3, quorum=2, down_after=2000) if load.sentinel else None
     redis = RedisServer() if group is None else group.primary
     if group is None:
         redis.start()
@@ -239,7 +239,7 @@ def parser(prog: str = "python -m loadtest fleet") -> argparse.ArgumentParser:
     a(
         "--sentinel",
         action="store_true",
-        help="Redis as a primary, a replica and three Sentinels (redis-server --sentinel); the gateways are "
+        help="Redis as a primary, two replicas and three Sentinels (redis-server --sentinel); the gateways are "
         "given redis+sentinel://...",
     )
     a("--failover", action="store_true", help="with --sentinel: SIGKILL the primary mid-run (a replica is promoted)")

@@ -31,9 +31,9 @@ class FleetLoad:
     outage: float = 3.0
     """Seconds Redis stays down in ``--redis-restart``."""
     sentinel: bool = False
-    """Redis as a primary, a replica and three Sentinels; the gateways find the primary through them."""
+    """Redis as a primary, two replicas and three Sentinels; the gateways find the primary through them."""
     failover: bool = False
-    """With ``sentinel``: SIGKILL the primary mid-run, and the Sentinels promote the replica."""
+    """With ``sentinel``: SIGKILL the primary mid-run, and the Sentinels promote a replica."""
     failover_delay: tuple[float, float] | None = None
     """A failing-over device's back-off, (min, max) s; None: (0.5, K)."""
     lease: float = 10.0

@@ -175,7 +175,7 @@ def report(r: dict[str, Any]) -> str:
     late = r["lateness_ms"]
     lines = [
         f"fleet                  {o['nodes']} gateways x {r['workers_per_node']} workers, "
-        + ("Redis: a primary, a replica, three Sentinels; " if o.get("sentinel") else "one redis-server; ")
+        + ("Redis: a primary, two replicas, three Sentinels; " if o.get("sentinel") else "one redis-server; ")
         + f"keep-alive {o['keepalive']} s",
         f"devices connected      {r['connected']:,} of {r['devices']:,} ({r['connect_rate_per_s']:,.0f}/s; "
         f"failed {r['connect_failed']}, refused {r['refused']})",
@@ -232,7 +232,7 @@ def report(r: dict[str, Any]) -> str:
     ro = r["redis_outage"]
     if ro and o.get("failover"):
         lines.append(
-            f"redis failover         primary SIGKILLed at {ro['down_at_s']:.1f} s; the Sentinels promoted the replica "
+            f"redis failover         primary SIGKILLed at {ro['down_at_s']:.1f} s; the Sentinels promoted a replica "
             f"{ro['down_for_s']:.1f} s later; its stream held {ro['stream_length']:,} entries then, "
             f"the reader had read {ro['read_before']:,}"
         )

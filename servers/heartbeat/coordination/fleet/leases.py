@@ -83,7 +83,12 @@ class LeaseKeeper:
     async def _server_changed(self) -> bool:
         """Whether Redis is another server than when this was last asked (its ``run_id``);
         if so, sweeps wait and the next renewal resynchronises."""
-        server = await self.link.call(self.link.redis().info("server"))
+        server = await self.link.call(self.link.redis().info("server", "replication"))
+        if str(server.get("role", "master")) != "master":
+            # A connection made before a failover, to a primary since demoted (one that
+            # hung, and runs again as a replica): new ones go where the Sentinels say.
+            self.link.drop_connections()
+            raise RuntimeError("redis answered as a replica (a demoted primary); reconnecting")
         run_id = str(server.get("run_id", ""))
         changed = self._run_id is not None and run_id != self._run_id
         self._run_id = run_id

@@ -70,6 +70,13 @@ class RedisLink:
         self.scripts.register(primary)
         return _entered(sentinel, primary)
 
+    def drop_connections(self) -> None:
+        """Close the client's pooled connections: the next call makes new ones (through
+        the Sentinels, to the primary they name now)."""
+        pool = getattr(self.client, "connection_pool", None)
+        if pool is not None:
+            pool.disconnect()
+
     def disconnected(self) -> None:
         """The client is closed: nothing is sent until the next :meth:`connect`."""
         self.client = None
@@ -94,6 +101,10 @@ class RedisLink:
     def failed(self, exc: BaseException) -> None:
         """A call failed with ``exc``: Redis counts as unreachable until one is answered."""
         self.last_failure = time.monotonic()
+        if self.target.sentinel:
+            # Pooled connections may lead to a primary that hung or was demoted: the next
+            # call makes a new one, to the primary the Sentinels name now.
+            self.drop_connections()
         error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
         # A client library may quote a call's arguments (a 64 KB client id) in its error.
         self.last_error = error if len(error) <= 300 else f"{error[:300]}... ({len(error)} characters)"
