@@ -9,8 +9,8 @@ failover promotes a replica that may lack the primary's last writes (replication
 asynchronous), and a restart may come back from an older snapshot. It then also
 reconciles: what the new server has it holding that it no longer holds goes offline.
 
-After either, and after any renewal that failed, this node declares no other node
-lost for one lease (:attr:`LeaseKeeper.sweep_hold_until`): while Redis could not be
+After either, and after any of its calls to Redis failed, this node declares no other
+node lost for one lease (:meth:`LeaseKeeper.sweeps_held`): while Redis could not be
 reached (a failover, a stall, a restart) nobody could renew, so every lease may have
 lapsed at once, and a sweep then would end the sessions of gateways that are alive.
 Each has a lease's time to renew on the server that answers now.
@@ -53,7 +53,8 @@ class LeaseKeeper:
         self._last_renewal: float | None = None
         self._run_id: str | None = None
         self.sweep_hold_until = 0.0
-        """``time.monotonic()`` before which no other node is declared lost (see above)."""
+        """``time.monotonic()`` before which no other node is declared lost: a lease after
+        Redis was found to be another server (see :meth:`sweeps_held`)."""
         self.server_changed = False
         """Set by :meth:`renew` when Redis is another server than at the renewal before."""
 
