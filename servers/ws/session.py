@@ -19,6 +19,8 @@ from wsproto.events import BytesMessage, CloseConnection, Ping, TextMessage
 from wsproto.extensions import Extension
 from wsproto.frame_protocol import CloseReason
 
+from .fastpath import frame_message, read_whole_frames, wsproto_idle
+
 __all__ = ["MESSAGE_TOO_BIG", "Closed", "Received", "WsSession", "quiet_events"]
 
 MESSAGE_TOO_BIG = CloseReason.MESSAGE_TOO_BIG.value
@@ -81,7 +83,7 @@ def quiet_events(ws: Connection) -> None:
 class WsSession:
     """One WebSocket after its opening handshake, on the server side."""
 
-    __slots__ = ("max_size", "closed", "_ws", "_parts", "_size")
+    __slots__ = ("max_size", "closed", "_ws", "_parts", "_size", "_plain")
 
     def __init__(self, *, max_size: int, extensions: list[Extension] | None = None) -> None:
         self.max_size = max_size
@@ -90,6 +92,8 @@ class WsSession:
         quiet_events(ws)
         self._parts: list[str | bytes] | None = None  # a message still arriving, by fragments
         self._size = 0
+        # No extension: whole plain frames may be read and written past wsproto (.fastpath).
+        self._plain = not extensions
 
     @property
     def open(self) -> bool:
@@ -107,6 +111,11 @@ class WsSession:
         if self.closed is not None:
             return got
         ws = self._ws
+        if data and self._plain and self._parts is None and ws.state is ConnectionState.OPEN and wsproto_idle(ws):
+            taken = read_whole_frames(data, self.max_size, got.messages)
+            if taken == len(data):
+                return got
+            data = data[taken:]
         out: list[bytes] = []
         ws.receive_data(data or None)
         for event in ws.events():
@@ -174,6 +183,8 @@ class WsSession:
         """One message as a frame; b"" once a close has been sent or received."""
         if self._ws.state is not ConnectionState.OPEN:
             return b""
+        if self._plain:
+            return frame_message(message)
         if isinstance(message, str):
             return self._ws.send(TextMessage(data=message))
         return self._ws.send(BytesMessage(data=message))
