@@ -41,7 +41,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["KINDS", "HistoryReport", "Violation", "check_history"]
+__all__ = ["KINDS", "HistoryReport", "Violation", "check_history", "merged_by_time"]
 
 KINDS = ("no-start", "no-end", "duplicate-start", "duplicate-end", "end-before-start", "overlap")
 """Every kind of violation, in the order reports list them."""
@@ -111,6 +111,17 @@ class HistoryReport:
                 for v in self.violations[:examples]
             ],
         }
+
+
+def merged_by_time(*logs: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """Several presence logs (of workers or gateways) as one history: by their events'
+    time stamps, each log's own order kept among equal stamps (an event without one first)."""
+    return sorted((e for log in logs for e in log), key=_time_or_first)
+
+
+def _time_or_first(event: Mapping[str, Any]) -> float:
+    when = _time(event)
+    return -math.inf if math.isnan(when) else when
 
 
 @dataclass

@@ -11,27 +11,14 @@ violation is found, 2 if a file cannot be read.
 from __future__ import annotations
 
 import argparse
-import heapq
-import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from .device_results import read_presence_log
-from .history import check_history
+from .history import check_history, merged_by_time
 from .report import write_json
 
 __all__ = ["main"]
-
-
-def _merged(logs: Sequence[list[dict[str, Any]]]) -> Iterator[dict[str, Any]]:
-    def keyed(log: list[dict[str, Any]], n: int) -> Iterator[tuple[float, int, int, dict[str, Any]]]:
-        for i, event in enumerate(log):
-            when = event.get("time")
-            yield (float(when) if isinstance(when, int | float) else -math.inf, n, i, event)
-
-    for _, _, _, event in heapq.merge(*(keyed(log, n) for n, log in enumerate(logs))):
-        yield event
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -55,7 +42,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         logs.append([e for e in events if isinstance(e, dict)])
     # A log has no store runs: a session announced again after its store was lost is
     # a word-for-word copy of its online line.
-    report = check_history(_merged(logs), lease=args.lease, complete=not args.incomplete, reannounced_copies=True)
+    report = check_history(
+        merged_by_time(*logs), lease=args.lease, complete=not args.incomplete, reannounced_copies=True
+    )
     print(report.summary())
     if args.json:
         write_json(args.json, report.as_dict())

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from loadtest.device_results import read_presence_log
-from loadtest.history import check_history
+from loadtest.history import check_history, merged_by_time
 from loadtest.processes import free_port, start_heartbeat
 from servers.heartbeat import encoders
 from servers.heartbeat.policy import DEFAULT_PRESENCE_PREFIX as PRESENCE
@@ -126,7 +126,7 @@ def test_a_fleet_survives_a_roaming_device_a_killed_gateway_and_a_redis_restart(
         assert any(e["reason"] == "node-lost" for e in log_events)  # the sweeper logged what it declared
         # The whole history, both gateways' logs merged: each session started and ended
         # once, and no device online twice for longer than the lease (plus a sweep).
-        merged = sorted((*(read_presence_log(gateways[0][3]) or []), *log_events), key=lambda e: float(e["time"]))
+        merged = merged_by_time(read_presence_log(gateways[0][3]) or [], log_events)
         history = check_history(merged, lease=6, reannounced_copies=True)
         assert history.ok and history.sessions >= 61, history.summary()
         assert history.reannounced >= 30, history.summary()  # gw1's sessions, after Redis came back empty

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from loadtest.device_results import read_presence_log
-from loadtest.history import check_history
+from loadtest.history import check_history, merged_by_time
 from loadtest.redis_sentinel import SentinelSet
 from servers.heartbeat import encoders
 from servers.heartbeat.coordination.fleet.target import parse_target
@@ -91,7 +91,7 @@ def test_a_fleet_follows_a_sentinel_failover_and_presence_stays_exactly_once(
             proc.send_signal(signal.SIGTERM)
         for proc, *_ in gateways:
             assert proc.wait(timeout=20) == 0
-        merged = sorted((*(read_presence_log(log0) or []), *(read_presence_log(log1) or [])), key=lambda e: e["time"])
+        merged = merged_by_time(read_presence_log(log0) or [], read_presence_log(log1) or [])
         history = check_history(merged, lease=6, reannounced_copies=True)
         assert history.ok, history.summary()
         assert history.devices >= 42, history.summary()

@@ -8,7 +8,7 @@ from dataclasses import asdict
 from typing import Any
 
 from ..device_results import Arrived, connect_rate, devices_passed
-from ..history import check_history
+from ..history import check_history, merged_by_time
 from ..report import verdict
 from ..stats import summary_ms
 from .gateways import Gateway
@@ -48,8 +48,7 @@ def merge_fleet(
     # and what the gateways logged, merged by time.
     lease = load.lease + HISTORY_SLACK
     stream_history = check_history(({**e.event, "incarnation": e.incarnation} for e in reader.events), lease=lease)
-    by_time = sorted(logs, key=lambda e: float(e.get("time", 0.0)))
-    log_history = check_history(by_time, lease=lease, reannounced_copies=True)
+    log_history = check_history(merged_by_time(logs), lease=lease, reannounced_copies=True)
     drops = classify_drops(joined("drops"), kill.get("port"), kill.get("mono"), window)
     killed = killed_node_view(sessions, kill["gateway"], kill["wall"]) if kill else None
     # A gateway that was never killed must end its own sessions: node-lost there means its
