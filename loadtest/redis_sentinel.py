@@ -11,7 +11,6 @@ import contextlib
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -19,25 +18,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from .processes import free_port, stop
-from .redis_server import RedisServer, redis_server_binary
+from .redis_server import RedisServer, ask, redis_server_binary
 
 __all__ = ["SERVICE", "SentinelSet", "running_sentinels"]
 
 SERVICE = "fleet"
 """The name the Sentinels monitor the primary under."""
-
-
-def _ask(port: int, *words: str, timeout: float = 1.0) -> list[str]:
-    """One command to a Redis or Sentinel on ``port``, its reply's lines (RESP, loosely)."""
-    request = f"*{len(words)}\r\n" + "".join(f"${len(w)}\r\n{w}\r\n" for w in words)
-    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
-        s.sendall(request.encode())
-        data = s.recv(65536)
-        s.settimeout(0.05)  # the rest of a reply follows at once on loopback
-        with contextlib.suppress(TimeoutError):
-            while chunk := s.recv(65536):
-                data += chunk
-    return [line for line in data.decode(errors="replace").split("\r\n") if line and line[0] not in "*$"]
 
 
 class SentinelSet:
@@ -105,8 +91,8 @@ class SentinelSet:
         want = {str(r.port) for r in self.replicas}
         while time.monotonic() < deadline:
             try:
-                synced = all("master_link_status:up" in _ask(r.port, "INFO", "replication") for r in self.replicas)
-                known = all(want <= set(_ask(port, "SENTINEL", "REPLICAS", SERVICE)) for port in self.sentinel_ports)
+                synced = all("master_link_status:up" in ask(r.port, "INFO", "replication") for r in self.replicas)
+                known = all(want <= set(ask(port, "SENTINEL", "REPLICAS", SERVICE)) for port in self.sentinel_ports)
                 if synced and known:
                     return
             except OSError:
@@ -119,7 +105,7 @@ class SentinelSet:
         """The primary's port as the first Sentinel that answers names it."""
         for port in self.sentinel_ports:
             try:
-                reply = _ask(port, "SENTINEL", "GET-MASTER-ADDR-BY-NAME", SERVICE)
+                reply = ask(port, "SENTINEL", "GET-MASTER-ADDR-BY-NAME", SERVICE)
             except OSError:
                 continue
             if len(reply) == 2 and reply[1].isdigit():
@@ -154,7 +140,7 @@ class SentinelSet:
             port = self.primary_port()
             if port is not None and port != old_port:
                 with contextlib.suppress(OSError):
-                    if "role:master" in _ask(port, "INFO", "replication"):
+                    if "role:master" in ask(port, "INFO", "replication"):
                         return time.monotonic() - started
             time.sleep(0.1)
         raise RuntimeError(f"no failover within {timeout} s")

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from .processes import free_port, stop
 
-__all__ = ["RedisServer", "redis_server_binary", "running_redis"]
+__all__ = ["RedisServer", "ask", "redis_server_binary", "running_redis"]
 
 
 def redis_server_binary() -> str | None:
@@ -37,6 +37,19 @@ def _ping(port: int, timeout: float = 0.5) -> bool:
             return s.recv(64).startswith(b"+PONG")
     except OSError:
         return False
+
+
+def ask(port: int, *words: str, timeout: float = 1.0) -> list[str]:
+    """One command to a Redis or Sentinel on ``port``, its reply's lines (RESP, loosely)."""
+    request = f"*{len(words)}\r\n" + "".join(f"${len(w)}\r\n{w}\r\n" for w in words)
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+        s.sendall(request.encode())
+        data = s.recv(65536)
+        s.settimeout(0.05)  # the rest of a reply follows at once on loopback
+        with contextlib.suppress(TimeoutError):
+            while chunk := s.recv(65536):
+                data += chunk
+    return [line for line in data.decode(errors="replace").split("\r\n") if line and line[0] not in "*$"]
 
 
 class RedisServer:

@@ -184,3 +184,35 @@ def test_ci_fleet_run_through_a_sentinel_failover() -> None:
     assert outage is not None and 0 < outage["down_for_s"] < 15, text  # the replica was promoted
     assert "redis failover" in text, text
     assert passed(r), text
+
+
+@pytest.mark.bench
+@pytest.mark.slow
+@needs_redis
+def test_ci_fleet_run_on_a_redis_cluster_through_a_slot_migration_and_a_killed_gateway() -> None:
+    load = FleetLoad(
+        nodes=3,
+        devices=600,
+        keepalive=3,
+        silent=0.05,
+        reconnect=0.08,
+        kill_node=True,
+        redis_cluster=True,
+        shards=8,
+        migrate=True,
+        lease=3.0,
+        failover_delay=(0.5, 6.0),
+    )
+    r = run_fleet(load)
+    text = report(r)
+    assert r["connected"] == 600, text
+    assert r["feed"]["lost"] == 0 and r["feed"]["duplicated"] == 0, text
+    assert r["history"]["stream"]["ok"] and r["history"]["logs"]["ok"], text
+    assert r["false_expiries"] == 0 and r["node_lost_on_live_gateways"] == 0, text
+    assert r["detected"] == r["silent"] == 30, text
+    kill = r["kill"]
+    assert kill["held"] > 0 and kill["accounted"] and not kill["other"], text
+    migration = r["redis_outage"]
+    assert migration["migrated_slots"] == 4 and migration["migrated_keys"] > 0, text  # shards 0, 3, 6 and the hub
+    assert r["redis"]["ops_per_s_run"] > 0, text  # summed over the three primaries
+    assert passed(r), text

@@ -38,12 +38,16 @@ import json
 import math
 import shutil
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import psutil
+
+from servers.heartbeat.coordination.fleet.keys import FleetKeys
+from servers.heartbeat.coordination.fleet.shards import hash_slot
 
 from ..device_results import read_presence_log
 from ..generator.pool import GeneratorPool
@@ -62,13 +66,14 @@ from ..options import (
     fields_from,
 )
 from ..processes import stop
+from ..redis_cluster import RedisClusterSet
 from ..redis_sentinel import SentinelSet
 from ..redis_server import RedisServer
 from ..report import write_json, written
 from ..workload import generator_count
 from .gateways import Gateway, start_gateways
 from .load import FleetLoad, fleet_specs, plan_fleet
-from .redis import PresenceReader, stream_length
+from .redis import KEY_PREFIX, ClusterPresenceReader, PresenceReader, stream_length
 from .results import merge_fleet, passed, report
 
 __all__ = ["load_from", "main", "parser", "run_fleet"]
@@ -86,6 +91,9 @@ _LOAD_FLAGS = (
     "outage",
     "sentinel",
     "failover",
+    "redis_cluster",
+    "shards",
+    "migrate",
     "tick",
     "lease",
     "seed",
@@ -101,12 +109,19 @@ def run_fleet(
     keeps its scratch directory (presence logs, the stream read, generator results)."""
     workdir = Path(tempfile.mkdtemp(prefix="ik-fleet-"))
     group = SentinelSet(replicas=2, sentinels=3, quorum=2, down_after=2000) if load.sentinel else None
+    cluster = RedisClusterSet(primaries=3) if load.redis_cluster else None
     redis = RedisServer() if group is None else group.primary
-    if group is None:
+    if cluster is not None:
+        cluster.start()
+        url = f"{cluster.url}/?shards={load.shards}"
+    elif group is None:
         redis.start()
+        url = redis.url
     else:
         group.start()
-    url = redis.url if group is None else group.url
+        url = group.url
+    servers = [redis] if group is None and cluster is None else (group or cluster).servers  # type: ignore[union-attr]
+    mover: threading.Thread | None = None
 
     def primary() -> int:
         """Where the primary is now (a failover moves it)."""
@@ -123,7 +138,11 @@ def run_fleet(
     online_at_settle: dict[str, float] = {}
     try:
         gateways = start_gateways(load, url, workdir)
-        reader = PresenceReader(primary).start()
+        if cluster is not None:
+            streams = [shard.stream for shard in FleetKeys(KEY_PREFIX, "-", load.shards).shards]
+            reader = ClusterPresenceReader([server.port for server in cluster.servers], streams).start()
+        else:
+            reader = PresenceReader(primary).start()
         timeline = plan_fleet(load, generator_count(load.device_load()))
         gen_specs = fleet_specs(load, timeline, [g.port for g in gateways], workdir)
         pool = GeneratorPool(gen_specs, workdir)
@@ -138,7 +157,10 @@ def run_fleet(
                 kill["pids"] = victim.kill()
                 kill["gateway"] = victim.name
                 kill["port"] = victim.port
-            if timeline.redis_down is not None and "down" not in outage and now >= timeline.redis_down:
+            fault_due = timeline.redis_down is not None and now >= timeline.redis_down
+            if cluster is not None and fault_due and mover is None:
+                mover = start_migration(cluster, load.shards, outage)
+            elif cluster is None and fault_due and "down" not in outage:
                 # What the old Redis holds and what the reader has of it: the difference
                 # is what nobody reading the stream will see.
                 outage["stream_length"] = stream_length(primary())
@@ -158,7 +180,7 @@ def run_fleet(
                 for gw in gateways:
                     gw.sample_rss(now)
                 with contextlib.suppress(psutil.Error):
-                    pids = [s.pid for s in ([redis] if group is None else group.servers) if s.pid is not None]
+                    pids = [s.pid for s in servers if s.pid is not None]
                     if pids:
                         redis_rss.append((now, sum(psutil.Process(pid).memory_info().rss for pid in pids)))
                 if not online_at_settle and now >= timeline.acts - 1.5:
@@ -201,7 +223,11 @@ def run_fleet(
             stop(gw.proc, timeout=10)
         if reader is not None:
             reader.stop()
-        if group is None:
+        if mover is not None:
+            mover.join(120)
+        if cluster is not None:
+            cluster.stop()
+        elif group is None:
             redis.stop()
         else:
             group.stop()
@@ -218,6 +244,23 @@ def run_fleet(
             "".join(json.dumps([e.incarnation, e.origin, e.event]) + "\n" for e in reader.events)
         )
     return merged
+
+
+def start_migration(cluster: RedisClusterSet, shards: int, outage: dict[str, Any]) -> threading.Thread:
+    """Move every third shard's slot and the hub's to the next primary, a few keys at a
+    time, on a thread; ``outage`` gets when it began and ended and how many keys moved."""
+    keys = FleetKeys(KEY_PREFIX, "-", shards)
+    slots = [hash_slot(shard.stream) for shard in keys.shards[::3]] + [hash_slot(keys.members)]
+    outage.update(down=time.monotonic(), migrated_slots=len(slots), migrated_keys=0)
+
+    def move() -> None:
+        for slot in slots:
+            outage["migrated_keys"] += cluster.migrate_slot(slot, batch=100, pause=0.005)
+        outage["up"] = time.monotonic()
+
+    thread = threading.Thread(target=move, name="slot-migration", daemon=True)
+    thread.start()
+    return thread
 
 
 def parser(prog: str = "python -m loadtest fleet") -> argparse.ArgumentParser:
@@ -243,6 +286,17 @@ def parser(prog: str = "python -m loadtest fleet") -> argparse.ArgumentParser:
         "given redis+sentinel://...",
     )
     a("--failover", action="store_true", help="with --sentinel: SIGKILL the primary mid-run (a replica is promoted)")
+    a(
+        "--redis-cluster",
+        action="store_true",
+        help="Redis as a Redis Cluster of three primaries; the gateways are given redis+cluster://...",
+    )
+    a("--shards", type=int, default=d.shards, help=f"with --redis-cluster: presence shards (default: {d.shards})")
+    a(
+        "--migrate",
+        action="store_true",
+        help="with --redis-cluster: move a third of the shards' slots and the hub's to another primary mid-run",
+    )
     a(
         "--failover-delay",
         type=float,
@@ -274,6 +328,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     if load.failover and (not load.sentinel or load.redis_restart):
         print("--failover needs --sentinel, and not --redis-restart (the primary is killed, not restarted)", flush=True)
+        return 2
+    if load.migrate and not load.redis_cluster:
+        print("--migrate needs --redis-cluster", flush=True)
+        return 2
+    if load.redis_cluster and (load.sentinel or load.redis_restart):
+        print("--redis-cluster goes with neither --sentinel nor --redis-restart", flush=True)
         return 2
     if not args.quiet:
         print(

@@ -34,6 +34,12 @@ class FleetLoad:
     """Redis as a primary, two replicas and three Sentinels; the gateways find the primary through them."""
     failover: bool = False
     """With ``sentinel``: SIGKILL the primary mid-run, and the Sentinels promote a replica."""
+    redis_cluster: bool = False
+    """Redis as a Redis Cluster of three primaries; the gateways are given redis+cluster://..."""
+    shards: int = 16
+    """With ``redis_cluster``: the presence shards (``?shards=``)."""
+    migrate: bool = False
+    """With ``redis_cluster``: move a third of the shards' slots and the hub's to another primary mid-run."""
     failover_delay: tuple[float, float] | None = None
     """A failing-over device's back-off, (min, max) s; None: (0.5, K)."""
     lease: float = 10.0
@@ -108,6 +114,10 @@ FAILOVER_ALLOWANCE = 6.0
 """Seconds a Sentinel failover is given in the plan (``down-after-milliseconds`` 2000, then the election)."""
 
 
+MIGRATION_ALLOWANCE = 5.0
+"""Seconds given in the plan to a slot migration (and a second more per 20,000 devices)."""
+
+
 def plan_fleet(load: FleetLoad, generators: int) -> FleetTimeline:
     """Lay the phases out from now; each fault gets a phase of its own, so what it causes is its own."""
     k = load.keepalive
@@ -123,6 +133,9 @@ def plan_fleet(load: FleetLoad, generators: int) -> FleetTimeline:
         redis_down = t
         redis_up = t + load.outage
         t = redis_up + load.lease + 3.0  # every node has found its lease gone and resynchronised
+    elif load.migrate:
+        redis_down = t  # the slots start moving; the run goes on while they do
+        t += MIGRATION_ALLOWANCE + load.devices / 20_000
     elif load.failover:
         redis_down = t  # the primary is killed; the Sentinels promote the replica a few seconds on
         t += FAILOVER_ALLOWANCE + load.lease + 3.0

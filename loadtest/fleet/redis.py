@@ -10,6 +10,7 @@ starts an empty stream, so reading goes on from id 0.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import math
@@ -22,10 +23,13 @@ from typing import Any
 
 import coredis
 import trio
+from coredis.connection import TCPLocation
 
-__all__ = ["PRESENCE_STREAM", "PresenceReader", "StreamEvent", "stream_length"]
+__all__ = ["KEY_PREFIX", "PRESENCE_STREAM", "ClusterPresenceReader", "PresenceReader", "StreamEvent", "stream_length"]
 
-PRESENCE_STREAM = "idlekeeper:presence"
+KEY_PREFIX = "idlekeeper:"
+"""The gateways' default ``--prefix``."""
+PRESENCE_STREAM = KEY_PREFIX + "presence"
 """The fleet's presence stream (``servers.heartbeat.coordination.fleet``): one entry per
 event, the event's JSON in the field ``event``, the emitting node in ``origin``."""
 
@@ -154,25 +158,30 @@ class PresenceReader:
                     return position, run_id
                 await trio.sleep(0.1)
                 continue
-            batch: list[StreamEvent] = []
-            for entries in (res or {}).values():
-                for entry in entries:
-                    position = _text(entry.identifier)
-                    fields = entry.field_values
-                    try:
-                        event = json.loads(fields[b"event"])
-                    except (KeyError, ValueError):
-                        continue
-                    batch.append(StreamEvent(self.incarnation, position, _text(fields.get(b"origin", b"")), event))
-            if batch:
-                now = time.time()
-                # How far behind the feed this reader is: if a restart comes, what it has
-                # not read yet is gone with the old Redis.
-                self.lag.extend(now - float(e.event.get("time", now)) for e in batch)
-                with self._lock:
-                    self.events.extend(batch)
-                self.last_event_at = time.monotonic()
+            position = self._take(res, position)
         return position, run_id
+
+    def _take(self, res: Any, position: str) -> str:
+        """Keep the events one XREAD returned; the position after them."""
+        batch: list[StreamEvent] = []
+        for entries in (res or {}).values():
+            for entry in entries:
+                position = _text(entry.identifier)
+                fields = entry.field_values
+                try:
+                    event = json.loads(fields[b"event"])
+                except (KeyError, ValueError):
+                    continue
+                batch.append(StreamEvent(self.incarnation, position, _text(fields.get(b"origin", b"")), event))
+        if batch:
+            now = time.time()
+            # How far behind the feed this reader is: if a restart comes, what it has
+            # not read yet is gone with the old Redis.
+            self.lag.extend(now - float(e.event.get("time", now)) for e in batch)
+            with self._lock:
+                self.events.extend(batch)
+            self.last_event_at = time.monotonic()
+        return position
 
     @staticmethod
     async def _resume(client: coredis.Redis[bytes], position: str) -> str:
@@ -206,6 +215,74 @@ class PresenceReader:
             self.stats.commands = base + total
             self.stats.samples.append((time.monotonic(), float(_int(info.get("instantaneous_ops_per_sec", 0))), total))
             self.stats.peak_used_memory = max(self.stats.peak_used_memory, _int(info.get("used_memory", 0)))
+
+
+class ClusterPresenceReader(PresenceReader):
+    """Reads every shard's presence stream of a fleet on Redis Cluster from id 0 until
+    stopped (a task per stream; the cluster client follows slots that move), and samples
+    INFO on every server, summed."""
+
+    def __init__(self, ports: list[int], streams: list[str], *, block_ms: int = 300, max_seconds: float = 3600.0):
+        super().__init__(ports[0], block_ms=block_ms, max_seconds=max_seconds)
+        self.ports = ports
+        self.streams = streams
+        self.incarnation = 0  # nothing restarts: one run of the store
+
+    async def _run(self) -> None:
+        client: coredis.RedisCluster[bytes] = coredis.RedisCluster(
+            startup_nodes=[TCPLocation("127.0.0.1", port) for port in self.ports],
+            decode_responses=False,
+            connect_timeout=1.0,
+            stream_timeout=2.0 + self.block_ms / 1000,
+        )
+        async with client, trio.open_nursery() as nursery:
+            nursery.start_soon(self._sample_servers)
+            for stream in self.streams:
+                nursery.start_soon(self._read_stream, client, stream)
+            # The orchestrator's thread asks to stop through a threading.Event: polled.
+            deadline = time.monotonic() + self.max_seconds
+            while not self._stop.is_set() and time.monotonic() < deadline:  # noqa: ASYNC110
+                await trio.sleep(0.1)
+            nursery.cancel_scope.cancel()
+
+    async def _read_stream(self, client: coredis.RedisCluster[bytes], stream: str) -> None:
+        position = "0-0"
+        while True:
+            try:
+                with trio.fail_after(5.0):
+                    res = await client.xread({stream: position}, count=5000, block=self.block_ms)
+            except (Exception, trio.TooSlowError):
+                self.errors += 1
+                await trio.sleep(0.1)
+                continue
+            position = self._take(res, position)
+
+    async def _sample_servers(self) -> None:
+        async with contextlib.AsyncExitStack() as stack:
+            clients = [
+                await stack.enter_async_context(
+                    coredis.Redis(host="127.0.0.1", port=p, connect_timeout=1.0, stream_timeout=2.0)
+                )
+                for p in self.ports
+            ]
+            await self._sample_each(clients)
+
+    async def _sample_each(self, clients: list[coredis.Redis[bytes]]) -> None:
+        while True:
+            await trio.sleep(1.0)
+            total = ops = memory = 0
+            for c in clients:
+                try:
+                    with trio.fail_after(2.0):
+                        info = await c.info("stats", "memory")
+                except (Exception, trio.TooSlowError):
+                    continue
+                total += _int(info.get("total_commands_processed", 0))
+                ops += _int(info.get("instantaneous_ops_per_sec", 0))
+                memory += _int(info.get("used_memory", 0))
+            self.stats.commands = max(self.stats.commands, total)
+            self.stats.samples.append((time.monotonic(), float(ops), total))
+            self.stats.peak_used_memory = max(self.stats.peak_used_memory, memory)
 
 
 def stream_length(port: int, timeout: float = 2.0) -> int:

@@ -122,8 +122,10 @@ def merge_fleet(
         else {
             "down_at_s": outage["down"] - t0,
             "down_for_s": outage.get("up", math.nan) - outage["down"],
-            "stream_length": outage["stream_length"],
-            "read_before": outage["read"],
+            "stream_length": outage.get("stream_length", math.nan),
+            "read_before": outage.get("read", math.nan),
+            "migrated_slots": outage.get("migrated_slots", 0),
+            "migrated_keys": outage.get("migrated_keys", 0),
         },
         "redis": {
             "ops_per_s_steady": reader.stats.ops_per_s(timeline.acts - load.keepalive, timeline.acts),
@@ -133,6 +135,9 @@ def merge_fleet(
             "rss_mb_steady": max((v for t, v in redis_rss if t <= steady_end), default=0) / 1e6,
             "rss_mb_peak": max((v for _, v in redis_rss), default=0) / 1e6,
             "used_memory_mb_peak": reader.stats.peak_used_memory / 1e6,
+            "ops_per_device_hour": reader.stats.ops_per_s(timeline.acts - load.keepalive, timeline.acts)
+            * 3600
+            / max(1, load.devices),
         },
         "gateways": gw_out,
         "timeline": {
@@ -166,6 +171,12 @@ def _ms(s: dict[str, float], key: str) -> str:
     return f"{s.get(key, math.nan):.1f}"
 
 
+def _redis_kind(o: dict[str, Any]) -> str:
+    if o.get("redis_cluster"):
+        return f"Redis Cluster: three primaries, {o.get('shards')} presence shards; "
+    return "Redis: a primary, two replicas, three Sentinels; " if o.get("sentinel") else "one redis-server; "
+
+
 def report(r: dict[str, Any]) -> str:
     """The human-readable report."""
     feed = r["feed"]
@@ -174,7 +185,7 @@ def report(r: dict[str, Any]) -> str:
     late = r["lateness_ms"]
     lines = [
         f"fleet                  {o['nodes']} gateways x {r['workers_per_node']} workers, "
-        + ("Redis: a primary, two replicas, three Sentinels; " if o.get("sentinel") else "one redis-server; ")
+        + _redis_kind(o)
         + f"keep-alive {o['keepalive']} s",
         f"devices connected      {r['connected']:,} of {r['devices']:,} ({r['connect_rate_per_s']:,.0f}/s; "
         f"failed {r['connect_failed']}, refused {r['refused']})",
@@ -229,7 +240,13 @@ def report(r: dict[str, Any]) -> str:
             f"after the kill; {r['drops']['by_kill']:,} devices failed over ({r['retries']} refused retries)"
         )
     ro = r["redis_outage"]
-    if ro and o.get("failover"):
+    if ro and o.get("migrate"):
+        lines.append(
+            f"slot migration         began at {ro['down_at_s']:.1f} s: {ro['migrated_slots']} slots "
+            f"({ro['migrated_keys']:,} keys) moved to another primary in {ro['down_for_s']:.1f} s, "
+            "while devices came, went and roamed"
+        )
+    elif ro and o.get("failover"):
         lines.append(
             f"redis failover         primary SIGKILLed at {ro['down_at_s']:.1f} s; the Sentinels promoted a replica "
             f"{ro['down_for_s']:.1f} s later; its stream held {ro['stream_length']:,} entries then, "
@@ -249,7 +266,8 @@ def report(r: dict[str, Any]) -> str:
     rd = r["redis"]
     lines.append(
         f"redis                  {rd['ops_per_s_steady']:,.0f} ops/s at steady state, {rd['ops_per_s_run']:,.0f} "
-        f"over the run (peak {rd['ops_per_s_peak']:,.0f}); RSS {rd['rss_mb_steady']:,.0f} MB steady, "
+        f"over the run (peak {rd['ops_per_s_peak']:,.0f}); {rd['ops_per_device_hour']:,.0f} ops per device-hour "
+        f"at steady state; RSS {rd['rss_mb_steady']:,.0f} MB steady, "
         f"{rd['rss_mb_peak']:,.0f} MB peak"
     )
     for g in r["gateways"]:

@@ -62,8 +62,9 @@ def record_fields(event: PresenceEvent, owner: str, encoded: str) -> list[str]:
 class Claims:
     """This node's changes to device records, and the presence events they wrote.
 
-    ``emitted`` is the id of the latest presence event this node is known to have
-    written: the reader has delivered everything once it has read that far.
+    ``emitted`` has, for each presence stream (one per shard), the id of the latest
+    event this node is known to have written there: the reader has delivered
+    everything once it has read each stream that far.
     """
 
     def __init__(
@@ -82,10 +83,6 @@ class Claims:
         self.scripts = link.scripts
         self.keys = keys
         self.counts = counts
-        self.prefix = keys.prefix
-        self.dev_prefix = keys.dev_prefix
-        self.k_stream = keys.stream
-        self.k_owned = keys.owned
         self.node = node
         self.lease = lease
         self.stream_maxlen = stream_maxlen
@@ -95,7 +92,12 @@ class Claims:
         self.sweep_lock_ms = str(int(max(lease * 2, 1.0) * 1000))
         """How long a sweep lock lives: a few leases, so a sweep whose sweeper died is
         resumed by the next node to take it. Each batch its holder ends renews it."""
-        self.emitted = (0, 0)
+        self.emitted: dict[str, tuple[int, int]] = {}
+
+    def _wrote(self, stream: str, ids: Any) -> None:
+        top = max(stream_id(i) for i in ids)
+        if top > self.emitted.get(stream, (0, 0)):
+            self.emitted[stream] = top
 
     def claim_request(self, event: PresenceEvent, mode: str, client: Any) -> Any:
         """The claim of ``event`` (``mode`` "claim", or "reclaim" in a resynchronisation) on
@@ -103,28 +105,33 @@ class Claims:
         assert event.client_id is not None
         detail = takeover_of(event, event).detail
         encoded = event_json(event)
-        args = [self.prefix, self.node, event.client_id, event.epoch, encoded, str(self.stream_maxlen), mode]
+        shard = self.keys.shard(event.client_id)
+        args = [shard.prefix, self.node, event.client_id, event.epoch, encoded, str(self.stream_maxlen), mode]
         args += [detail, repr(event.time), *record_fields(event, self.node, encoded)]
-        keys = [self.dev_prefix + event.client_id, self.k_stream, self.k_owned]
+        keys = [shard.dev_prefix + event.client_id, shard.stream, shard.owned]
         return self.scripts.claim(keys, args, client=client)
 
-    def claimed(self, out: Any) -> bool:
-        """Count a claim's reply; False if a newer session (by accept time) holds the device."""
+    def claimed(self, out: Any, client_id: str) -> bool:
+        """Count the reply to ``client_id``'s claim; False if a newer session (by accept
+        time) holds the device."""
         ids = list(out or [])
+        stream = self.keys.shard(client_id).stream
         if ids and ids[0] == b"stale":
             if len(ids) > 1:  # a re-claimed session's end, written for it (see the script)
                 self.counts.offlines += 1
-                self.emitted = max(self.emitted, stream_id(ids[1]))
+                self._wrote(stream, ids[1:])
             return False
         if ids:
             self.counts.claims += 1
             self.counts.takeovers += len(ids) - 1
-            self.emitted = max(self.emitted, *(stream_id(i) for i in ids))
+            self._wrote(stream, ids)
         return True
 
     async def claim(self, event: PresenceEvent, mode: str) -> bool:
         """Apply a claim; False if a newer session (by accept time) holds the device."""
-        return self.claimed(await self.link.call(self.claim_request(event, mode, self.link.redis())))
+        assert event.client_id is not None
+        out = await self.link.call(self.claim_request(event, mode, self.link.redis()))
+        return self.claimed(out, event.client_id)
 
     def offline_request(self, event: PresenceEvent, forget: bool, client: Any) -> Any:
         """The end of ``event``'s session (``forget``: its record goes, a tombstone kept)."""
@@ -132,41 +139,54 @@ class Claims:
         ttl = self._ttls()
         tomb = str(int(max(60.0, self.lease * 10) * 1000))
         encoded = event_json(event)
-        args = [self.prefix, self.node, event.client_id, event.epoch, encoded, str(self.stream_maxlen)]
+        shard = self.keys.shard(event.client_id)
+        args = [shard.prefix, self.node, event.client_id, event.epoch, encoded, str(self.stream_maxlen)]
         args += ["1" if forget else "0", ttl, tomb, *record_fields(event, "", encoded)]
-        keys = [self.dev_prefix + event.client_id, self.k_stream, self.k_owned]
+        keys = [shard.dev_prefix + event.client_id, shard.stream, shard.owned]
         return self.scripts.offline(keys, args, client=client)
 
-    def offline_done(self, out: Any) -> None:
-        """Count an offline's reply (empty: the session had ended already)."""
+    def offline_done(self, out: Any, client_id: str) -> None:
+        """Count the reply to ``client_id``'s offline (empty: the session had ended already)."""
         if out:
             self.counts.offlines += 1
-            self.emitted = max(self.emitted, stream_id(out[0]))
+            self._wrote(self.keys.shard(client_id).stream, out[:1])
 
     def _ttls(self) -> str:
         """The scripts' "<ttl>,<ttl seen once>" argument, in ms."""
         return f"{int(self.offline_ttl * 1000)},{int(self.once_ttl * 1000)}"
 
     async def lose(self, owner: str, client_ids: list[str], reason: Offline, detail: str, check_lease: bool) -> int:
-        """End the online sessions of ``client_ids`` that ``owner`` holds; -1 if its lease is back."""
-        if not client_ids:
-            return 0
-        keys = [self.k_stream, self.keys.owned_prefix + owner, self.keys.lease_prefix + owner]
-        keys.append(self.keys.sweep_prefix + owner)
-        now = repr(round(time.time(), 3))
-        args = [self.prefix, self.node, owner, str(self.stream_maxlen), reason.value, detail, now]
-        args += [self._ttls(), "1" if check_lease else "0", self.sweep_lock_ms, *client_ids]
-        n = int(await self.link.call(self.scripts.lose(keys, args)))
-        if n > 0:
-            if reason is Offline.NODE_LOST:
-                self.counts.node_lost += n
-            else:
-                self.counts.offlines += n
-            # The stream's top is at least as far as what this call added.
-            last = await self.link.call(self.link.redis().xrevrange(self.k_stream, "+", "-", count=1))
-            if last:
-                self.emitted = max(self.emitted, stream_id(last[0].identifier))
-        return n
+        """End the online sessions of ``client_ids`` that ``owner`` holds; -1 if its lease is back.
+
+        One call per shard the ids are in; with ``check_lease``, it stops at the first
+        shard where ``owner``'s lease (or its copy there) exists again."""
+        total = 0
+        for shard, ids in self.keys.by_shard(client_ids):
+            keys = [shard.stream, shard.owned_prefix + owner, shard.lease_prefix + owner]
+            now = repr(round(time.time(), 3))
+            args = [shard.prefix, self.node, owner, str(self.stream_maxlen), reason.value, detail, now]
+            args += [self._ttls(), "1" if check_lease else "0", *ids]
+            n = int(await self.link.call(self.scripts.lose(keys, args)))
+            if n < 0:
+                return -1
+            if n > 0:
+                if reason is Offline.NODE_LOST:
+                    self.counts.node_lost += n
+                else:
+                    self.counts.offlines += n
+                # The stream's top is at least as far as what this call added.
+                last = await self.link.call(self.link.redis().xrevrange(shard.stream, "+", "-", count=1))
+                if last:
+                    self._wrote(shard.stream, [last[0].identifier])
+            total += n
+        return total
+
+    async def owned(self, node: str) -> list[str]:
+        """The client ids whose online session ``node`` holds, over every shard."""
+        redis, found = self.link.redis(), []
+        for shard in self.keys.shards:
+            found += [text(m) for m in await self.link.call(redis.smembers(shard.owned_prefix + node))]
+        return sorted(found)
 
     async def resynchronise(self, host: Host, queue: ReportQueue, sessions: PersistentSessions) -> None:
         """Re-claim every session ``host`` holds; with ``queue.reconcile``, end those it no longer holds."""
@@ -188,8 +208,7 @@ class Claims:
                 live = {e.client_id for e in held_now}
                 # Devices with a report still queued are settled by that report (with its reason).
                 live |= {r.event.client_id for r in queue.items if r.event is not None}
-                owned = await self.link.call(self.link.redis().smembers(self.k_owned))
-                gone = sorted(c for c in (text(m) for m in owned) if c not in live)
+                gone = [c for c in await self.owned(self.node) if c not in live]
                 await self.lose(self.node, gone, Offline.CONNECTION_LOST, "its offline report was dropped", False)
                 # Persistent sessions whose Detach may have been dropped wait for their clients.
                 live |= {r.report.client_id for r in queue.items if r.report is not None}

@@ -142,8 +142,10 @@ class RedisCoordinator(Coordinator, FleetCounts):
         self.open_timeout = open_timeout
         self._progress = trio.Event()  # set (and replaced) whenever the flusher, reader or renewer moved on
 
-        self.keys = keys = FleetKeys(prefix, node)
         self.link = link = RedisLink(url, node, timeout=timeout, renew=renew)
+        if link.target.cluster and "{" in prefix:
+            raise ValueError(f"prefix {prefix!r}: on Redis Cluster the prefix may not hold '{{' (hash tags follow it)")
+        self.keys = keys = FleetKeys(prefix, node, link.target.shards)
         self.reports = ReportQueue(self, limit=queue_limit)
         self.filters = filters = Filters(link, keys, node=node)
         self.sessions = PersistentSessions(
@@ -372,7 +374,8 @@ class RedisCoordinator(Coordinator, FleetCounts):
             return None
         try:
             with trio.fail_after(self.timeout):
-                status, raw = await redis.hmget(self.keys.dev_prefix + client_id, ["status", "event"])
+                record = self.keys.shard(client_id).dev_prefix + client_id
+                status, raw = await redis.hmget(record, ["status", "event"])
         except (Exception, trio.TooSlowError) as exc:
             self.link.failed(exc)
             return None
@@ -383,7 +386,7 @@ class RedisCoordinator(Coordinator, FleetCounts):
     async def drain(self) -> None:
         """Wait until every queued report was applied and this node read back what it emitted."""
         reports = self.reports
-        while self._queue or reports.busy or reports.resync or self.reader.read_pos < self.ownership.emitted:
+        while self._queue or reports.busy or reports.resync or not self.reader.caught_up(self.ownership.emitted):
             await self._progress.wait()
 
     def health(self) -> Health:

@@ -149,9 +149,10 @@ class Flusher:
             client_id = event.client_id
 
             def claimed(out: Any) -> None:
-                if not claims.claimed(out):
+                if not claims.claimed(out, client_id):
                     # It crossed a newer session's claim from another node: that one holds the device.
                     host.evict(client_id, event.epoch, "a newer session holds this client id")
 
             return [(claims.claim_request(event, "claim", client), claimed)]
-        return [(claims.offline_request(event, report.forget, client), claims.offline_done)]
+        client_id = event.client_id
+        return [(claims.offline_request(event, report.forget, client), lambda out: claims.offline_done(out, client_id))]

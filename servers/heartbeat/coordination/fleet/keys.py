@@ -51,6 +51,11 @@ Retained messages (see :mod:`.retained`)::
 
 The Lua scripts (:mod:`.scripts`) derive the per-client keys from the prefix
 themselves, so only the names Python uses are here.
+
+On Redis Cluster (:mod:`.shards`) the names above are the same with a hash tag after
+the prefix: ``dev:``, ``presence`` and ``owned:`` (and a copy of each lease,
+``node:<node>``, that a sweep checks in the same step) under each shard's tag,
+``idlekeeper:{s3}presence``; everything else under the hub's, ``idlekeeper:{h}members``.
 """
 
 from __future__ import annotations
@@ -59,7 +64,9 @@ from typing import Any
 
 import coredis
 
-__all__ = ["NOTICE_MAXLEN", "ROUTE_MAXLEN", "ROUTE_TTL_MS", "TRIM_NOTICES", "TRIM_ROUTES", "FleetKeys"]
+from .shards import shard_index, spread_tags
+
+__all__ = ["NOTICE_MAXLEN", "ROUTE_MAXLEN", "ROUTE_TTL_MS", "TRIM_NOTICES", "TRIM_ROUTES", "FleetKeys", "ShardKeys"]
 
 ROUTE_MAXLEN = 10_000
 """Messages kept in a node's route stream: a node that falls this far behind loses the oldest."""
@@ -77,24 +84,49 @@ TRIM_ROUTES: dict[str, Any] = {**TRIM_NOTICES, "threshold": ROUTE_MAXLEN}
 """How XADD trims a route stream: to ``ROUTE_MAXLEN``, as the scripts do."""
 
 
+class ShardKeys:
+    """The presence keys of one shard: device records, the presence stream, the sets of
+    devices each node holds, and a copy of each node's lease (see :mod:`.shards`)."""
+
+    __slots__ = ("index", "prefix", "dev_prefix", "stream", "owned_prefix", "lease_prefix", "owned", "lease")
+
+    def __init__(self, index: int, prefix: str, node: str) -> None:
+        self.index = index
+        self.prefix = prefix
+        """What the scripts derive this shard's keys from."""
+        self.dev_prefix = prefix + "dev:"
+        self.stream = prefix + "presence"
+        self.owned_prefix = prefix + "owned:"
+        self.lease_prefix = prefix + "node:"
+        self.owned = self.owned_prefix + node
+        self.lease = self.lease_prefix + node
+
+
 class FleetKeys:
     """The names of the keys one node uses: the fleet's shared ones and its own.
 
     Keys of another node or of a device are a ``*_prefix`` followed by its id; they
-    are built where they are used, often once per report.
+    are built where they are used, often once per report. ``shards`` > 0 lays them out
+    for Redis Cluster in that many presence shards; 0 is one Redis's layout.
     """
 
     __slots__ = (
-        "prefix", "members", "stream", "filters", "changed", "pfilters", "pfilters_version",
+        "prefix", "members", "filters", "changed", "pfilters", "pfilters_version",
         "pchanged", "psessions", "pstats", "retained", "retained_index", "retained_stats",
-        "dev_prefix", "lease_prefix", "owned_prefix", "route_prefix", "held_prefix",
-        "sweep_prefix", "lease", "owned", "routes", "held",
+        "lease_prefix", "route_prefix", "held_prefix", "sweep_prefix", "lease", "routes",
+        "held", "shards", "sharded",
     )  # fmt: skip
 
-    def __init__(self, prefix: str, node: str) -> None:
+    def __init__(self, prefix: str, node: str, shards: int = 0) -> None:
+        self.sharded = shards > 0
+        if self.sharded:
+            tags = spread_tags(shards)
+            self.shards = [ShardKeys(k, f"{prefix}{{{tag}}}", node) for k, tag in enumerate(tags[:-1])]
+            prefix = f"{prefix}{{{tags[-1]}}}"
+        else:
+            self.shards = [ShardKeys(0, prefix, node)]
         self.prefix = prefix
         self.members = prefix + "members"
-        self.stream = prefix + "presence"
         self.filters = prefix + "filters"
         self.changed = prefix + "filters-changed"
         self.pfilters = prefix + "pfilters"
@@ -105,14 +137,24 @@ class FleetKeys:
         self.retained = prefix + "retained"
         self.retained_index = prefix + "retained-index"
         self.retained_stats = prefix + "retained-stats"
-        self.dev_prefix = prefix + "dev:"
         self.lease_prefix = prefix + "node:"
-        self.owned_prefix = prefix + "owned:"
         self.route_prefix = prefix + "route:"
         self.held_prefix = prefix + "pheld:"
         self.sweep_prefix = prefix + "sweep:"
         # This node's own.
         self.lease = self.lease_prefix + node
-        self.owned = self.owned_prefix + node
         self.routes = self.route_prefix + node
         self.held = self.held_prefix + node
+
+    def shard(self, client_id: str) -> ShardKeys:
+        """The shard that holds ``client_id``'s presence."""
+        return self.shards[shard_index(client_id, len(self.shards))]
+
+    def by_shard(self, client_ids: list[str]) -> list[tuple[ShardKeys, list[str]]]:
+        """``client_ids`` grouped by shard (each group in the order given)."""
+        if not self.sharded:
+            return [(self.shards[0], client_ids)] if client_ids else []
+        groups: dict[int, list[str]] = {}
+        for client_id in client_ids:
+            groups.setdefault(shard_index(client_id, len(self.shards)), []).append(client_id)
+        return [(self.shards[k], ids) for k, ids in sorted(groups.items())]

@@ -29,6 +29,7 @@ from .keys import FleetKeys
 from .link import RedisLink
 from .metrics import FleetCounts
 from .queue import ReportQueue
+from .shards import hash_slot
 from .values import text
 
 __all__ = ["LeaseKeeper"]
@@ -51,7 +52,7 @@ class LeaseKeeper:
         self._token = f"{node}@{time.time():.3f}"
         self._registered = False
         self._last_renewal: float | None = None
-        self._run_id: str | None = None
+        self._run_id: set[str] | None = None
         self.sweep_hold_until = 0.0
         """``time.monotonic()`` before which no other node is declared lost: a lease after
         Redis was found to be another server (see :meth:`sweeps_held`)."""
@@ -64,6 +65,8 @@ class LeaseKeeper:
         changed = await self._server_changed()
         args = [self.node, self._token, str(int(self.lease * 1000))]
         kept = await self.link.call(self.link.scripts.renew([self.keys.lease, self.keys.members], args))
+        if self.keys.sharded:
+            await self._copy_lease()
         self.renewed()
         if changed:
             self.counts.server_changes += 1
@@ -81,18 +84,47 @@ class LeaseKeeper:
         self._registered = True
         return False
 
+    async def _copy_lease(self) -> None:
+        """On Redis Cluster, the lease's copy in each shard, which a sweep there checks
+        in the same step as it ends sessions (one pipeline; a copy outlives the lease
+        by at most the time between the two writes)."""
+        redis = self.link.redis()
+        ms = int(self.lease * 1000)
+        with trio.fail_after(self.link.timeout * 2):
+            async with redis.pipeline(transaction=False) as pipe:
+                requests = [pipe.set(shard.lease, self._token, px=ms) for shard in self.keys.shards]
+            for request in requests:
+                await request
+
+    async def _run_ids(self) -> set[str]:
+        """The ``run_id`` of each Redis server this node's keys are on (several on a
+        Redis Cluster: one per primary serving a shard or the hub)."""
+        redis = self.link.redis()
+        if not self.keys.sharded:
+            server = await self.link.call(redis.info("server", "replication"))
+            if str(server.get("role", "master")) != "master":
+                # A connection made before a failover, to a primary since demoted (one that
+                # hung, and runs again as a replica): new ones go where the Sentinels say.
+                self.link.drop_connections()
+                raise RuntimeError("redis answered as a replica (a demoted primary); reconnecting")
+            return {str(server.get("run_id", ""))}
+        layout = redis.connection_pool.cluster_layout  # type: ignore[union-attr]
+        seen: dict[str, str] = {}  # a server's name -> a key it serves
+        for key in [self.keys.members, *(shard.stream for shard in self.keys.shards)]:
+            seen.setdefault(layout.node_for_slot(hash_slot(key)).name, key)
+        ids = set()
+        for key in seen.values():
+            ids.add(str((await self.link.call(redis.info("server").route(key))).get("run_id", "")))
+        return ids
+
     async def _server_changed(self) -> bool:
-        """Whether Redis is another server than when this was last asked (its ``run_id``);
+        """Whether Redis is another server than when this was last asked (its ``run_id``;
+        on a Redis Cluster, a server serving our keys that was not among them before: a
+        replica promoted or a node restarted, not a slot moved between known primaries);
         if so, sweeps wait and the next renewal resynchronises."""
-        server = await self.link.call(self.link.redis().info("server", "replication"))
-        if str(server.get("role", "master")) != "master":
-            # A connection made before a failover, to a primary since demoted (one that
-            # hung, and runs again as a replica): new ones go where the Sentinels say.
-            self.link.drop_connections()
-            raise RuntimeError("redis answered as a replica (a demoted primary); reconnecting")
-        run_id = str(server.get("run_id", ""))
-        changed = self._run_id is not None and run_id != self._run_id
-        self._run_id = run_id
+        run_ids = await self._run_ids()
+        changed = self._run_id is not None and not run_ids <= self._run_id
+        self._run_id = run_ids if self._run_id is None or changed else self._run_id | run_ids
         if changed:
             self._hold_sweeps()
             self.server_changed = True

@@ -1,5 +1,6 @@
-"""A fleet node's connection to Redis: each call bounded and timed, whether Redis
-answers, and the pause before a task tries again after a failure."""
+"""A fleet node's connection to Redis (one server, a Sentinel-managed primary, or a
+Redis Cluster): each call bounded and timed, whether Redis answers, and the pause
+before a task tries again after a failure."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from typing import Any
+from typing import Any, TypeAlias
 
 import coredis
 import trio
@@ -16,7 +17,10 @@ from coredis.connection import TCPLocation
 from .scripts import FleetScripts
 from .target import RedisTarget, parse_target
 
-__all__ = ["RedisLink"]
+__all__ = ["Client", "RedisLink"]
+
+Client: TypeAlias = "coredis.Redis[bytes] | coredis.RedisCluster[bytes]"
+"""What a node talks to Redis through: one server's client or a cluster's."""
 
 # One logger for the whole fleet coordinator, whichever of its modules logs.
 logger = logging.getLogger("servers.heartbeat.coordination.fleet")
@@ -37,7 +41,7 @@ class RedisLink:
         self.timeout = timeout
         self.renew = renew
         self.scripts = FleetScripts()
-        self.client: coredis.Redis[bytes] | None = None
+        self.client: Client | None = None
         self.connected = False
         self.down_since: float | None = time.monotonic()
         self.last_error = "not connected yet"
@@ -53,6 +57,16 @@ class RedisLink:
         returned (``async with``), which is the client, or the Sentinels and the client."""
         target = self.target
         timeouts: dict[str, Any] = {"connect_timeout": self.timeout, "stream_timeout": self.timeout + 1.0}
+        if target.cluster:
+            cluster: coredis.RedisCluster[bytes] = coredis.RedisCluster(
+                startup_nodes=[TCPLocation(host, port) for host, port in target.cluster_nodes],
+                username=target.username,
+                password=target.password,
+                **timeouts,
+            )
+            self.client = cluster
+            self.scripts.register(cluster)
+            return cluster
         if not target.sentinel:
             client: coredis.Redis[bytes] = coredis.Redis.from_url(self.url, **timeouts)
             self.client = client
@@ -82,7 +96,7 @@ class RedisLink:
         self.client = None
         self.connected = False
 
-    def redis(self) -> coredis.Redis[bytes]:
+    def redis(self) -> Client:
         """The current client; RuntimeError when the coordinator is not running."""
         if self.client is None:
             raise RuntimeError("not running")

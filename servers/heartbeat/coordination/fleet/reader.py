@@ -12,6 +12,12 @@ through the same stream (rather than a Pub/Sub message) means the eviction is ne
 lost by a node that was briefly disconnected, and it is ordered with the events its
 subscribers see. The same goes for routed messages: a node reads the presence
 stream, its own route stream and the filters notices in one blocking ``XREAD``.
+
+On Redis Cluster there is a presence stream per shard (:mod:`.shards`), in its own
+slot, and one ``XREAD`` may only name keys of one slot: a task reads each shard's
+stream, and another the hub's streams. Each device's events are in one shard, so
+they are still read in order; events of devices in different shards have no order
+between them, as they had none before they were written.
 """
 
 from __future__ import annotations
@@ -40,7 +46,7 @@ logger = logging.getLogger("servers.heartbeat.coordination.fleet")
 
 
 class StreamReader:
-    """The reader task, and how far it has read the presence stream (``read_pos``)."""
+    """The reader tasks, and how far each presence stream was read (``read_pos``)."""
 
     def __init__(
         self,
@@ -64,28 +70,51 @@ class StreamReader:
         self.offline_ttl = offline_ttl
         """How long offline presence is retained: the Message Expiry its events carry."""
         self.moved_on = moved_on
-        self.k_stream = keys.stream
+        self.presence_streams = {shard.stream for shard in keys.shards}
+        self.keys = keys
         self.k_routes = keys.routes
         self.k_changed = keys.changed
         self.k_pchanged = keys.pchanged
         self.ready = trio.Event()
-        """Set once the streams' positions were first taken: what this node emits after is read back."""
-        self.read_pos = (0, 0)
+        """Set once every stream's position was first taken: what this node emits after is read back."""
+        self.read_pos: dict[str, tuple[int, int]] = {}
+        """How far each presence stream was read."""
+
+    def groups(self) -> list[list[str]]:
+        """The streams each task reads with one ``XREAD``: the first holds the hub's."""
+        hub = [self.k_routes, self.k_changed, self.k_pchanged]
+        if not self.keys.sharded:
+            return [[self.keys.shards[0].stream, *hub]]
+        return [hub, *([shard.stream] for shard in self.keys.shards)]
+
+    def caught_up(self, emitted: dict[str, tuple[int, int]]) -> bool:
+        """Whether every presence stream was read as far as ``emitted`` says."""
+        return all(self.read_pos.get(stream, (0, 0)) >= top for stream, top in emitted.items())
 
     async def run(self, host: Host) -> None:
         """Deliver to ``host`` everything read, until cancelled, retrying after failures."""
+        groups = self.groups()
+        positioned = [trio.Event() for _ in groups]
+        async with trio.open_nursery() as nursery:
+            for group, done in zip(groups, positioned, strict=True):
+                nursery.start_soon(self._read, host, group, done)
+            for done in positioned:
+                await done.wait()
+            self.ready.set()
+
+    async def _read(self, host: Host, keys: list[str], first_positioned: trio.Event) -> None:
+        """Read the streams ``keys`` (one slot's) until cancelled, retrying after failures."""
         positioned = False
         attempt = 0
         block_ms = max(100, int(self.link.renew * 1000))
-        keys = [self.k_stream, self.k_routes, self.k_changed, self.k_pchanged]
         positions = dict.fromkeys(keys, (0, 0))
         while True:
             try:
                 redis = self.link.redis()
                 if not positioned:
-                    await self._position(positions)
+                    await self._position(positions, first_positioned.is_set())
                     positioned = True
-                    self.ready.set()
+                    first_positioned.set()
                 asked = {key: f"{ms}-{seq}" for key, (ms, seq) in positions.items()}
                 with trio.fail_after(self.link.timeout + block_ms / 1000):
                     res = await redis.xread(asked, count=1000, block=block_ms)
@@ -99,22 +128,25 @@ class StreamReader:
                 attempt += 1
                 await self.link.failed_attempt(exc, attempt)
 
-    async def _position(self, positions: dict[str, tuple[int, int]]) -> None:
-        """Where to read from: the streams' tops at the start; after an outage, where
-        reading stopped, unless Redis came back without what was read."""
+    async def _position(self, positions: dict[str, tuple[int, int]], before: bool) -> None:
+        """Where to read from: the streams' tops at the start; after an outage (``before``:
+        positioned once already), where reading stopped, unless Redis came back without
+        what was read."""
         redis = self.link.redis()
         for key in positions:
             last = await self.link.call(redis.xrevrange(key, "+", "-", count=1))
             top = stream_id(last[0].identifier) if last else None
-            if not self.ready.is_set():
+            if not before:
                 positions[key] = top or (0, 0)
             elif top is None or top < positions[key]:
                 # The stream is gone or younger than what was read: Redis came
                 # back empty. Everything in the new stream is new to us.
                 positions[key] = (0, 0)
-        self.read_pos = positions[self.k_stream]
-        # After the positions: a change made meanwhile is in both, applied twice, harmlessly.
-        await self.filters.load_persistent()
+            if key in self.presence_streams:
+                self.read_pos[key] = positions[key]
+        if self.k_pchanged in positions:
+            # After the positions: a change made meanwhile is in both, applied twice, harmlessly.
+            await self.filters.load_persistent()
 
     async def _apply(
         self, host: Host, res: dict[Any, Any], positions: dict[str, tuple[int, int]]
@@ -126,8 +158,8 @@ class StreamReader:
             key = text(raw_key)
             for entry in entries:
                 positions[key] = stream_id(entry.identifier)
-                if key == self.k_stream:
-                    self.read_pos = positions[key]
+                if key in self.presence_streams:
+                    self.read_pos[key] = positions[key]
                     self._handle_entry(host, entry.field_values)
                 elif key == self.k_routes:
                     if b"c" in entry.field_values:

@@ -119,7 +119,7 @@ class FleetRetained:
         self.link = link
         self.counts = counts
         self.prefix = keys.prefix
-        self.dev_prefix = keys.dev_prefix
+        self.keys = keys
         self.presence_prefix = presence_prefix
         self.presence = presence
         self.offline_ttl = offline_ttl
@@ -161,7 +161,8 @@ class FleetRetained:
                         shown(owner),
                     )
 
-        return self.link.scripts.retain([], args, client=client), done
+        # The key names the hub's slot, which routes the call on Redis Cluster.
+        return self.link.scripts.retain([self.k_retained], args, client=client), done
 
     # ------------------------------------------------------------------- read
 
@@ -174,14 +175,17 @@ class FleetRetained:
                 return out, rest
             exact = self.exact_presence(topic_filter)
             if exact is not None:
-                record = self.link.redis().hmget(self.dev_prefix + exact, ["status", "event"])
+                record = self.link.redis().hmget(self.keys.shard(exact).dev_prefix + exact, ["status", "event"])
                 status, raw = await self.link.call(record)
                 message = self.presence_message(exact, status, raw, time.time())
                 return out + ([message] if message is not None else []), None
-            return out, "p:0"
-        if not cursor.startswith("p:"):
+            return out, "p:0:0"
+        shard, _, scan_cursor = cursor[2:].partition(":")
+        if not cursor.startswith("p:") or not shard.isdigit() or not scan_cursor.isdigit():
             return [], None
-        return await self._presence_scan(topic_filter, int(cursor[2:]))
+        if int(shard) >= len(self.keys.shards):
+            return [], None
+        return await self._presence_scan(topic_filter, int(shard), int(scan_cursor))
 
     async def _store_page(self, topic_filter: str, after: str | None) -> Page:
         redis, call = self.link.redis(), self.link.call
@@ -203,19 +207,23 @@ class FleetRetained:
             stored += zip(matched, await call(redis.hmget(self.k_retained, matched)), strict=True)
         return live_messages(stored, time.time()), ("s:" + page[-1] if len(walked) > self.page else None)
 
-    async def _presence_scan(self, topic_filter: str, scan_cursor: int) -> Page:
+    async def _presence_scan(self, topic_filter: str, shard: int, scan_cursor: int) -> Page:
+        """A page of the device records of one shard (SCAN, on the server serving it)."""
         redis = self.link.redis()
-        scan_cursor, keys = await self.link.call(
-            redis.scan(scan_cursor, match=self.scan_pattern(topic_filter), count=self.page)
-        )
+        scan = redis.scan(scan_cursor, match=self.scan_pattern(topic_filter, shard), count=self.page)
+        if self.keys.sharded:
+            scan = scan.route(self.keys.shards[shard].stream)
+        scan_cursor, keys = await self.link.call(scan)
         records: list[Any] = []
         if keys:
             async with redis.pipeline(transaction=False) as pipe:
                 requests = [pipe.hmget(k, ["status", "event"]) for k in keys]
             with trio.fail_after(self.link.timeout):
                 records = [await r for r in requests]
-        out = self.presence_page(topic_filter, keys, records)
-        return out, (f"p:{scan_cursor}" if scan_cursor else None)
+        out = self.presence_page(topic_filter, keys, records, shard)
+        if scan_cursor:
+            return out, f"p:{shard}:{scan_cursor}"
+        return out, (f"p:{shard + 1}:0" if shard + 1 < len(self.keys.shards) else None)
 
     # ------------------------------------------------------------------ pure
 
@@ -238,15 +246,16 @@ class FleetRetained:
         """The client id ``topic_filter`` names if it is one presence topic, else None."""
         return exact_presence(topic_filter, self.presence_prefix)
 
-    def scan_pattern(self, topic_filter: str) -> str:
-        """The SCAN MATCH pattern of the device records whose presence ``topic_filter`` may match."""
+    def scan_pattern(self, topic_filter: str, shard: int = 0) -> str:
+        """The SCAN MATCH pattern of the device records in ``shard`` whose presence
+        ``topic_filter`` may match."""
         head = ""
         prefix = self.presence_prefix
         if topic_filter.startswith(prefix):
             rest = topic_filter[len(prefix) :]
             cut = _first_wildcard(rest)
             head = rest if cut < 0 else rest[:cut]
-        return glob_escape(self.dev_prefix + head) + "*"
+        return glob_escape(self.keys.shards[shard].dev_prefix + head) + "*"
 
     def presence_message(self, client_id: str, status: Any, raw: Any, now: float) -> RetainedMessage | None:
         """A device record's retained presence (None: forgotten, or offline past the TTL)."""
@@ -264,11 +273,12 @@ class FleetRetained:
         )
 
     def presence_page(
-        self, topic_filter: str, keys: Sequence[bytes], records: Sequence[Sequence[Any]]
+        self, topic_filter: str, keys: Sequence[bytes], records: Sequence[Sequence[Any]], shard: int = 0
     ) -> list[RetainedMessage]:
-        """The retained presence among SCAN's ``keys`` (with their status and event fields)."""
+        """The retained presence among SCAN's ``keys`` of ``shard`` (with their status and
+        event fields)."""
         out: list[RetainedMessage] = []
-        strip = len(self.dev_prefix)
+        strip = len(self.keys.shards[shard].dev_prefix)
         everything = matches_every_presence_topic(topic_filter, self.presence_prefix)
         now = time.time()
         for key, (status, raw) in zip(keys, records, strict=True):

@@ -8,7 +8,9 @@ when Redis answers NOSCRIPT (after a restart); the files are read as they are,
 byte for byte, so their SHA-1 is that of the text Redis caches.
 
 Every script names the device keys it derives from its arguments through the
-prefix (ARGV), which is fine on one Redis; a Redis Cluster would need hash tags.
+prefix (ARGV). On Redis Cluster every key a script touches is in the slot of the
+keys it is given (:mod:`.shards`): a shard's for presence, the hub's for the rest,
+so each script call is given at least one key, which routes it.
 
 ``persistent_session.lua`` does every session operation (ARGV[3] names it) so that
 its helpers exist once. ARGV: prefix, node, op, window, max queued, max queued
@@ -45,6 +47,7 @@ _LIFE = _read("record_life.lua")  # how long an offline record lives, for the tw
 _OFFLINE = _LIFE + _read("end_session.lua")
 _LOSE = _LIFE + _read("end_lost_sessions.lua")
 _FINISH = _read("finish_sweep.lua")
+_KEEP_LOCK = _read("keep_lock.lua")
 _RENEW = _read("renew_lease.lua")
 _LAPSED = _read("lapsed_members.lua")
 _ROUTE = _read("route_message.lua")
@@ -63,6 +66,8 @@ class FleetScripts:
     """A batch of a node's sessions ended at once (node lost, shutdown, dropped reports)."""
     finish: Script[bytes]
     """A swept node's keys and membership go, once it holds nothing and its lease is gone."""
+    keep_lock: Script[bytes]
+    """A sweep lock kept a while longer by its holder; 0 once another holds it."""
     renew: Script[bytes]
     """This node's lease kept (1) or taken afresh (0), and its membership."""
     lapsed: Script[bytes]
@@ -74,12 +79,13 @@ class FleetScripts:
     retain: Script[bytes]
     """A retained message kept within the bounds, or cleared."""
 
-    def register(self, redis: coredis.Redis[bytes]) -> None:
+    def register(self, redis: coredis.Redis[bytes] | coredis.RedisCluster[bytes]) -> None:
         """Bind every script to ``redis`` (a new connection)."""
         self.claim = redis.register_script(_CLAIM)
         self.offline = redis.register_script(_OFFLINE)
         self.lose = redis.register_script(_LOSE)
         self.finish = redis.register_script(_FINISH)
+        self.keep_lock = redis.register_script(_KEEP_LOCK)
         self.renew = redis.register_script(_RENEW)
         self.lapsed = redis.register_script(_LAPSED)
         self.route = redis.register_script(_ROUTE)

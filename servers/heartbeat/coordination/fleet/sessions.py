@@ -151,6 +151,7 @@ class PersistentSessions:
         self.scripts = link.scripts
         self.counts = counts
         self.prefix = keys.prefix
+        self.k_route = keys.psessions
         self.node = node
         self.max_qos = max_qos
         # The session script's fixed arguments after (prefix, node, op).
@@ -162,7 +163,9 @@ class PersistentSessions:
 
     def script(self, op: str, args: Sequence[str | bytes], client: Any) -> Any:
         """A call of the session script's operation ``op`` on ``client`` (a connection or a pipeline)."""
-        return self.scripts.session([], [self.prefix, self.node, op, *self._bounds, *args], client=client)
+        # The key names the hub's slot, which routes the call on Redis Cluster; the script
+        # derives every key it touches from the prefix.
+        return self.scripts.session([self.k_route], [self.prefix, self.node, op, *self._bounds, *args], client=client)
 
     def request(self, report: Report, client: Any) -> list[Request]:
         """The call that applies ``report`` (none if it changes nothing)."""

@@ -4,11 +4,12 @@ reads the fleet-wide figures.
 
 Each node checks the members' leases every ``renew`` seconds; for a member whose lease
 lapsed, one survivor takes ``sweep:<node>`` (SET NX PX) and ends every session the
-dead node held with reason ``node-lost``, a batch per Lua call. Each device is
-compare-and-set on (online, owner = the dead node) and removed from ``owned:<node>``
-in the same call, so a retry, a second sweeper or a sweep resumed after its sweeper
-died never emits twice; the owned set and the membership go only once it is empty.
-A node that renews again stops the sweep. No node sweeps for a lease after Redis
+dead node held with reason ``node-lost``, a batch per Lua call (per shard, on Redis
+Cluster). Each device is compare-and-set on (online, owner = the dead node) and
+removed from ``owned:<node>`` in the same call, so a retry, a second sweeper or a
+sweep resumed after its sweeper died never emits twice; the membership goes only
+once the owned sets are empty. A node that renews again stops the sweep (each call
+checks its lease, or on Redis Cluster the copy of it in that shard). No node sweeps for a lease after Redis
 failed it or changed under it (see :mod:`.leases`).
 """
 
@@ -82,31 +83,40 @@ class Sweeper:
         """
         redis, call, keys = self.link.redis(), self.link.call, self.keys
         k_lock = keys.sweep_prefix + dead
+        lock_ms = self.claims.sweep_lock_ms
         if lock:
-            lock_ms = int(self.claims.sweep_lock_ms)
-            got = await call(redis.set(k_lock, self.node, condition=coredis.PureToken.NX, px=lock_ms))
+            got = await call(redis.set(k_lock, self.node, condition=coredis.PureToken.NX, px=int(lock_ms)))
             if not got and text(await call(redis.get(k_lock)) or b"") != self.node:
                 return 0
-        owned_key = keys.owned_prefix + dead
         total = 0
         held_key = keys.held_prefix + dead
+        owned_keys = [shard.owned_prefix + dead for shard in keys.shards]
         while True:
-            members = sorted(text(m) for m in await call(redis.smembers(owned_key)))
-            for i in range(0, len(members), batch):
-                n = await self.claims.lose(dead, members[i : i + batch], Offline.NODE_LOST, f"node {dead} lost", True)
-                if n < 0:
-                    return total  # it renewed its lease: alive after all
-                total += n
+            for owned_key in owned_keys:
+                members = sorted(text(m) for m in await call(redis.smembers(owned_key)))
+                for i in range(0, len(members), batch):
+                    if lock and not await call(self.link.scripts.keep_lock([k_lock], [self.node, lock_ms])):
+                        return total  # the lock lapsed and another sweeper took it
+                    ended = members[i : i + batch]
+                    n = await self.claims.lose(dead, ended, Offline.NODE_LOST, f"node {dead} lost", True)
+                    if n < 0:
+                        return total  # it renewed its lease: alive after all
+                    total += n
             # Its persistent sessions wait for their clients, unacknowledged messages kept.
             held = sorted(text(m) for m in await call(redis.smembers(held_key)))
             for i in range(0, len(held), batch):
                 if await self.sessions.detach_lost(dead, held[i : i + batch], True) < 0:
                     return total
-            finish = [owned_key, keys.lease_prefix + dead, keys.members, keys.filters, k_lock]
-            finish += [keys.route_prefix + dead, held_key]
+            finish = [keys.lease_prefix + dead, keys.members, keys.filters, k_lock, keys.route_prefix + dead, held_key]
+            if keys.sharded:
+                # Each shard's set is checked here; the script checks the hub's keys at once.
+                if any([await call(redis.scard(k)) for k in owned_keys]):
+                    continue
+            else:
+                finish += owned_keys
             if await call(self.link.scripts.finish(finish, [dead, self.node])) == 1:
                 break
-            if not await call(redis.scard(owned_key)) and not await call(redis.scard(held_key)):
+            if not any([await call(redis.scard(k)) for k in [*owned_keys, held_key]]):
                 break  # the lease is back (finish refused): leave the rest to the node itself
         self.filters.remote.pop(dead, None)
         return total
@@ -122,11 +132,14 @@ class Sweeper:
         if self.link.client is None:
             return
         redis, call = self.link.redis(), self.link.call
-        owned = sorted(text(m) for m in await call(redis.smembers(self.keys.owned)))
+        owned = await self.claims.owned(self.node)
         for start in range(0, len(owned), 1000):
             batch = owned[start : start + 1000]
             await self.claims.lose(self.node, batch, Offline.SHUTDOWN, "the gateway stopped", False)
         held = sorted(text(m) for m in await call(redis.smembers(self.keys.held)))
         for start in range(0, len(held), 1000):
             await self.sessions.detach_lost(self.node, held[start : start + 1000], False)
-        await call(redis.delete([self.keys.lease]))  # the others finish our keys at once
+        # The others finish our keys at once. One key per call: on Redis Cluster each
+        # shard's copy of the lease is in its own slot.
+        for key in [self.keys.lease, *(shard.lease for shard in self.keys.shards if self.keys.sharded)]:
+            await call(redis.delete([key]))

@@ -1,12 +1,13 @@
 
-local stream, owned, lease, lock = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+-- KEYS: one shard's presence stream, the dead node's owned set there, and its lease
+-- there (on Redis Cluster a copy its renewals keep in every shard): all in one slot.
+local stream, owned, lease = KEYS[1], KEYS[2], KEYS[3]
 local prefix, me, dead, maxlen = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local reason, detail, now = ARGV[5], ARGV[6], ARGV[7]
 -- life(dev): how long an offline record lives (record_life.lua, put before this).
 if ARGV[9] == '1' and redis.call('EXISTS', lease) == 1 then return -1 end
-if redis.call('GET', lock) == me then redis.call('PEXPIRE', lock, ARGV[10]) end
 local n = 0
-for i = 11, #ARGV do
+for i = 10, #ARGV do
   local cid = ARGV[i]
   local dev = prefix .. 'dev:' .. cid
   local cur = redis.call('HMGET', dev, 'status', 'owner', 'event')
