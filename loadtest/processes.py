@@ -49,10 +49,15 @@ def free_port(host: str = "127.0.0.1", run: int = 1) -> int:
 
 
 def start_heartbeat(
-    port: int, workers: int = 1, extra: Sequence[str] = (), timeout: float = 20.0, cwd: str | None = None
+    port: int,
+    workers: int = 1,
+    extra: Sequence[str] = (),
+    timeout: float = 20.0,
+    cwd: str | None = None,
+    prefix: Sequence[str] = (),
 ) -> subprocess.Popen[str]:
     """Run ``python -m servers.heartbeat`` on ``port``; see :func:`start_server`."""
-    return start_server("heartbeat", port, workers, extra, timeout, cwd)
+    return start_server("heartbeat", port, workers, extra, timeout, cwd, prefix=prefix)
 
 
 def start_http(
@@ -70,14 +75,18 @@ def start_server(
     timeout: float = 20.0,
     cwd: str | None = None,
     module: str | None = None,
+    prefix: Sequence[str] = (),
 ) -> subprocess.Popen[str]:
     """Run ``python -m servers.<name>`` (or ``module``) on ``port``; return once every worker listens.
+
+    ``prefix`` goes before the command (``ip netns exec NS``, which execs it: the PID is
+    still the server's).
 
     Its stderr keeps being drained by a thread, so the server never blocks on it.
     Stop it with ``send_signal(SIGTERM)`` on the returned process (by PID).
     """
     module = module or f"servers.{name}"
-    cmd = [sys.executable, "-m", module, "--port", str(port), "--workers", str(workers), *extra]
+    cmd = [*prefix, sys.executable, "-m", module, "--port", str(port), "--workers", str(workers), *extra]
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, cwd=cwd)
     assert proc.stderr is not None
     # One thread reads stderr for the server's whole life (so it never blocks on a full

@@ -7,6 +7,7 @@ lease is short (0.6 s) so that node loss and restarts take well under a second.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from collections.abc import AsyncIterator, Callable, Collection, Iterator
@@ -19,6 +20,7 @@ import pytest
 import trio
 
 from servers.heartbeat.coordination.fleet import RedisCoordinator
+from servers.heartbeat.coordination.fleet.claims import event_json
 from servers.heartbeat.policy import DEFAULT_PRESENCE_PREFIX as PRESENCE
 from servers.heartbeat.presence import Offline, PresenceEvent
 
@@ -214,6 +216,30 @@ async def test_online_and_offline_reach_every_node_once(redis_server: RedisServe
         assert a.coord.claims == 1 and a.coord.offlines == 1
 
 
+async def test_a_sessions_end_written_twice_after_a_failover_is_delivered_and_logged_once(
+    redis_server: RedisServer,
+) -> None:
+    async with fleet(redis_server.url, "a", "b") as (a, b):
+        a.online("dev-1", "e1")
+        off = a.offline("dev-1", "e1")
+        await drain(a, b)
+        # What a reconcile on a promoted replica writes when the old primary took this end
+        # in its last moments: the same session's end again, in the stream.
+        again = dataclasses.replace(off, reason=Offline.CONNECTION_LOST, detail="its offline report was dropped")
+        async with coredis.Redis.from_url(redis_server.url) as r:
+            fields = {"event": event_json(again), "origin": "a", "evict": ""}
+            await r.xadd(PREFIX + "presence", fields)
+        a.online("dev-2", "f1")  # something after it, to know it was read
+        await drain(a, b)
+        await until(lambda: len(b.host.presence("dev-2")) == 1)
+        for n in (a, b):
+            assert statuses(n.host.presence("dev-1")) == [("online", "e1", None), ("offline", "e1", "disconnect")]
+            assert n.coord.repeated_ends == 1
+        assert statuses([e for e in a.sunk if e.client_id == "dev-1"]) == [
+            ("online", "e1", None), ("offline", "e1", "disconnect")
+        ]  # fmt: skip
+
+
 async def test_a_record_of_an_id_seen_once_lives_shorter(redis_server: RedisServer) -> None:
     # Issue 33: 2,000 made-up ids put 503 MB into Redis, each kept a week.
     async with fleet(redis_server.url, "a", offline_ttl=100.0, once_ttl=10.0) as (a,):
@@ -406,13 +432,19 @@ async def test_a_node_cut_off_past_its_lease_comes_back(redis_server: RedisServe
         await drain(a, b)
         await cut_off(redis_server.url, b, "a")
         await until(lambda: any(e.reason is Offline.NODE_LOST for e in b.host.presence("dev-1")))
-        # a registers again and re-announces the session it still holds.
-        await until(lambda: [e.status for e in b.host.presence("dev-1")] == ["online", "offline", "online"])
+        # a registers again; the session it still holds was ended meanwhile, and its end
+        # is in the history: a closes the connection rather than bring the session back.
+        await until(lambda: a.host.evicted != [])
+        assert a.host.evicted == [("dev-1", "e1", "this session was ended while its gateway could not reach redis")]
+        assert a.coord.fenced == 1
         found = await b.coord.lookup("dev-1")
-        assert found is not None and (found.status, found.epoch) == ("online", "e1")
-        a.offline("dev-1", "e1")
+        assert found is not None and (found.status, found.epoch, found.reason) == ("offline", "e1", Offline.NODE_LOST)
+        a.offline("dev-1", "e1")  # the connection's end, as the server reports it
+        a.online("dev-1", "e2")  # the device's next connection
         await drain(a, b)
-        assert [e.status for e in b.host.presence("dev-1")] == ["online", "offline", "online", "offline"]
+        assert [(e.status, e.epoch) for e in b.host.presence("dev-1")] == [
+            ("online", "e1"), ("offline", "e1"), ("online", "e2")
+        ]  # fmt: skip
 
 
 async def test_redis_restart_resynchronises(redis_server: RedisServer) -> None:

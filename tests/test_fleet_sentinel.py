@@ -37,8 +37,8 @@ def sentinels() -> Iterator[SentinelSet]:
     group.stop()
 
 
-def metric(status_port: int, name: str) -> float:
-    _, body = get(f"http://127.0.0.1:{status_port}/metrics")
+def metric(status_port: int, name: str, host: str = "127.0.0.1") -> float:
+    _, body = get(f"http://{host}:{status_port}/metrics")
     for line in body.decode().splitlines():
         if line.startswith(name + " ") or line.startswith(name + "{"):
             return float(line.rsplit(" ", 1)[1])

@@ -76,6 +76,9 @@ class PresenceReader:
         self.errors = 0
         self.lag: list[float] = []
         """Seconds from each event's own time stamp to its reading here (wall clocks)."""
+        self.write_lag: list[float] = []
+        """Seconds from each event's time stamp to its entry in Redis (the entry id's
+        milliseconds, Redis's clock): how far behind the gateways wrote."""
         self.incarnation = -1
         self.last_event_at = time.monotonic()
         self._lock = threading.Lock()
@@ -178,6 +181,9 @@ class PresenceReader:
             # How far behind the feed this reader is: if a restart comes, what it has
             # not read yet is gone with the old Redis.
             self.lag.extend(now - float(e.event.get("time", now)) for e in batch)
+            self.write_lag.extend(
+                int(e.entry_id.partition("-")[0]) / 1000 - float(e.event.get("time", now)) for e in batch
+            )
             with self._lock:
                 self.events.extend(batch)
             self.last_event_at = time.monotonic()

@@ -113,6 +113,7 @@ def merge_fleet(
         "log_entries": len(logs),
         "reader_errors": reader.errors,
         "reader_lag_ms": summary_ms(reader.lag),
+        "write_lag_ms": summary_ms(reader.write_lag),
         "redis_incarnations": reader.incarnation + 1,
         "kill": None
         if not kill
@@ -262,6 +263,12 @@ def report(r: dict[str, Any]) -> str:
         lines.append(
             f"feed reader lag        p50 {_ms(lag, 'p50')} / p99 {_ms(lag, 'p99')} / max {_ms(lag, 'max')} ms "
             "(event time stamp to its reading by the load tester)"
+        )
+    written_lag = r.get("write_lag_ms", {})
+    if written_lag.get("n"):
+        lines.append(
+            f"  of which written     p50 {_ms(written_lag, 'p50')} / p99 {_ms(written_lag, 'p99')} / max "
+            f"{_ms(written_lag, 'max')} ms (event time stamp to its entry in Redis: the gateways' part)"
         )
     rd = r["redis"]
     lines.append(

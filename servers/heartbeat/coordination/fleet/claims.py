@@ -11,7 +11,10 @@ and the later accept ``time`` wins (the registry's rule).
 node was cut off longer than its lease and declared lost), it registers again,
 republishes its filters and re-claims every session its host holds; if reports were
 dropped, devices the registry has it holding that it no longer holds go offline
-(``connection-lost``). A re-claim that finds a newer session elsewhere evicts the
+(``connection-lost``). A session the fleet ended meanwhile (``node-lost``: its end is
+in the history) is not brought back: the node closes its connection (**fenced**,
+counted), and the device's next connection is a new session, so every session still
+ends exactly once. A re-claim that finds a newer session elsewhere evicts the
 local one, stale; if Redis had lost the record of the local one (a failover to a
 replica behind, a restart), the newer one displaced it without an event, and the
 re-claim writes its end (``takeover``). The record keeps the last few sessions a
@@ -128,10 +131,20 @@ class Claims:
         return True
 
     async def claim(self, event: PresenceEvent, mode: str) -> bool:
-        """Apply a claim; False if a newer session (by accept time) holds the device."""
+        """Apply a claim; False if a newer session (by accept time) holds the device, or
+        (a re-claim) if the session was ended meanwhile."""
+        return await self.reclaim(event, mode) is None
+
+    async def reclaim(self, event: PresenceEvent, mode: str = "reclaim") -> str | None:
+        """Apply a (re-)claim; None if it holds, else why the connection must close."""
         assert event.client_id is not None
         out = await self.link.call(self.claim_request(event, mode, self.link.redis()))
-        return self.claimed(out, event.client_id)
+        if list(out or [])[:1] == [b"ended"]:
+            self.counts.fenced += 1
+            return "this session was ended while its gateway could not reach redis"
+        if not self.claimed(out, event.client_id):
+            return "a newer session holds this client id"
+        return None
 
     def offline_request(self, event: PresenceEvent, forget: bool, client: Any) -> Any:
         """The end of ``event``'s session (``forget``: its record goes, a tombstone kept)."""
@@ -199,9 +212,11 @@ class Claims:
             for event in held_now:
                 if event.client_id is None:
                     continue
-                if not await self.claim(event, "reclaim"):
-                    # A later session of this device is online elsewhere: ours is stale.
-                    host.evict(event.client_id, event.epoch, "a newer session holds this client id")
+                refused = await self.reclaim(event)
+                if refused is not None:
+                    # A later session of this device is online elsewhere, or this one was
+                    # declared lost meanwhile: ours is stale.
+                    host.evict(event.client_id, event.epoch, refused)
                 else:
                     await sessions.reattach(host, event.client_id, event.epoch)
             if reconcile:

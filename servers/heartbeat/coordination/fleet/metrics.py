@@ -30,6 +30,11 @@ class FleetCounts:
         self.routed = 0
         self.route_skipped = 0
         self.resyncs = 0
+        self.repeated_ends = 0
+        """Session ends read a second time and passed over (a failover's gap, see :mod:`.reader`)."""
+        self.fenced = 0
+        """Connections closed at a resynchronisation because the fleet had ended their
+        session meanwhile (this node was declared lost while cut off from Redis)."""
         self.server_changes = 0
         """Renewals that found Redis to be another server than at the one before (a
         Sentinel failover, a restart): each resynchronises and reconciles."""
@@ -77,6 +82,16 @@ def fleet_families(
     f.counter("heartbeat_fleet_routed_total", "Messages routed to other nodes.", counts.routed)
     f.counter("heartbeat_fleet_route_skipped_total", "Messages no other node subscribes to.", counts.route_skipped)
     f.counter("heartbeat_fleet_resyncs_total", "Re-registrations after the lease was lost.", counts.resyncs)
+    f.counter(
+        "heartbeat_fleet_repeated_ends_total",
+        "Session ends read a second time (re-written after a failover) and passed over.",
+        counts.repeated_ends,
+    )
+    f.counter(
+        "heartbeat_fleet_fenced_total",
+        "Connections closed on re-registering: the fleet ended their session while this node was cut off.",
+        counts.fenced,
+    )
     f.counter(
         "heartbeat_fleet_redis_server_changes_total",
         "Times Redis was found to be another server (a failover, a restart): each resynchronises.",

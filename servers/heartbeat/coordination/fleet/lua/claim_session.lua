@@ -9,9 +9,12 @@ if cur_epoch == epoch then
     if cur_owner == me then redis.call('SADD', owned, cid) end
     return {}
   end
-  -- A session, once ended, never comes back online: this is a resend. Only a
-  -- resynchronisation re-announces a session still held (declared lost meanwhile).
-  if mode ~= 'reclaim' then return {} end
+  -- A session, once ended, never comes back online: a claim is a resend. A re-claim
+  -- comes from a node that still holds its connection but was declared lost (cut off
+  -- from Redis past its lease): its end is in the history already, so the node closes
+  -- the connection (fenced) and the device's next one is a new session.
+  if mode == 'reclaim' then return {'ended'} end
+  return {}
 end
 -- Sessions a takeover has ended (the latest few), so that a re-claim of one of them
 -- after a failover or a restart does not end it a second time.
