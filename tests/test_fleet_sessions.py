@@ -253,7 +253,9 @@ async def test_unacknowledged_messages_are_resent_with_dup_after_their_node_is_l
             assert not await r.exists([PREFIX + "pheld:a"])
 
 
-async def test_a_node_declared_lost_while_alive_takes_its_sessions_back(redis_server: RedisServer) -> None:
+async def test_a_node_declared_lost_while_alive_fences_the_connection_and_keeps_the_session(
+    redis_server: RedisServer,
+) -> None:
     async with fleet(redis_server.url, "a", "b") as (a, b):
         a.online("c1", "e1")
         await held_session(a, "c1", "e1", {"cmd/c1": 1})
@@ -262,11 +264,19 @@ async def test_a_node_declared_lost_while_alive_takes_its_sessions_back(redis_se
         await until(lambda: len(publishes(a.host, "c1")) == 1)
         await cut_off(redis_server.url, b, "a")
         assert b.coord.persistent_detached == 1
-        # a registers again and still holds the connection: the session is attached again.
+        # a registers again: the fleet ended that connection's presence meanwhile, so a
+        # closes it (fenced) rather than take it back; the MQTT session waits, its
+        # unacknowledged message kept, for the client's next connection.
+        await until(lambda: a.host.evicted != [])
+        assert a.host.evicted == [("c1", "e1", "this session was ended while its gateway could not reach redis")]
+        a.coord.session(Detach("c1", "e1"))
+        found = await a.coord.open_session("c1")
+        assert found is not None and found.present
+        attach(a, "c1", "e2")
         await until(lambda: len(publishes(a.host, "c1")) == 2)
         first, again = publishes(a.host, "c1")
         assert (again.payload, again.dup, again.packet_id) == (b"one", True, first.packet_id)
-        assert await session_field(redis_server.url, "c1", "holder") == b"e1"
+        assert await session_field(redis_server.url, "c1", "holder") == b"e2"
 
 
 async def test_a_session_lost_with_redis_data_closes_its_connection(redis_server: RedisServer) -> None:

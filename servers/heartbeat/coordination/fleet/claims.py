@@ -88,7 +88,8 @@ class Claims:
         self.counts = counts
         self.node = node
         self.lease = lease
-        self.stream_maxlen = stream_maxlen
+        # The bound is the feed's: on Redis Cluster each shard's stream keeps its share.
+        self.stream_maxlen = max(1000, stream_maxlen // len(keys.shards))
         self.offline_ttl = offline_ttl
         self.once_ttl = once_ttl
         """Seconds an offline record lives when its id had one session only (0: as long as any)."""

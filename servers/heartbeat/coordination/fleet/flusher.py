@@ -114,9 +114,10 @@ class Flusher:
                     done(await request)
             self.link.ok(started)
         except coredis.exceptions.ResponseError as exc:
-            if "NOSCRIPT" not in str(exc):
+            if not isinstance(exc, coredis.exceptions.NoScriptError) and "NOSCRIPT" not in str(exc):
                 raise
-            # Redis restarted and forgot the scripts; plain calls load them again.
+            # Redis restarted (or failed over) and lacks the scripts; plain calls load them
+            # again. What the pipeline did apply is applied again, harmlessly (see above).
             for report in batch:
                 await self._apply(host, report)
 
