@@ -207,6 +207,7 @@ class RedisCoordinator(Coordinator, FleetCounts):
             self.retention,
             reader_ready=self.reader.ready,
             moved_on=self._moved_on,
+            extend_lease=self.lease_keeper.extend_request,
         )
         # What the per-message calls below use, bound once.
         self._enqueue = self.reports.put

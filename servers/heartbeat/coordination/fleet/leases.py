@@ -21,8 +21,10 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from typing import Any
 
 import trio
+from coredis import PureToken
 
 from .filters import Filters
 from .keys import FleetKeys
@@ -83,6 +85,13 @@ class LeaseKeeper:
             logger.warning("node %s: lease was lost; registering again and resynchronising", self.node)
         self._registered = True
         return False
+
+    def extend_request(self, client: Any) -> Any:
+        """This node's lease extended for another ``lease`` seconds if it still holds it
+        (``SET ... XX``: a lease lost stays lost, for :meth:`renew` to take afresh)."""
+        if not self._registered:
+            return None
+        return client.set(self.keys.lease, self._token, px=int(self.lease * 1000), condition=PureToken.XX)
 
     async def _copy_lease(self) -> None:
         """On Redis Cluster, the lease's copy in each shard, which a sweep there checks
