@@ -281,6 +281,26 @@ async def test_cross_node_takeover(redis_server: RedisServer) -> None:
             assert await r.smembers(PREFIX + "owned:b") == {b"dev-1"}
 
 
+async def test_a_re_claim_after_the_devices_newer_session_ended_is_stale(redis_server: RedisServer) -> None:
+    # Found in a 100,000-device Sentinel failover run (issue 32): a node's resynchronisation
+    # came late, after the device had moved on (taking the old session over) and its new
+    # session had ended too. The re-claim found the record offline and announced the old
+    # session again, which then ended a second time.
+    async with fleet(redis_server.url, "a", "b") as (a, b):
+        old = a.online("dev-1", "e1", at=time.time() - 5)
+        await drain(a)
+        b.online("dev-1", "e2")
+        await until(lambda: a.host.evicted != [])
+        b.offline("dev-1", "e2")
+        await drain(a, b)
+        assert await a.coord.ownership.reclaim(old) == "a newer session holds this client id"
+        await drain(a, b)
+        expected = [("online", "e1", None), ("offline", "e1", "takeover"), ("online", "e2", None)]
+        assert statuses(b.host.presence("dev-1")) == [*expected, ("offline", "e2", "disconnect")]
+        found = await b.coord.lookup("dev-1")
+        assert found is not None and (found.status, found.epoch) == ("offline", "e2")
+
+
 async def test_a_session_displaced_while_redis_had_lost_its_record_ends_once(redis_server: RedisServer) -> None:
     # Found by the history checker in a Sentinel failover to a replica that was behind
     # (issue 32), and as likely after an empty restart: a device moved from node a to
