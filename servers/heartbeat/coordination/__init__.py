@@ -243,6 +243,11 @@ class Coordinator(abc.ABC):
     async def drain(self) -> None:
         """Wait until every report made so far has been published (a shutdown's first phase)."""
 
+    def progress(self) -> int:
+        """A count that grows whenever the coordinator moves on (applies or reads something):
+        a drain that takes long but keeps moving is given more time than one that is stuck."""
+        return 0
+
     async def leave(self) -> None:
         """The worker is stopping and has ended its sessions: settle any whose report did
         not get through (reason ``shutdown``) and leave, rather than wait to be declared

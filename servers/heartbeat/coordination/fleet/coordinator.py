@@ -450,6 +450,10 @@ class RedisCoordinator(Coordinator, FleetCounts):
         finally:
             self.link.disconnected()
 
+    def progress(self) -> int:
+        """See :meth:`Coordinator.progress`: reports applied and events read."""
+        return self.reports.applied + self.delivered + self.repeated_ends
+
     def _moved_on(self) -> None:
         self._progress.set()
         self._progress = trio.Event()
