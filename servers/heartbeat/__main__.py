@@ -30,7 +30,7 @@ from .coordination.authority import Authority
 from .coordination.local import BusCoordinator
 from .policy import DEFAULT_PRESENCE_PREFIX, LEGACY_PRESENCE_PREFIX, check_presence_prefix
 from .presence import PresenceLog, PresenceSink
-from .server import HeartbeatServer
+from .server import DRAIN_CAP, HeartbeatServer
 from .stores import mqtt_state
 from .throttle import ThrottlePolicy
 from .worker import serve_heartbeat
@@ -474,7 +474,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     # In a fleet the workers share through Redis, so the supervisor needs no authority.
     hub = None if args.cluster else (lambda: authority_hub(args))
-    return runner.main("servers.heartbeat", args, argv, run_worker, hub=hub)
+    # A worker's shutdown may wait up to DRAIN_CAP for a fleet reader a backlog behind,
+    # within its own bounds: the supervisor waits as long before it kills.
+    return runner.main("servers.heartbeat", args, argv, run_worker, hub=hub, grace=DRAIN_CAP + 15.0)
 
 
 if __name__ == "__main__":
