@@ -123,7 +123,10 @@ class LeaseKeeper:
             seen.setdefault(layout.node_for_slot(hash_slot(key)).name, key)
         ids = set()
         for key in seen.values():
-            ids.add(str((await self.link.call(redis.info("server").route(key))).get("run_id", "")))
+            info = await self.link.call(redis.info("server").route(key))
+            if isinstance(info, BaseException):
+                raise info  # coredis hands back an unreachable node's error as the reply
+            ids.add(str(info.get("run_id", "")))
         return ids
 
     async def _server_changed(self) -> bool:
