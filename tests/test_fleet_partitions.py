@@ -153,18 +153,28 @@ def stop_and_check(gateways: list[Gateway], at_least: int) -> None:
     assert history.devices >= at_least, history.summary()
 
 
+def devices_on_both(
+    pinger: Pinger, gateways: list[Gateway], on_gw0: int, on_gw1: int
+) -> tuple[socket.socket, list[tuple[str, dict[str, object]]], dict[str, socket.socket], dict[str, socket.socket]]:
+    """A dashboard on gw1, then ``a-<i>`` devices on gw0 and ``b-<i>`` on gw1, pinged,
+    once the dashboard heard every one come online."""
+    (_, host0, port0, _, _), (_, _, port1, _, _) = gateways
+    watch, got = subscriber(port1, "dashboard", "$SYS/presence/#")
+    time.sleep(0.3)
+    on0 = {f"a-{i}": connect(host0, port0, f"a-{i}") for i in range(on_gw0)}
+    on1 = {f"b-{i}": connect("127.0.0.1", port1, f"b-{i}") for i in range(on_gw1)}
+    pinger.socks.update(on0 | on1)
+    until(lambda: heard(got, "online") >= set(on0) | set(on1), 15, "the dashboard hears both gateways")
+    return watch, got, on0, on1
+
+
 def test_a_gateway_cut_off_from_redis_is_declared_lost_and_fences_its_sessions_when_healed(
     setting: Setting,
 ) -> None:
     place, _, gateways = setting
     (_, host0, port0, status0, _), (_, _, port1, status1, _) = gateways
     with Pinger() as pinger:
-        watch, got = subscriber(port1, "dashboard", "$SYS/presence/#")
-        time.sleep(0.3)
-        on0 = {f"a-{i}": connect(host0, port0, f"a-{i}") for i in range(15)}
-        on1 = {f"b-{i}": connect("127.0.0.1", port1, f"b-{i}") for i in range(15)}
-        pinger.socks.update(on0 | on1)
-        until(lambda: heard(got, "online") >= set(on0) | set(on1), 15, "the dashboard hears both gateways")
+        watch, got, on0, on1 = devices_on_both(pinger, gateways, 15, 15)
 
         place.cut("backend")
         try:
@@ -203,14 +213,9 @@ def test_a_gateways_devices_cut_off_end_by_keep_alive_or_takeover_once_each(
     setting: Setting,
 ) -> None:
     place, _, gateways = setting
-    (_, host0, port0, _, _), (_, _, port1, status1, _) = gateways
+    _, (_, _, port1, status1, _) = gateways
     with Pinger() as pinger:
-        watch, got = subscriber(port1, "dashboard", "$SYS/presence/#")
-        time.sleep(0.3)
-        on0 = {f"a-{i}": connect(host0, port0, f"a-{i}") for i in range(16)}
-        on1 = {f"b-{i}": connect("127.0.0.1", port1, f"b-{i}") for i in range(10)}
-        pinger.socks.update(on0 | on1)
-        until(lambda: heard(got, "online") >= set(on0) | set(on1), 15, "the dashboard hears both gateways")
+        watch, got, on0, on1 = devices_on_both(pinger, gateways, 16, 10)
 
         place.cut("devices")
         try:
