@@ -55,6 +55,9 @@ class LeaseKeeper:
         self._registered = False
         self._last_renewal: float | None = None
         self._run_id: set[str] | None = None
+        # The hub's slot and each shard's, with a key in each: they never change.
+        keys_in_slots = [keys.members, *(shard.stream for shard in keys.shards)] if keys.sharded else []
+        self._slots = [(hash_slot(key), key) for key in keys_in_slots]
         self.sweep_hold_until = 0.0
         """``time.monotonic()`` before which no other node is declared lost: a lease after
         Redis was found to be another server (see :meth:`sweeps_held`)."""
@@ -119,8 +122,8 @@ class LeaseKeeper:
             return {str(server.get("run_id", ""))}
         layout = redis.connection_pool.cluster_layout  # type: ignore[union-attr]
         seen: dict[str, str] = {}  # a server's name -> a key it serves
-        for key in [self.keys.members, *(shard.stream for shard in self.keys.shards)]:
-            seen.setdefault(layout.node_for_slot(hash_slot(key)).name, key)
+        for slot, key in self._slots:
+            seen.setdefault(layout.node_for_slot(slot).name, key)
         ids = set()
         for key in seen.values():
             info = await self.link.call(redis.info("server").route(key))
