@@ -1,16 +1,17 @@
 # Two commands do all the set-up: `make demo` and `make test`. Each creates .venv
-# with what it needs. PYTHON may name any Python 3.10 or newer.
+# with what it needs. PYTHON may name any Python 3.10 or newer. `make docs` builds
+# the documentation alone.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo echo-demo test lint unit bench clean
+.PHONY: demo echo-demo test lint docs unit bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[servers,test,bench]'
+	$(PY) -m pip install --quiet -e '.[servers,test,bench,docs]'
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -19,11 +20,15 @@ demo: $(STAMP)
 echo-demo: $(STAMP)
 	$(PY) -m loadtest.echo_demo
 
-test: lint unit
+test: lint docs unit
 
 lint: $(STAMP)
 	$(PY) -m ruff check .
 	$(PY) -m mypy
+
+# The documentation site (Sphinx), warnings as errors: docs/_build/html/index.html.
+docs: $(STAMP)
+	$(VENV)/bin/sphinx-build -W --keep-going -b html docs docs/_build/html
 
 unit: $(STAMP)
 	$(PY) -m pytest
@@ -34,4 +39,4 @@ bench: $(STAMP)
 	$(PY) -m benchmarks.core
 
 clean:
-	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache .hypothesis docs/_build

@@ -1,6 +1,6 @@
 """Presence under faults, at scale, on one machine (the local coordinator).
 
-    python -m benchmarks.faults [--devices 16000] [--workers 2] [--subscribers 4]
+    python -m benchmarks.faults [--devices 16000] [--workers 2] [--subscribers 4] [--pages 4]
 
 Starts ``servers.heartbeat`` with ``--workers`` workers, connects ``--devices``
 raw MQTT devices (keep-alive 300 s, so nothing expires on its own) and a few
@@ -13,8 +13,11 @@ raw MQTT devices (keep-alive 300 s, so nothing expires on its own) and a few
    device's ``shutdown`` (before its own connection closed), and the exit code.
 
 Then it checks the whole log: one offline event per session, and the history per
-device (:mod:`loadtest.history`: no end without a start, no overlap). Loopback only; the
-server is stopped by its PID.
+device (:mod:`loadtest.history`: no end without a start, no overlap). With ``--pages``,
+that many operator's pages (live streams) watch the workers' status ports throughout,
+and the drill checks what they showed: a snapshot a second on the surviving workers
+through the kill, and the lost devices counted ``worker-lost`` by the box's registry.
+Loopback only; the server is stopped by its PID.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from pathlib import Path
 
 from loadtest.history import check_history
 from loadtest.mqtt_frames import frames
+from loadtest.page import Watcher, fetch
 from loadtest.processes import free_port, start_heartbeat
 from servers.heartbeat import encoders
 from servers.heartbeat.policy import DEFAULT_PRESENCE_PREFIX
@@ -82,12 +86,16 @@ def _log(path: Path) -> list[dict[str, object]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def run(devices: int, workers: int, subscribers: int) -> dict[str, object]:
+def run(devices: int, workers: int, subscribers: int, pages: int = 0) -> dict[str, object]:
     work = Path(tempfile.mkdtemp(prefix="ik-faults-"))
     log = work / "presence.jsonl"
     port = free_port()
-    proc = start_heartbeat(port, workers, ["--tick", "0.1", "--presence-log", str(log)])
+    status = free_port(run=workers)
+    extra = ["--tick", "0.1", "--presence-log", str(log), "--status-port", str(status)]
+    proc = start_heartbeat(port, workers, extra)
     socks: list[socket.socket] = []
+    watching = threading.Event()
+    watchers = [Watcher(status + i % workers) for i in range(pages)]
     try:
         listeners = [Listener(port, f"sub-{i}") for i in range(subscribers)]
         for i in range(devices):
@@ -100,6 +108,9 @@ def run(devices: int, workers: int, subscribers: int) -> dict[str, object]:
             if len(online) >= devices + subscribers:
                 break
             time.sleep(0.2)
+        for w in watchers:
+            threading.Thread(target=w.run, args=(watching,), daemon=True).start()
+        time.sleep(2.0 if watchers else 0.0)  # every page has its first snapshots
         epochs = {str(e["client_id"]): str(e["epoch"]) for e in online.values()}
         by_worker = collections.Counter(int(str(e["worker"])) for e in online.values())
         sub_workers = {int(str(online[f"sub-{i}"]["worker"])) for i in range(len(listeners))}
@@ -132,6 +143,21 @@ def run(devices: int, workers: int, subscribers: int) -> dict[str, object]:
             time.sleep(0.05)
         log_lost = [e for e in _log(log) if e.get("reason") == "worker-lost"]
         time.sleep(2.0)  # the restarted worker settles
+        page: dict[str, object] = {}
+        if watchers:
+            survivors = [w for w in watchers if w.port != status + victim]
+            snapshot = fetch(survivors[0].port, "/presence.json?limit=0")
+            registry = snapshot["registry"] or {}
+            page = {
+                "page_worker_lost": registry.get("ends", {}).get("worker-lost", 0),
+                "page_online": registry.get("online"),
+                "page_expected_online": devices + subscribers - len(lost),
+                "page_longest_gap_s": round(max(w.longest_gap(killed, time.monotonic()) for w in survivors), 2),
+                "page_streams_failed": [w.failed for w in survivors if w.failed],
+            }
+            watching.set()
+            for w in watchers:
+                w.close()
         remaining = {f"dev-{i}" for i in range(devices)} - lost
         stopped = time.monotonic()
         proc.send_signal(signal.SIGTERM)
@@ -165,8 +191,12 @@ def run(devices: int, workers: int, subscribers: int) -> dict[str, object]:
             "sessions_with_several_offline": sum(n > 1 for n in sessions.values()),
             "history": history.summary(examples=3),
             "history_ok": history.ok,
+            **page,
         }
     finally:
+        watching.set()
+        for w in watchers:
+            w.close()
         for s in socks:
             s.close()
         if proc.poll() is None:
@@ -179,8 +209,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--devices", type=int, default=16_000)
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--subscribers", type=int, default=4)
+    p.add_argument("--pages", type=int, default=0, help="live operator's pages watching the workers throughout")
     args = p.parse_args(argv)
-    result = run(args.devices, args.workers, args.subscribers)
+    result = run(args.devices, args.workers, args.subscribers, args.pages)
     for key, value in result.items():
         print(f"{key:38} {value}")
     ok = (
@@ -191,6 +222,15 @@ def main(argv: list[str] | None = None) -> int:
         and result["history_ok"]
         and result["exit_code"] == 0
         and result["subscribers_heard_every_shutdown"]
+        and (
+            not args.pages
+            or (
+                result["page_worker_lost"] == result["killed_worker_devices"]
+                and result["page_online"] == result["page_expected_online"]
+                and float(str(result["page_longest_gap_s"])) <= 2.0
+                and not result["page_streams_failed"]
+            )
+        )
     )
     print("result".ljust(38), "PASS" if ok else "FAIL")
     return 0 if ok else 1

@@ -11,6 +11,7 @@ python -m loadtest fuzz --target both --inputs 200000    hostile input against b
 python -m loadtest abuse                                 issue 33's attacks with a healthy fleet beside them, judged
 python -m loadtest ws                                    WebSockets vs uvicorn and hypercorn; MQTT over WS vs Mosquitto
 python -m loadtest history presence.jsonl ...            check presence logs: one start and one end per session
+python -m loadtest page --devices 100000 --watchers 10   what ten live operator's pages cost a loaded server
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ COMMANDS = {
     "abuse": "loadtest.abuse",
     "ws": "loadtest.ws",
     "history": "loadtest.history_cli",
+    "page": "loadtest.page",
 }
 
 

@@ -1,4 +1,5 @@
-"""The status endpoint, ``/healthz``, ``/metrics`` and ``/<kind>/<key>``, as an app of
+"""The status endpoint, ``/healthz``, ``/metrics`` and ``/<kind>/<key>`` (and the
+operator's page, :mod:`servers.page`, where a server has one), as an app of
 :mod:`servers.http`, served on a worker's own keeper.
 
 It binds to loopback by default. Its connections get the HTTP server's timeouts,
@@ -29,6 +30,7 @@ from .bearer import TokenFile
 from .http.app import App, Request, Response
 from .http.server import HttpConfig, HttpServer, serve_http
 from .listeners import open_listeners
+from .page import Page
 from .prometheus import CONTENT_TYPE
 
 __all__ = ["STATUS_CONFIG", "StatusSource", "fetch_json", "serve_status", "status_app"]
@@ -81,9 +83,10 @@ def _unauthorized(authorization: str | None) -> Response:
     return _text(401, b"unauthorized\n", ("www-authenticate", challenge))
 
 
-def status_app(source: StatusSource, tokens: TokenFile | None = None) -> App:
+def status_app(source: StatusSource, tokens: TokenFile | None = None, page: Page | None = None) -> App:
     """The status endpoint as an app for :func:`servers.http.server.serve_http`;
-    with ``tokens``, all but ``/healthz`` need one of them as a bearer token."""
+    with ``tokens``, all but ``/healthz`` need one of them as a bearer token; with
+    ``page``, the operator's page (:mod:`servers.page`) is served too."""
 
     async def app(request: Request) -> Response:
         path = request.path
@@ -100,6 +103,10 @@ def status_app(source: StatusSource, tokens: TokenFile | None = None) -> App:
             return _text(200, b"ok\n") if health else _text(503, b"unhealthy\n")
         if path == "/metrics":
             return Response(200, [("content-type", CONTENT_TYPE)], source.metrics())
+        if page is not None:
+            answer = await page.respond(request)
+            if answer is not None:
+                return answer
         parts = path.strip("/").split("/", 1)
         if len(parts) == 2 and parts[0] and parts[1]:
             found = source.lookup(parts[0], unquote(parts[1]), local="local=1" in request.query.split("&"))
@@ -119,29 +126,37 @@ async def serve_status(
     keeper: idlekeeper.Keeper,
     host: str = "127.0.0.1",
     tokens: TokenFile | None = None,
+    page: Page | None = None,
     task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve the status endpoint on ``keeper`` until cancelled; ``nursery.start``
     returns the port (0 picks a free one). With ``tokens``, all but ``/healthz`` need
-    a bearer token (see :func:`status_app`)."""
+    a bearer token; with ``page``, the operator's page is served too (see :func:`status_app`)."""
     listeners = open_listeners(host, port)
     async with trio.open_nursery() as nursery:
         server: HttpServer = await nursery.start(
             lambda task_status: serve_http(
-                status_app(source, tokens), STATUS_CONFIG, listeners=listeners, keeper=keeper, task_status=task_status
+                status_app(source, tokens, page),
+                STATUS_CONFIG,
+                listeners=listeners,
+                keeper=keeper,
+                task_status=task_status,
             )
         )
         task_status.started(server.port)
 
 
-async def fetch_json(host: str, port: int, path: str) -> object | None:
-    """GET ``path`` from another status endpoint; the JSON body on 200, else None.
+async def fetch_json(host: str, port: int, path: str, authorization: str | None = None) -> object | None:
+    """GET ``path`` from another status endpoint (with an ``Authorization`` header, if
+    given); the JSON body on 200, else None.
 
     Callers bound it with a cancel scope (``trio.move_on_after``)."""
+    credential = "" if authorization is None else f"Authorization: {authorization}\r\n"
     try:
         stream = await trio.open_tcp_stream(host, port)
         async with stream:
-            await stream.send_all(f"GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n".encode())
+            request = f"GET {path} HTTP/1.1\r\nHost: {host}\r\n{credential}Connection: close\r\n\r\n"
+            await stream.send_all(request.encode())
             raw = b""
             while chunk := await stream.receive_some(65536):
                 raw += chunk

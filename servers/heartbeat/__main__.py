@@ -45,7 +45,7 @@ reaper task per worker process."""
 
 
 def parser() -> argparse.ArgumentParser:
-    """The command line, documented in --help and the README."""
+    """The command line, documented in --help and docs/reference/cli.md."""
     p = argparse.ArgumentParser(prog="python -m servers.heartbeat", description=DESCRIPTION)
     add_worker_arguments(p, port=1883)
     a = p.add_argument
@@ -413,6 +413,8 @@ async def run_worker(args: argparse.Namespace, worker: int, reuse_port: bool) ->
         raise SystemExit("--ws-port 0 (any free port) needs --workers 1: the workers share one port")
     ws_listeners = None if args.ws_port is None else open_listeners(args.host, args.ws_port, reuse_port=reuse_port)
     status_port = None if args.status_port is None else args.status_port + worker
+    # The box's other workers, whose figures this worker's page shows beside its own.
+    siblings = [] if status_port is None else [args.status_port + i for i in range(args.workers) if i != worker]
     status_tokens = TokenFile.load(args.status_token_file) if args.status_token_file else None
 
     async def start(nursery: trio.Nursery) -> HeartbeatServer:
@@ -424,6 +426,7 @@ async def run_worker(args: argparse.Namespace, worker: int, reuse_port: bool) ->
                 status_port=status_port,
                 status_host=args.status_host,
                 status_tokens=status_tokens,
+                status_siblings=siblings,
                 coordinator=coordinator,
                 task_status=task_status,
             )

@@ -17,6 +17,7 @@ from .broker import Broker
 from .config import HeartbeatConfig
 from .connection import Connection
 from .coordination import Coordinator
+from .dashboard import Dashboard
 from .presence import Offline
 
 __all__ = ["COUNTERS", "FigureSource", "worker_figures"]
@@ -63,6 +64,7 @@ class FigureSource(Protocol):
     authenticator: Authenticator
     engine: idlekeeper.Engine | None
     coordinator: Coordinator
+    dashboard: Dashboard
 
 
 def worker_figures(source: FigureSource) -> list[Metric]:
@@ -117,6 +119,13 @@ def worker_figures(source: FigureSource) -> list[Metric]:
         "Connections ended, by reason.",
         "reason",
         {reason.value: source.offline_by_reason.get(reason.value, 0) for reason in Offline},
+    )
+    lateness = source.dashboard.lateness
+    f.histogram(
+        "heartbeat_detection_lateness_seconds",
+        "How far past its deadline (last packet + 1.5 x keep-alive) each keep-alive timeout was declared.",
+        lateness.cumulative(),
+        lateness.sum,
     )
     for name, help_text in COUNTERS:
         f.counter(f"heartbeat_{name}_total", help_text, source.counters.get(name, 0))

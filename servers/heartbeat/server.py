@@ -39,6 +39,7 @@ from .connect_rate import ConnectRate
 from .connection import Connection, peer_of
 from .coordination import Coordinator
 from .coordination.inprocess import InProcessCoordinator
+from .dashboard import Dashboard
 from .delayed_wills import DelayedWills
 from .events import ConnectionEvents
 from .fanout import FanOut
@@ -104,6 +105,8 @@ class HeartbeatServer:
         """Every part's counted events (exported as ``heartbeat_<name>_total``)."""
         self.authenticator = Authenticator(config, self.counters)
         self.events = ConnectionEvents(config, self.coordinator)
+        self.dashboard = Dashboard(self)
+        """The operator's page's figures of this worker (detection lateness among them)."""
         self.online_sessions = OnlineSessions(config, self.coordinator, self.counters, self.authenticator, self.events)
         self.fanout = FanOut(config, self.coordinator, self.counters, nursery)
         self.wills = DelayedWills(self.coordinator, self.fanout.publish_will, self.counters, nursery)
@@ -286,6 +289,8 @@ class HeartbeatServer:
                     self.fanout.publish_will(client_id, will)
         self.offline_by_reason[reason.value] += 1
         if was_online:
+            if reason is Offline.KEEPALIVE_TIMEOUT:
+                self.dashboard.detected(conn.stream.lag)
             self.online_sessions.detach(conn)
         self.events.ended(conn, reason, detail, was_online)
 

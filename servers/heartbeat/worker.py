@@ -3,6 +3,7 @@ and its status endpoint, started in the order they need each other."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from functools import partial
 
 import trio
@@ -11,6 +12,7 @@ import idlekeeper
 
 from ..bearer import TokenFile
 from ..listeners import open_listeners, port_of
+from ..page import Page
 from ..status import serve_status
 from .config import HeartbeatConfig
 from .coordination import Coordinator
@@ -30,6 +32,7 @@ async def serve_heartbeat(
     status_port: int | None = None,
     status_host: str = "127.0.0.1",
     status_tokens: TokenFile | None = None,
+    status_siblings: Sequence[int] = (),
     coordinator: Coordinator | None = None,
     task_status: trio.TaskStatus[HeartbeatServer] = trio.TASK_STATUS_IGNORED,
 ) -> None:
@@ -45,8 +48,10 @@ async def serve_heartbeat(
     offline); cancelling alone ends every connection at once, each with reason
     ``shutdown`` and its TCP close.
 
-    ``status_port`` (None: none) serves :mod:`servers.status` on this worker's keeper;
-    with ``status_tokens``, all of it but ``/healthz`` needs a bearer token.
+    ``status_port`` (None: none) serves :mod:`servers.status` on this worker's keeper,
+    with the operator's page (:mod:`servers.page`) at ``/``; with ``status_tokens``, all
+    of it but ``/healthz`` needs a bearer token. ``status_siblings``: the status ports of
+    the box's other workers (on ``status_host``), whose figures the page shows too.
     """
     keeping = idlekeeper.open_keeper(tick=config.tick, lookahead=config.lookahead)
     async with keeping as keeper, trio.open_nursery() as nursery:
@@ -66,7 +71,12 @@ async def serve_heartbeat(
             else:
                 await nursery.start(serve_websockets, server, ws_listeners)
         if status_port is not None:
+            dashboard = server.dashboard
+            dashboard.siblings, dashboard.host = list(status_siblings), status_host
+            page = dashboard.page = Page(dashboard)
             await nursery.start(
-                partial(serve_status, server, status_port, keeper=keeper, host=status_host, tokens=status_tokens)
+                partial(
+                    serve_status, server, status_port, keeper=keeper, host=status_host, tokens=status_tokens, page=page
+                )
             )
         task_status.started(server)

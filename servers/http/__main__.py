@@ -26,7 +26,7 @@ per request. Without an app it serves the built-in one: /, /healthz, /metrics,
 
 
 def parser() -> argparse.ArgumentParser:
-    """The command line, documented in --help and the README."""
+    """The command line, documented in --help and docs/reference/cli.md."""
     p = argparse.ArgumentParser(prog="python -m servers.http", description=DESCRIPTION)
     a = p.add_argument
     a("app", nargs="?", default=None, metavar="MODULE:APP", help="the ASGI app to serve, e.g. myproject.web:app")

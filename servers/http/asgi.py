@@ -103,10 +103,17 @@ def native_asgi(app: App, max_body_size: int | None = None) -> ASGIApp:
         if isinstance(body, bytes | bytearray):
             await send({"type": "http.response.body", "body": bytes(body)})
             return
-        async for chunk in body:
-            if chunk:
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
-        await send({"type": "http.response.body", "body": b""})
+        try:
+            async for chunk in body:
+                if chunk:
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            await send({"type": "http.response.body", "body": b""})
+        finally:
+            # A client gone mid-stream ends the body here, not whenever it is collected:
+            # an app counting its open streams (the operator's page) sees it at once.
+            aclose = getattr(body, "aclose", None)
+            if aclose is not None:
+                await aclose()
 
     asgi.__qualname__ = f"native_asgi({getattr(app, '__qualname__', app)!s})"
     return asgi

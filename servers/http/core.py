@@ -31,7 +31,8 @@ ENGINES = ("dense", "streams")
 
 @dataclass
 class HttpConfig(WorkerConfig):
-    """Timeouts and limits. The CLI fills it in; the README compares the defaults."""
+    """Timeouts and limits. The CLI fills it in; ``docs/reference/http.md`` sets the
+    defaults beside nginx's, HAProxy's, hypercorn's and uvicorn's."""
 
     port: int = 8080
     keep_alive_timeout: float = 15.0

@@ -23,7 +23,7 @@ import logging
 import time
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import trio
 
@@ -238,6 +238,15 @@ class Coordinator(abc.ABC):
     @abc.abstractmethod
     async def lookup(self, client_id: str) -> PresenceEvent | None:
         """The device's last presence event, from whichever worker or node held it."""
+
+    async def overview(self, query: str = "", limit: int = 100) -> dict[str, Any] | None:
+        """What the operator's page shows of the registry, from one snapshot: ``online``
+        (devices online now), ``records`` (devices known, online or not; None where
+        counting them would cost a scan), ``as_of`` (its wall-clock time), ``scope``
+        (``worker``, ``box`` or ``fleet``) and :meth:`.RecentEnds.answer`'s keys: the
+        latest ends of client ids containing ``query``, at most ``limit``. None if the
+        keeper of the registry does not answer in time."""
+        return None
 
     @abc.abstractmethod
     async def drain(self) -> None:

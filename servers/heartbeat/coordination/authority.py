@@ -12,6 +12,7 @@ last reports, still in the socket, are applied first.
 from __future__ import annotations
 
 import itertools
+import json
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -19,6 +20,7 @@ from dataclasses import dataclass, field, replace
 
 from ...bus import Link
 from ..logs import OncePer
+from ..overview import RecentEnds, registry_overview
 from ..persistent import Attach, Delivery
 from ..policy import DEFAULT_PRESENCE_PREFIX
 from ..presence import Offline, PresenceEvent, PresenceSink
@@ -42,6 +44,8 @@ from .frames import (
     Lookup,
     Noted,
     OpenSession,
+    Overview,
+    OverviewFound,
     Probe,
     Probed,
     RemoteFilters,
@@ -125,6 +129,8 @@ class Authority:
         self.sinks = list(sinks)
         self.presence_prefix = presence_prefix
         self.registry = Registry(max_records, max_record_bytes)
+        self.recent = RecentEnds()
+        """The latest ends, for the operator's page (every worker's asks it)."""
         self._clock = clock
         state = state if state is not None else MqttState()
         self.store = state.store
@@ -298,6 +304,10 @@ class Authority:
             self._holders.replace(peer.link.number, frame.filters)
         elif isinstance(frame, Lookup):
             peer.link.send(encode(Found(frame.request, self.registry.get(frame.client_id))))
+        elif isinstance(frame, Overview):
+            registry = self.registry
+            body = registry_overview("box", registry.online_count, len(registry), self.recent, frame.query, frame.limit)
+            peer.link.send(encode(OverviewFound(frame.request, json.dumps(body, separators=(",", ":")))))
         elif isinstance(frame, Hello):
             peer.worker, peer.pid = frame.worker, peer.pid or frame.pid
             peer.incarnation = frame.incarnation
@@ -418,6 +428,7 @@ class Authority:
 
     def _publish(self, event: PresenceEvent) -> None:
         self.published += 1
+        self.recent(event)
         publish_to_sinks(self.sinks, event)
         if event.client_id is not None:
             topic, properties = self.presence_prefix + event.client_id, self.retention.presence_properties(event)

@@ -21,6 +21,8 @@ __all__ = [
     "Ack",
     "Kept",
     "OpenSession",
+    "Overview",
+    "OverviewFound",
     "Reported",
     "RetainedPage",
     "RetainedQuery",
@@ -156,6 +158,16 @@ class Lookup(Frame):
 
 
 @dataclass(frozen=True, slots=True)
+class Overview(Frame):
+    """Ask for the registry's overview (the operator's page): counts and the latest ends
+    of client ids containing ``query``, at most ``limit``."""
+
+    request: int
+    query: str
+    limit: int
+
+
+@dataclass(frozen=True, slots=True)
 class Settle(Frame):
     """Answer (:class:`Settled`) once every other worker has applied the filters this
     worker's earlier frames changed."""
@@ -258,6 +270,15 @@ class Found(Frame):
 
 
 @dataclass(frozen=True, slots=True)
+class OverviewFound(Frame):
+    """The answer to :class:`Overview`: the overview as a JSON text (its shape is the
+    page's business, not the link's)."""
+
+    request: int
+    body: str
+
+
+@dataclass(frozen=True, slots=True)
 class RemoteFilters(Frame):
     """Every filter the *other* workers' subscribers hold (routing is worth it only then)."""
 
@@ -332,7 +353,7 @@ _TYPES: dict[str, type[Frame]] = {
     cls.__name__: cls
     for cls in (
         *(Hello, Claimed, Ended, Noted, Routed, Filters, FiltersChanged, Resync, Lookup, Drained),
-        *(OpenSession, Reported, Kept, RetainedQuery, Settle, Probed),
+        *(OpenSession, Reported, Kept, RetainedQuery, Settle, Probed, Overview, OverviewFound),
         *(Ack, Deliver, Evict, Found, RemoteFilters, RemoteFiltersChanged, CloseSubscribers),
         *(SessionOpened, Transmit, RetainedPage, Probe, Settled),
     )

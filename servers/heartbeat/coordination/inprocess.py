@@ -5,11 +5,13 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Collection, Sequence
+from typing import Any
 
 import trio
 
 from ...prometheus import Families, Metric
 from ..logs import OncePer
+from ..overview import RecentEnds, registry_overview
 from ..persistent import Delivery, Opened, Report
 from ..policy import DEFAULT_PRESENCE_PREFIX
 from ..presence import PresenceEvent, PresenceSink
@@ -50,6 +52,8 @@ class InProcessCoordinator(Coordinator):
         self.sinks = list(sinks)
         self.presence_prefix = presence_prefix
         self.registry = Registry(max_records, max_record_bytes)
+        self.recent = RecentEnds()
+        """The latest ends, for the operator's page."""
         state = state if state is not None else MqttState()
         self.store = state.store
         self._logged = OncePer()
@@ -143,6 +147,11 @@ class InProcessCoordinator(Coordinator):
         """See :meth:`Coordinator.lookup`."""
         return self.registry.get(client_id)
 
+    async def overview(self, query: str = "", limit: int = 100) -> dict[str, Any] | None:
+        """See :meth:`Coordinator.overview`: this worker's registry."""
+        registry = self.registry
+        return registry_overview("worker", registry.online_count, len(registry), self.recent, query, limit)
+
     async def drain(self) -> None:
         """Everything is published synchronously."""
 
@@ -157,6 +166,7 @@ class InProcessCoordinator(Coordinator):
         return f.families + session_figures(self.store) + retained_figures(self.retention)
 
     def _publish(self, event: PresenceEvent) -> None:
+        self.recent(event)
         publish_to_sinks(self.sinks, event)
         if self._host is not None and event.client_id is not None:
             properties = self.retention.presence_properties(event)

@@ -22,12 +22,14 @@ from __future__ import annotations
 
 import collections
 import itertools
+import json
 import logging
 import os
 import secrets
 import time
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import trio
 
@@ -55,6 +57,8 @@ from .frames import (
     Lookup,
     Noted,
     OpenSession,
+    Overview,
+    OverviewFound,
     Probe,
     Probed,
     RemoteFilters,
@@ -265,6 +269,15 @@ class BusCoordinator(Coordinator):
         answer = await self._ask(lambda request: Lookup(request, client_id))
         return answer.event if isinstance(answer, Found) else None
 
+    async def overview(self, query: str = "", limit: int = 100) -> dict[str, Any] | None:
+        """Asks the authority, which holds the box's registry (None if it does not answer
+        within ``lookup_timeout``, or is gone)."""
+        answer = await self._ask(lambda request: Overview(request, query, limit))
+        if not isinstance(answer, OverviewFound):
+            return None
+        body: dict[str, Any] = json.loads(answer.body)
+        return body
+
     def settles(self) -> bool:
         """See :meth:`Coordinator.settles`: while linked to the supervisor."""
         return self._alone is None and self.connected
@@ -442,7 +455,7 @@ class BusCoordinator(Coordinator):
             host.transmit(frame.client_id, frame.epoch, frame.packets, frame.v5)
         elif isinstance(frame, Probe):
             self._send(Probed(frame.token))
-        elif isinstance(frame, Found | SessionOpened | RetainedPage | Settled):
+        elif isinstance(frame, Found | SessionOpened | RetainedPage | Settled | OverviewFound):
             pending = self._lookups.get(frame.request)
             if pending is not None:
                 pending.answer = frame

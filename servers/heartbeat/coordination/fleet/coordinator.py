@@ -36,11 +36,13 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Collection, Sequence
+from typing import Any
 
 import trio
 
 from ....prometheus import Metric
 from ...outbox import DEFAULT_MAX_QUEUED, DEFAULT_MAX_QUEUED_BYTES, DEFAULT_WINDOW
+from ...overview import RecentEnds, registry_overview
 from ...persistent import (
     DEFAULT_EXPIRY,
     DEFAULT_MAX_SESSIONS,
@@ -187,6 +189,8 @@ class RedisCoordinator(Coordinator, FleetCounts):
         self.lease_keeper = LeaseKeeper(link, keys, self, node=node, lease=lease, renew=renew)
         self.sweeper = Sweeper(link, keys, self.ownership, self.sessions, filters, node=node)
         self.routes = Routes(link, keys, self, filters, self.sessions, node=node, may_read=may_read)
+        self.recent = RecentEnds()
+        """The latest ends of the whole fleet, as this node's reader reads them."""
         self.reader = StreamReader(
             link,
             keys,
@@ -194,6 +198,7 @@ class RedisCoordinator(Coordinator, FleetCounts):
             filters,
             node=node,
             sinks=self.sinks,
+            seen=self.recent,
             presence_prefix=presence_prefix,
             offline_ttl=presence_offline_ttl,
             moved_on=self._moved_on,
@@ -383,6 +388,26 @@ class RedisCoordinator(Coordinator, FleetCounts):
         if raw is None or status == b"forgotten":
             return None
         return PresenceEvent.from_dict(json.loads(raw))
+
+    async def overview(self, query: str = "", limit: int = 100) -> dict[str, Any] | None:
+        """See :meth:`Coordinator.overview`: online devices counted in Redis (each member
+        node's set of held devices, in every shard, in one pipeline; a node lost and not
+        yet swept still counts, as its devices' records still say online); the latest
+        ends as this node's reader read them, every node's. None if Redis does not answer."""
+        redis = self.link.client
+        if redis is None:
+            return None
+        try:
+            with trio.fail_after(self.timeout * 2):
+                members = sorted(await self.lease_keeper.members())
+                async with redis.pipeline(transaction=False) as pipe:
+                    requests = [pipe.scard(shard.owned_prefix + m) for shard in self.keys.shards for m in members]
+                online = sum([int(await request) for request in requests])
+        except (Exception, trio.TooSlowError) as exc:
+            self.link.failed(exc)
+            return None
+        # Counting offline records would take a scan of every device's: not for a page.
+        return registry_overview("fleet", online, None, self.recent, query, limit) | {"nodes": members}
 
     async def drain(self) -> None:
         """Wait until every queued report was applied and this node read back what it emitted."""

@@ -69,6 +69,7 @@ class StreamReader:
         *,
         node: str,
         sinks: Sequence[PresenceSink],
+        seen: PresenceSink | None = None,
         presence_prefix: str,
         offline_ttl: float | None = None,
         moved_on: Callable[[], None],
@@ -78,6 +79,8 @@ class StreamReader:
         self.filters = filters
         self.node = node
         self.sinks = sinks
+        self.seen = seen
+        """Told of every event read, whichever node's (the operator's page keeps the latest)."""
         self.presence_prefix = presence_prefix
         self.offline_ttl = offline_ttl
         """How long offline presence is retained: the Message Expiry its events carry."""
@@ -212,6 +215,8 @@ class StreamReader:
             self.counts.repeated_ends += 1
             return
         self.counts.delivered += 1
+        if self.seen is not None:
+            self.seen(event)
         origin = text(fields.get(b"origin", b""))
         evict = text(fields.get(b"evict", b""))
         if evict == self.node and event.client_id is not None:
