@@ -249,7 +249,16 @@ def _screenshot(status: int, path: Path) -> None:
         chrome.get(f"http://127.0.0.1:{status}/")
         time.sleep(6)  # a few snapshots: the event-rate chart has a line
         chrome.save_screenshot(str(path))
-    print(f"screenshot: {path}")
+        print(f"screenshot: {path}")
+        # And a search, as an operator looking for one device would type it.
+        from selenium.webdriver.common.by import By
+
+        chrome.set_window_size(1400, 700)
+        chrome.find_element(By.ID, "search").send_keys("dev-42")
+        time.sleep(2)
+        searched = path.with_name(path.stem + "-search" + path.suffix)
+        chrome.find_element(By.CSS_SELECTOR, "section[aria-label='recent offline']").screenshot(str(searched))
+        print(f"screenshot: {searched}")
 
 
 def report(result: dict[str, Any]) -> str:

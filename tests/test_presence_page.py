@@ -315,3 +315,38 @@ async def test_a_fleet_page_counts_online_devices_in_redis_and_lists_every_nodes
         assert [e["epoch"] for e in (await b.coord.overview("a-", 10) or {})["recent"]] == [
             e["epoch"] for e in found["recent"] if e["client_id"].startswith("a-")
         ]
+
+
+def test_each_gateways_page_counts_the_fleet_and_lists_a_device_that_died_on_another(
+    start_server: Any, redis_server: RedisServer
+) -> None:
+    gateways: list[Server] = [
+        start_server("--cluster", redis_server.url, "--node", f"gw{i}", status=True) for i in range(2)
+    ]
+    statuses = [g.status_port for g in gateways]
+    assert None not in statuses
+    socks = [
+        raw_connect(g.port, f"{name}-{i}", keep_alive=60)
+        for g, name in zip(gateways, "ab", strict=True)
+        for i in range(3)
+    ]
+    silent = raw_connect(gateways[1].port, "b-silent", keep_alive=1)
+
+    def seen_everywhere() -> Any:
+        snapshots = [fetch(int(port or 0), "/presence.json") for port in statuses]
+        ok = all(s["registry"] and s["registry"]["recent"] for s in snapshots)
+        return snapshots if ok else None
+
+    snapshots = wait_until(seen_everywhere)
+    assert snapshots, [fetch(int(port or 0), "/presence.json") for port in statuses]
+    for snapshot in snapshots:
+        registry = snapshot["registry"]
+        assert registry["scope"] == "fleet" and registry["online"] == 6 and registry["records"] is None
+        assert len(registry["nodes"]) == 2
+        (entry,) = registry["recent"]
+        assert (entry["client_id"], entry["reason"], entry["initiator"]) == ("b-silent", "keepalive-timeout", "server")
+        (worker,) = snapshot["workers"]
+        assert worker["node"].startswith(("gw0/", "gw1/"))
+    assert {s["workers"][0]["node"].split("/")[0] for s in snapshots} == {"gw0", "gw1"}
+    for sock in [*socks, silent]:
+        sock.close()
