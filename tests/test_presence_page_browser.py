@@ -6,7 +6,8 @@ Against a real heartbeat server of two workers with raw-socket devices: the page
 its counts match the registry and the workers' own ``/metrics``, a device that goes
 silent is listed with its reason within 2 s of its offline event, the search finds it,
 and behind a reverse proxy that serves the page under a path prefix and cuts its stream
-the page still works, by polling.
+the page still works, by polling; and with the supervisor (the registry's keeper)
+stopped by SIGSTOP, the page keeps its last answer, says so, and recovers.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import http.server
 import json
 import os
 import re
+import signal
 import threading
 import time
 import urllib.error
@@ -196,3 +198,27 @@ def test_behind_a_prefix_proxy_that_cuts_the_stream_the_page_polls(start_server:
     finally:
         proxy.shutdown()
         proxy.server_close()
+
+
+def test_while_the_supervisor_is_stopped_the_page_keeps_its_last_answer_and_says_so(
+    start_server: Any, chrome: WebDriver
+) -> None:
+    server: Server = start_server(workers=2, status=True)
+    assert server.status_port is not None
+    devices = [raw_connect(server.port, f"valve-{i}", keep_alive=60) for i in range(4)]
+    chrome.get(f"http://127.0.0.1:{server.status_port}/")
+    assert wait(lambda: text_of(chrome, "online-count") == "4")
+    the_silent_device_is_listed_in_time(chrome, server, "stuck-valve")
+    os.kill(server.proc.pid, signal.SIGSTOP)  # the supervisor, whose authority holds the registry
+    try:
+        assert wait(lambda: "did not answer" in text_of(chrome, "counts-note"), timeout=5)
+        assert listed(chrome, "stuck-valve") is not None  # the last list stays up
+        assert "the registry did not answer since" in text_of(chrome, "recent-note")
+        assert text_of(chrome, "mode") == "live"  # the workers still push, their figures current
+        assert len(chrome.find_elements(By.CSS_SELECTOR, "#workers-body tr[data-worker]")) == 2
+    finally:
+        os.kill(server.proc.pid, signal.SIGCONT)
+    assert wait(lambda: "did not answer" not in text_of(chrome, "counts-note"), timeout=5)
+    assert text_of(chrome, "online-count") == "4"
+    for sock in devices:
+        sock.close()

@@ -10,6 +10,7 @@ const RATE_POINTS = 120;   // seconds of event rate kept for the chart
 const $ = (id) => document.getElementById(id);
 const fmt = new Intl.NumberFormat();
 let latest = null;          // the last snapshot, whichever way it came
+let lastRegistry = null;    // the registry part of the last snapshot that had one
 let searchResults = null;   // the registry part of the last search answer, while searching
 let streamFailures = 0;
 let source = null;
@@ -88,7 +89,8 @@ async function search() {
     const answer = await fetch(`presence.json?q=${encodeURIComponent(query)}&limit=200`, { cache: "no-store" });
     if (!answer.ok) return;
     const found = await answer.json();
-    if ($("search").value.trim() === query) { searchResults = found.registry; render(); }
+    // A registry that did not answer this time leaves the last answer up (marked stale).
+    if ($("search").value.trim() === query && found.registry) { searchResults = found.registry; render(); }
   } catch (err) { /* the next keystroke or refresh asks again */ }
 }
 
@@ -117,11 +119,12 @@ function show(snapshot) {
 function render() {
   const snapshot = latest;
   if (!snapshot) return;
+  if (snapshot.registry) lastRegistry = snapshot.registry;
   const registry = snapshot.registry;
   $("as-of").textContent = `as of ${clock(registry ? registry.as_of : snapshot.time)}`;
   renderScope(snapshot);
   renderCounts(registry);
-  renderRecent(searchResults || registry);
+  renderRecent(searchResults || lastRegistry, !registry);
   renderLateness(snapshot);
   renderRates();
   renderWorkers(snapshot.workers, snapshot.tick);
@@ -140,7 +143,8 @@ function renderScope(snapshot) {
 
 function renderCounts(registry) {
   if (!registry) {
-    $("counts-note").textContent = "The registry did not answer in time; counts are from the last answer.";
+    const when = lastRegistry ? ` at ${clock(lastRegistry.as_of)}` : "";
+    $("counts-note").textContent = `The registry did not answer in time; counts and list are from its last answer${when}.`;
     return;
   }
   $("online-count").textContent = n(registry.online);
@@ -154,7 +158,7 @@ function renderCounts(registry) {
     `Ended since ${clock(registry.since)}: ${ends.length ? ends.join(", ") : "none"}.`;
 }
 
-function renderRecent(part) {
+function renderRecent(part, stale) {
   const body = $("recent-body");
   body.replaceChildren();
   const entries = part ? part.recent : [];
@@ -186,7 +190,8 @@ function renderRecent(part) {
   }
   const query = $("search").value.trim();
   $("recent-note").textContent = part
-    ? `${query ? `Matching "${query}": ` : ""}${entries.length} shown, newest first, of the last ${n(part.recent_kept)} kept.`
+    ? `${query ? `Matching "${query}": ` : ""}${entries.length} shown, newest first, of the last ${n(part.recent_kept)} kept` +
+      (stale ? ` (as of ${clock(part.as_of)}: the registry did not answer since).` : ".")
     : "";
 }
 
