@@ -158,10 +158,26 @@ function renderCounts(registry) {
     `Ended since ${clock(registry.since)}: ${ends.length ? ends.join(", ") : "none"}.`;
 }
 
+let shownRecent = null;  // what the list shows now: rebuilt only when that changes
+
 function renderRecent(part, stale) {
   const body = $("recent-body");
-  body.replaceChildren();
   const entries = part ? part.recent : [];
+  // Rows are replaced only when the list changed: a link being clicked stays put.
+  const key = part ? entries.map((e) => `${e.epoch}|${e.client_id}`).join("\n") : "-";
+  if (key !== shownRecent) {
+    shownRecent = key;
+    fillRecent(body, part, entries);
+  }
+  const query = $("search").value.trim();
+  $("recent-note").textContent = part
+    ? `${query ? `Matching "${query}": ` : ""}${entries.length} shown, newest first, of the last ${n(part.recent_kept)} kept` +
+      (stale ? ` (as of ${clock(part.as_of)}: the registry did not answer since).` : ".")
+    : "";
+}
+
+function fillRecent(body, part, entries) {
+  body.replaceChildren();
   if (!entries.length) {
     const row = el("tr");
     const cell = el("td", part ? "none" : "the registry did not answer", "muted");
@@ -188,11 +204,6 @@ function renderRecent(part, stale) {
     );
     body.append(row);
   }
-  const query = $("search").value.trim();
-  $("recent-note").textContent = part
-    ? `${query ? `Matching "${query}": ` : ""}${entries.length} shown, newest first, of the last ${n(part.recent_kept)} kept` +
-      (stale ? ` (as of ${clock(part.as_of)}: the registry did not answer since).` : ".")
-    : "";
 }
 
 // -- charts -----------------------------------------------------------------------
