@@ -11,6 +11,7 @@ import time
 from collections.abc import Iterator, MutableMapping
 from typing import Any
 
+import psutil
 import pytest
 
 from loadtest.asgi_app import BODY, app
@@ -182,3 +183,24 @@ def test_compare_loads_every_server_in_interleaved_rounds() -> None:
         assert r["rps"] == min(f["rps"] for f in r["alone_rounds"])  # the lower middle of two
         assert r["slowloris_still_held"] == 0 and r["attacked"]["requests"] > 50
         assert bool(r["cpus"]) == (split_cpus() is not None)
+
+
+@pytest.mark.parametrize("target", ["idlekeeper", "idlekeeper-native", "uvicorn-standard", "granian", "hypercorn"])
+def test_every_peer_row_serves_the_same_answer_on_its_own_implementation(target: str) -> None:
+    """Each HTTP row starts as its users run it and answers ``/`` with the same bytes."""
+    port = free_port()
+    proc = start_http_target(target, port, header_timeout=HEADER_TIMEOUT, keep_alive=5.0, tick=TICK)
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+            sock.sendall(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            reply = b""
+            while chunk := sock.recv(65536):
+                reply += chunk
+        head, _, body = reply.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200"), head
+        assert body == BODY
+        if target == "granian":
+            cmdline = " ".join(psutil.Process(proc.pid).cmdline())
+            assert "--interface asgi" in cmdline and "--http1-header-read-timeout 1000" in cmdline
+    finally:
+        stop(proc)

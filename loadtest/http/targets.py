@@ -19,6 +19,12 @@ ASGI costs). ``idlekeeper-streams`` is the ASGI app on the task-per-connection d
   (httptools, uvloop, and the ``websockets`` library for WebSockets), as FastAPI's docs
   tell users to install it. Both uvicorn rows name their implementations on the command
   line: with the extra installed, plain ``uvicorn`` would otherwise pick them too.
+- ``granian`` (``--interface asgi``, Rust's hyper under a Python ASGI bridge, on uvloop
+  where it is installed): ``--http1-header-read-timeout`` set to the header timeout
+  (milliseconds, at most 60 s); no keep-alive or send timeout on its command line.
+
+``uvicorn-standard`` and ``granian`` are the servers users pick for speed: the HTTP
+peers issue 30's targets are set against. Each is one worker process, as every row is.
 """
 
 from __future__ import annotations
@@ -32,9 +38,9 @@ from ..processes import start_http, wait_listening
 
 __all__ = ["ALL_HTTP_TARGETS", "ASGI_APP", "HTTP_TARGETS", "UVICORN_IMPLEMENTATIONS", "start_http_target"]
 
-HTTP_TARGETS = ("idlekeeper", "idlekeeper-native", "hypercorn", "uvicorn")
+HTTP_TARGETS = ("idlekeeper", "idlekeeper-native", "uvicorn-standard", "granian", "hypercorn", "uvicorn")
 """What ``compare`` runs by default."""
-ALL_HTTP_TARGETS = (*HTTP_TARGETS, "idlekeeper-streams", "uvicorn-standard")
+ALL_HTTP_TARGETS = (*HTTP_TARGETS, "idlekeeper-streams")
 
 ASGI_APP = "loadtest.asgi_app:app"
 
@@ -75,6 +81,11 @@ def start_http_target(
         cmd += UVICORN_IMPLEMENTATIONS[name]
         cmd += ["--timeout-keep-alive", str(math.ceil(keep_alive)), "--log-level", "warning", "--no-access-log"]
         cmd += ["loadtest.asgi_app:app"]
+    elif name == "granian":
+        header_ms = max(1, min(60_000, round(header_timeout * 1000)))  # the range granian takes
+        cmd = [sys.executable, "-m", "granian", "--interface", "asgi", "--host", "127.0.0.1", "--port", str(port)]
+        cmd += ["--workers", "1", "--http", "1", "--http1-header-read-timeout", str(header_ms)]
+        cmd += ["--log-level", "warning", ASGI_APP]
     else:
         raise ValueError(f"unknown HTTP target {name!r}")
     cmd += extra
