@@ -29,6 +29,7 @@ __all__ = [
     "KeeperCollector",
     "LiveCollector",
     "Metric",
+    "memory_bytes",
     "render",
     "worker_registry",
 ]
@@ -151,16 +152,14 @@ class ProcessFigures(Collector):
     """
 
     def __init__(self) -> None:
-        self._page = os.sysconf("SC_PAGE_SIZE")
         self._started = psutil.Process().create_time()
 
     def collect(self) -> Iterator[Metric]:
         """RSS and virtual size, CPU seconds, start time, open and maximum descriptors."""
         f = Families({})
-        with open("/proc/self/statm", "rb") as statm:
-            size, resident = statm.read().split()[:2]
-        f.gauge("process_virtual_memory_bytes", "Virtual memory size in bytes.", int(size) * self._page)
-        f.gauge("process_resident_memory_bytes", "Resident memory size in bytes.", int(resident) * self._page)
+        size, resident = memory_bytes()
+        f.gauge("process_virtual_memory_bytes", "Virtual memory size in bytes.", size)
+        f.gauge("process_resident_memory_bytes", "Resident memory size in bytes.", resident)
         times = os.times()
         f.counter(
             "process_cpu_seconds_total", "Total user and system CPU time spent in seconds.", times.user + times.system
@@ -171,6 +170,17 @@ class ProcessFigures(Collector):
             "process_max_fds", "Maximum number of open file descriptors.", resource.getrlimit(resource.RLIMIT_NOFILE)[0]
         )
         yield from f.families
+
+
+_PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
+
+
+def memory_bytes() -> tuple[int, int]:
+    """This process's virtual size and resident memory, in bytes, from one read of
+    ``/proc/self/statm`` (cheap at any number of sockets, unlike a listing)."""
+    with open("/proc/self/statm", "rb") as statm:
+        size, resident = statm.read().split()[:2]
+    return int(size) * _PAGE_SIZE, int(resident) * _PAGE_SIZE
 
 
 def open_descriptors(pid: int | None = None) -> int:

@@ -24,6 +24,7 @@ import trio
 from idlekeeper import LagHistogram
 
 from ..page import Page
+from ..prometheus import memory_bytes
 from ..status import fetch_json
 from .overview import SEARCH_LIMIT
 
@@ -61,7 +62,6 @@ class Dashboard:
         self.lateness = LagHistogram(tuple(round(step * tick, 9) for step in LATENESS_STEPS))
         """How far past its deadline (last packet + 1.5 x keep-alive) each keep-alive
         timeout was declared, in seconds."""
-        self._page = os.sysconf("SC_PAGE_SIZE")
         self._started = time.time()
         self._sample = (time.monotonic(), _cpu_seconds(), 0)
         self._rates = (0.0, 0.0)
@@ -82,8 +82,6 @@ class Dashboard:
         cpu_share, packets_rate = self._rates
         stats = server.keeper.stats
         lag = stats.lag
-        with open("/proc/self/statm", "rb") as statm:
-            resident = int(statm.read().split()[1]) * self._page
         return {
             "worker": server.config.worker,
             "node": server.config.node,
@@ -94,7 +92,7 @@ class Dashboard:
             "packets_in": packets,
             "packets_per_s": round(packets_rate, 1),
             "cpu": round(cpu_share, 4),
-            "rss_bytes": resident,
+            "rss_bytes": memory_bytes()[1],
             "tick": server.keeper.tick,
             "expired": stats.expired_total,
             "stall_saves": stats.stall_saves,
