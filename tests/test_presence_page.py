@@ -305,8 +305,11 @@ async def test_a_fleet_page_counts_online_devices_in_redis_and_lists_every_nodes
         b.offline("b-0", "eb0", Offline.KEEPALIVE_TIMEOUT)
         a.scope.cancel()  # a crashes: its devices end node-lost, declared by b or c
         await until(lambda: len(c.coord.recent.recent) == 5)
-        found = await c.coord.overview()
-        assert found is not None and found["online"] == 2 and found["nodes"] == ["b", "c"]
+        # The sweep ends a's sessions, then drops a from the members: wait for both.
+        with trio.fail_after(5):
+            while (found := await c.coord.overview()) is None or found["nodes"] != ["b", "c"]:  # noqa: ASYNC110 (Redis, polled)
+                await trio.sleep(0.01)
+        assert found["online"] == 2 and found["nodes"] == ["b", "c"]
         reasons = sorted((e["client_id"], e["reason"], e["initiator"]) for e in found["recent"])
         assert reasons == [(f"a-{i}", "node-lost", "fleet") for i in range(4)] + [
             ("b-0", "keepalive-timeout", "server")
