@@ -90,8 +90,11 @@ def run(devices: int, workers: int, subscribers: int, pages: int = 0) -> dict[st
     work = Path(tempfile.mkdtemp(prefix="ik-faults-"))
     log = work / "presence.jsonl"
     port = free_port()
-    status = free_port(run=workers)
-    extra = ["--tick", "0.1", "--presence-log", str(log), "--status-port", str(status)]
+    extra = ["--tick", "0.1", "--presence-log", str(log)]
+    status = 0
+    if pages:  # the status ports only where pages watch them
+        status = free_port(run=workers)
+        extra += ["--status-port", str(status)]
     proc = start_heartbeat(port, workers, extra)
     socks: list[socket.socket] = []
     watching = threading.Event()
