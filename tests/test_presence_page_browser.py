@@ -31,6 +31,7 @@ from loadtest.browser import chromium_missing, open_chromium
 
 from .test_heartbeat_clients import Server, raw_connect
 from .test_heartbeat_clients import start_server as start_server  # the fixture, used by name
+from .test_presence_page import fetch
 
 IN_CI = os.environ.get("CI") == "true"
 MISSING = chromium_missing()
@@ -39,11 +40,6 @@ pytestmark = pytest.mark.skipif(MISSING is not None and not IN_CI, reason=MISSIN
 if MISSING is None:
     from selenium.webdriver.common.by import By
     from selenium.webdriver.remote.webdriver import WebDriver
-
-
-def fetch(port: int, path: str) -> Any:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as answer:
-        return json.loads(answer.read())
 
 
 def online_in_metrics(server: Server, workers: int) -> int:
