@@ -331,6 +331,24 @@ def test_whole_response_matches_h11(status: int, headers: list[tuple[bytes, byte
     fast = _served(request, status, list(headers), body, fast=True)
     slow = _served(request, status, list(headers), body, fast=False)
     assert _parsed(fast, False) == _parsed(slow, False)
+    # Written again, its lines now remembered: the same bytes.
+    assert _served(request, status, list(headers), body, fast=True) == fast
+
+
+def test_whole_bytes_line_memo_is_bounded_and_keeps_only_what_does_not_change(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(whole, "_LINE_MEMO", 4)
+    whole._lines.clear()
+    for i in range(20):
+        headers = [(b"x-n", b"%d" % i), (b"content-length", b"2"), (b"date", b"then")]
+        out = whole.whole_bytes(200, b"OK", headers, b"hi", send_body=True, date=b"now")
+        assert out is not None and b"x-n: %d\r\n" % i in out and b"date: then\r\n" in out
+        assert b"now" not in out and out.count(b"content-length") == 1
+        assert len(whole._lines) <= 4
+    assert not any(name in (b"content-length", b"date") for name, _ in whole._lines)
+    # A remembered line still needs its pair as it was: other values are checked.
+    assert whole.whole_bytes(200, b"OK", [(b"x-n", b"a\r\nb: c")], b"", send_body=True) is None
+    assert whole.whole_bytes(200, b"OK", [(b"content-length", b"3")], b"hi", send_body=True) is None
+    assert whole.whole_bytes(200, b"OK", [(b"x", bytearray(b"v"))], b"hi", send_body=True) is None
 
 
 def test_whole_response_declines_what_h11_must_handle() -> None:

@@ -9,9 +9,11 @@ forms, and bytes after the head.
 from __future__ import annotations
 
 import h11
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from servers.http import quickhead
 from servers.http.quickhead import QuickHead, quick_head, replay
 
 METHODS = [b"GET", b"HEAD", b"POST", b"DELETE", b"OPTIONS", b"CONNECT", b"get", b"G ET", b"GET\t", b"", b"M-SEARCH"]
@@ -125,6 +127,23 @@ def test_every_quick_head_is_read_by_h11_the_same_way(buf: bytes) -> None:
     head = quick_head(buf)
     if head is not None:
         _h11_reads(buf, head)
+    # Read again, its lines now remembered: the memo answers as the grammar did.
+    assert quick_head(buf) == head
+
+
+def test_the_line_memo_is_bounded_and_never_keeps_a_refused_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(quickhead, "_LINE_MEMO", 8)
+    quickhead._fields.clear()
+    for i in range(50):
+        assert quick_head(b"GET / HTTP/1.1\r\nHost: a\r\nX-N: %d\r\n\r\n" % i) is not None
+        assert len(quickhead._fields) <= 8
+    long_line = b"X-Long: " + b"v" * quickhead._LINE_MEMO_BYTES
+    assert quick_head(b"GET / HTTP/1.1\r\nHost: a\r\n" + long_line + b"\r\n\r\n") is not None
+    assert long_line not in quickhead._fields
+    # A line that makes a head h11's (a body's length) is never remembered as plain.
+    for _ in range(2):
+        assert quick_head(b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 0\r\n\r\n") is None
+    assert b"Content-Length: 0" not in quickhead._fields
 
 
 def test_what_clients_send_is_quick() -> None:

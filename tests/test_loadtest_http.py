@@ -15,6 +15,7 @@ import psutil
 import pytest
 
 from loadtest.asgi_app import BODY, app
+from loadtest.http import attack
 from loadtest.http.load import run_http
 from loadtest.http.loadgen import run_own_client
 from loadtest.http.targets import start_http_target
@@ -204,3 +205,33 @@ def test_every_peer_row_serves_the_same_answer_on_its_own_implementation(target:
             assert "--interface asgi" in cmdline and "--http1-header-read-timeout 1000" in cmdline
     finally:
         stop(proc)
+
+
+def test_the_attack_watcher_reads_the_socket_tables_as_psutil_does(started: tuple[int, int]) -> None:
+    """The watcher asks sock_diag (not psutil, which was too dear on the load's core):
+    the same held set as psutil's, a closed connection leaves it, and /proc's text
+    table, the fallback, says the same."""
+    port, pid = started
+    socks = [socket.create_connection(("127.0.0.1", port)) for _ in range(20)]
+    try:
+        time.sleep(0.3)
+
+        def by_psutil() -> set[tuple[str, int]]:
+            conns = psutil.Process(pid).net_connections(kind="tcp")
+            return {(c.raddr[0], c.raddr[1]) for c in conns if c.laddr and c.laddr[1] == port and c.raddr}
+
+        mine = {s.getsockname()[:2] for s in socks}
+        assert attack.held_by_server([pid], port) == by_psutil() == mine
+        assert attack.held_by_server([], port) == mine  # any process's
+        assert attack.waiting_in_kernel(port) == mine
+        assert sorted(attack._diag_rows(port)) == sorted(attack._proc_rows(port))
+        gone = socks.pop()
+        gone_addr = gone.getsockname()[:2]
+        gone.close()
+        deadline = time.monotonic() + 5
+        while gone_addr in attack.held_by_server([pid], port) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert attack.held_by_server([pid], port) == by_psutil() == mine - {gone_addr}
+    finally:
+        for s in socks:
+            s.close()

@@ -22,7 +22,7 @@ import enum
 import http
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 import h11
@@ -155,7 +155,8 @@ class Exchange:
         self.head_sent = False
         self.complete = False
         self.status = 0
-        self.headers: list[tuple[bytes, bytes]] = []
+        self.headers: Sequence[tuple[bytes, bytes]] = ()
+        """The response's headers as the app sent them."""
         self.refusal = 0
         """The error status to answer instead of the app's response (400, 413), if any."""
         self.refusal_reason = ""
@@ -231,7 +232,10 @@ class Exchange:
                 raise RuntimeError("http.response.start sent twice")
             self.started = True
             self.status = int(message["status"])
-            self.headers = [(bytes(k).lower(), bytes(v)) for k, v in message.get("headers", ())]
+            headers = message.get("headers", ())
+            # Kept as the app gave them (a list or tuple: read twice if h11 takes the
+            # response); normalized only on h11's path (see _head).
+            self.headers = headers if headers.__class__ in (list, tuple) else list(headers)
             return
         if kind != "http.response.body":
             raise RuntimeError(f"unexpected ASGI message {kind!r}")
@@ -290,18 +294,15 @@ class Exchange:
         h = self.channel.h11
         if (h is not None and h.they_are_waiting_for_100_continue) or self.must_close():
             return None  # closing: h11's path, which also says so
-        headers = self.headers
-        if not any(name == b"date" for name, _ in headers):
-            headers = [*headers, (b"date", http_date())]
-        reason = _PHRASES.get(self.status, b"")
+        headers, status, date = self.headers, self.status, http_date()
+        reason = _PHRASES.get(status, b"")
         if h is None:
             # A quick request: h11 never needs to hear of it.
-            whole = whole_bytes(self.status, reason, headers, body, send_body=not self.head_only)
-            return None if whole is None else whole[0]
-        return whole_response(h, self.status, reason, headers, body, send_body=not self.head_only)
+            return whole_bytes(status, reason, headers, body, send_body=not self.head_only, date=date)
+        return whole_response(h, status, reason, headers, body, send_body=not self.head_only, date=date)
 
     def _head(self, length: int | None) -> h11.Response:
-        headers = self.headers
+        headers = [(bytes(k).lower(), bytes(v)) for k, v in self.headers]
         names = {name for name, _ in headers}
         if (
             length is not None

@@ -55,6 +55,25 @@ class QuickHead(NamedTuple):
     http_version: bytes = b"1.1"
 
 
+# Lines read before, and what they parse to. A client sends the same few lines on
+# every request of a connection (Host, User-Agent, Accept...), and a server's clients
+# much the same ones: a look-up stands in for the grammar's regular expression, a
+# tenth of a small request's Python. Only short lines are kept, and the table is
+# emptied when full, so a client sending endless new lines costs it at most
+# _LINE_MEMO x _LINE_MEMO_BYTES and slows nobody but its own parse.
+_LINE_MEMO = 1024
+_LINE_MEMO_BYTES = 256
+_fields: dict[bytes, tuple[bytes, bytes]] = {}
+_request_lines: dict[bytes, tuple[bytes, bytes]] = {}
+
+
+def _remember(memo: dict[bytes, tuple[bytes, bytes]], line: bytes, parsed: tuple[bytes, bytes]) -> None:
+    if len(line) <= _LINE_MEMO_BYTES:
+        if len(memo) >= _LINE_MEMO:
+            memo.clear()
+        memo[line] = parsed
+
+
 def quick_head(buf: bytes | bytearray) -> QuickHead | None:
     """The plain head at the start of ``buf``, or None: not plain, or not complete yet
     (the caller then hands the bytes to h11)."""
@@ -62,23 +81,33 @@ def quick_head(buf: bytes | bytearray) -> QuickHead | None:
     if end < 0:
         return None
     lines = bytes(buf[:end]).split(b"\r\n")
-    request = _REQUEST_LINE.fullmatch(lines[0])
-    if request is None or request[1] == b"CONNECT":
-        return None
+    first = lines[0]
+    request = _request_lines.get(first)
+    if request is None:
+        match = _REQUEST_LINE.fullmatch(first)
+        if match is None or match[1] == b"CONNECT":
+            return None
+        request = (match[1], match[2])
+        _remember(_request_lines, first, request)
     headers: list[tuple[bytes, bytes]] = []
+    fields = _fields
     hosts = 0
     for line in lines[1:]:
-        field = _HEADER_FIELD.fullmatch(line)
+        field = fields.get(line)
         if field is None:
-            return None  # a bare CR or LF, an obs-fold, or a malformed line: h11 decides
-        name = field[1].lower()
-        if name in _NOT_PLAIN:
-            return None
-        hosts += name == b"host"
-        headers.append((name, field[2]))
+            match = _HEADER_FIELD.fullmatch(line)
+            if match is None:
+                return None  # a bare CR or LF, an obs-fold, or a malformed line: h11 decides
+            name = match[1].lower()
+            if name in _NOT_PLAIN:
+                return None
+            field = (name, match[2])
+            _remember(fields, line, field)
+        hosts += field[0] == b"host"
+        headers.append(field)
     if hosts != 1:
         return None
-    return QuickHead(request[1], request[2], headers, end + 4)
+    return QuickHead(request[0], request[1], headers, end + 4)
 
 
 def replay(conn: h11.Connection, head: QuickHead) -> None:

@@ -14,6 +14,7 @@ h11's public path.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 
 import h11
 
@@ -40,51 +41,95 @@ HOOKS = _hooks_present()
 """Whether this h11 has the private hooks used here (and by :mod:`.quickhead`'s replay)."""
 
 
+# Header lines written before: an app sends the same few headers on every response,
+# and a look-up stands in for checking and formatting each one. Keyed by the app's
+# own (name, value) pair; lengths and dates, which change, are never kept; the table
+# is emptied when full.
+_LINE_MEMO = 1024
+_lines: dict[tuple[bytes, bytes], bytes] = {}
+_status_lines: dict[tuple[int, bytes], bytes] = {}
+
+
 def whole_bytes(
     status: int,
     reason: bytes,
-    headers: list[tuple[bytes, bytes]],
+    headers: Sequence[tuple[bytes, bytes]],
     body: bytes,
     *,
     send_body: bool,
-) -> tuple[bytes, list[tuple[bytes, bytes]]] | None:
+    date: bytes | None = None,
+    keep: list[tuple[bytes, bytes]] | None = None,
+) -> bytes | None:
     """The bytes of a complete keep-alive HTTP/1.1 response with ``Content-Length:
-    len(body)`` (and the body unless ``send_body`` is false: HEAD), and the headers it
-    carries; or None if h11 must write it.
+    len(body)`` (and the body unless ``send_body`` is false: HEAD), or None if h11
+    must write it.
 
-    ``headers`` are the app's, lowercase. A ``Content-Length`` among them must be the
+    ``headers`` are the app's, as ASGI sends them: names already lowercase (any
+    other name is h11's to judge). A ``Content-Length`` among them must be the
     body's; ``Transfer-Encoding`` or ``Connection`` leave the response to h11.
+    ``date`` is added as the ``Date`` header unless the app sent one. ``keep``, if
+    given, is filled with the headers the response carries.
     """
     if status < 200 or status in (204, 304) or status > 999:
         return None
     length = b"%d" % len(body)
-    parts = [b"HTTP/1.1 %d %s\r\n" % (status, reason)]
+    first = _status_lines.get((status, reason))
+    if first is None:
+        first = _status_lines[status, reason] = b"HTTP/1.1 %d %s\r\n" % (status, reason)
+    parts = [first]
+    lines = _lines
     declared = False
-    for name, value in headers:
-        if name in _FRAMING or not _NAME.fullmatch(name) or not _VALUE.fullmatch(value):
+    for pair in headers:
+        try:
+            line = lines.get(pair)
+        except TypeError:  # a list, or a bytearray in it: h11's
             return None
-        if name == b"content-length":
-            if value != length or declared:
-                return None  # h11 refuses a body that does not match
-            declared = True
-        parts.append(b"%s: %s\r\n" % (name, value))
+        if line is None:
+            name, value = pair
+            if name == b"content-length":
+                if value != length or declared:
+                    return None  # h11 refuses a body that does not match
+                declared = True
+                pair = (b"content-length", length)
+                line = b"content-length: %s\r\n" % length
+            else:
+                if name.__class__ is not bytes or value.__class__ is not bytes or name in _FRAMING:
+                    return None
+                if not _NAME.fullmatch(name) or not _VALUE.fullmatch(value):
+                    return None
+                line = b"%s: %s\r\n" % (name, value)
+                if name == b"date":
+                    date = None
+                elif pair.__class__ is tuple:
+                    if len(lines) >= _LINE_MEMO:
+                        lines.clear()
+                    lines[pair] = line
+        parts.append(line)
+        if keep is not None:
+            keep.append(pair)
     if not declared:
         parts.append(b"content-length: %s\r\n" % length)
-        headers = [*headers, (b"content-length", length)]
+        if keep is not None:
+            keep.append((b"content-length", length))
+    if date is not None:
+        parts.append(b"date: %s\r\n" % date)
+        if keep is not None:
+            keep.append((b"date", date))
     parts.append(b"\r\n")
     if send_body:
         parts.append(body)
-    return b"".join(parts), headers
+    return b"".join(parts)
 
 
 def whole_response(
     conn: h11.Connection,
     status: int,
     reason: bytes,
-    headers: list[tuple[bytes, bytes]],
+    headers: Sequence[tuple[bytes, bytes]],
     body: bytes,
     *,
     send_body: bool,
+    date: bytes | None = None,
 ) -> bytes | None:
     """:func:`whole_bytes` for a request h11 read: None also when the connection is not
     ready for such a response (a request that is not HTTP/1.1, or asked to close: h11
@@ -95,11 +140,11 @@ def whole_response(
         return None
     if not conn._cstate.keep_alive:
         return None  # the client said close: h11 adds the header
-    whole = whole_bytes(status, reason, headers, body, send_body=send_body)
-    if whole is None:
+    kept: list[tuple[bytes, bytes]] = []
+    out = whole_bytes(status, reason, headers, body, send_body=send_body, date=date, keep=kept)
+    if out is None:
         return None
-    out, headers = whole
-    event = h11.Response(status_code=status, headers=headers, reason=reason, _parsed=True)
+    event = h11.Response(status_code=status, headers=kept, reason=reason, _parsed=True)
     process = conn._process_event
     process(h11.SERVER, event)
     process(h11.SERVER, h11.EndOfMessage())
