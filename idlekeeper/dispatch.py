@@ -29,7 +29,7 @@ from .epochs import Epoch
 from .keeper import Keeper
 from .lost import EngineClosedError
 from .protocol import Protocol
-from .transport import CLOSED, EOF_SENT, NO_READ, PEER_EOF, Transport
+from .transport import CLOSED, EOF_SENT, GATHERING, NO_READ, PEER_EOF, Transport
 from .watch import ExpireHook
 
 __all__ = ["Dispatcher"]
@@ -104,6 +104,9 @@ class Dispatcher:
         self._woken = False
         self._backlog = False
         self._in_pass = False
+        # Connections written to in this pass, whose writes go out as it ends (see
+        # Transport.write).
+        self._gathered: list[Transport] = []
         # The connection whose connection_made runs, and the address accept() gave it:
         # a peer that reset before it was read has no other (getpeername fails), and
         # an address kept on every transport would cost each of a million connections.
@@ -127,6 +130,8 @@ class Dispatcher:
             return step()
         finally:
             self._in_pass = False
+            if self._gathered:  # only if the step raised: it sends them itself
+                self._send_gathered()
 
     def _pass(self) -> int:
         self.passes += 1
@@ -154,14 +159,28 @@ class Dispatcher:
         for listener in ready:
             backlog |= listener.accept()
         self._backlog = backlog
-        self._deliver_lost()
+        self._end_pass()
         return len(polled)
 
     def _urgent_pass(self) -> bool:
         """While gathering: tell drops; True if a listener is ready (the window ends)."""
         ready = self._poll_urgent()
-        self._deliver_lost()
+        self._end_pass()
         return bool(ready)
+
+    def _end_pass(self) -> None:
+        """Send what the pass gathered, and tell the protocols of the connections
+        dropped (whose callbacks may write, and drop, more)."""
+        while self._gathered or self._lost:
+            self._send_gathered()
+            self._deliver_lost()
+
+    def _send_gathered(self) -> None:
+        while self._gathered:
+            batch, self._gathered = self._gathered, []
+            for t in batch:
+                if t._io & GATHERING:
+                    t._send_gathered()
 
     def _poll_urgent(self) -> list[Listener]:
         """Drain wake-ups and return the listeners with connections waiting."""
@@ -250,7 +269,8 @@ class Dispatcher:
         io = t._io
         if io & CLOSED:
             return
-        want = (0 if io & NO_READ else _REG_IN) | (0 if t._wbuf is None else _REG_OUT)
+        # A gathered queue has not met the kernel yet: it is sent as the pass ends.
+        want = (0 if io & NO_READ else _REG_IN) | (0 if t._wbuf is None or io & GATHERING else _REG_OUT)
         have = io & _REG
         if want == have:
             return
@@ -270,7 +290,11 @@ class Dispatcher:
         """Close a connection now; its protocol hears of it on the engine's next pass.
 
         Synchronous and O(1), so that the reaper can call it (through an expiry).
+        What the pass wrote to it is offered to the kernel first: without gathering,
+        those writes would have been sent before whatever ended the connection.
         """
+        if t._io & GATHERING:
+            t._send_gathered(closing=True)
         io = t._io
         if io & CLOSED:
             return

@@ -43,7 +43,12 @@ EOF_SENT = 16
 CLOSING = 32
 """``close`` once the queue is sent."""
 CLOSED = 64
+GATHERING = 128
+"""Written during the engine's pass: the queue goes to the kernel in one send at its end."""
 NO_READ = PAUSED | BACKPRESSURE | PEER_EOF | CLOSING | CLOSED
+
+GATHER_LIMIT = 64 * 1024
+"""Bytes a pass gathers for one connection before sending them there and then."""
 
 
 class Callbacks(Protocol):
@@ -70,6 +75,8 @@ class _Loop(Protocol):
     high_water: int
     low_water: int
     callback_errors: int
+    _in_pass: bool
+    _gathered: list[Transport]
 
     def _update(self, transport: Transport) -> None: ...
 
@@ -112,6 +119,12 @@ class Transport(Watch):
     def write(self, data: bytes | bytearray | memoryview) -> None:
         """Send ``data``, queueing what the kernel does not take now. Never blocks.
 
+        Written from a protocol callback (the engine's pass), it is sent when the pass
+        ends, with whatever else the pass wrote to this connection: the replies to the
+        packets of one read, and what other connections' packets forwarded here, go
+        in one system call. Written from anywhere else (a task, a timer), it is sent at
+        once. :meth:`get_write_buffer_size` counts it until it is sent.
+
         After :meth:`close`, :meth:`abort` or :meth:`write_eof`, writes are dropped.
         """
         if self._io & (CLOSING | CLOSED | EOF_PENDING | EOF_SENT) or not data:
@@ -120,12 +133,17 @@ class Transport(Watch):
             data = data.cast("B")  # counted in bytes, whatever its item size
         buf = self._wbuf
         if buf is None:
-            try:
-                sent = self._socket.send(data)
-            except (BlockingIOError, InterruptedError):
-                sent = 0
-            except OSError as exc:
-                self._loop._drop(self, exc)
+            loop = self._loop
+            if loop._in_pass and len(data) < GATHER_LIMIT:
+                # A send now would be one of many in this pass: gather them (a
+                # publisher's PUBACKs, a subscriber's messages) into one at its end.
+                self._wbuf = bytearray(data)
+                self._io |= GATHERING
+                self._tx = self._epochs.current
+                loop._gathered.append(self)
+                return
+            sent = self._offer(data)
+            if sent < 0:
                 return
             # Stamped even if the kernel took nothing: a send starts now, and its
             # timeout counts from here (as WatchedStream.send_all), not from the last
@@ -138,23 +156,61 @@ class Transport(Watch):
             self._loop._update(self)
         else:
             buf += data
+            if self._io & GATHERING:
+                if len(buf) >= GATHER_LIMIT:
+                    self._send_gathered()
+                return
+        self._check_high_water(buf)
+
+    def _offer(self, data: bytes | bytearray | memoryview, *, drop: bool = True) -> int:
+        """Offer ``data`` to the kernel: the bytes it took (0: none now), or -1 if the
+        connection failed (and is dropped, unless ``drop`` is false)."""
+        try:
+            return self._socket.send(data)
+        except (BlockingIOError, InterruptedError):
+            return 0
+        except OSError as exc:
+            if drop:
+                self._loop._drop(self, exc)
+            return -1
+
+    def _check_high_water(self, buf: bytearray) -> None:
         if len(buf) > self._loop.high_water and not self._io & BACKPRESSURE:
             self._io |= BACKPRESSURE
             self._loop._update(self)
             self._call("pause_writing")
+
+    def _send_gathered(self, *, closing: bool = False) -> None:
+        """Send what this pass gathered (called by the engine as the pass ends, and
+        before anything that must see the kernel's queue: a close, an EOF, a drop).
+        What the kernel does not take is queued as an unsent write would have been;
+        ``closing``: the connection is being dropped, and an error is its own."""
+        io = self._io
+        if not io & GATHERING:
+            return
+        self._io = io & ~GATHERING
+        buf = self._wbuf
+        if buf is None or io & CLOSED:
+            return
+        sent = self._offer(buf, drop=not closing)
+        if sent < 0 or closing:
+            return
+        if sent == len(buf):
+            self._wbuf = None
+            return
+        del buf[:sent]
+        self._sending = True
+        self._loop._update(self)
+        self._check_high_water(buf)
 
     def _flush(self) -> None:
         """The socket is writable: send what is queued (called by the engine)."""
         buf = self._wbuf
         if buf is None:
             return
-        try:
-            sent = self._socket.send(buf)
-        except (BlockingIOError, InterruptedError):
-            return
-        except OSError as exc:
-            self._loop._drop(self, exc)
-            return
+        sent = self._offer(buf)
+        if sent <= 0:
+            return  # nothing taken (progress is not stamped), or dropped
         self._tx = self._epochs.current
         del buf[:sent]
         if buf:
@@ -178,12 +234,21 @@ class Transport(Watch):
         self._call("resume_writing")
 
     def get_write_buffer_size(self) -> int:
-        """Bytes queued and not yet taken by the kernel."""
+        """Bytes queued and not yet taken by the kernel (those :attr:`gathered` included)."""
         return 0 if self._wbuf is None else len(self._wbuf)
+
+    @property
+    def gathered(self) -> int:
+        """Bytes written in the engine's current pass, to be offered to the kernel as
+        it ends (see :meth:`write`): queued, but not because the peer is slow."""
+        return len(self._wbuf) if self._io & GATHERING and self._wbuf is not None else 0
 
     def write_eof(self) -> None:
         """Half-close: send EOF once the queue is sent; reading goes on."""
         if self._io & (EOF_PENDING | EOF_SENT | CLOSED):
+            return
+        self._send_gathered()
+        if self._io & CLOSED:
             return
         if self._wbuf is None:
             self._shutdown_write()
@@ -227,6 +292,9 @@ class Transport(Watch):
         follows. A queue that never drains is cut by the send timeout, if one is set."""
         if self._io & (CLOSING | CLOSED):
             return
+        self._send_gathered()
+        if self._io & CLOSED:
+            return
         self._io |= CLOSING
         if self._wbuf is None:
             self._loop._drop(self, None)
@@ -234,7 +302,9 @@ class Transport(Watch):
             self._loop._update(self)
 
     def abort(self) -> None:
-        """Close now, dropping anything queued; ``connection_lost(None)`` follows."""
+        """Close now, dropping anything queued; ``connection_lost(None)`` follows.
+        What this pass gathered is offered to the kernel first, as it would have been
+        without gathering."""
         self._loop._drop(self, None)
 
     def is_closing(self) -> bool:
@@ -273,6 +343,7 @@ class Transport(Watch):
         """Abort the connection from outside (a takeover, a shutdown); the protocol
         hears ``connection_lost(None)``, or :class:`ExpiredError` after an expiry."""
         reason = self.reason
+        self._send_gathered()
         if reason is not None and self._wbuf is None and not self._io & (CLOSING | CLOSED):
             self._say_last_words(reason)
         self._loop._drop(self, None if reason is None else ExpiredError(reason))

@@ -497,6 +497,78 @@ async def test_partial_writes_arrive_intact_to_a_slow_reader(keeper: idlekeeper.
     assert probe.lost_once[1] is None
 
 
+# -- 4b. a pass's writes gathered into one send ------------------------------------------------------
+
+
+async def test_a_pass_gathers_its_writes_into_one_send_per_connection(
+    keeper: idlekeeper.Keeper, clock: MockClock
+) -> None:
+    """Writes made in a callback wait for the pass's end, then go out together, in
+    order, to this connection and to others (replies, and messages forwarded); they
+    count as queued meanwhile. Writes made from a task go at once."""
+    seen: list[tuple[str, int, int]] = []
+
+    class Relay(Probe):
+        def data_received(self, data: bytes) -> None:
+            super().data_received(data)
+            t = self.t
+            for i in range(3):
+                t.write(b"reply%d;" % i)
+            seen.append(("self", t.gathered, t.get_write_buffer_size()))
+            for other in probes:
+                if other is not self:
+                    other.t.write(b"fwd:" + data)
+                    seen.append(("other", other.t.gathered, other.t.get_write_buffer_size()))
+
+    probes, factory = collecting(Relay)
+    async with serving(keeper, factory) as (_engine, addr):
+        a, b = await connect(addr), await connect(addr)
+        await until(lambda: len(probes) == 2, "accepts")
+        await a.send(b"x")
+        assert await recv_exactly(a, 21) == b"reply0;reply1;reply2;"
+        assert await recv_exactly(b, 5) == b"fwd:x"
+        assert seen == [("self", 21, 21), ("other", 5, 5)]
+        assert all(p.t.gathered == 0 and p.t.get_write_buffer_size() == 0 for p in probes)
+        probes[0].t.write(b"now")  # from this task, not a pass: sent at once
+        assert probes[0].t.gathered == 0 and probes[0].t.get_write_buffer_size() == 0
+        assert await recv_exactly(a, 3) == b"now"
+
+
+async def test_gathered_writes_go_before_a_close_an_eof_or_an_abort(
+    keeper: idlekeeper.Keeper, clock: MockClock
+) -> None:
+    """A close, a half-close or an abort in the same callback sees the gathered bytes
+    offered to the kernel first, as they would have been without gathering; a write as
+    large as the gathering limit goes at once."""
+
+    class Ender(Probe):
+        def data_received(self, data: bytes) -> None:
+            super().data_received(data)
+            t = self.t
+            t.write(b"bye:" + data)
+            if data == b"close":
+                t.close()
+            elif data == b"eof":
+                t.write_eof()
+            elif data == b"abort":
+                t.abort()
+            else:
+                t.write(b"z" * idlekeeper.transport.GATHER_LIMIT)
+                assert t.gathered == 0  # sent there and then
+
+    probes, factory = collecting(Ender)
+    async with serving(keeper, factory) as (_engine, addr):
+        for word in (b"close", b"eof", b"abort"):
+            client = await connect(addr)
+            await client.send(word)
+            data, _ = await read_until_eof(client)
+            assert data == b"bye:" + word, word
+        client = await connect(addr)
+        await client.send(b"big")
+        got = await recv_exactly(client, 7 + idlekeeper.transport.GATHER_LIMIT)
+        assert got.startswith(b"bye:big") and got.endswith(b"z" * 100)
+
+
 # -- 5. backpressure -------------------------------------------------------------------------------
 
 

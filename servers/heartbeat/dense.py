@@ -228,11 +228,11 @@ class DenseConnection(Connection, idlekeeper.Protocol):
         self.stream.close()
 
     def say(self, data: bytes) -> None:
-        """Write ``data`` if nothing is queued (see :meth:`Connection.say`): the
-        transport tries the kernel at once."""
+        """Write ``data`` if nothing is queued but this pass's own writes (see
+        :meth:`Connection.say`): the close that follows offers it all to the kernel."""
         stream = self.stream
-        if not stream.is_closing() and not stream.get_write_buffer_size():
-            self.write(data)
+        if not stream.is_closing() and stream.get_write_buffer_size() == stream.gathered:
+            self.write(data)  # behind this pass's writes, if any: they go out together
 
     def pause_writing(self) -> None:
         """The client is not reading what it is sent (its queue passed the high-water

@@ -57,7 +57,7 @@ class FigureSource(Protocol):
 
     config: HeartbeatConfig
     online: dict[str, Connection]
-    connections: set[Connection]
+    connections: dict[Connection, None]
     broker: Broker[Connection]
     counters: collections.Counter[str]
     offline_by_reason: collections.Counter[str]

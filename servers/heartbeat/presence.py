@@ -157,12 +157,16 @@ class PresenceEvent:
     def from_dict(cls, data: dict[str, Any]) -> PresenceEvent:
         """The inverse of :meth:`to_dict` (for events that crossed a process boundary)."""
         reason = data.get("reason")
+        silent_for = float(data.get("silent_for", 0.0))
         return cls(
-            status=str(data["status"]),
+            # The supervisor keeps one of these for every device online: its status is
+            # one of three words, and a fresh connection's silence is 0, so those are
+            # shared rather than a new object each.
+            status=sys.intern(str(data["status"])),
             client_id=None if data.get("client_id") is None else str(data["client_id"]),
             peer=str(data.get("peer", "?")),
             reason=None if reason is None else Offline(reason),
-            silent_for=float(data.get("silent_for", 0.0)),
+            silent_for=silent_for or 0.0,
             time=float(data.get("time", 0.0)),
             worker=int(data.get("worker", 0)),
             detail=str(data.get("detail", "")),

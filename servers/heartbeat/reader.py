@@ -363,7 +363,8 @@ class PacketReader:
     def __init__(self, max_packet_size: int = 256 * 1024) -> None:
         if max_packet_size < 2:
             raise ValueError("max_packet_size must be at least 2 (the smallest packet)")
-        self._buf = bytearray()
+        # Only while a packet is split across reads: an idle device holds no buffer.
+        self._buf: bytearray | None = None
         self._max = max_packet_size
         # Size of the packet whose start is buffered, once its header is known; until
         # the buffer reaches it a feed only appends, so a big packet trickling in costs
@@ -376,7 +377,7 @@ class PacketReader:
     @property
     def buffered(self) -> int:
         """Bytes held while waiting for the rest of a packet."""
-        return len(self._buf)
+        return 0 if self._buf is None else len(self._buf)
 
     def feed(self, data: bytes | bytearray | memoryview) -> list[AnyPacket]:
         """Add received bytes; return every packet they complete, in order.
@@ -388,12 +389,12 @@ class PacketReader:
             error = self._error
             raise ProtocolError(error.reason, error.connack_code, f"reader already failed ({error.detail})")
         buf = self._buf
-        if buf:
+        if buf is not None:
             buf += data
             if len(buf) < self._need:
                 return []
             src = bytes(buf)
-            buf.clear()
+            self._buf = None
         elif data == PINGREQ_WIRE:
             return [_PINGREQ]  # a lone heartbeat, by far the commonest read
         else:
@@ -405,11 +406,11 @@ class PacketReader:
             # Kept without its traceback: the traceback's frames hold this reader, and
             # the cycle would outlive the connection once gc.freeze() (servers.gcpolicy)
             # had moved the reader out of the collector's sight. (The buffer is already
-            # empty: its bytes moved into src.)
+            # gone: its bytes moved into src.)
             self._error = ProtocolError(exc.reason, exc.connack_code, exc.detail)
             raise
         if pos < len(src):
-            buf += memoryview(src)[pos:]
+            self._buf = bytearray(memoryview(src)[pos:])
         return out
 
     def _scan(self, src: bytes) -> tuple[list[AnyPacket], int]:
