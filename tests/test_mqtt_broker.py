@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from servers.heartbeat import broker
 from servers.heartbeat.broker import Subscriptions, topic_matches
 from servers.heartbeat.policy import DEFAULT_PRESENCE_PREFIX as PRESENCE
 
@@ -71,3 +72,20 @@ def test_granted_qos_is_capped_at_max_qos() -> None:
     subs: Subscriptions[str] = Subscriptions(max_qos=0)
     assert subs.subscribe("k", "a/+", 1) == 0
     assert subs.route("a/b") == {"k": 0}
+
+
+def test_routes_are_remembered_within_a_bound_and_forgotten_on_any_change(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(broker, "_ROUTE_MEMO", 50)
+    subs: Subscriptions[str] = Subscriptions(max_qos=2)
+    subs.subscribe("a", "t/+", 1)
+    first = subs.route("t/x")
+    assert first == {"a": 1} and subs.route("t/x") is first  # remembered
+    for i in range(200):
+        subs.route(f"t/{i}")
+        assert subs._routed <= 50 and len(subs._routes) <= 50
+    subs.subscribe("b", "t/x", 2)  # a change: found afresh
+    assert subs.route("t/x") == {"a": 1, "b": 2}
+    subs.subscribe("a", "t/+", 0)  # a new QoS for a held filter is a change too
+    assert subs.route("t/x") == {"a": 0, "b": 2}
+    subs.drop("b")
+    assert subs.route("t/x") == {"a": 0}

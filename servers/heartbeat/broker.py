@@ -76,6 +76,10 @@ def topic_matches(topic_filter: str, topic: str) -> bool:
     return len(parts) == count
 
 
+_ROUTE_MEMO = 65_536
+"""Subscribers (plus one a topic) that :meth:`Subscriptions.route` keeps found."""
+
+
 class Subscriptions(Generic[K]):
     """Topic filters per subscriber key, with the granted QoS of each, at most ``max_qos``.
 
@@ -102,6 +106,12 @@ class Subscriptions(Generic[K]):
         """MQTT 5 subscription options (:func:`pack_options`) of the filters that have any:
         most subscriptions have none, and the common delivery never looks here."""
         self._changes: FilterChanges | None = None
+        # Each topic's subscribers as route() found them, until the subscriptions
+        # change: publishers send to the same topics again and again, and the walk of
+        # the filter tree was a tenth of a forwarded message's work. Bounded in
+        # subscribers counted over all topics; emptied when full, and on any change.
+        self._routes: dict[str, dict[K, int]] = {}
+        self._routed = 0
 
     def __len__(self) -> int:
         return sum(len(filters) for filters in self._by_key.values())
@@ -131,6 +141,7 @@ class Subscriptions(Generic[K]):
                     self._tree.set(topic_filter, subs)
                 if self._changes is not None:
                     self._changes.came(topic_filter)
+            self._forget_routes()
         subs[key] = granted
         held = self._by_key.setdefault(key, set())
         if topic_filter not in held:
@@ -148,6 +159,7 @@ class Subscriptions(Generic[K]):
         if not subs or key not in subs:
             return False
         del subs[key]
+        self._forget_routes()
         if not subs:
             del table[topic_filter]
             if wild:
@@ -269,13 +281,29 @@ class Subscriptions(Generic[K]):
         return self._bytes.get(key, 0)
 
     def route(self, topic: str) -> dict[K, int]:
-        """Subscribers of ``topic`` with the QoS to deliver at (the highest match wins)."""
-        out: dict[K, int] = dict(self._exact.get(topic, {}))
+        """Subscribers of ``topic`` with the QoS to deliver at (the highest match wins).
+
+        The dict is shared with later calls until the subscriptions change: read it,
+        do not change it."""
+        out = self._routes.get(topic)
+        if out is not None:
+            return out
+        out = dict(self._exact.get(topic, {}))
         for subs in self._tree.match(topic):
             for key, qos in subs.items():
                 if qos > out.get(key, -1):
                     out[key] = qos
+        self._routed += len(out) + 1
+        if self._routed > _ROUTE_MEMO:
+            self._forget_routes()
+            self._routed = len(out) + 1
+        self._routes[topic] = out
         return out
+
+    def _forget_routes(self) -> None:
+        if self._routes:
+            self._routes.clear()
+            self._routed = 0
 
 
 class Limits5(Protocol):
