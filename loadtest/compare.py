@@ -270,6 +270,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     add_keepalive(p, 10)
     add_silent(p, 0.05)
     a("--no-stall", action="store_true", help="skip the 2 x K SIGSTOP of each server")
+    a(
+        "--ping-batch",
+        type=float,
+        default=DeviceLoad.ping_batch,
+        help="seconds a device's ping may wait to share its generator's wake-up with others "
+        "(default 0.2; near 0, pings arrive spread out, as independent devices send them)",
+    )
     add_tick(p, 0.1, "idlekeeper's")
     a("--coalesce", type=float, default=1.0, help="idlekeeper-coalesced's --coalesce, seconds (default: 1)")
     HttpLoad.add_arguments(p, prefix="http-")
@@ -304,7 +311,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as exc:
         p.error(str(exc))
     if args.only in (None, "devices"):
-        load = DeviceLoad(devices=args.devices, keepalive=args.keepalive, silent=args.silent, stall=not args.no_stall)
+        load = DeviceLoad(
+            devices=args.devices,
+            keepalive=args.keepalive,
+            silent=args.silent,
+            stall=not args.no_stall,
+            ping_batch=args.ping_batch,
+        )
         out["devices"] = compare_devices(
             load, args.mqtt_targets.split(","), args.tick, args.quiet, args.coalesce, protocols
         )
