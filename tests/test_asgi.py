@@ -346,6 +346,9 @@ def test_whole_bytes_line_memo_is_bounded_and_keeps_only_what_does_not_change(mo
         assert b"now" not in out and out.count(b"content-length") == 1
         assert len(whole._lines) <= 4
     assert not any(name in (b"content-length", b"date") for name, _ in whole._lines)
+    long_value = b"v" * whole._LINE_MEMO_BYTES
+    assert whole.whole_bytes(200, b"OK", [(b"x-long", long_value)], b"", send_body=True) is not None
+    assert (b"x-long", long_value) not in whole._lines
     # A remembered line still needs its pair as it was: other values are checked.
     assert whole.whole_bytes(200, b"OK", [(b"x-n", b"a\r\nb: c")], b"", send_body=True) is None
     assert whole.whole_bytes(200, b"OK", [(b"content-length", b"3")], b"hi", send_body=True) is None

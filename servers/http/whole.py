@@ -43,9 +43,10 @@ HOOKS = _hooks_present()
 
 # Header lines written before: an app sends the same few headers on every response,
 # and a look-up stands in for checking and formatting each one. Keyed by the app's
-# own (name, value) pair; lengths and dates, which change, are never kept; the table
-# is emptied when full.
+# own (name, value) pair; lengths and dates, which change, are never kept, nor long
+# lines (an app may echo what a client sent); the table is emptied when full.
 _LINE_MEMO = 1024
+_LINE_MEMO_BYTES = 256
 _lines: dict[tuple[bytes, bytes], bytes] = {}
 _status_lines: dict[tuple[int, bytes], bytes] = {}
 
@@ -100,7 +101,7 @@ def whole_bytes(
                 line = b"%s: %s\r\n" % (name, value)
                 if name == b"date":
                     date = None
-                elif pair.__class__ is tuple:
+                elif pair.__class__ is tuple and len(line) <= _LINE_MEMO_BYTES:
                     if len(lines) >= _LINE_MEMO:
                         lines.clear()
                     lines[pair] = line
