@@ -10,7 +10,7 @@ of its topic and per filter it matches, however many wildcard filters one client
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Hashable
-from typing import Generic, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 from .budget import CONGESTED_BYTES, SUBSCRIBER_BYTES, TOTAL_BYTES, Offer, SendBudget
 from .encoders import encode_publish
@@ -76,8 +76,10 @@ def topic_matches(topic_filter: str, topic: str) -> bool:
     return len(parts) == count
 
 
-_ROUTE_MEMO = 65_536
-"""Subscribers (plus one a topic) that :meth:`Subscriptions.route` keeps found."""
+_ROUTE_MEMO = 4096
+"""Subscribers (plus one a topic) that :meth:`Subscriptions.route` keeps found: a
+topic per device (its presence, its telemetry) must not make it a table per device."""
+_NOBODY: dict[Any, int] = {}
 
 
 class Subscriptions(Generic[K]):
@@ -293,6 +295,8 @@ class Subscriptions(Generic[K]):
             for key, qos in subs.items():
                 if qos > out.get(key, -1):
                     out[key] = qos
+        if not out:
+            out = _NOBODY  # one empty table for every topic nobody wants
         self._routed += len(out) + 1
         if self._routed > _ROUTE_MEMO:
             self._forget_routes()
