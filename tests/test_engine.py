@@ -556,7 +556,7 @@ async def test_gathered_writes_go_before_a_close_an_eof_or_an_abort(
                 t.write(b"z" * idlekeeper.transport.GATHER_LIMIT)
                 assert t.gathered == 0  # sent there and then
 
-    probes, factory = collecting(Ender)
+    _probes, factory = collecting(Ender)
     async with serving(keeper, factory) as (_engine, addr):
         for word in (b"close", b"eof", b"abort"):
             client = await connect(addr)
