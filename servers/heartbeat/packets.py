@@ -1,14 +1,15 @@
 """MQTT 3.1.1 packets as values: what :mod:`.reader` returns and :mod:`.encoders` writes.
 
-Each client-to-server packet is a frozen dataclass; :data:`Packet` is their union.
+Each client-to-server packet is an immutable record (:func:`.records.record`); :data:`Packet` is their union.
 :class:`ProtocolError` is how the reader and the session report a violation by the
 peer. Nothing here parses, encodes or does I/O.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TypeAlias
+
+from .records import record
 
 __all__ = [
     "MAX_REMAINING_LENGTH",
@@ -53,7 +54,7 @@ class ProtocolError(Exception):
 # -- packets a client sends ---------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Connect:
     """CONNECT: the first packet of every connection."""
 
@@ -70,7 +71,7 @@ class Connect:
     password: bytes | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Publish:
     """PUBLISH: ``packet_id`` is set for QoS 1 and 2, None for QoS 0."""
 
@@ -82,35 +83,35 @@ class Publish:
     packet_id: int | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Puback:
     """PUBACK: acknowledges a QoS 1 PUBLISH."""
 
     packet_id: int
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Pubrec:
     """PUBREC: first acknowledgement of a QoS 2 PUBLISH."""
 
     packet_id: int
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Pubrel:
     """PUBREL: second step of the QoS 2 exchange."""
 
     packet_id: int
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Pubcomp:
     """PUBCOMP: last step of the QoS 2 exchange."""
 
     packet_id: int
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Subscribe:
     """SUBSCRIBE: ``topics`` are (filter, requested QoS) pairs, at least one."""
 
@@ -118,7 +119,7 @@ class Subscribe:
     topics: tuple[tuple[str, int], ...]
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Unsubscribe:
     """UNSUBSCRIBE: ``topics`` are filters, at least one."""
 
@@ -126,12 +127,12 @@ class Unsubscribe:
     topics: tuple[str, ...]
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Pingreq:
     """PINGREQ: the keep-alive heartbeat."""
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Disconnect:
     """DISCONNECT: a clean goodbye (the will is discarded)."""
 

@@ -32,10 +32,10 @@ import collections
 import dataclasses
 import heapq
 from collections.abc import Callable, Hashable
-from dataclasses import dataclass
 
 from .broker import Subscriptions
 from .outbox import DEFAULT_MAX_QUEUED, DEFAULT_MAX_QUEUED_BYTES, DEFAULT_WINDOW, Message, Outbox
+from .records import record
 
 __all__ = [
     "DEFAULT_EXPIRY",
@@ -103,7 +103,7 @@ class StoredSession:
             message.properties = (message.properties or b"") if v5 else None
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Opened:
     """What a CONNECT finds: CONNACK's session-present flag and the session to restore
     (with its subscriptions' MQTT 5 options, for those that have any)."""
@@ -114,7 +114,7 @@ class Opened:
     options: dict[str, int] = dataclasses.field(default_factory=dict)
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Delivery:
     """Packets for the connection of ``client_id`` held by ``holder``, written for MQTT
     5.0 if ``v5`` (else 3.1.1)."""
@@ -125,7 +125,7 @@ class Delivery:
     v5: bool = False
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Attach:
     """The CONNACK of a resumed or new persistent session is out; ``epoch`` holds it now."""
 
@@ -133,7 +133,7 @@ class Attach:
     epoch: str
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Detach:
     """Connection ``epoch`` of the client ended."""
 
@@ -141,7 +141,7 @@ class Detach:
     epoch: str
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Subscribed:
     """The client subscribed (``qos`` granted, with its MQTT 5 ``options`` packed as
     :func:`~.broker.pack_options` packs them) or, with ``qos`` None, unsubscribed."""
@@ -152,7 +152,7 @@ class Subscribed:
     options: int = 0
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Acked:
     """Connection ``epoch`` acknowledged a message (``kind``: puback, pubrec or pubcomp)."""
 
@@ -162,7 +162,7 @@ class Acked:
     packet_id: int
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Inbound:
     """A QoS 2 packet id from the client was taken (``held``) or released by PUBREL."""
 
@@ -171,7 +171,7 @@ class Inbound:
     held: bool
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Push:
     """A message for this client only (a retained message its new subscription matched;
     ``properties``: for a 5.0 session, its own and the subscription's identifier)."""
@@ -184,7 +184,7 @@ class Push:
     properties: bytes = b""
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Discard:
     """A CONNECT with CleanSession=1: any stored session of the client goes."""
 

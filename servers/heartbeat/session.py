@@ -12,12 +12,12 @@ import enum
 import itertools
 import os
 from collections.abc import Collection, Iterable, Iterator
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from . import encoders, packets
 from .packets import ProtocolError
 from .policy import DEFAULT_MAX_QOS, DEFAULT_PRESENCE_PREFIX, SessionPolicy, utf8_length
+from .records import record
 from .topics import SHARE_PREFIX, shared_filter
 
 if TYPE_CHECKING:
@@ -67,7 +67,7 @@ class State(enum.Enum):
     CLOSED = "closed"
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Will:
     """The message a client asked to have published if it dies."""
 
@@ -81,14 +81,14 @@ class Will:
     """An MQTT 5 Will's Will Delay Interval, in seconds."""
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Send:
     """Write these bytes to the client."""
 
     data: bytes
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Accept:
     """A well-formed CONNECT: the server checks credentials and capacity, then calls
     :meth:`Session.accepted` or :meth:`Session.refused`."""
@@ -105,7 +105,7 @@ class Accept:
     session is discarded first, then a new one is kept (``clean_session`` is False)."""
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Route:
     """Deliver a message to the topic's subscribers."""
 
@@ -118,7 +118,7 @@ class Route:
     length: :func:`.v5.outbound.forwarded`); empty from a 3.1.1 client."""
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class AddSubscription:
     """Add a subscription (already granted in the SUBACK that follows)."""
 
@@ -133,19 +133,19 @@ class AddSubscription:
     (:func:`.broker.pack_options`); 0 for none (every 3.1.1 subscription)."""
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class RemoveSubscription:
     """Remove a subscription."""
 
     topic_filter: str
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Goodbye:
     """The client sent DISCONNECT: close cleanly and discard its Will."""
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Denied:
     """A PUBLISH the client may not make (the presence prefix, or the access rules):
     acknowledged as usual, since 3.1.1 has no refusal, then dropped."""
@@ -153,7 +153,7 @@ class Denied:
     topic: str
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class SubscriptionRefused:
     """A filter refused (0x80 in its SUBACK) because the client holds as many filters,
     or as many bytes of them, as the server allows (:class:`~.policy.SessionPolicy`)."""
@@ -161,7 +161,7 @@ class SubscriptionRefused:
     topic_filter: str
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Acknowledged:
     """The client acknowledged a message the server sent: ``kind`` is ``puback``,
     ``pubrec`` or ``pubcomp`` (the server's outbox for the client takes it)."""
@@ -170,7 +170,7 @@ class Acknowledged:
     packet_id: int
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class HoldInbound:
     """A QoS 2 PUBLISH was taken: its packet id is held until PUBREL (a persistent
     session stores it, so a duplicate after a reconnect elsewhere is recognised)."""
@@ -178,7 +178,7 @@ class HoldInbound:
     packet_id: int
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class ReleaseInbound:
     """PUBREL came for a held QoS 2 packet id."""
 

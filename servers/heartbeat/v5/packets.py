@@ -7,9 +7,9 @@ room for. Nothing here parses, encodes or does I/O.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TypeAlias
 
+from ..records import record
 from .properties import EMPTY, Properties
 
 __all__ = [
@@ -34,7 +34,7 @@ CONNECT, CONNACK, PUBLISH, PUBACK, PUBREC, PUBREL, PUBCOMP = 1, 2, 3, 4, 5, 6, 7
 SUBSCRIBE, SUBACK, UNSUBSCRIBE, UNSUBACK, PINGREQ, PINGRESP, DISCONNECT, AUTH = 8, 9, 10, 11, 12, 13, 14, 15
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Will:
     """A CONNECT's Will: a PUBLISH that waits, with its own properties (Will Delay)."""
 
@@ -45,7 +45,7 @@ class Will:
     properties: Properties = EMPTY
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Connect:
     """CONNECT at protocol level 5."""
 
@@ -58,7 +58,7 @@ class Connect:
     password: bytes | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Connack:
     """CONNACK: the session's fate and the server's limits (in ``properties``)."""
 
@@ -67,7 +67,7 @@ class Connack:
     properties: Properties = EMPTY
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Publish:
     """PUBLISH. ``topic`` may be empty when a Topic Alias stands for it."""
 
@@ -80,7 +80,7 @@ class Publish:
     properties: Properties = EMPTY
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Ack:
     """PUBACK, PUBREC, PUBREL or PUBCOMP (``kind`` is the packet type, 4 to 7)."""
 
@@ -90,7 +90,7 @@ class Ack:
     properties: Properties = EMPTY
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Subscription:
     """One filter of a SUBSCRIBE and its options (§3.8.3.1)."""
 
@@ -101,7 +101,7 @@ class Subscription:
     retain_handling: int = 0
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Subscribe:
     """SUBSCRIBE: one or more filters."""
 
@@ -110,7 +110,7 @@ class Subscribe:
     properties: Properties = EMPTY
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Suback:
     """SUBACK: a reason code per filter, in order."""
 
@@ -119,7 +119,7 @@ class Suback:
     properties: Properties = EMPTY
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Unsubscribe:
     """UNSUBSCRIBE: one or more filters."""
 
@@ -128,7 +128,7 @@ class Unsubscribe:
     properties: Properties = EMPTY
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Unsuback:
     """UNSUBACK: a reason code per filter, in order."""
 
@@ -137,17 +137,17 @@ class Unsuback:
     properties: Properties = EMPTY
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Pingreq:
     """PINGREQ."""
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Pingresp:
     """PINGRESP."""
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Disconnect:
     """DISCONNECT, from either side, with why."""
 
@@ -155,7 +155,7 @@ class Disconnect:
     properties: Properties = EMPTY
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Auth:
     """AUTH: a step of enhanced authentication."""
 
