@@ -48,7 +48,8 @@ GATHERING = 128
 NO_READ = PAUSED | BACKPRESSURE | PEER_EOF | CLOSING | CLOSED
 
 GATHER_LIMIT = 64 * 1024
-"""Bytes a pass gathers for one connection before sending them there and then."""
+"""Bytes a pass gathers for one connection before sending them there and then (fewer,
+if the engine's high-water mark is lower)."""
 
 
 class Callbacks(Protocol):
@@ -134,7 +135,7 @@ class Transport(Watch):
         buf = self._wbuf
         if buf is None:
             loop = self._loop
-            if loop._in_pass and len(data) < GATHER_LIMIT:
+            if loop._in_pass and len(data) < GATHER_LIMIT and len(data) <= loop.high_water:
                 # A send now would be one of many in this pass: gather them (a
                 # publisher's PUBACKs, a subscriber's messages) into one at its end.
                 self._wbuf = bytearray(data)
@@ -157,7 +158,9 @@ class Transport(Watch):
         else:
             buf += data
             if self._io & GATHERING:
-                if len(buf) >= GATHER_LIMIT:
+                # Past the limit, or the high-water mark (which must pause the writer
+                # now, as an unsent write would): offered to the kernel there and then.
+                if len(buf) >= GATHER_LIMIT or len(buf) > self._loop.high_water:
                     self._send_gathered()
                 return
         self._check_high_water(buf)

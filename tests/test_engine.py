@@ -569,6 +569,26 @@ async def test_gathered_writes_go_before_a_close_an_eof_or_an_abort(
         assert got.startswith(b"bye:big") and got.endswith(b"z" * 100)
 
 
+async def test_a_pass_gathers_no_more_than_the_high_water_mark(keeper: idlekeeper.Keeper, clock: MockClock) -> None:
+    """Past the engine's high-water mark, gathered bytes go to the kernel at once, so
+    a writer is paused (or not) where it would have been without gathering."""
+    seen: list[int] = []
+
+    class Writer(Probe):
+        def data_received(self, data: bytes) -> None:
+            super().data_received(data)
+            for _ in range(3):
+                self.t.write(b"w" * 500)
+                seen.append(self.t.gathered)
+
+    _probes, factory = collecting(Writer)
+    async with serving(keeper, factory, high_water=1024, low_water=0) as (_engine, addr):
+        client = await connect(addr)
+        await client.send(b"go")
+        assert await recv_exactly(client, 1500) == b"w" * 1500
+        assert seen == [500, 1000, 0]  # the third write passed 1,024: sent there and then
+
+
 # -- 5. backpressure -------------------------------------------------------------------------------
 
 
