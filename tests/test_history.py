@@ -32,11 +32,15 @@ def histories(draw: st.DrawFn) -> list[Event]:
     for d in range(draw(st.integers(1, 6))):
         t = draw(st.floats(0, 10))
         for n in range(draw(st.integers(1, 5))):
-            start = t + draw(st.floats(0, 5))
-            stop = start + draw(st.floats(0.001, 30))
+            start = round(t + draw(st.floats(0, 5)), 3)
+            stop = round(start + draw(st.floats(0.001, 30)), 3)
+            if stop <= start:
+                # Rounded to the stamp's millisecond, a session can lose its length: its
+                # end would then sort before its own start, a history no server writes.
+                stop = round(start + 0.001, 3)
             epoch = f"w{d}.{n}"
-            events += [online(epoch, f"dev-{d}", round(start, 3)), offline(epoch, f"dev-{d}", round(stop, 3))]
-            t = round(stop, 3)
+            events += [online(epoch, f"dev-{d}", start), offline(epoch, f"dev-{d}", stop)]
+            t = stop
     events.sort(key=lambda e: (e["time"], e["status"] == "online"))  # an end before a start at one stamp
     return events
 
