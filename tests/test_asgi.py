@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 from trio.testing import MockClock
 
 from loadtest.processes import free_port, start_http, stop
-from servers.http import whole
+from servers.http import linememo, whole
 from servers.http.asgi import ASGIApp
 from servers.http.lifespan import LifespanFailed
 from servers.http.server import HttpConfig, HttpServer, serve_asgi
@@ -337,7 +337,7 @@ def test_whole_response_matches_h11(status: int, headers: list[tuple[bytes, byte
 
 
 def test_whole_bytes_line_memo_is_bounded_and_keeps_only_what_does_not_change(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(whole, "_LINE_MEMO", 4)
+    monkeypatch.setattr(linememo, "LINES", 4)
     whole._lines.clear()
     for i in range(20):
         headers = [(b"x-n", b"%d" % i), (b"content-length", b"2"), (b"date", b"then")]
@@ -346,7 +346,7 @@ def test_whole_bytes_line_memo_is_bounded_and_keeps_only_what_does_not_change(mo
         assert b"now" not in out and out.count(b"content-length") == 1
         assert len(whole._lines) <= 4
     assert not any(name in (b"content-length", b"date") for name, _ in whole._lines)
-    long_value = b"v" * whole._LINE_MEMO_BYTES
+    long_value = b"v" * linememo.LINE_BYTES
     assert whole.whole_bytes(200, b"OK", [(b"x-long", long_value)], b"", send_body=True) is not None
     assert (b"x-long", long_value) not in whole._lines
     # A remembered line still needs its pair as it was: other values are checked.

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from servers.http import quickhead
+from servers.http import linememo, quickhead
 from servers.http.quickhead import QuickHead, quick_head, replay
 
 METHODS = [b"GET", b"HEAD", b"POST", b"DELETE", b"OPTIONS", b"CONNECT", b"get", b"G ET", b"GET\t", b"", b"M-SEARCH"]
@@ -132,12 +132,12 @@ def test_every_quick_head_is_read_by_h11_the_same_way(buf: bytes) -> None:
 
 
 def test_the_line_memo_is_bounded_and_never_keeps_a_refused_line(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(quickhead, "_LINE_MEMO", 8)
+    monkeypatch.setattr(linememo, "LINES", 8)
     quickhead._fields.clear()
     for i in range(50):
         assert quick_head(b"GET / HTTP/1.1\r\nHost: a\r\nX-N: %d\r\n\r\n" % i) is not None
         assert len(quickhead._fields) <= 8
-    long_line = b"X-Long: " + b"v" * quickhead._LINE_MEMO_BYTES
+    long_line = b"X-Long: " + b"v" * linememo.LINE_BYTES
     assert quick_head(b"GET / HTTP/1.1\r\nHost: a\r\n" + long_line + b"\r\n\r\n") is not None
     assert long_line not in quickhead._fields
     # A line that makes a head h11's (a body's length) is never remembered as plain.

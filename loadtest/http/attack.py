@@ -228,15 +228,20 @@ def held_by_server(pids: list[int], port: int) -> set[tuple[str, int]]:
 def waiting_in_kernel(port: int) -> set[tuple[str, int]]:
     """Remote addresses of the ESTABLISHED connections to local ``port``, owned or not.
 
-    Read from ``/proc/net/tcp``: a connection the server has closed is no longer
-    ESTABLISHED (FIN-WAIT or gone), while one still in the accept queue is.
+    A connection the server has closed is no longer ESTABLISHED (FIN-WAIT or gone),
+    while one still in the accept queue is.
     """
-    return {remote for _, remote, state in _rows(port) if state == "01"}
+    return _established(_rows(port))
+
+
+def _established(rows: list[tuple[int, tuple[str, int], str]]) -> set[tuple[str, int]]:
+    return {remote for _, remote, state in rows if state == "01"}
 
 
 def _held_or_waiting(pids: list[int], port: int) -> set[tuple[str, int]]:
+    """:func:`held_by_server` | :func:`waiting_in_kernel`, from one read of the tables."""
     rows = _rows(port)
-    return _held(pids, rows) | {remote for _, remote, state in rows if state == "01"}
+    return _held(pids, rows) | _established(rows)
 
 
 def watch_attack(attack: Attack, pids: list[int], port: int, until: float) -> dict[tuple[str, int], float]:

@@ -29,6 +29,8 @@ from typing import NamedTuple
 
 import h11
 
+from .linememo import remember
+
 __all__ = ["QuickHead", "quick_head", "replay"]
 
 # h11's ABNF (h11/_abnf.py), restated: the quick path must accept nothing h11 would
@@ -55,23 +57,10 @@ class QuickHead(NamedTuple):
     http_version: bytes = b"1.1"
 
 
-# Lines read before, and what they parse to. A client sends the same few lines on
-# every request of a connection (Host, User-Agent, Accept...), and a server's clients
-# much the same ones: a look-up stands in for the grammar's regular expression, a
-# tenth of a small request's Python. Only short lines are kept, and the table is
-# emptied when full, so a client sending endless new lines costs it at most
-# _LINE_MEMO x _LINE_MEMO_BYTES and slows nobody but its own parse.
-_LINE_MEMO = 1024
-_LINE_MEMO_BYTES = 256
+# Lines read before, and what they parse to (see .linememo): a tenth of a small
+# request's Python was the grammar's regular expression on lines seen before.
 _fields: dict[bytes, tuple[bytes, bytes]] = {}
 _request_lines: dict[bytes, tuple[bytes, bytes]] = {}
-
-
-def _remember(memo: dict[bytes, tuple[bytes, bytes]], line: bytes, parsed: tuple[bytes, bytes]) -> None:
-    if len(line) <= _LINE_MEMO_BYTES:
-        if len(memo) >= _LINE_MEMO:
-            memo.clear()
-        memo[line] = parsed
 
 
 def quick_head(buf: bytes | bytearray) -> QuickHead | None:
@@ -88,7 +77,7 @@ def quick_head(buf: bytes | bytearray) -> QuickHead | None:
         if match is None or match[1] == b"CONNECT":
             return None
         request = (match[1], match[2])
-        _remember(_request_lines, first, request)
+        remember(_request_lines, first, request, len(first))
     headers: list[tuple[bytes, bytes]] = []
     fields = _fields
     hosts = 0
@@ -102,7 +91,7 @@ def quick_head(buf: bytes | bytearray) -> QuickHead | None:
             if name in _NOT_PLAIN:
                 return None
             field = (name, match[2])
-            _remember(fields, line, field)
+            remember(fields, line, field, len(line))
         hosts += field[0] == b"host"
         headers.append(field)
     if hosts != 1:

@@ -18,6 +18,8 @@ from collections.abc import Sequence
 
 import h11
 
+from .linememo import remember
+
 __all__ = ["HOOKS", "whole_bytes", "whole_response"]
 
 # RFC 9110 §5.1 token, and §5.5 field-value without obs-fold: no CR, LF or NUL, no
@@ -41,12 +43,9 @@ HOOKS = _hooks_present()
 """Whether this h11 has the private hooks used here (and by :mod:`.quickhead`'s replay)."""
 
 
-# Header lines written before: an app sends the same few headers on every response,
-# and a look-up stands in for checking and formatting each one. Keyed by the app's
-# own (name, value) pair; lengths and dates, which change, are never kept, nor long
-# lines (an app may echo what a client sent); the table is emptied when full.
-_LINE_MEMO = 1024
-_LINE_MEMO_BYTES = 256
+# Header lines written before (see .linememo), keyed by the app's own (name, value)
+# pair: a look-up stands in for checking and formatting each one. Lengths and dates,
+# which change, are never kept, nor long lines (an app may echo what a client sent).
 _lines: dict[tuple[bytes, bytes], bytes] = {}
 _status_lines: dict[tuple[int, bytes], bytes] = {}
 
@@ -101,10 +100,8 @@ def whole_bytes(
                 line = b"%s: %s\r\n" % (name, value)
                 if name == b"date":
                     date = None
-                elif pair.__class__ is tuple and len(line) <= _LINE_MEMO_BYTES:
-                    if len(lines) >= _LINE_MEMO:
-                        lines.clear()
-                    lines[pair] = line
+                elif pair.__class__ is tuple:
+                    remember(lines, pair, line, len(line))
         parts.append(line)
         if keep is not None:
             keep.append(pair)
