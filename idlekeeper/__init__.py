@@ -24,6 +24,7 @@ from .serve import Handler, serve_listeners, serve_tcp
 from .stats import HandshakeFailure, KeeperStats, LagHistogram
 from .timers import TimerHandle
 from .tls import DEFAULT_HANDSHAKE_TIMEOUT, peer_certificate, peer_common_name
+from .tls_transport import TLSTransport
 from .transport import Transport
 from .watch import ExpireHook, HalfCloseableWatchedStream, LastWords, Watch, WatchedStream, WatchState
 
@@ -42,6 +43,7 @@ __all__ = [
     "LastWords",
     "Protocol",
     "Reason",
+    "TLSTransport",
     "TimerHandle",
     "Transport",
     "Watch",

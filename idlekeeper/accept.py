@@ -19,6 +19,7 @@ from .protocol import Protocol as ConnectionProtocol
 
 if TYPE_CHECKING:
     from .keeper import Keeper
+    from .tls_transport import TLSSettings
     from .transport import Transport
     from .watch import ExpireHook
 
@@ -57,6 +58,7 @@ class _Host(Protocol):
         max_age: float | None,
         on_expire: ExpireHook | None,
         peer: object = None,
+        tls: TLSSettings | None = None,
     ) -> Transport: ...
 
 
@@ -67,7 +69,7 @@ class Listener:
     takes itself out while paused.
     """
 
-    __slots__ = ("_host", "sock", "factory", "idle", "receive", "send", "max_age", "on_expire", "paused")
+    __slots__ = ("_host", "sock", "factory", "idle", "receive", "send", "max_age", "on_expire", "tls", "paused")
 
     def __init__(
         self,
@@ -79,6 +81,7 @@ class Listener:
         send: float | None,
         max_age: float | None,
         on_expire: ExpireHook | None,
+        tls: TLSSettings | None = None,
     ) -> None:
         self._host = host
         self.sock = sock
@@ -88,6 +91,8 @@ class Listener:
         self.send = send
         self.max_age = max_age
         self.on_expire = on_expire
+        self.tls = tls
+        """TLS for what this listener accepts (its handshake first), or None."""
         self.paused = False
 
     def accept(self) -> bool:
@@ -120,7 +125,9 @@ class Listener:
                 logger.exception("idlekeeper: protocol factory %r raised", self.factory)
                 conn.close()
                 continue
-            host._start(conn, protocol, self.idle, self.receive, self.send, self.max_age, self.on_expire, addr)
+            host._start(
+                conn, protocol, self.idle, self.receive, self.send, self.max_age, self.on_expire, addr, self.tls
+            )
         return True
 
     def close(self) -> None:

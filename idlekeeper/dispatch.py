@@ -19,7 +19,7 @@ import logging
 import select
 import socket
 from collections.abc import Callable
-from typing import TypeVar
+from typing import TypeVar, cast
 
 import trio
 
@@ -29,6 +29,7 @@ from .epochs import Epoch
 from .keeper import Keeper
 from .lost import EngineClosedError
 from .protocol import Protocol
+from .tls_transport import TLSSettings, TLSTransport
 from .transport import CLOSED, EOF_SENT, GATHERING, NO_READ, PEER_EOF, Transport
 from .watch import ExpireHook
 
@@ -207,6 +208,9 @@ class Dispatcher:
         except OSError as exc:
             self._drop(t, exc)
             return
+        if t._tls:  # records, not the protocol's bytes: the transport opens them
+            cast(TLSTransport, t)._tls_received(data, at)
+            return
         t._rx = t._epochs.current if at is None else Epoch(at)
         protocol = t._protocol
         if protocol is None:
@@ -236,11 +240,19 @@ class Dispatcher:
         max_age: float | None,
         on_expire: ExpireHook | None,
         peer: object = None,
+        tls: TLSSettings | None = None,
     ) -> Transport:
         keeper = self.keeper
-        t = Transport(keeper, self, sock, stall_check=keeper._stall_check, on_expire=on_expire)
-        t._first_deadlines(idle, receive, send, None, max_age, trio.current_time())
-        t._protocol = protocol
+        now = trio.current_time()
+        t: Transport
+        if tls is None:
+            t = Transport(keeper, self, sock, stall_check=keeper._stall_check, on_expire=on_expire)
+            t._first_deadlines(idle, receive, send, None, max_age, now)
+            t._protocol = protocol
+        else:
+            # The protocol is made when the handshake completes, and its timeouts start then.
+            t = secure = TLSTransport(keeper, self, sock, tls, stall_check=keeper._stall_check, on_expire=on_expire)
+            secure._begin(protocol, max_age, now)
         if self.arrivals is not None:
             _arrival.enable(sock)
         fd = sock.fileno()
@@ -248,6 +260,8 @@ class Dispatcher:
         self._epoll.register(fd, _IN)
         t._io |= _REG_IN
         t.start()
+        if tls is not None:
+            return t
         self._starting = (t, peer)
         try:
             protocol.connection_made(t)

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import select
 import socket
+import ssl
 from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import asynccontextmanager
 from typing import NoReturn
@@ -43,6 +44,8 @@ from .coalesce import run_passes
 from .dispatch import Dispatcher
 from .keeper import Keeper
 from .protocol import Protocol
+from .tls import DEFAULT_HANDSHAKE_TIMEOUT
+from .tls_transport import TLSSettings
 from .transport import Transport
 from .watch import ExpireHook
 
@@ -74,6 +77,8 @@ class Engine(Dispatcher, metaclass=NoPublicConstructor):
         send: float | None = None,
         max_age: float | None = None,
         on_expire: ExpireHook | None = None,
+        ssl_context: ssl.SSLContext | None = None,
+        handshake_timeout: float = DEFAULT_HANDSHAKE_TIMEOUT,
     ) -> list[socket.socket]:
         """Accept connections on ``listeners``, each served by a ``factory()`` protocol.
 
@@ -81,9 +86,18 @@ class Engine(Dispatcher, metaclass=NoPublicConstructor):
         :func:`~idlekeeper.serve_listeners`); the protocol changes them on its
         transport. A trio listener's socket is taken over by the engine. Returns
         the listening sockets.
+
+        With ``ssl_context`` (server side), each connection speaks TLS: the handshake
+        first, within ``handshake_timeout`` seconds of accept, then the protocol,
+        which reads and writes plaintext, and whose idle, receive and send timeouts
+        start when the handshake completes (see :mod:`idlekeeper.tls_transport`).
         """
         if self._closed:
             raise trio.ClosedResourceError("this engine is closed")
+        tls = None
+        if ssl_context is not None:
+            tls = TLSSettings(ssl_context, handshake_timeout, idle, receive, send, self.keeper.stats)
+            idle = receive = send = None  # they start at the end of the handshake
         out = []
         for listener in listeners:
             if isinstance(listener, socket.socket):
@@ -94,7 +108,7 @@ class Engine(Dispatcher, metaclass=NoPublicConstructor):
                 trio.lowlevel.notify_closing(listener.socket)
                 sock = socket.socket(fileno=listener.socket.detach())
             sock.setblocking(False)
-            entry = Listener(self, sock, factory, idle, receive, send, max_age, on_expire)
+            entry = Listener(self, sock, factory, idle, receive, send, max_age, on_expire, tls)
             self._listeners.append(entry)
             self._urgent.register(sock.fileno(), select.EPOLLIN)
             out.append(sock)
@@ -208,6 +222,8 @@ async def serve_protocol(
     send: float | None = None,
     max_age: float | None = None,
     on_expire: ExpireHook | None = None,
+    ssl_context: ssl.SSLContext | None = None,
+    handshake_timeout: float = DEFAULT_HANDSHAKE_TIMEOUT,
     read_size: int = READ_SIZE,
     max_events: int = MAX_EVENTS,
     accept_batch: int = ACCEPT_BATCH,
@@ -220,7 +236,8 @@ async def serve_protocol(
 
     The dense counterpart of :func:`~idlekeeper.serve_tcp`; compatible with
     ``nursery.start``, which returns the :class:`Engine` (port 0 picks a free port:
-    ``engine.listeners[0].getsockname()[1]``). ``read_size`` to ``coalesce`` are
+    ``engine.listeners[0].getsockname()[1]``). ``ssl_context`` and
+    ``handshake_timeout`` are :meth:`Engine.serve`'s; ``read_size`` to ``coalesce``
     :func:`open_engine`'s.
     """
     listeners = await trio.open_tcp_listeners(port, host=host, backlog=backlog)
@@ -236,7 +253,15 @@ async def serve_protocol(
         )
         async with opening as engine:
             engine.serve(
-                listeners, factory, idle=idle, receive=receive, send=send, max_age=max_age, on_expire=on_expire
+                listeners,
+                factory,
+                idle=idle,
+                receive=receive,
+                send=send,
+                max_age=max_age,
+                on_expire=on_expire,
+                ssl_context=ssl_context,
+                handshake_timeout=handshake_timeout,
             )
             task_status.started(engine)
             await trio.sleep_forever()

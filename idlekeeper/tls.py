@@ -31,6 +31,8 @@ import trio
 
 from .keeper import Keeper
 from .stats import HandshakeFailure
+from .tls_transport import handshake_failure
+from .transport import Transport
 from .watch import ExpireHook, WatchedStream, find_socket
 
 __all__ = ["DEFAULT_HANDSHAKE_TIMEOUT", "peer_certificate", "peer_common_name"]
@@ -47,23 +49,28 @@ round trips across the world with room to spare, and little for an attacker)."""
 CLOSE_TIMEOUT = 1.0
 
 
-def _ssl_stream(stream: trio.abc.Stream | None) -> trio.SSLStream[Any] | None:
-    """The SSLStream in a chain of ``transport_stream`` wrappers, if there is one."""
+def _tls_end(stream: object) -> trio.SSLStream[Any] | ssl.SSLObject | None:
+    """The TLS end of a connection: the SSLStream in a chain of ``transport_stream``
+    wrappers, or a dense engine's TLS transport's SSLObject; None if there is none."""
     current: object = stream
     for _ in range(16):
         if isinstance(current, trio.SSLStream):
             return current
+        obj = getattr(current, "ssl_object", None)
+        if isinstance(obj, ssl.SSLObject):
+            return obj
         current = getattr(current, "transport_stream", None)
         if current is None:
             return None
     return None
 
 
-def peer_certificate(stream: trio.abc.Stream) -> dict[str, Any] | None:
+def peer_certificate(stream: trio.abc.Stream | Transport) -> dict[str, Any] | None:
     """The verified certificate the TLS peer presented, as :meth:`ssl.SSLSocket.getpeercert`
-    decodes it; None if ``stream`` is not TLS, the handshake has not completed, or the
-    peer presented none (a context with ``verify_mode`` ``CERT_NONE`` never asks)."""
-    tls = _ssl_stream(stream)
+    decodes it; None if ``stream`` (a stream, or a dense engine's transport) is not TLS,
+    the handshake has not completed, or the peer presented none (a context with
+    ``verify_mode`` ``CERT_NONE`` never asks)."""
+    tls = _tls_end(stream)
     if tls is None:
         return None
     try:
@@ -73,7 +80,7 @@ def peer_certificate(stream: trio.abc.Stream) -> dict[str, Any] | None:
     return cert or None
 
 
-def peer_common_name(stream: trio.abc.Stream) -> str | None:
+def peer_common_name(stream: trio.abc.Stream | Transport) -> str | None:
     """The common name (CN) in the subject of the peer's verified certificate, or None.
 
     The identity Mosquitto's ``use_identity_as_username`` takes: with several CNs, the
@@ -87,14 +94,6 @@ def peer_common_name(stream: trio.abc.Stream) -> str | None:
             if key == "commonName":
                 return str(value)
     return None
-
-
-def _failure(exc: BaseException) -> tuple[HandshakeFailure, str]:
-    """Why a handshake broke, and the error's words for the log line."""
-    cause = exc.__cause__ or exc
-    closed = isinstance(cause, ssl.SSLEOFError | ssl.SSLZeroReturnError) or not isinstance(cause, ssl.SSLError)
-    why = str(cause) or type(cause).__name__
-    return (HandshakeFailure.CLOSED if closed else HandshakeFailure.ERROR), why
 
 
 def _peer(stream: trio.abc.Stream) -> str:
@@ -150,7 +149,7 @@ async def serve_tls(
             except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
                 # Unless the keeper closed the socket under it: that is the timeout, below.
                 if not conn.expired:
-                    failure, why = _failure(exc)
+                    failure, why = handshake_failure(exc)
                     stats.handshake_failures[failure] += 1
                     logger.info("idlekeeper: TLS handshake with %s failed (%s): %s", peer, failure, why)
             if handshook:

@@ -75,6 +75,7 @@ class _Loop(Protocol):
 
     high_water: int
     low_water: int
+    read_size: int
     callback_errors: int
     _in_pass: bool
     _gathered: list[Transport]
@@ -96,6 +97,8 @@ class Transport(Watch):
     """
 
     __slots__ = ("_loop", "_protocol", "_wbuf", "_io")
+    _tls = False
+    """Whether the bytes on the wire are TLS records (a :class:`~idlekeeper.tls_transport.TLSTransport`)."""
     # The watch's own socket slot, always a socket here (a second slot holding the
     # same object would cost every connection 8 bytes).
     _socket: stdsocket.socket
@@ -359,12 +362,16 @@ class Transport(Watch):
         try:
             data = words(reason)
             if data:
-                self._socket.send(data)
+                self._socket.send(self._seal(data))
         except OSError:
             pass  # gone, or its buffer full: the close follows anyway
         except Exception:
             self._loop.callback_errors += 1
             logger.exception("idlekeeper: last_words of %r raised", protocol)
+
+    def _seal(self, data: bytes) -> bytes:
+        """``data`` as it goes on the wire (TLS seals it in a record)."""
+        return data
 
     def _call(self, name: str) -> None:
         protocol = self._protocol

@@ -87,7 +87,16 @@ OUTPUTS: list[tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]] = [
     (("pump-7",), (), ("session present: 0\nsession present: 1\nwaiting for it: b'open valve'",)),
     (("serve_http",), (), ("b'hello, trio\\n'", "b'HTTP/1.1 408 Request Timeout'")),
     (("serve_asgi",), ("dead_phone", "behind_proxy"), ("b'hello, trio from ASGI\\n'",)),
-    (("hello over TLS",), (), ("b'hello over TLS\\n'\nb''\n1 ", "<HandshakeFailure.TIMEOUT: 'timeout'>: 1")),
+    (
+        ("hello over TLS",),
+        ("serve_protocol",),
+        ("b'hello over TLS\\n'\nb''\n1 ", "<HandshakeFailure.TIMEOUT: 'timeout'>: 1"),
+    ),
+    (
+        ("hello over TLS", "serve_protocol"),
+        (),
+        ("b'hello over TLS, None\\n'\nb''\n1 ", "<HandshakeFailure.TIMEOUT: 'timeout'>: 1"),
+    ),
     (("KeeperCollector",), (), ('idlekeeper_expired_total{reason="idle",worker="0"} 1.0',)),
     (("gone_events",), (), ("idle after 0.2s\nidle after 0.4s\n",)),
     (

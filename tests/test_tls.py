@@ -1,5 +1,7 @@
 """TLS on the keeper's terms (idlekeeper.tls): the handshake under its own deadline,
-every other deadline after it, over real loopback sockets under MockClock."""
+every other deadline after it, over real loopback sockets under MockClock. The
+handshake-phase rules run on the dense engine's TLS transport too (the rest of it is
+tests/test_engine_tls.py)."""
 
 from __future__ import annotations
 
@@ -54,6 +56,66 @@ async def tls_server(
         nursery.cancel_scope.cancel()
 
 
+def requiring_certificates(ca: trustme.CA) -> ssl.SSLContext:
+    """A server context that requires a client certificate from ``ca``."""
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("localhost").configure_cert(ctx)
+    ca.configure_trust(ctx)
+    ctx.verify_mode = ssl.CERT_REQUIRED
+    return ctx
+
+
+def client_with_certificate(ca: trustme.CA, common_name: str) -> ssl.SSLContext:
+    """A client context that trusts ``ca`` and presents a certificate it issued for ``common_name``."""
+    ctx = ssl.create_default_context()
+    ca.configure_trust(ctx)
+    ca.issue_cert(f"{common_name}.example", common_name=common_name).configure_cert(ctx)
+    return ctx
+
+
+ENGINES = ["streams", "dense"]
+"""Where the handshake-phase rules are tested: serve_tcp's SSLStream, and the dense
+engine's TLS transport (idlekeeper.tls_transport); they must not differ."""
+
+
+class _UpperProtocol(idlekeeper.Protocol):
+    """The dense engine's echo_upper; notes each connection made."""
+
+    def __init__(self, made: list[int]) -> None:
+        self.made = made
+        self.transport: idlekeeper.Transport | None = None
+
+    def connection_made(self, transport: idlekeeper.Transport) -> None:
+        self.made.append(1)
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        assert self.transport is not None
+        self.transport.write(data.upper())
+
+
+@asynccontextmanager
+async def tls_port(
+    keeper: idlekeeper.Keeper, ctx: ssl.SSLContext, engine: str, made: list[int], **options: Any
+) -> AsyncIterator[int]:
+    """An upper-casing echo over TLS on ``engine``; ``made`` gets an entry per
+    connection its handler or protocol saw (after a handshake)."""
+    if engine == "streams":
+
+        async def handler(conn: idlekeeper.WatchedStream) -> None:
+            made.append(1)
+            await echo_upper(conn)
+
+        async with tls_server(keeper, handler, ctx, **options) as port:
+            yield port
+        return
+    async with trio.open_nursery() as nursery:
+        serve = partial(idlekeeper.serve_protocol, lambda: _UpperProtocol(made), 0, keeper=keeper, host="127.0.0.1")
+        engine_: idlekeeper.Engine = await nursery.start(partial(serve, ssl_context=ctx, **options))
+        yield engine_.listeners[0].getsockname()[1]
+        nursery.cancel_scope.cancel()
+
+
 async def read_until_closed(stream: trio.abc.Stream) -> float:
     """Drain ``stream``; the (mock) time at which the server closed it (within a minute)."""
     with trio.fail_after(60):
@@ -102,6 +164,7 @@ async def test_handshake_completes_and_the_handler_reads_plaintext(
     assert sum(keeper.stats.handshake_failures.values()) == 0
 
 
+@pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize("close", [True, False])
 async def test_half_a_client_hello_is_cut_at_the_handshake_deadline(
     keeper: idlekeeper.Keeper,
@@ -110,16 +173,16 @@ async def test_half_a_client_hello_is_cut_at_the_handshake_deadline(
     client_ctx: ssl.SSLContext,
     caplog: pytest.LogCaptureFixture,
     close: bool,
+    engine: str,
 ) -> None:
     caplog.set_level(logging.INFO, logger="idlekeeper.tls")
     handled: list[int] = []
-
-    async def handler(conn: idlekeeper.WatchedStream) -> None:
-        handled.append(1)
-
     hello = client_hello(client_ctx)
-    # A long idle timeout must not matter, nor a short one: only the handshake deadline runs.
-    async with tls_server(keeper, handler, server_ctx, idle=1, handshake_timeout=7, close=close) as port:
+    # A short idle timeout must not matter: only the handshake deadline runs.
+    options: dict[str, Any] = {"idle": 1, "handshake_timeout": 7}
+    if engine == "streams":
+        options["close"] = close  # the dense engine always closes at an expiry
+    async with tls_port(keeper, server_ctx, engine, handled, **options) as port:
         raw = await trio.open_tcp_stream("127.0.0.1", port)
         accepted = trio.current_time()
         await raw.send_all(hello[: len(hello) // 2])
@@ -132,8 +195,9 @@ async def test_half_a_client_hello_is_cut_at_the_handshake_deadline(
     assert any("TLS handshake with 127.0.0.1" in r.message and "(timeout)" in r.message for r in caplog.records)
 
 
+@pytest.mark.parametrize("engine", ENGINES)
 async def test_a_trickled_client_hello_does_not_extend_the_deadline(
-    keeper: idlekeeper.Keeper, clock: MockClock, server_ctx: ssl.SSLContext, client_ctx: ssl.SSLContext
+    keeper: idlekeeper.Keeper, clock: MockClock, server_ctx: ssl.SSLContext, client_ctx: ssl.SSLContext, engine: str
 ) -> None:
     hello = client_hello(client_ctx)
 
@@ -143,7 +207,7 @@ async def test_a_trickled_client_hello_does_not_extend_the_deadline(
                 await trio.sleep(1)
                 await raw.send_all(bytes([byte]))
 
-    async with tls_server(keeper, echo_upper, server_ctx, handshake_timeout=5) as port:
+    async with tls_port(keeper, server_ctx, engine, [], handshake_timeout=5) as port:
         raw = await trio.open_tcp_stream("127.0.0.1", port)
         accepted = trio.current_time()
         async with trio.open_nursery() as nursery:
@@ -154,16 +218,23 @@ async def test_a_trickled_client_hello_does_not_extend_the_deadline(
     assert keeper.stats.handshake_failures[HandshakeFailure.TIMEOUT] == 1
 
 
+@pytest.mark.parametrize("engine", ENGINES)
 async def test_garbage_is_closed_at_once_with_a_logged_reason(
-    keeper: idlekeeper.Keeper, clock: MockClock, server_ctx: ssl.SSLContext, caplog: pytest.LogCaptureFixture
+    keeper: idlekeeper.Keeper,
+    clock: MockClock,
+    server_ctx: ssl.SSLContext,
+    caplog: pytest.LogCaptureFixture,
+    engine: str,
 ) -> None:
     caplog.set_level(logging.INFO, logger="idlekeeper.tls")
-    async with tls_server(keeper, echo_upper, server_ctx, handshake_timeout=10) as port:
+    handled: list[int] = []
+    async with tls_port(keeper, server_ctx, engine, handled, handshake_timeout=10) as port:
         raw = await trio.open_tcp_stream("127.0.0.1", port)
         sent_at = trio.current_time()
         await raw.send_all(b"GET / HTTP/1.1\r\nHost: localhost\r\n\r\n")  # plain HTTP to a TLS port
         closed_at = await read_until_closed(raw)
     assert closed_at - sent_at < keeper.tick  # known at once: no waiting for the deadline
+    assert handled == []
     assert keeper.stats.handshake_failures[HandshakeFailure.ERROR] == 1
     assert keeper.stats.expired[Reason.ABSOLUTE] == 0
     (line,) = [r.message for r in caplog.records if "TLS handshake" in r.message]
@@ -171,16 +242,18 @@ async def test_garbage_is_closed_at_once_with_a_logged_reason(
     assert "HTTP_REQUEST" in line.upper() or "WRONG_VERSION" in line.upper()
 
 
+@pytest.mark.parametrize("engine", ENGINES)
 async def test_a_client_that_hangs_up_mid_handshake_is_counted_as_closed(
-    keeper: idlekeeper.Keeper, clock: MockClock, server_ctx: ssl.SSLContext, client_ctx: ssl.SSLContext
+    keeper: idlekeeper.Keeper, clock: MockClock, server_ctx: ssl.SSLContext, client_ctx: ssl.SSLContext, engine: str
 ) -> None:
     hello = client_hello(client_ctx)
-    async with tls_server(keeper, echo_upper, server_ctx) as port:
+    async with tls_port(keeper, server_ctx, engine, []) as port:
         raw = await trio.open_tcp_stream("127.0.0.1", port)
         await raw.send_all(hello[:10])
         await raw.aclose()
         await trio.sleep(1)
     assert keeper.stats.handshake_failures[HandshakeFailure.CLOSED] == 1
+    assert keeper.stats.expired[Reason.ABSOLUTE] == 0
 
 
 async def test_idle_counts_from_the_end_of_a_slow_handshake(
@@ -243,19 +316,14 @@ async def test_stall_safety_sees_kernel_bytes_under_tls(
 async def test_client_certificate_required_and_its_common_name(
     keeper: idlekeeper.Keeper, clock: MockClock, ca: trustme.CA, client_ctx: ssl.SSLContext
 ) -> None:
-    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    ca.issue_cert("localhost").configure_cert(ctx)
-    ca.configure_trust(ctx)
-    ctx.verify_mode = ssl.CERT_REQUIRED
+    ctx = requiring_certificates(ca)
     names: list[str | None] = []
 
     async def handler(conn: idlekeeper.WatchedStream) -> None:
         names.append(idlekeeper.peer_common_name(conn))
         await echo_upper(conn)
 
-    with_cert = ssl.create_default_context()
-    ca.configure_trust(with_cert)
-    ca.issue_cert("device-7.example", common_name="device-7").configure_cert(with_cert)
+    with_cert = client_with_certificate(ca, "device-7")
     async with tls_server(keeper, handler, ctx) as port:
         client = trio.SSLStream(await trio.open_tcp_stream("127.0.0.1", port), with_cert, server_hostname="localhost")
         await client.send_all(b"hi")

@@ -1,6 +1,6 @@
 """Both servers over TLS, as processes of their own, with real clients: httpx and curl
-for HTTPS; mosquitto_pub/sub and paho-mqtt (``tls_set``) for MQTT on the streams
-engine, with client certificates whose CN is the username. Wall clock, short timeouts,
+for HTTPS; mosquitto_pub/sub and paho-mqtt (``tls_set``) for MQTT on both engines,
+with client certificates whose CN is the username. Wall clock, short timeouts,
 every process stopped by its PID."""
 
 from __future__ import annotations
@@ -116,11 +116,12 @@ def handshake_cut_after(port: int, timeout: float) -> float:
 # -- HTTPS ------------------------------------------------------------------------------
 
 
-@pytest.fixture
-def https_server(certs: Certs) -> Iterator[int]:
+@pytest.fixture(params=["dense", "streams"])
+def https_server(certs: Certs, request: pytest.FixtureRequest) -> Iterator[int]:
     cert, key = certs.server()
     port = free_port()
     extra = ["--tls-cert", cert, "--tls-key", key, "--tls-handshake-timeout", "1", "--header-timeout", "1"]
+    extra += ["--engine", request.param]
     proc = start_http(port, extra=[*extra, "--keep-alive-timeout", "2", "--tick", "0.05"], cwd=str(ROOT))
     try:
         yield port
@@ -198,15 +199,19 @@ def test_http_tls_options_are_checked_at_start(certs: Certs) -> None:
 # -- MQTT over TLS ----------------------------------------------------------------------
 
 
-@pytest.fixture
-def mqtt_server(tmp_path: Path, certs: Certs) -> Iterator[object]:
+@pytest.fixture(params=["dense", "streams"])
+def mqtt_server(tmp_path: Path, certs: Certs, request: pytest.FixtureRequest) -> Iterator[object]:
+    """Starts MQTT-over-TLS servers, on either engine: the dense engine runs each TLS
+    connection from its callbacks (idlekeeper.tls_transport), the streams engine on
+    trio's SSLStream, and clients must not tell them apart."""
     started: list[MqttServer] = []
+    engine = ["--engine", request.param]
 
     def start(*args: str) -> MqttServer:
         log = tmp_path / f"presence-{len(started)}.jsonl"
         cert, key = certs.server()
         port = free_port()
-        extra = ["--tick", "0.05", "--presence-log", str(log), "--tls-cert", cert, "--tls-key", key, *args]
+        extra = ["--tick", "0.05", "--presence-log", str(log), "--tls-cert", cert, "--tls-key", key, *engine, *args]
         server = MqttServer(start_heartbeat(port, 1, extra, cwd=str(ROOT)), port, log)
         started.append(server)
         return server
@@ -312,8 +317,9 @@ def read_until_closed(tls: ssl.SSLSocket) -> list[v5_packets.Packet]:
 
 
 def test_5_0_clients_over_tls_are_told_why_their_connection_ends(mqtt_server: object, certs: Certs) -> None:
-    """Over TLS the reaper cannot write the goodbye (a TLS record): the connection's task
-    does, for a keep-alive timeout (0x8D) and a takeover (0x8E), then the close."""
+    """A keep-alive timeout (0x8D) and a takeover (0x8E) are said in a TLS record: on the
+    dense engine the transport seals the reaper's goodbye; on the streams engine the
+    reaper cannot make a record, and the connection's task says it, then closes."""
     server: MqttServer = mqtt_server()  # type: ignore[operator]
     silent = tls_v5(server.port, certs, "tls5-silent", keep_alive=1)
     start = time.monotonic()
@@ -456,12 +462,13 @@ def test_missing_or_untrusted_client_certificate_is_refused_at_the_handshake(mqt
     assert len(online) == 1 and online[0]["username"] == "device-7"  # mosquitto_pub with its certificate
 
 
-def test_tls_selects_the_streams_engine(caplog: pytest.LogCaptureFixture, certs: Certs) -> None:
+@pytest.mark.parametrize("engine", ["dense", "streams"])
+def test_tls_keeps_the_engine_asked_for(caplog: pytest.LogCaptureFixture, certs: Certs, engine: str) -> None:
     cert, key = certs.server()
     with caplog.at_level(logging.WARNING, logger="servers.heartbeat"):
-        config = HeartbeatConfig(tls=TLSOptions(cert, key))
-    assert config.engine == "streams"
-    assert "streams engine" in caplog.text
+        config = HeartbeatConfig(tls=TLSOptions(cert, key), engine=engine)
+    assert config.engine == engine
+    assert caplog.text == ""
 
 
 def test_mqtt_tls_options_are_checked_at_start(certs: Certs, capsys: pytest.CaptureFixture[str]) -> None:

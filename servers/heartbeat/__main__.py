@@ -266,7 +266,7 @@ def parser() -> argparse.ArgumentParser:
         "refused and counted (default: 512 MiB)",
     )
     add_limit_arguments(p)
-    add_tls_arguments(p, client_certificates=True)  # TLS runs on the streams engine
+    add_tls_arguments(p, client_certificates=True)
     a("--bus", default=None, help=argparse.SUPPRESS)
     a("--bus-buffer", type=int, default=64 * 1024 * 1024, help=argparse.SUPPRESS)
     return p

@@ -57,7 +57,8 @@ class Authenticator:
         are identified by certificate (the CONNECT's username is then ignored), else
         the CONNECT's username."""
         if self.identified_by_certificate:
-            return idlekeeper.peer_common_name(conn.stream.stream)
+            stream = conn.stream
+            return idlekeeper.peer_common_name(stream if isinstance(stream, idlekeeper.Transport) else stream.stream)
         return request.username
 
     def certified(self, conn: Connection, request: Accept) -> int:

@@ -143,7 +143,3 @@ class HeartbeatConfig(WorkerConfig):
         for name in ("max_client_id", "max_username", "max_subscriptions", "max_subscription_bytes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, not {getattr(self, name)}")
-        if self.tls is not None and self.engine == "dense":
-            # TLS runs on trio's SSLStream, a stream per connection: the streams engine.
-            logger.warning("TLS is served by the streams engine (a task per connection): engine streams selected")
-            self.engine = "streams"

@@ -281,9 +281,21 @@ async def serve_dense(
     listeners: list[trio.SocketListener],
     task_status: trio.TaskStatus[idlekeeper.Engine] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve ``listeners`` with a dense engine until cancelled; ``nursery.start`` returns it."""
+    """Serve ``listeners`` with a dense engine until cancelled; ``nursery.start`` returns it.
+
+    With the server's TLS options the listeners speak MQTT over TLS (8883): the engine
+    runs each handshake under its own deadline, then the connection as over TCP."""
+    tls = server.config.tls
     async with idlekeeper.open_engine(server.keeper, coalesce=server.config.coalesce) as engine:
-        engine.serve(listeners, lambda: DenseConnection(server))
+        if tls is None:
+            engine.serve(listeners, lambda: DenseConnection(server))
+        else:
+            engine.serve(
+                listeners,
+                lambda: DenseConnection(server),
+                ssl_context=tls.context(),
+                handshake_timeout=tls.handshake_timeout,
+            )
         server.stop_accepting = engine.close_listeners
         server.engine = engine
         task_status.started(engine)

@@ -185,8 +185,12 @@ class HeartbeatServer:
 
     def admission(self, conn: Connection, request: Accept, code: int) -> bytes | None:
         """The quick part of admission, after the credentials' verdict (``code``, 0 if
-        accepted): the refusal CONNACK, or None to admit."""
-        return self.online_sessions.admission(conn, request, code or self._source_rate(conn))
+        accepted): the refusal CONNACK, or None to admit. A client named by its
+        certificate is checked here (its name is known, and nothing waits for it)."""
+        code = code or self._source_rate(conn)
+        if not code and self.authenticator.identified_by_certificate:
+            code = self.authenticator.certified(conn, request)
+        return self.online_sessions.admission(conn, request, code)
 
     async def vet(self, conn: Connection, request: Accept) -> tuple[bytes | None, Opened | None]:
         """The slow part of admission (when :meth:`waits` says so): the source's rate

@@ -451,11 +451,15 @@ async def run_dense(
     async with idlekeeper.open_engine(server.keeper) as engine, trio.open_nursery() as exchanges:
         server.listening = engine
         server.exchanges = exchanges
+        tls = config.tls
         socks = engine.serve(
             listeners,
             lambda: HttpProtocol(server),
             idle=config.keep_alive_timeout,
             send=config.send_timeout,
+            # HTTPS: the handshake first, under its own deadline; the request's follow.
+            ssl_context=None if tls is None else tls.context(),
+            handshake_timeout=idlekeeper.DEFAULT_HANDSHAKE_TIMEOUT if tls is None else tls.handshake_timeout,
         )
         server.port = socks[0].getsockname()[1] if socks and socks[0].family != socket.AF_UNIX else 0
         task_status.started()

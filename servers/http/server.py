@@ -7,8 +7,8 @@ Two drivers carry the bytes:
 
 - ``engine="dense"`` (the default, :mod:`.dense`): every connection on idlekeeper's
   dense engine, no task per connection; a task only while a request is with the app;
-- ``engine="streams"`` (:mod:`.streams`, and always with TLS): a task per connection
-  over a watched trio stream.
+- ``engine="streams"`` (:mod:`.streams`): a task per connection over a watched trio
+  stream.
 
 A connection's deadlines change with the phase, the same in both:
 
@@ -28,8 +28,9 @@ response              ``send_timeout`` without write progress     close
 response carries ``Connection: close``.
 
 With ``config.tls`` the server speaks HTTPS: the TLS handshake comes before all of
-the above, under ``tls.handshake_timeout`` from accept (see :mod:`idlekeeper.tls`),
-and every phase's deadline then works as over plain TCP.
+the above, under ``tls.handshake_timeout`` from accept (see :mod:`idlekeeper.tls` and, on the
+dense engine, :mod:`idlekeeper.tls_transport`), and every phase's deadline then works
+as over plain TCP.
 
 Requests whose framing is ambiguous (RFC 9112 §6.3: ``Content-Length`` beside
 ``Transfer-Encoding``, differing lengths, a last coding other than chunked) get 400,
@@ -115,7 +116,7 @@ async def _serve(
             await nursery.start(life.run)
             await life.startup()
         server: HttpServer
-        if config.tls is None and config.engine == "dense":
+        if config.engine == "dense":
             server = DenseHttpServer(app, config, keeper, life)
             await nursery.start(run_dense, server, listeners)
         else:
