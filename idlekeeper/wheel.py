@@ -75,7 +75,7 @@ class TimingWheel(Generic[E]):
     current time, from which the wheel starts.
     """
 
-    __slots__ = ("_tick", "_now_tick", "_buckets", "_mins", "_maps", "_due", "_count")
+    __slots__ = ("_tick", "_now_tick", "_buckets", "_mins", "_maps", "_due", "_count", "_last_k")
 
     def __init__(self, tick: float, now: float = 0.0) -> None:
         if not (tick > 0 and math.isfinite(tick)):
@@ -91,6 +91,9 @@ class TimingWheel(Generic[E]):
         self._maps: list[int] = [0] * _LEVELS
         self._due: dict[E, None] = {}
         self._count = 0
+        # The tick last filed at: entries filed at the same tick share its int (a tick
+        # count is a 32-byte object, and a million entries are filed at a few ticks).
+        self._last_k = 0
 
     # -- time conversions ------------------------------------------------------
 
@@ -145,6 +148,10 @@ class TimingWheel(Generic[E]):
         if not math.isfinite(deadline):
             raise ValueError(f"deadline must be finite, not {deadline!r}")
         k = self._ceil_tick(deadline)
+        if k == self._last_k:
+            k = self._last_k
+        else:
+            self._last_k = k
         if entry._wheel_slot == _UNFILED:
             self._count += 1
         elif entry._wheel_tick == k:

@@ -89,3 +89,6 @@ def test_routes_are_remembered_within_a_bound_and_forgotten_on_any_change(monkey
     assert subs.route("t/x") == {"a": 0, "b": 2}
     subs.drop("b")
     assert subs.route("t/x") == {"a": 0}
+    # A topic nobody wants is not remembered: a device's own topics would fill the memo.
+    before = dict(subs._routes)
+    assert subs.route("nobody/dev-1") == {} and subs._routes == before

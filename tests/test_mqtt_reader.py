@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -38,7 +40,9 @@ from servers.heartbeat.packets import (
     Unsubscribe,
 )
 from servers.heartbeat.policy import DEFAULT_PRESENCE_PREFIX as PRESENCE
-from servers.heartbeat.reader import AnyPacket, PacketReader
+from servers.heartbeat.reader import AnyPacket, PacketReader, idle_reader
+from servers.heartbeat.v5 import codec as v5_codec
+from servers.heartbeat.v5 import packets as v5_packets
 
 
 def parse(data: bytes, max_packet_size: int = 256 * 1024) -> list[AnyPacket]:
@@ -520,3 +524,89 @@ def test_a_failed_reader_keeps_its_error_without_a_traceback() -> None:
     assert reader._error.reason == raised.value.reason
     with pytest.raises(ProtocolError, match="reader already failed"):
         reader.feed(b"\xc0\x00")
+
+
+# -- idle readers shared between connections ----------------------------------------------
+
+V5_STREAM = v5_codec.pack(v5_packets.Connect("v5-dev", 30)) + b"\xc0\x00" + encode(Publish("t/5", b"five", 0))
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(["3.1.1", "5.0", "corrupt"]), st.lists(st.integers(1, 40), max_size=12)),
+        min_size=1,
+        max_size=6,
+    ),
+    st.randoms(use_true_random=False),
+)
+def test_connections_sharing_idle_readers_read_what_their_own_would(
+    connections: list[tuple[str, list[int]]], rng: random.Random
+) -> None:
+    """Each connection's stream, split at random and fed interleaved with the others': a
+    connection that keeps ``settled()`` (sharing an idle reader while it has nothing to
+    keep) gets the same packets and the same failure as one with a reader of its own,
+    and the shared readers are left as new."""
+    streams = []
+    for kind, sizes in connections:
+        data = bytearray(V5_STREAM if kind == "5.0" else STREAM)
+        if kind == "corrupt":
+            data[rng.randrange(len(data))] = rng.randrange(256)
+        pieces, pos = [], 0
+        for size in sizes:
+            pieces.append(bytes(data[pos : pos + size]))
+            pos += size
+        pieces.append(bytes(data[pos:]))
+        streams.append(pieces)
+    own = [PacketReader(1024) for _ in streams]
+    shared = [idle_reader(1024) for _ in streams]
+    got_own: list[list[object]] = [[] for _ in streams]
+    got_shared: list[list[object]] = [[] for _ in streams]
+    turns = [i for i, pieces in enumerate(streams) for _ in pieces]
+    rng.shuffle(turns)
+    next_piece = [0] * len(streams)
+    for i in turns:
+        piece = streams[i][next_piece[i]]
+        next_piece[i] += 1
+        for readers, got in ((own, got_own), (shared, got_shared)):
+            reader = readers[i]
+            try:
+                got[i] += reader.feed(piece)
+            except ProtocolError as exc:
+                got[i].append(("error", exc.reason))
+            if readers is shared:
+                readers[i] = reader.settled()
+    assert got_shared == got_own
+    assert [r.buffered for r in shared] == [r.buffered for r in own]
+    for v5 in (False, True):
+        home = idle_reader(1024, v5)
+        assert home.buffered == 0 and home.v5 is v5 and home.feed(b"\xc0\x00") == [Pingreq()]
+
+
+def test_a_shared_reader_is_left_for_one_of_the_connections_own_only_while_it_has_state() -> None:
+    reader = idle_reader(1024)
+    assert reader.settled() is reader  # nothing to keep
+    reader.feed(STREAM[:3])  # a packet begun
+    own = reader.settled()
+    assert own is not reader and own.buffered == 3 and reader.buffered == 0
+    assert own.feed(STREAM[3:]) and own.settled() is reader  # finished: back to sharing
+    v5 = idle_reader(1024)
+    v5.feed(v5_codec.pack(v5_packets.Connect("v5-dev", 30)))
+    assert v5.settled() is idle_reader(1024, True) and not idle_reader(1024).v5
+
+
+def test_connects_with_one_keep_alive_share_its_int() -> None:
+    """A keep-alive above 256 is an int object of its own, held as long as the device is
+    online: every CONNECT with it (3.1.1 or 5.0) shares one."""
+    first = parse(encode_connect("a", keep_alive=600))[0]
+    second = parse(encode_connect("b", keep_alive=int("600")))[0]
+    third = parse(v5_codec.pack(v5_packets.Connect("c", int("600"))))[0]
+    assert isinstance(first, Connect) and isinstance(second, Connect) and isinstance(third, v5_packets.Connect)
+    assert first.keep_alive == 600 and first.keep_alive is second.keep_alive is third.keep_alive
+
+
+def test_devices_with_one_keep_alive_share_their_receive_timeout() -> None:
+    from servers.heartbeat.online import _silence_allowed
+
+    assert _silence_allowed(600) == 900.0 and _silence_allowed(600) is _silence_allowed(int("600"))
+    assert _silence_allowed(7) == 10.5

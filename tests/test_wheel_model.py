@@ -220,3 +220,15 @@ def test_advance_skips_empty_ticks() -> None:
     assert wheel.advance(999.0) == [a]
     assert math.isclose(wheel.next_deadline() or 0, 1000.0)
     assert wheel.advance(1e9) == [b]
+
+
+def test_entries_filed_at_one_tick_share_its_int() -> None:
+    # A tick count past 256 is an int object of its own; a million entries filed at a
+    # handful of ticks must not hold one each.
+    wheel: TimingWheel[Item] = TimingWheel(0.1, now=1000.0)
+    a, b, c = Item(0), Item(1), Item(2)
+    wheel.schedule(a, 1005.0)
+    wheel.schedule(b, float("1005.0"))
+    wheel.schedule(c, 1007.0)
+    assert a._wheel_tick == b._wheel_tick == 10050 and a._wheel_tick is b._wheel_tick
+    assert c._wheel_tick == 10070

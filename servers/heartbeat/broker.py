@@ -80,6 +80,7 @@ _ROUTE_MEMO = 4096
 """Subscribers (plus one a topic) that :meth:`Subscriptions.route` keeps found: a
 topic per device (its presence, its telemetry) must not make it a table per device."""
 _NOBODY: dict[Any, int] = {}
+"""The route of every topic nobody wants (one table, never remembered)."""
 
 
 class Subscriptions(Generic[K]):
@@ -296,7 +297,10 @@ class Subscriptions(Generic[K]):
                 if qos > out.get(key, -1):
                     out[key] = qos
         if not out:
-            out = _NOBODY  # one empty table for every topic nobody wants
+            # Not remembered: a topic nobody wants is most often one of a device's own
+            # (its presence, its telemetry), seen once or twice a session, and a memo of
+            # them would hold a topic string per device for nothing.
+            return _NOBODY
         self._routed += len(out) + 1
         if self._routed > _ROUTE_MEMO:
             self._forget_routes()

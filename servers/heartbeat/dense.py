@@ -25,7 +25,7 @@ from .fanout import Exchange
 from .packets import PINGREQ_WIRE, ProtocolError
 from .persistent import Opened
 from .presence import Offline
-from .reader import AnyPacket, PacketReader
+from .reader import AnyPacket, idle_reader
 from .server import HeartbeatServer
 from .session import (
     Accept,
@@ -65,7 +65,7 @@ class DenseConnection(Connection, idlekeeper.Protocol):
         """Accepted: start the CONNECT deadline."""
         server = self.server
         Connection.__init__(self, transport, server.policy)
-        self.reader = PacketReader(server.config.max_packet_size)
+        self.reader = idle_reader(server.config.max_packet_size)
         server.opened(self)
 
     def data_received(self, data: bytes) -> None:
@@ -79,11 +79,14 @@ class DenseConnection(Connection, idlekeeper.Protocol):
         self._received(data)
 
     def _received(self, data: bytes) -> None:
+        reader = self.reader
         try:
-            packets = self.reader.feed(data)
+            packets = reader.feed(data)
         except ProtocolError as exc:
+            self.reader = reader.settled()  # the failure stays with this connection
             self._violation(exc)
             return
+        self.reader = reader.settled()
         if self.waiting is not None:  # pragma: no cover - reading is paused meanwhile
             self.waiting.extend(packets)
             return

@@ -24,6 +24,21 @@ from .session import Accept, AddSubscription
 __all__ = ["OnlineSessions"]
 
 
+_SILENCES: dict[int, float] = {}
+
+
+def _silence_allowed(keep_alive: int) -> float:
+    """1.5 × ``keep_alive`` (MQTT-3.1.2-24), one float per keep-alive value: each device
+    holds it as its receive timeout for as long as it is online (24 bytes each
+    otherwise), and a fleet uses a handful of values (at most 1,024 are kept)."""
+    window = _SILENCES.get(keep_alive)
+    if window is None:
+        window = 1.5 * keep_alive
+        if len(_SILENCES) < 1024:
+            _SILENCES[keep_alive] = window
+    return window
+
+
 class OnlineSessions:
     """Client id -> the connection holding its session here, and the steps that change it.
 
@@ -148,7 +163,7 @@ class OnlineSessions:
             # MQTT counts the keep-alive from the CONNECT, which a coalescing engine may
             # have read up to a window after it came. Only so far back, though: after a
             # stall, a client that times its PINGREQ from the CONNACK still has 1.25 K.
-            stream.receive_timeout_since(1.5 * keep_alive, trio.current_time() - keep_alive / 4)
+            stream.receive_timeout_since(_silence_allowed(keep_alive), trio.current_time() - keep_alive / 4)
         else:
             stream.receive_timeout = cfg.max_idle
         # Stamped with its CONNECT's arrival, not its admission: a device connects again

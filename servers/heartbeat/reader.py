@@ -30,11 +30,12 @@ from .packets import (
     Pubrel,
     Subscribe,
     Unsubscribe,
+    shared_keep_alive,
 )
 from .v5 import codec as v5_codec
 from .v5 import packets as v5_packets
 
-__all__ = ["AnyPacket", "PacketReader", "check_filter", "forbidden_character"]
+__all__ = ["AnyPacket", "PacketReader", "check_filter", "forbidden_character", "idle_reader"]
 
 AnyPacket: TypeAlias = Packet | v5_packets.Packet
 """A packet from a client of either version: 3.1.1 (and 3.1) or, after an MQTT 5
@@ -290,7 +291,7 @@ def _parse_connect(src: bytes, pos: int, end: int) -> Connect | v5_packets.Conne
         raise ProtocolError("bad-will-flags", detail="will QoS or retain without a will")
     if has_password and not has_username:
         raise ProtocolError("password-without-username")
-    keep_alive = _u16(src, pos, end)
+    keep_alive = shared_keep_alive(_u16(src, pos, end))
     pos += 2
     # MQTT-3.1.3-9 lets a server refuse an id it does not like: 2, identifier rejected.
     client_id, pos = _string(src, pos, end, "the client id", "identifier-rejected", 2)
@@ -346,6 +347,25 @@ def _parse(kind: int, flags: int, src: bytes, pos: int, end: int) -> AnyPacket:
     return _parse_unsubscribe(src, pos, end)  # the header table admits no other type
 
 
+_IDLE_READERS: dict[tuple[int, bool], PacketReader] = {}
+
+
+def idle_reader(max_packet_size: int, v5: bool = False) -> PacketReader:
+    """The reader shared by every idle connection of this packet bound and version.
+
+    Between packets a reader holds nothing but its bound and its version, so idle
+    connections need not hold one each (a million devices, 72 bytes each): they share
+    this one, and keep :meth:`PacketReader.settled` after every feed, which gives a
+    connection a reader of its own only while it has state to keep.
+    """
+    reader = _IDLE_READERS.get((max_packet_size, v5))
+    if reader is None:
+        reader = PacketReader(max_packet_size)
+        reader.v5 = reader._home = v5
+        _IDLE_READERS[(max_packet_size, v5)] = reader
+    return reader
+
+
 class PacketReader:
     """Incremental parser of client-to-server packets.
 
@@ -358,7 +378,7 @@ class PacketReader:
     follows it is read by :mod:`.v5.codec`, the framing and the size bound unchanged.
     """
 
-    __slots__ = ("_buf", "_error", "_max", "_need", "v5")
+    __slots__ = ("_buf", "_error", "_max", "_need", "v5", "_home")
 
     def __init__(self, max_packet_size: int = 256 * 1024) -> None:
         if max_packet_size < 2:
@@ -373,11 +393,34 @@ class PacketReader:
         self._error: ProtocolError | None = None
         self.v5 = False
         """Whether the client's CONNECT said MQTT 5.0."""
+        # None: this connection's own. False or True: a reader shared by idle 3.1.1 or
+        # 5.0 connections (see idle_reader), and the version it goes back to.
+        self._home: bool | None = None
 
     @property
     def buffered(self) -> int:
         """Bytes held while waiting for the rest of a packet."""
         return 0 if self._buf is None else len(self._buf)
+
+    def settled(self) -> PacketReader:
+        """The reader to keep after a :meth:`feed`, for a connection whose idle reader is
+        shared (:func:`idle_reader`).
+
+        A shared reader left holding state (the start of a packet, a failure, a CONNECT
+        that turned it to 5.0) hands it to a reader of the connection's own and is as
+        new again; a reader of its own with nothing left gives way to the shared one
+        of its version. Otherwise the reader stays.
+        """
+        home = self._home
+        spare = self._buf is None and self._error is None
+        if home is None:
+            return idle_reader(self._max, self.v5) if spare else self
+        if spare and self.v5 == home:
+            return self
+        own = PacketReader(self._max)
+        own._buf, own._need, own._error, own.v5 = self._buf, self._need, self._error, self.v5
+        self._buf, self._need, self._error, self.v5 = None, 0, None, home
+        return idle_reader(self._max, own.v5) if spare else own
 
     def feed(self, data: bytes | bytearray | memoryview) -> list[AnyPacket]:
         """Add received bytes; return every packet they complete, in order.

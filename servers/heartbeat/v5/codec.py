@@ -13,6 +13,7 @@ import struct
 from collections.abc import Callable
 
 from ..encoders import encode_frame as _frame
+from ..packets import shared_keep_alive
 from .packets import (
     AUTH,
     CONNACK,
@@ -127,6 +128,7 @@ def _connect(flags: int, src: bytes, pos: int, end: int) -> Connect:
     if will_qos == 3 or (not will_flag and (will_qos or will_retain)):
         raise malformed("Will QoS or Retain set without a valid Will")
     keep_alive, pos = read_u16(src, pos, end)
+    keep_alive = shared_keep_alive(keep_alive)
     props, pos = read_properties(src, pos, end, Carrier.CONNECT)
     if props.authentication_data is not None and props.authentication_method is None:
         raise protocol_error("Authentication Data without an Authentication Method")
