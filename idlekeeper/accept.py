@@ -50,7 +50,7 @@ class _Host(Protocol):
 
     def _start(
         self,
-        sock: socket.socket,
+        sock: socket.SocketType,
         protocol: ConnectionProtocol,
         idle: float | None,
         receive: float | None,
@@ -99,9 +99,10 @@ class Listener:
         """Accept up to a batch; True if the batch ran out before the backlog did."""
         host = self._host
         sock = self.sock
+        family, kind = sock.family, sock.type
         for _ in range(host.accept_batch):
             try:
-                conn, addr = sock.accept()
+                fd, addr = sock._accept()  # type: ignore[attr-defined]  # what accept() wraps
             except (BlockingIOError, InterruptedError):
                 return False
             except OSError as exc:
@@ -115,8 +116,12 @@ class Listener:
                 self._pause()
                 return False
             host.accepted += 1
+            # The C socket, not socket.socket's Python wrapper around it (what accept()
+            # returns): 48 bytes and no garbage collector tracking, against 88 tracked,
+            # for each of a million connections that never need the wrapper's extras.
+            conn = socket.SocketType(family, kind, 0, fd)
             conn.setblocking(False)
-            if conn.family != socket.AF_UNIX:
+            if family != socket.AF_UNIX:
                 conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             try:
                 protocol = self.factory()

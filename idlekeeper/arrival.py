@@ -52,7 +52,7 @@ MARGIN = SLACK + _SPREAD + 50e-6
 """Added to every kernel stamp: an undetected step plus the measurement's error."""
 
 
-def enable(sock: socket.socket) -> bool:
+def enable(sock: socket.SocketType) -> bool:
     """Ask the kernel to stamp ``sock``'s incoming packets; False where it cannot."""
     try:
         sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)

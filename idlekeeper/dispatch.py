@@ -232,7 +232,7 @@ class Dispatcher:
 
     def _start(
         self,
-        sock: socket.socket,
+        sock: socket.SocketType,
         protocol: Protocol,
         idle: float | None,
         receive: float | None,

@@ -105,7 +105,7 @@ class TLSTransport(Transport):
         self,
         owner: _Owner,
         loop: _Loop,
-        sock: stdsocket.socket,
+        sock: stdsocket.SocketType,
         settings: TLSSettings,
         *,
         stall_check: bool,

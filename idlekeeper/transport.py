@@ -101,13 +101,13 @@ class Transport(Watch):
     """Whether the bytes on the wire are TLS records (a :class:`~idlekeeper.tls_transport.TLSTransport`)."""
     # The watch's own socket slot, always a socket here (a second slot holding the
     # same object would cost every connection 8 bytes).
-    _socket: stdsocket.socket
+    _socket: stdsocket.SocketType
 
     def __init__(
         self,
         owner: _Owner,
         loop: _Loop,
-        sock: stdsocket.socket,
+        sock: stdsocket.SocketType,
         *,
         stall_check: bool,
         on_expire: ExpireHook | None,

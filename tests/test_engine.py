@@ -132,9 +132,9 @@ async def serving(
         yield engine, listener.getsockname()
 
 
-def sock_of(transport: Transport) -> socket.socket:
+def sock_of(transport: Transport) -> socket.SocketType:
     sock = transport.get_extra_info("socket")
-    assert isinstance(sock, socket.socket)
+    assert isinstance(sock, socket.SocketType)
     return sock
 
 
@@ -890,12 +890,13 @@ async def test_objects_and_memory_per_connection(keeper: idlekeeper.Keeper, cloc
         per_conn_objects = sum(grown.values()) / n
         per_conn_bytes = (traced_after - traced_before) / n
         print(f"per connection: {per_conn_objects:.2f} gc objects {dict(grown)}, {per_conn_bytes:.0f} bytes traced")
-        # A Transport, its socket and the protocol; the rest (trio's and the census's
-        # own bookkeeping) is a fixed few dozen, not per connection.
-        assert grown["Transport"] == n and grown["socket"] == n and grown["Minimal"] == n
-        assert sum(grown.values()) - 3 * n <= 100
-        assert per_conn_objects <= 3.1
-        assert per_conn_bytes <= 700
+        # A Transport and the protocol; the socket is the C one, which the collector does
+        # not track. The rest (trio's and the census's own bookkeeping) is a fixed few
+        # dozen, not per connection.
+        assert grown["Transport"] == n and grown["Minimal"] == n and grown["socket"] == 0
+        assert sum(grown.values()) - 2 * n <= 100
+        assert per_conn_objects <= 2.1
+        assert per_conn_bytes <= 600
         assert tasks_after == tasks_before  # no task per connection
         assert after["CancelScope"] <= before["CancelScope"]  # and no cancel scope
         assert keeper.stats.watched == n

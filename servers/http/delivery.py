@@ -118,7 +118,7 @@ class DeliveryWatch:
         # A reset, not a FIN queued behind the unread bytes: that would leave an orphan
         # socket holding them in the kernel for minutes of zero-window probes.
         sock = conn.t.socket
-        if isinstance(sock, socket.socket):
+        if isinstance(sock, socket.SocketType):  # the engine's are C sockets, socket.socket's base
             with contextlib.suppress(OSError):
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         conn.t.abort()
