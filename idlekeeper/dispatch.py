@@ -177,11 +177,16 @@ class Dispatcher:
             self._deliver_lost()
 
     def _send_gathered(self) -> None:
-        while self._gathered:
-            batch, self._gathered = self._gathered, []
-            for t in batch:
-                if t._io & GATHERING:
-                    t._send_gathered()
+        gathered = self._gathered
+        # By index: a send may pause a writer whose callback writes to another
+        # connection, which joins the list behind.
+        i = 0
+        while i < len(gathered):
+            t = gathered[i]
+            i += 1
+            if t._io & GATHERING:
+                t._send_gathered()
+        gathered.clear()
 
     def _poll_urgent(self) -> list[Listener]:
         """Drain wake-ups and return the listeners with connections waiting."""

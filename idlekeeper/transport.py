@@ -44,7 +44,7 @@ CLOSING = 32
 """``close`` once the queue is sent."""
 CLOSED = 64
 GATHERING = 128
-"""Written during the engine's pass: the queue goes to the kernel in one send at its end."""
+"""Written to again during the engine's pass: the queue goes to the kernel in one send at its end."""
 NO_READ = PAUSED | BACKPRESSURE | PEER_EOF | CLOSING | CLOSED
 
 GATHER_LIMIT = 64 * 1024
@@ -115,7 +115,8 @@ class Transport(Watch):
         super().__init__(owner, sock, close=True, stall_check=stall_check, on_expire=on_expire)
         self._loop = loop
         self._protocol: Callbacks | None = None
-        self._wbuf: bytearray | None = None
+        # A bytearray, or while a pass gathers a single write, that write's bytes.
+        self._wbuf: bytearray | bytes | None = None
         self._io = 0
 
     # -- writing -------------------------------------------------------------------
@@ -123,11 +124,13 @@ class Transport(Watch):
     def write(self, data: bytes | bytearray | memoryview) -> None:
         """Send ``data``, queueing what the kernel does not take now. Never blocks.
 
-        Written from a protocol callback (the engine's pass), it is sent when the pass
-        ends, with whatever else the pass wrote to this connection: the replies to the
-        packets of one read, and what other connections' packets forwarded here, go
-        in one system call. Written from anywhere else (a task, a timer), it is sent at
-        once. :meth:`get_write_buffer_size` counts it until it is sent.
+        The first write a protocol callback (the engine's pass) makes to a connection
+        goes to the kernel at once, as does any write from anywhere else (a task, a
+        timer). What the pass writes to it after that is gathered and sent as the pass
+        ends, in one system call: the rest of the replies to the packets of one read,
+        and of what other connections' packets forwarded here. So a pass sends at most
+        twice to a connection, and a lone reply (a heartbeat's) costs no gathering.
+        :meth:`get_write_buffer_size` counts gathered bytes until they are sent.
 
         After :meth:`close`, :meth:`abort` or :meth:`write_eof`, writes are dropped.
         """
@@ -138,10 +141,18 @@ class Transport(Watch):
         buf = self._wbuf
         if buf is None:
             loop = self._loop
-            if loop._in_pass and len(data) < GATHER_LIMIT and len(data) <= loop.high_water:
-                # A send now would be one of many in this pass: gather them (a
-                # publisher's PUBACKs, a subscriber's messages) into one at its end.
-                self._wbuf = bytearray(data)
+            if (
+                loop._in_pass
+                and self._tx is self._epochs.current
+                and len(data) < GATHER_LIMIT
+                and len(data) <= loop.high_water
+            ):
+                # Written to already in this pass: a send now would be one of many (a
+                # publisher's PUBACKs, a subscriber's messages), so the rest are gathered
+                # into one at its end. The first went at once: most passes write once to
+                # a connection, and the peer can start on it while the pass goes on.
+                # Bytes are kept as they are; a second gathered write makes a bytearray.
+                self._wbuf = data if isinstance(data, bytes) else bytearray(data)
                 self._io |= GATHERING
                 self._tx = self._epochs.current
                 loop._gathered.append(self)
@@ -159,6 +170,8 @@ class Transport(Watch):
             self._sending = True
             self._loop._update(self)
         else:
+            if isinstance(buf, bytes):
+                buf = self._wbuf = bytearray(buf)
             buf += data
             if self._io & GATHERING:
                 # Past the limit, or the high-water mark (which must pause the writer
@@ -198,12 +211,22 @@ class Transport(Watch):
         buf = self._wbuf
         if buf is None or io & CLOSED:
             return
-        sent = self._offer(buf, drop=not closing)
-        if sent < 0 or closing:
+        # _offer's work, inline: this runs for every connection a pass wrote to twice.
+        try:
+            sent = self._socket.send(buf)
+        except (BlockingIOError, InterruptedError):
+            sent = 0
+        except OSError as exc:
+            if not closing:
+                self._loop._drop(self, exc)
+            return
+        if closing:
             return
         if sent == len(buf):
             self._wbuf = None
             return
+        if isinstance(buf, bytes):
+            buf = self._wbuf = bytearray(buf)
         del buf[:sent]
         self._sending = True
         self._loop._update(self)
@@ -218,6 +241,8 @@ class Transport(Watch):
         if sent <= 0:
             return  # nothing taken (progress is not stamped), or dropped
         self._tx = self._epochs.current
+        if isinstance(buf, bytes):  # pragma: no cover - a gathered write is not flushed so
+            buf = self._wbuf = bytearray(buf)
         del buf[:sent]
         if buf:
             if self._io & BACKPRESSURE and len(buf) <= self._loop.low_water:

@@ -500,12 +500,13 @@ async def test_partial_writes_arrive_intact_to_a_slow_reader(keeper: idlekeeper.
 # -- 4b. a pass's writes gathered into one send ------------------------------------------------------
 
 
-async def test_a_pass_gathers_its_writes_into_one_send_per_connection(
+async def test_a_pass_sends_its_first_write_at_once_and_gathers_the_rest(
     keeper: idlekeeper.Keeper, clock: MockClock
 ) -> None:
-    """Writes made in a callback wait for the pass's end, then go out together, in
-    order, to this connection and to others (replies, and messages forwarded); they
-    count as queued meanwhile. Writes made from a task go at once."""
+    """In a callback, the first write to a connection goes to the kernel at once; the
+    pass's later writes to it wait for its end and go out together, in order (replies,
+    and messages forwarded from other connections), counted as queued meanwhile. A
+    pass therefore sends at most twice to a connection. Writes from a task go at once."""
     seen: list[tuple[str, int, int]] = []
 
     class Relay(Probe):
@@ -514,11 +515,12 @@ async def test_a_pass_gathers_its_writes_into_one_send_per_connection(
             t = self.t
             for i in range(3):
                 t.write(b"reply%d;" % i)
-            seen.append(("self", t.gathered, t.get_write_buffer_size()))
+                seen.append(("self", t.gathered, t.get_write_buffer_size()))
             for other in probes:
                 if other is not self:
-                    other.t.write(b"fwd:" + data)
-                    seen.append(("other", other.t.gathered, other.t.get_write_buffer_size()))
+                    for _ in range(2):
+                        other.t.write(b"fwd:" + data)
+                        seen.append(("other", other.t.gathered, other.t.get_write_buffer_size()))
 
     probes, factory = collecting(Relay)
     async with serving(keeper, factory) as (_engine, addr):
@@ -526,12 +528,21 @@ async def test_a_pass_gathers_its_writes_into_one_send_per_connection(
         await until(lambda: len(probes) == 2, "accepts")
         await a.send(b"x")
         assert await recv_exactly(a, 21) == b"reply0;reply1;reply2;"
-        assert await recv_exactly(b, 5) == b"fwd:x"
-        assert seen == [("self", 21, 21), ("other", 5, 5)]
+        assert await recv_exactly(b, 10) == b"fwd:xfwd:x"
+        assert seen == [
+            ("self", 0, 0),  # the first: sent there and then
+            ("self", 7, 7),  # the rest: gathered
+            ("self", 14, 14),
+            ("other", 0, 0),  # the first write to another connection goes at once too
+            ("other", 5, 5),
+        ]
         assert all(p.t.gathered == 0 and p.t.get_write_buffer_size() == 0 for p in probes)
         probes[0].t.write(b"now")  # from this task, not a pass: sent at once
         assert probes[0].t.gathered == 0 and probes[0].t.get_write_buffer_size() == 0
         assert await recv_exactly(a, 3) == b"now"
+        await a.send(b"y")  # a new pass: its first write goes at once again
+        assert await recv_exactly(a, 21) == b"reply0;reply1;reply2;"
+        assert seen[5:8] == [("self", 0, 0), ("self", 7, 7), ("self", 14, 14)]
 
 
 async def test_gathered_writes_go_before_a_close_an_eof_or_an_abort(
@@ -577,7 +588,7 @@ async def test_a_pass_gathers_no_more_than_the_high_water_mark(keeper: idlekeepe
     class Writer(Probe):
         def data_received(self, data: bytes) -> None:
             super().data_received(data)
-            for _ in range(3):
+            for _ in range(4):
                 self.t.write(b"w" * 500)
                 seen.append(self.t.gathered)
 
@@ -585,8 +596,10 @@ async def test_a_pass_gathers_no_more_than_the_high_water_mark(keeper: idlekeepe
     async with serving(keeper, factory, high_water=1024, low_water=0) as (_engine, addr):
         client = await connect(addr)
         await client.send(b"go")
-        assert await recv_exactly(client, 1500) == b"w" * 1500
-        assert seen == [500, 1000, 0]  # the third write passed 1,024: sent there and then
+        assert await recv_exactly(client, 2000) == b"w" * 2000
+        # The first went at once; the fourth took the gathered bytes past 1,024: sent
+        # there and then.
+        assert seen == [0, 500, 1000, 0]
 
 
 # -- 5. backpressure -------------------------------------------------------------------------------
