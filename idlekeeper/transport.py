@@ -157,8 +157,13 @@ class Transport(Watch):
                 self._tx = self._epochs.current
                 loop._gathered.append(self)
                 return
-            sent = self._offer(data)
-            if sent < 0:
+            # _offer's work, inline: this is the path of every heartbeat's reply.
+            try:
+                sent = self._socket.send(data)
+            except (BlockingIOError, InterruptedError):
+                sent = 0
+            except OSError as exc:
+                loop._drop(self, exc)
                 return
             # Stamped even if the kernel took nothing: a send starts now, and its
             # timeout counts from here (as WatchedStream.send_all), not from the last

@@ -589,6 +589,7 @@ def test_a_shared_reader_is_left_for_one_of_the_connections_own_only_while_it_ha
     reader.feed(STREAM[:3])  # a packet begun
     own = reader.settled()
     assert own is not reader and own.buffered == 3 and reader.buffered == 0
+    assert reader.shared and not own.shared  # what the heartbeat's fast path reads
     assert own.feed(STREAM[3:]) and own.settled() is reader  # finished: back to sharing
     v5 = idle_reader(1024)
     v5.feed(v5_codec.pack(v5_packets.Connect("v5-dev", 30)))

@@ -362,6 +362,7 @@ def idle_reader(max_packet_size: int, v5: bool = False) -> PacketReader:
     if reader is None:
         reader = PacketReader(max_packet_size)
         reader.v5 = reader._home = v5
+        reader.shared = True
         _IDLE_READERS[(max_packet_size, v5)] = reader
     return reader
 
@@ -378,7 +379,7 @@ class PacketReader:
     follows it is read by :mod:`.v5.codec`, the framing and the size bound unchanged.
     """
 
-    __slots__ = ("_buf", "_error", "_max", "_need", "v5", "_home")
+    __slots__ = ("_buf", "_error", "_max", "_need", "v5", "_home", "shared")
 
     def __init__(self, max_packet_size: int = 256 * 1024) -> None:
         if max_packet_size < 2:
@@ -396,6 +397,9 @@ class PacketReader:
         # None: this connection's own. False or True: a reader shared by idle 3.1.1 or
         # 5.0 connections (see idle_reader), and the version it goes back to.
         self._home: bool | None = None
+        self.shared = False
+        """Whether this is an :func:`idle_reader`: it holds nothing between feeds (a
+        plain attribute, read on every heartbeat)."""
 
     @property
     def buffered(self) -> int:
