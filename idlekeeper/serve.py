@@ -14,7 +14,8 @@ from typing import NoReturn
 import trio
 
 from .keeper import Keeper
-from .tls import DEFAULT_HANDSHAKE_TIMEOUT, check_handshake_timeout, serve_tls
+from .tls import DEFAULT_HANDSHAKE_TIMEOUT, serve_tls
+from .tls_transport import check_handshake_timeout
 from .watch import ExpireHook, WatchedStream
 
 __all__ = ["Handler", "serve_listeners", "serve_tcp"]

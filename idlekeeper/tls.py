@@ -31,7 +31,7 @@ import trio
 
 from .keeper import Keeper
 from .stats import HandshakeFailure
-from .tls_transport import handshake_failure
+from .tls_transport import handshake_failure, peer_address
 from .transport import Transport
 from .watch import ExpireHook, WatchedStream, find_socket
 
@@ -96,21 +96,6 @@ def peer_common_name(stream: trio.abc.Stream | Transport) -> str | None:
     return None
 
 
-def _peer(stream: trio.abc.Stream) -> str:
-    sock = find_socket(stream)
-    try:
-        host, port = sock.getpeername()[:2]  # type: ignore[union-attr]
-    except (OSError, AttributeError):
-        return "?"
-    return f"{host}:{port}"
-
-
-def check_handshake_timeout(handshake_timeout: float) -> None:
-    """Refuse a handshake timeout that is not a positive number of seconds."""
-    if not handshake_timeout > 0:
-        raise ValueError(f"handshake_timeout must be a positive number of seconds, not {handshake_timeout!r}")
-
-
 async def serve_tls(
     raw: trio.abc.Stream,
     handler: Callable[[WatchedStream], Awaitable[object]],
@@ -129,14 +114,14 @@ async def serve_tls(
     """One accepted connection: the TLS handshake under its own deadline, then ``handler``.
 
     Used by :func:`~idlekeeper.serve_listeners` (which has checked ``handshake_timeout``
-    with :func:`check_handshake_timeout`); see the module's docs. The caller
+    with :func:`~idlekeeper.tls_transport.check_handshake_timeout`); see the module's docs. The caller
     closes ``raw`` afterwards (as :func:`trio.serve_listeners` does); a handshake
     that failed or timed out leaves nothing else to close.
     """
     tls = trio.SSLStream(raw, ssl_context, server_side=True, https_compatible=https_compatible)
     stats = keeper.stats
     # Read now: once the keeper has closed the socket, the address is gone.
-    peer = _peer(raw)
+    peer = peer_address(find_socket(raw))
     handshook = False
     conn = keeper.watch(tls, max_age=max_age, close=close, on_expire=on_expire).stream
     try:

@@ -49,9 +49,24 @@ if TYPE_CHECKING:
     from .transport import _Loop
     from .watch import ExpireHook, _Owner
 
-__all__ = ["TLSSettings", "TLSTransport"]
+__all__ = ["TLSSettings", "TLSTransport", "check_handshake_timeout", "peer_address"]
 
 logger = logging.getLogger("idlekeeper.tls")
+
+
+def check_handshake_timeout(handshake_timeout: float) -> None:
+    """Refuse a handshake timeout that is not a positive number of seconds."""
+    if not handshake_timeout > 0:
+        raise ValueError(f"handshake_timeout must be a positive number of seconds, not {handshake_timeout!r}")
+
+
+def peer_address(sock: object) -> str:
+    """``host:port`` of a socket's peer, for a log line; ``?`` once it is gone."""
+    try:
+        host, port = sock.getpeername()[:2]  # type: ignore[attr-defined]
+    except (OSError, AttributeError, ValueError):
+        return "?"
+    return f"{host}:{port}"
 
 
 class TLSSettings:
@@ -70,8 +85,7 @@ class TLSSettings:
         send: float | None,
         stats: KeeperStats,
     ) -> None:
-        if not handshake_timeout > 0:
-            raise ValueError(f"handshake_timeout must be a positive number of seconds, not {handshake_timeout!r}")
+        check_handshake_timeout(handshake_timeout)
         self.context = context
         self.handshake_timeout = handshake_timeout
         self.idle = idle
@@ -246,14 +260,7 @@ class TLSTransport(Transport):
 
     def _failed(self, failure: HandshakeFailure, why: str) -> None:
         self._settings.stats.handshake_failures[failure] += 1
-        logger.info("idlekeeper: TLS handshake with %s failed (%s): %s", self._peer(), failure, why)
-
-    def _peer(self) -> str:
-        try:
-            host, port = self._socket.getpeername()[:2]
-        except (OSError, ValueError):
-            return "?"
-        return f"{host}:{port}"
+        logger.info("idlekeeper: TLS handshake with %s failed (%s): %s", peer_address(self._socket), failure, why)
 
     # -- bytes to the peer -----------------------------------------------------------
 

@@ -186,16 +186,15 @@ class Transport(Watch):
                 return
         self._check_high_water(buf)
 
-    def _offer(self, data: bytes | bytearray | memoryview, *, drop: bool = True) -> int:
+    def _offer(self, data: bytes | bytearray | memoryview) -> int:
         """Offer ``data`` to the kernel: the bytes it took (0: none now), or -1 if the
-        connection failed (and is dropped, unless ``drop`` is false)."""
+        connection failed (and is dropped)."""
         try:
             return self._socket.send(data)
         except (BlockingIOError, InterruptedError):
             return 0
         except OSError as exc:
-            if drop:
-                self._loop._drop(self, exc)
+            self._loop._drop(self, exc)
             return -1
 
     def _check_high_water(self, buf: bytearray) -> None:
