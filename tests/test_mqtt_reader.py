@@ -607,7 +607,7 @@ def test_connects_with_one_keep_alive_share_its_int() -> None:
 
 
 def test_devices_with_one_keep_alive_share_their_receive_timeout() -> None:
-    from servers.heartbeat.online import _silence_allowed
+    from servers.heartbeat.sharing import silence_allowed
 
-    assert _silence_allowed(600) == 900.0 and _silence_allowed(600) is _silence_allowed(int("600"))
-    assert _silence_allowed(7) == 10.5
+    assert silence_allowed(600) == 900.0 and silence_allowed(600) is silence_allowed(int("600"))
+    assert silence_allowed(7) == 10.5

@@ -10,6 +10,7 @@ import os
 
 import trio
 
+from . import sharing
 from .access import ClientRules
 from .authenticator import Authenticator
 from .config import HeartbeatConfig
@@ -22,21 +23,6 @@ from .presence import Offline, PresenceEvent
 from .session import Accept, AddSubscription
 
 __all__ = ["OnlineSessions"]
-
-
-_SILENCES: dict[int, float] = {}
-
-
-def _silence_allowed(keep_alive: int) -> float:
-    """1.5 × ``keep_alive`` (MQTT-3.1.2-24), one float per keep-alive value: each device
-    holds it as its receive timeout for as long as it is online (24 bytes each
-    otherwise), and a fleet uses a handful of values (at most 1,024 are kept)."""
-    window = _SILENCES.get(keep_alive)
-    if window is None:
-        window = 1.5 * keep_alive
-        if len(_SILENCES) < 1024:
-            _SILENCES[keep_alive] = window
-    return window
 
 
 class OnlineSessions:
@@ -163,7 +149,7 @@ class OnlineSessions:
             # MQTT counts the keep-alive from the CONNECT, which a coalescing engine may
             # have read up to a window after it came. Only so far back, though: after a
             # stall, a client that times its PINGREQ from the CONNACK still has 1.25 K.
-            stream.receive_timeout_since(_silence_allowed(keep_alive), trio.current_time() - keep_alive / 4)
+            stream.receive_timeout_since(sharing.silence_allowed(keep_alive), trio.current_time() - keep_alive / 4)
         else:
             stream.receive_timeout = cfg.max_idle
         # Stamped with its CONNECT's arrival, not its admission: a device connects again

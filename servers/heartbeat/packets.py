@@ -13,7 +13,6 @@ from .records import record
 
 __all__ = [
     "MAX_REMAINING_LENGTH",
-    "shared_keep_alive",
     "PINGREQ_WIRE",
     "Connect",
     "Disconnect",
@@ -34,25 +33,6 @@ MAX_REMAINING_LENGTH = 268_435_455
 
 PINGREQ_WIRE = b"\xc0\x00"
 """A whole PINGREQ on the wire: the reader's fast path compares reads against it."""
-
-
-_KEEP_ALIVES: dict[int, int] = {}
-_KEEP_ALIVES_KEPT = 1024
-
-
-def shared_keep_alive(seconds: int) -> int:
-    """``seconds``, as the one int object every CONNECT with that keep-alive shares.
-
-    A keep-alive above 256 is an int object of its own (32 bytes), held by each
-    session and its presence event for as long as the device is online; a fleet uses
-    a handful of values. At most 1,024 are kept: past that, a value is its own.
-    """
-    shared = _KEEP_ALIVES.get(seconds)
-    if shared is not None:
-        return shared
-    if len(_KEEP_ALIVES) < _KEEP_ALIVES_KEPT:
-        _KEEP_ALIVES[seconds] = seconds
-    return seconds
 
 
 class ProtocolError(Exception):

@@ -16,6 +16,7 @@ from __future__ import annotations
 import re
 from typing import TypeAlias
 
+from . import sharing
 from .packets import (
     PINGREQ_WIRE,
     Connect,
@@ -30,7 +31,6 @@ from .packets import (
     Pubrel,
     Subscribe,
     Unsubscribe,
-    shared_keep_alive,
 )
 from .v5 import codec as v5_codec
 from .v5 import packets as v5_packets
@@ -291,7 +291,7 @@ def _parse_connect(src: bytes, pos: int, end: int) -> Connect | v5_packets.Conne
         raise ProtocolError("bad-will-flags", detail="will QoS or retain without a will")
     if has_password and not has_username:
         raise ProtocolError("password-without-username")
-    keep_alive = shared_keep_alive(_u16(src, pos, end))
+    keep_alive = sharing.keep_alive(_u16(src, pos, end))
     pos += 2
     # MQTT-3.1.3-9 lets a server refuse an id it does not like: 2, identifier rejected.
     client_id, pos = _string(src, pos, end, "the client id", "identifier-rejected", 2)
@@ -419,12 +419,14 @@ class PacketReader:
         spare = self._buf is None and self._error is None
         if home is None:
             return idle_reader(self._max, self.v5) if spare else self
-        if spare and self.v5 == home:
-            return self
+        if spare:
+            # Nothing to keep but perhaps a turn to 5.0: the shared reader of that version.
+            v5, self.v5 = self.v5, home
+            return self if v5 == home else idle_reader(self._max, v5)
         own = PacketReader(self._max)
         own._buf, own._need, own._error, own.v5 = self._buf, self._need, self._error, self.v5
         self._buf, self._need, self._error, self.v5 = None, 0, None, home
-        return idle_reader(self._max, own.v5) if spare else own
+        return own
 
     def feed(self, data: bytes | bytearray | memoryview) -> list[AnyPacket]:
         """Add received bytes; return every packet they complete, in order.

@@ -12,8 +12,8 @@ from __future__ import annotations
 import struct
 from collections.abc import Callable
 
+from .. import sharing
 from ..encoders import encode_frame as _frame
-from ..packets import shared_keep_alive
 from .packets import (
     AUTH,
     CONNACK,
@@ -128,7 +128,7 @@ def _connect(flags: int, src: bytes, pos: int, end: int) -> Connect:
     if will_qos == 3 or (not will_flag and (will_qos or will_retain)):
         raise malformed("Will QoS or Retain set without a valid Will")
     keep_alive, pos = read_u16(src, pos, end)
-    keep_alive = shared_keep_alive(keep_alive)
+    keep_alive = sharing.keep_alive(keep_alive)
     props, pos = read_properties(src, pos, end, Carrier.CONNECT)
     if props.authentication_data is not None and props.authentication_method is None:
         raise protocol_error("Authentication Data without an Authentication Method")
