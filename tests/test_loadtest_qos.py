@@ -39,7 +39,7 @@ TARGETS = [
 FIGURES = {
     BOTH: [key for key, _, _, _ in qos_report.QOS_COLUMNS],
     ("throughput",): ["msgs_per_s", "latency_p50_ms", "latency_p99_ms", "lost", "duplicates", "out_of_order"],
-    ("queued",): ["bytes_per_queued", "queued_lost", "queued_out_of_order", "drain_msgs_per_s"],
+    ("queued",): ["bytes_per_queued", "queued_lost", "queued_out_of_order", "drain_msgs_per_s", "drain_cpu_us_per_msg"],
 }
 
 
@@ -110,6 +110,7 @@ def check_queued(q: dict[str, Any]) -> None:
     assert q["in_order"] and q["ok"]
     assert q["bytes_per_queued"] > 0
     assert q["drain_msgs_per_s"] > 0
+    assert q["drain_cpu_us_per_msg"] >= 0  # a number (not NaN); 2,000 messages may take under a clock tick
 
 
 def test_the_command_writes_json_and_a_table(tmp_path: Path) -> None:

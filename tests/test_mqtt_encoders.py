@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
 from servers.heartbeat.encoders import (
     encode_connack,
@@ -95,3 +97,41 @@ def test_remaining_length(n: int, wire: str) -> None:
 def test_remaining_length_range(n: int) -> None:
     with pytest.raises(ValueError):
         encode_remaining_length(n)
+
+
+# -- PUBLISH against the spec's layout --------------------------------------------------
+
+
+def _publish_by_the_spec(topic: str, payload: bytes, qos: int, retain: bool, packet_id: int, dup: bool) -> bytes:
+    """MQTT-3.3 written out field by field: fixed header, topic name, packet id, payload."""
+    name = topic.encode("utf-8")
+    body = len(name).to_bytes(2, "big") + name + (packet_id.to_bytes(2, "big") if qos else b"") + payload
+    n, length = len(body), bytearray()
+    while True:
+        n, digit = n >> 7, n & 0x7F
+        length.append(digit | (0x80 if n else 0))
+        if not n:
+            break
+    return bytes((0x30 | dup << 3 | qos << 1 | retain,)) + bytes(length) + body
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.text(st.characters(exclude_categories=["Cs"]), max_size=40),
+    st.binary(max_size=300),
+    st.integers(0, 2),
+    st.booleans(),
+    st.integers(1, 65535),
+    st.booleans(),
+)
+@example("t", b"x" * 123, 1, False, 7, False)  # a remaining length of 128: two bytes
+@example("t", b"x" * 122, 1, True, 7, True)  # of 127: one
+def test_publish_is_laid_out_as_the_spec_says_and_reads_back(
+    topic: str, payload: bytes, qos: int, retain: bool, packet_id: int, dup: bool
+) -> None:
+    """Both header forms (a remaining length of one byte, and more), every flag."""
+    wire = encode_publish(topic, payload, qos=qos, retain=retain, packet_id=packet_id, dup=dup)
+    assert wire == _publish_by_the_spec(topic, payload, qos, retain, packet_id, dup)
+    if topic.isprintable() and topic and "+" not in topic and "#" not in topic and not (dup and not qos):
+        [packet] = PacketReader().feed(wire)
+        assert (packet.topic, packet.payload, packet.qos, packet.retain) == (topic, payload, qos, retain)  # type: ignore[union-attr]

@@ -7,10 +7,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from servers.heartbeat.outbox import Message, Outbox
+from servers.heartbeat.outbox import Message, Outbox, Stage
 from servers.heartbeat.persistent import Opened, SessionStore
 
 from .mqtt_wire import parse_server_packets
@@ -188,6 +188,139 @@ def test_every_message_is_delivered_once_in_order_whatever_the_client_does(
     assert client.firsts == pushed  # first sends in publish order
     assert sorted(client.received) == sorted(pushed) and len(client.received) == len(set(client.received))
     assert len(box) == 0
+
+
+def _seen(packets: list[bytes], ids: dict[int, str]) -> list[tuple[str, str, bool]]:
+    """What a client reads in ``packets``: each PUBLISH's topic and DUP, and each PUBREL's
+    message by its topic (``ids``: packet id -> topic of what was in flight before)."""
+    out = []
+    for data in packets:
+        if data[0] & 0xF0 == 0x60:
+            out.append(("pubrel", ids[int.from_bytes(data[2:4], "big")], False))
+        else:
+            [p] = parse_server_packets([data])
+            out.append(("publish", p.topic, p.dup))
+    return out
+
+
+batches = st.lists(
+    st.one_of(
+        st.tuples(st.just("push"), st.integers(1, 2)),
+        st.tuples(st.just("acks"), st.lists(st.tuples(st.integers(0, 5), st.integers(0, 3)), max_size=8)),
+        st.tuples(st.sampled_from(["detach", "attach"]), st.just(0)),
+    ),
+    max_size=60,
+)
+
+
+@dataclass
+class _Reference:
+    """The outbox as the spec reads, by topic, with no packet ids: ``window`` in flight
+    in send order, a queue of at most ``max_queued`` behind, refilled once a batch."""
+
+    window: int
+    max_queued: int
+    attached: bool = True
+    flight: list[list[object]] = field(default_factory=list)  # [topic, qos, released]
+    queue: list[tuple[str, int]] = field(default_factory=list)
+    dropped: int = 0
+
+    def push(self, topic: str, qos: int) -> list[tuple[str, str, bool]]:
+        if self.attached and not self.queue and len(self.flight) < self.window:
+            self.flight.append([topic, qos, False])
+            return [("publish", topic, False)]
+        if len(self.queue) >= self.max_queued:
+            self.dropped += 1
+        else:
+            self.queue.append((topic, qos))
+        return []
+
+    def acknowledge(self, acks: list[tuple[str, str | None]]) -> list[tuple[str, str, bool]]:
+        out: list[tuple[str, str, bool]] = []
+        freed = False
+        for kind, topic in acks:
+            entry = next((e for e in self.flight if e[0] == topic), None)
+            if entry is None:
+                continue
+            if (kind == "puback" and entry[1] == 1) or (kind == "pubcomp" and entry[2]):
+                self.flight.remove(entry)
+                freed = True
+            elif kind == "pubrec" and entry[1] == 2:
+                entry[2] = True
+                out.append(("pubrel", str(topic), False))
+        return out + (self._fill() if freed else [])
+
+    def attach(self) -> list[tuple[str, str, bool]]:
+        self.attached = True
+        resent = [("pubrel" if released else "publish", str(topic), not released) for topic, _, released in self.flight]
+        return resent + self._fill()
+
+    def _fill(self) -> list[tuple[str, str, bool]]:
+        out = []
+        while self.queue and len(self.flight) < self.window:
+            topic, qos = self.queue.pop(0)
+            self.flight.append([topic, qos, False])
+            out.append(("publish", topic, False))
+        return out
+
+
+@settings(max_examples=300, deadline=None)
+@given(batches, st.integers(1, 4), st.integers(0, 6), st.booleans())
+@example([("push", 2), ("push", 1), ("push", 1), ("acks", [(0, 1), (1, 0)])], 2, 2, False)  # PUBREL, then refill
+def test_acknowledgements_taken_together_release_what_the_reference_does(
+    steps: list[tuple[str, object]], window: int, max_queued: int, one_by_one: bool
+) -> None:
+    """Outbox.acknowledge (or, with ``one_by_one``, puback/pubrec/pubcomp one call each)
+    against a model with no packet ids: the PUBRELs, then the PUBLISHes that take the
+    freed places, in order; the same messages left in flight and queued. Acknowledgements
+    may be stale, repeated or of the wrong kind; packet ids stay unique in flight."""
+    box = Outbox(window=window, max_queued=max_queued)
+    model = _Reference(window, max_queued)
+    kinds = ("puback", "pubrec", "pubcomp", "pubrec")
+    for n, (op, arg) in enumerate(steps):
+        if op == "push":
+            assert isinstance(arg, int)
+            assert _seen(box.push(Message(f"t/{n}", b"x", arg)), {}) == model.push(f"t/{n}", arg)
+        elif op == "acks" and model.attached:
+            assert isinstance(arg, list)
+            ids = {m.packet_id: m.topic for m in box.inflight()}
+            id_of = {topic: pid for pid, topic in ids.items()}
+            flight = [m.topic for m in box.inflight()]
+            # An index past the window names a message not in flight: a stale id.
+            chosen = [(kinds[k], flight[i] if i < len(flight) else None) for i, k in arg]
+            acks = [(kind, id_of[topic] if topic else 40000) for kind, topic in chosen]
+            if one_by_one:
+                # One call each refills after each. An id freed by one call may be
+                # given at once to the next message, which a repeated ack then names.
+                got: list[tuple[str, str, bool]] = []
+                want: list[tuple[str, str, bool]] = []
+                for kind, pid in acks:
+                    now = {m.packet_id: m.topic for m in box.inflight()}
+                    step = box.puback if kind == "puback" else box.pubrec if kind == "pubrec" else box.pubcomp
+                    got += _seen(step(pid), now)
+                    want += model.acknowledge([(kind, now.get(pid))])
+            else:
+                got = _seen(box.acknowledge(acks), ids)
+                want = model.acknowledge(chosen)
+            assert got == want
+        elif op == "detach" and model.attached:
+            box.detach()
+            model.attached = False
+        elif op == "attach" and not model.attached:
+            ids = {m.packet_id: m.topic for m in box.inflight()}
+            assert _seen(box.attach(), ids) == model.attach()
+        assert [[m.topic, m.qos, m.stage is Stage.RELEASED] for m in box.inflight()] == model.flight
+        assert [(m.topic, m.qos) for m in box.queued()] == model.queue
+        assert box.dropped == model.dropped
+        assert len({m.packet_id for m in box.inflight()}) == len(box.inflight())
+
+
+def test_an_unknown_acknowledgement_kind_is_refused() -> None:
+    box = Outbox(window=1)
+    [publish] = box.push(_msg(0))
+    [pkt] = parse_server_packets([publish])
+    with pytest.raises(ValueError, match="not an acknowledgement"):
+        box.acknowledge([("pubrel", pkt.packet_id)])
 
 
 # -- the store ---------------------------------------------------------------------------

@@ -23,6 +23,7 @@ from paho.mqtt.enums import CallbackAPIVersion
 from servers.heartbeat import encoders
 from servers.heartbeat.policy import DEFAULT_PRESENCE_PREFIX as PRESENCE
 
+from .conftest import wait_closed
 from .mqtt_wire import Sent, parse_server_packets
 from .test_heartbeat_clients import IN_CI, Server, start_server
 
@@ -226,6 +227,79 @@ def test_qos2_publish_resent_before_pubrel_reaches_subscribers_once(start_server
     assert sub.quiet_for(0.5)  # no second copy
     pub.close()
     sub.close()
+
+
+@pytest.mark.parametrize(
+    ("engine", "clean", "workers"),
+    [("dense", False, 1), ("dense", True, 1), ("streams", False, 1), ("streams", True, 1), ("dense", False, 2)],
+)
+def test_acknowledgements_read_together_refill_the_window_before_what_follows_them(
+    start_server: object, engine: str, clean: bool, workers: int
+) -> None:
+    """PUBACKs that arrive in one segment (with a repeated one, a stale one and a
+    PINGREQ behind them) free their places at once: the next messages come in order,
+    each once, and the PINGRESP after them; then the whole queue, acknowledged a
+    window at a time, with nothing sent twice."""
+    server: Server = start_server("--engine", engine, "--max-inflight", "4", workers=workers)  # type: ignore[operator]
+    dev = Raw(server.port, "dev-batch", clean=clean)
+    assert dev.subscribe("cmd/dev-batch", 1) == encoders.encode_suback(1, [1])
+    publish(server.port, "cmd/dev-batch", [b"%d" % i for i in range(12)])
+    window = dev.publishes(4)
+    assert [p.payload for p in window] == [b"0", b"1", b"2", b"3"]
+    assert dev.quiet_for(0.3)  # the window is full
+    acks = [encoders.encode_puback(p.packet_id) for p in window[:3]]
+    dev.send(b"".join([*acks, acks[0], encoders.encode_puback(60000), encoders.encode_pingreq()]))
+    packets = [dev.read_packet() for _ in range(4)]
+    pingresp = encoders.encode_pingresp()
+    if workers == 1:
+        assert packets[3] == pingresp  # acted on after the acknowledgements
+    else:
+        # The sessions live in the supervisor: the refill comes back from it, and the
+        # worker's own PINGRESP may be first.
+        assert packets.count(pingresp) == 1
+        packets.remove(pingresp)
+    refill = parse_server_packets(packets[:3])
+    assert [(p.payload, p.dup) for p in refill] == [(b"4", False), (b"5", False), (b"6", False)]
+    assert dev.quiet_for(0.3)  # four in flight again: nothing more
+    seen = [p.payload for p in window + refill]
+    window = [window[3], *refill]
+    while len(seen) < 12:
+        dev.send(b"".join(encoders.encode_puback(p.packet_id) for p in window))
+        window = dev.publishes(min(4, 12 - len(seen)))
+        seen += [p.payload for p in window]
+    assert seen == [b"%d" % i for i in range(12)]
+    dev.send(b"".join(encoders.encode_puback(p.packet_id) for p in window))
+    assert dev.quiet_for(0.3)
+    dev.close()
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_read_of_pubacks_with_a_bad_one_is_refused_as_if_parsed(start_server: object, engine: str) -> None:
+    """The dense engine takes a read of plain PUBACKs without parsing it: one among them
+    with packet id 0, or with reserved flags set, is still the protocol error the reader
+    finds, and ends that connection alone."""
+    server: Server = start_server("--engine", engine)  # type: ignore[operator]
+    watcher = Raw(server.port, "watcher")
+    watcher.subscribe("cmd/#", 1)
+    bad = {"dev-id0": encoders.encode_puback(0), "dev-flags": b"\x41\x02\x00\x07"}
+    for client_id, wire in bad.items():
+        dev = Raw(server.port, client_id)
+        dev.subscribe(f"cmd/{client_id}", 1)
+        publish(server.port, f"cmd/{client_id}", [b"x", b"y"])
+        sent = dev.publishes(2)
+        assert [p.payload for p in watcher.publishes(2)] == [b"x", b"y"]
+        dev.send(encoders.encode_puback(sent[0].packet_id) + wire + encoders.encode_puback(sent[1].packet_id))
+        wait_closed(dev.sock, 3.0)  # TimeoutError if the server keeps it open
+        dev.sock.close()
+        [ended] = server.wait_for(lambda e, c=client_id: e["client_id"] == c and e["status"] == "offline")
+        detail = "bad-packet-id" if client_id == "dev-id0" else "reserved-flags"
+        assert (ended["reason"], ended["detail"]) == ("protocol-error", detail)
+    # The watcher, which acknowledges in one write, was not touched.
+    watcher.send(b"".join(encoders.encode_puback(i) for i in (1, 2, 3, 4)))
+    publish(server.port, "cmd/after", [b"z"])
+    [after] = watcher.publishes(1)
+    assert after.payload == b"z"
+    watcher.close()
 
 
 def test_queue_bound_drops_the_newest_and_counts_them(start_server: object) -> None:

@@ -12,7 +12,7 @@ from typing import Any
 from servers.heartbeat.encoders import encode_puback
 
 from ..mqtt_frames import frames
-from ..sampler import processes, rss_bytes
+from ..sampler import cpu_seconds, processes, rss_bytes
 from .client import RECV_SIZE, goodbye, open_client, publish_prefix, subscribe
 from .load import PAYLOAD_HEADER, QosLoad
 from .tally import Tally
@@ -115,11 +115,16 @@ def run_queued(port: int, pids: Sequence[int], load: QosLoad, tag: str = "ik") -
         _publish_all(publisher, "q/m", load.queued, load.payload, QUEUE_FILL_WINDOW)
         fill_s = time.monotonic() - t0
         after = settled_rss(pids)
+        server = processes(pids)
+        cpu0 = cpu_seconds(server)
         t0 = time.monotonic()
         back, present = open_client(port, client_id, clean=False, timeout=60.0)
         try:
             got = _receive_all(back, load.queued, idle=5.0)
             drain_s = time.monotonic() - t0
+            # The drain is a ping-pong of windows, so its rate is also the client's and the
+            # loopback's; the server's CPU per message is its own part.
+            drain_cpu = cpu_seconds(server) - cpu0
         finally:
             goodbye(back)
         drained = settled_rss(pids, pause=0.2)
@@ -141,5 +146,6 @@ def run_queued(port: int, pids: Sequence[int], load: QosLoad, tag: str = "ik") -
         "in_order": got["out_of_order"] == 0 and got["duplicates"] == 0,
         "drain_s": drain_s,
         "drain_msgs_per_s": got["unique"] / drain_s if drain_s > 0 else math.nan,
+        "drain_cpu_us_per_msg": drain_cpu / got["unique"] * 1e6 if got["unique"] else math.nan,
         "ok": present and lost == 0 and got["out_of_order"] == 0 and got["duplicates"] == 0,
     }

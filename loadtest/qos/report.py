@@ -25,6 +25,7 @@ QOS_COLUMNS: tuple[Column, ...] = (
     ("queued_lost", "queued lost", "", False),
     ("queued_out_of_order", "queued out of order", "", False),
     ("drain_msgs_per_s", "queue drain msg/s", "", True),
+    ("drain_cpu_us_per_msg", "server CPU per drained msg", "µs", False),
 )
 
 COUNTS = frozenset({"lost", "duplicates", "out_of_order", "queued_lost", "queued_out_of_order"})
@@ -49,6 +50,7 @@ def qos_row(r: dict[str, Any]) -> dict[str, float]:
         "queued_lost": number(q.get("lost")),
         "queued_out_of_order": number(q.get("out_of_order")),
         "drain_msgs_per_s": number(q.get("drain_msgs_per_s")),
+        "drain_cpu_us_per_msg": number(q.get("drain_cpu_us_per_msg")),
     }
 
 
@@ -105,7 +107,8 @@ def describe(r: dict[str, Any]) -> str:
         )
         lines.append(
             f"on return              session present {int(q['session_present'])}, {q['unique']:,} delivered "
-            f"in {q['drain_s']:.2f} s ({q['drain_msgs_per_s']:,.0f} msg/s), {q['lost']} lost, "
+            f"in {q['drain_s']:.2f} s ({q['drain_msgs_per_s']:,.0f} msg/s, server CPU "
+            f"{q.get('drain_cpu_us_per_msg', math.nan):.1f} µs each), {q['lost']} lost, "
             f"{q['duplicates']} duplicated, {q['out_of_order']} out of order"
         )
     return "\n".join(lines)

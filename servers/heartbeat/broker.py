@@ -582,14 +582,24 @@ class Broker(Generic[S]):
         subscriber past its hard cap cuts it off instead."""
         budget = self.budget
         v5 = sub.v5
-        aliases, limit = (None, 0) if v5 is None else (v5.sent_aliases, v5.max_packet_size)
-        for data in packets:
-            if budget.offer(sub, sub.queued(), len(data), held=True) is not Offer.QUEUE:
-                break
-            # Rewritten only once sure to be queued: the client learns an alias from the
-            # packet that sets it, so one set on a packet dropped here would be unknown.
-            sub.push(data if aliases is None else aliases.apply(data, limit), held=True)
-            budget.settle(sub, sub.queued())
+        if v5 is None or v5.sent_aliases is None:
+            # In one piece: a refilled window goes to the kernel in one send. Held
+            # packets are only refused at the hard cap, which cuts the subscriber off,
+            # so taking them whole or one by one queues the same.
+            if packets:
+                data = packets[0] if len(packets) == 1 else b"".join(packets)
+                if budget.offer(sub, sub.queued(), len(data), held=True) is Offer.QUEUE:
+                    sub.push(data, held=True)
+                    budget.settle(sub, sub.queued())
+        else:
+            aliases, limit = v5.sent_aliases, v5.max_packet_size
+            for data in packets:
+                if budget.offer(sub, sub.queued(), len(data), held=True) is not Offer.QUEUE:
+                    break
+                # Rewritten only once sure to be queued: the client learns an alias from
+                # the packet that sets it, so one set on a packet dropped here would be unknown.
+                sub.push(aliases.apply(data, limit), held=True)
+                budget.settle(sub, sub.queued())
         if budget.cutting:
             self._cut()
 

@@ -11,6 +11,7 @@ wait for its verdict.
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
@@ -29,6 +30,7 @@ from .reader import AnyPacket, idle_reader
 from .server import HeartbeatServer
 from .session import (
     Accept,
+    Acknowledged,
     AddSubscription,
     Effect,
     RemoveSubscription,
@@ -42,6 +44,11 @@ __all__ = ["DenseConnection", "serve_dense"]
 
 _PINGRESP = encode_pingresp()
 _CONNECTED = State.CONNECTED  # a global: one look-up on the heartbeat's path, not two
+_PUBACK_ID = struct.Struct("!2xH")
+# What a read of nothing but PUBACKs has at every fourth byte, for up to 4,096 of them
+# (a longer read is parsed).
+_PUBACK_FIRSTS = b"\x40" * 4096
+_PUBACK_LENGTHS = b"\x02" * 4096
 
 T = TypeVar("T")
 
@@ -71,14 +78,38 @@ class DenseConnection(Connection, idlekeeper.Protocol):
 
     def data_received(self, data: bytes) -> None:
         """Parse what arrived and act on each packet."""
-        if data == PINGREQ_WIRE and self.reader.shared and self.session.state is _CONNECTED:
-            # Most of what a million devices send: answered without parsing (the
-            # session's reply to a PINGREQ is always a PINGRESP). A shared reader holds
-            # no unfinished packet that the two bytes could belong to.
-            self.server.counters["packets_in"] += 1
-            self.stream.write(_PINGRESP)
+        # A shared reader holds no unfinished packet that these bytes could belong to.
+        if data == PINGREQ_WIRE:
+            if self.reader.shared and self.session.state is _CONNECTED:
+                # Most of what a million devices send: answered without parsing (the
+                # session's reply to a PINGREQ is always a PINGRESP).
+                self.server.counters["packets_in"] += 1
+                self.stream.write(_PINGRESP)
+                return
+        elif (
+            data[0] == 0x40
+            and not len(data) & 3
+            and self.reader.shared
+            and self.session.state is _CONNECTED
+            and self._pubacks(data)
+        ):
             return
         self._received(data)
+
+    def _pubacks(self, data: bytes) -> bool:
+        """Take a read of nothing but plain PUBACKs (``40 02`` and a packet id: a 5.0
+        one with no reason code is the same) as the session would, without parsing:
+        most of what a subscriber sends. False, and nothing done, for anything else,
+        a packet id of 0 included (the reader refuses it)."""
+        n = len(data) >> 2
+        if data[0::4] != _PUBACK_FIRSTS[:n] or data[1::4] != _PUBACK_LENGTHS[:n]:
+            return False
+        acks = [("puback", packet_id) for (packet_id,) in _PUBACK_ID.iter_unpack(data) if packet_id]
+        if len(acks) != n:
+            return False
+        self.server.counters["packets_in"] += n
+        self.server.acknowledged(self, acks)
+        return True
 
     def _received(self, data: bytes) -> None:
         reader = self.reader
@@ -112,6 +143,10 @@ class DenseConnection(Connection, idlekeeper.Protocol):
     def _handle(self, packets: list[AnyPacket]) -> None:
         server = self.server
         session = self.session
+        # Acknowledgements read together are taken together, when something else comes
+        # or the packets end: a subscriber's window then refills once, in one write,
+        # and nothing it sent after them is acted on before them.
+        acks: list[tuple[str, int]] = []
         try:
             for i, packet in enumerate(packets):
                 server.counters["packets_in"] += 1
@@ -119,6 +154,12 @@ class DenseConnection(Connection, idlekeeper.Protocol):
                     session = self.speak_v5()
                 effects = session.receive(packet)
                 for j, effect in enumerate(effects):
+                    if type(effect) is Acknowledged:
+                        acks.append((effect.kind, effect.packet_id))
+                        continue
+                    if acks:
+                        server.acknowledged(self, acks)
+                        acks = []
                     if type(effect) is Send and self in server.unsettled:
                         self._settle(effects[j:], packets[i + 1 :])  # the SUBACK waits
                         return
@@ -127,11 +168,17 @@ class DenseConnection(Connection, idlekeeper.Protocol):
                     self.waiting.extend(packets[i + 1 :])
                     return
                 if session.state is State.CLOSED:
+                    if acks:
+                        server.acknowledged(self, acks)
                     self.close()
                     return
         except ProtocolError as exc:
+            if acks:
+                server.acknowledged(self, acks)
             self._violation(exc)
             return
+        if acks:
+            server.acknowledged(self, acks)
         if session.state is State.CONNECTED:
             self.packet_deadline(self.reader.buffered > 0)
 

@@ -76,6 +76,10 @@ def encode_connack(session_present: bool, return_code: int) -> bytes:
     return bytes((0x20, 0x02, 1 if session_present else 0, return_code))
 
 
+_PUBLISH_HEAD = struct.Struct("!BBH")
+"""A PUBLISH's first byte, a one-byte remaining length and its topic's length."""
+
+
 def encode_publish(
     topic: str, payload: bytes, qos: int = 0, retain: bool = False, packet_id: int | None = None, dup: bool = False
 ) -> bytes:
@@ -83,12 +87,23 @@ def encode_publish(
     if qos not in (0, 1, 2):
         raise ValueError(f"QoS {qos}")
     first = 0x30 | (0x08 if dup else 0) | (qos << 1) | (0x01 if retain else 0)
-    head = _str(topic)
+    name = topic.encode("utf-8")
+    size = len(name)
+    if size > 0xFFFF:
+        raise ValueError(f"field of {size} bytes; MQTT allows at most 65535")
+    # Every message a subscriber is sent is encoded here: one join of the parts, the
+    # header packed at once when the remaining length fits a byte (most do).
+    length = 2 + size + len(payload)
     if qos:
         if not packet_id:
             raise ValueError("QoS 1 and 2 need a non-zero packet id")
-        head += _U16.pack(packet_id)
-    return encode_frame(first, head + payload)
+        length += 2
+        tail: tuple[bytes, ...] = (name, _U16.pack(packet_id), payload)
+    else:
+        tail = (name, payload)
+    if length < 0x80:
+        return b"".join((_PUBLISH_HEAD.pack(first, length, size), *tail))
+    return b"".join((bytes((first,)), encode_remaining_length(length), _U16.pack(size), *tail))
 
 
 def encode_puback(packet_id: int) -> bytes:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import collections
 import logging
 import time
+from collections.abc import Sequence
 
 import trio
 
@@ -17,7 +18,7 @@ from .connection import Connection
 from .coordination import Coordinator
 from .logs import OncePer, shown
 from .outbox import Message, Stage
-from .persistent import Acked, Inbound, Push, Subscribed
+from .persistent import Inbound, Push, Subscribed
 from .retained_delivery import RetainedDelivery
 from .session import (
     Acknowledged,
@@ -182,23 +183,29 @@ class FanOut:
             self._refusal(conn, "subscribe", f"subscription to {shown(effect.topic_filter)} refused: {why}")
             return
         if isinstance(effect, Acknowledged):
-            if conn.persistent:
-                online = conn.online
-                assert online is not None
-                self.coordinator.session(Acked(client_id, online.epoch, effect.kind, effect.packet_id))
-                return
-            box = conn.held
-            if box is None:
-                return  # an ack for nothing we sent: MQTT leaves it to the server
-            kind = effect.kind
-            packets = box.puback if kind == "puback" else box.pubrec if kind == "pubrec" else box.pubcomp
-            expired = box.expired
-            released = packets(effect.packet_id)
-            self.broker.expired += box.expired - expired  # MQTT 5 messages whose lifetime ran out queued
-            self.broker.write(conn, released)
+            self.acknowledged(conn, ((effect.kind, effect.packet_id),))
         elif conn.persistent:
             held = isinstance(effect, HoldInbound)
             self.coordinator.session(Inbound(client_id, effect.packet_id, held))
+
+    def acknowledged(self, conn: Connection, acks: Sequence[tuple[str, int]]) -> None:
+        """PUBACKs, PUBRECs and PUBCOMPs (kind and packet id) the client sent together, in
+        order: its outbox (or its persistent session) takes them at once, and what they
+        release (the PUBRELs, then the messages that take the freed places) is written
+        in one piece."""
+        if conn.persistent:
+            online = conn.online
+            assert online is not None
+            self.coordinator.acknowledged(conn.session.client_id or "", online.epoch, acks)
+            return
+        box = conn.held
+        if box is None:
+            return  # an ack for nothing we sent: MQTT leaves it to the server
+        expired = box.expired
+        released = box.acknowledge(acks)
+        self.broker.expired += box.expired - expired  # MQTT 5 messages whose lifetime ran out queued
+        if released:
+            self.broker.write(conn, released)
 
     def _refusal(self, conn: Connection, kind: str, what: str) -> None:
         """Log a refusal of ``conn``'s, once per client and kind per spell: a client may

@@ -20,7 +20,7 @@ from __future__ import annotations
 import collections
 import enum
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from .encoders import encode_publish, encode_pubrel
 from .v5 import outbound
@@ -194,27 +194,50 @@ class Outbox:
 
     def puback(self, packet_id: int) -> list[bytes]:
         """The client acknowledged a QoS 1 message; returns what to write next."""
-        message = self._inflight.get(packet_id)
-        if message is None or message.qos != 1:
-            return []  # not ours (a stale or confused ack): the spec leaves it to us
-        del self._inflight[packet_id]
-        return self._fill()
+        return self.acknowledge((("puback", packet_id),))
 
     def pubrec(self, packet_id: int) -> list[bytes]:
         """The client received a QoS 2 message: answer PUBREL (resent as PUBREL from now on)."""
-        message = self._inflight.get(packet_id)
-        if message is None or message.qos != 2:
-            return []
-        message.stage = Stage.RELEASED
-        return [encode_pubrel(packet_id)] if self.attached else []
+        return self.acknowledge((("pubrec", packet_id),))
 
     def pubcomp(self, packet_id: int) -> list[bytes]:
         """The QoS 2 exchange is complete; returns what to write next."""
-        message = self._inflight.get(packet_id)
-        if message is None or message.stage is not Stage.RELEASED:
-            return []
-        del self._inflight[packet_id]
-        return self._fill()
+        return self.acknowledge((("pubcomp", packet_id),))
+
+    def acknowledge(self, acks: Iterable[tuple[str, int]]) -> list[bytes]:
+        """Acknowledgements read together, in order (``kind``: ``puback``, ``pubrec`` or
+        ``pubcomp``, and the packet id); returns what to write next: a PUBREL per PUBREC,
+        then the messages that take the freed places. An acknowledgement of nothing in
+        flight, or of the wrong kind, is ignored: the spec leaves a stale or confused
+        one to the server.
+
+        The window is refilled once, after all of them, not once per acknowledgement:
+        the same messages go out in the same order, in one write instead of many."""
+        inflight = self._inflight
+        out: list[bytes] = []
+        freed = False
+        for kind, packet_id in acks:
+            message = inflight.get(packet_id)
+            if message is None:
+                continue
+            if kind == "puback":
+                if message.qos == 1:
+                    del inflight[packet_id]
+                    freed = True
+            elif kind == "pubrec":
+                if message.qos == 2:
+                    message.stage = Stage.RELEASED
+                    if self.attached:
+                        out.append(encode_pubrel(packet_id))
+            elif kind == "pubcomp":
+                if message.stage is Stage.RELEASED:
+                    del inflight[packet_id]
+                    freed = True
+            else:
+                raise ValueError(f"not an acknowledgement: {kind!r}")
+        if freed:
+            out += self._fill()
+        return out
 
     def attach(self) -> list[bytes]:
         """The client (re)connected: resend everything in flight, in order, then fill the window."""

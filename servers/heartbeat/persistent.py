@@ -31,7 +31,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import heapq
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterable
 
 from .broker import Subscriptions
 from .outbox import DEFAULT_MAX_QUEUED, DEFAULT_MAX_QUEUED_BYTES, DEFAULT_WINDOW, Message, Outbox
@@ -370,19 +370,17 @@ class SessionStore:
 
     def acknowledge(self, client_id: str, holder: Hashable, kind: str, packet_id: int) -> Delivery | None:
         """PUBACK, PUBREC or PUBCOMP (``kind``) from the client's connection ``holder``."""
+        return self.acknowledge_all(client_id, holder, ((kind, packet_id),))
+
+    def acknowledge_all(self, client_id: str, holder: Hashable, acks: Iterable[tuple[str, int]]) -> Delivery | None:
+        """Acknowledgements (kind and packet id) the client's connection ``holder`` read
+        together, in order: the window is refilled once (:meth:`.Outbox.acknowledge`)."""
         stored = self._sessions.get(client_id)
         if stored is None or stored.holder != holder:
             return None  # from a connection that lost the session: its successor resends
         outbox = stored.outbox
         before = outbox.queued_bytes
-        if kind == "puback":
-            packets = outbox.puback(packet_id)
-        elif kind == "pubrec":
-            packets = outbox.pubrec(packet_id)
-        elif kind == "pubcomp":
-            packets = outbox.pubcomp(packet_id)
-        else:
-            raise ValueError(f"not an acknowledgement: {kind!r}")
+        packets = outbox.acknowledge(acks)
         self.queued_bytes -= before - outbox.queued_bytes
         return Delivery(client_id, holder, packets, stored.v5) if packets else None
 

@@ -140,6 +140,7 @@ class HeartbeatServer:
         self.subscribed = self.fanout.subscribed
         self.unsubscribed = self.fanout.unsubscribed
         self.exchanged = self.fanout.exchanged
+        self.acknowledged = self.fanout.acknowledged
         self.settle = self.fanout.settle
         self.route = self.fanout.route
         self.waits = self.online_sessions.waits

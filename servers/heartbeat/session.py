@@ -302,6 +302,8 @@ class Session:
             return [Send(encoders.encode_pingresp())]
         if isinstance(packet, packets.Publish):
             return self._publish(packet)
+        if isinstance(packet, packets.Puback):  # next most common: a subscriber's, per message
+            return [Acknowledged("puback", packet.packet_id)]
         if isinstance(packet, packets.Subscribe):
             return self._subscribe(packet)
         if isinstance(packet, packets.Unsubscribe):
@@ -314,8 +316,6 @@ class Session:
             return [Goodbye()]
         if isinstance(packet, packets.Pubrel):
             return self._release(packet.packet_id)
-        if isinstance(packet, packets.Puback):
-            return [Acknowledged("puback", packet.packet_id)]
         if isinstance(packet, packets.Pubrec):
             return [Acknowledged("pubrec", packet.packet_id)]
         if isinstance(packet, packets.Pubcomp):

@@ -29,7 +29,7 @@ import trio
 
 from ...prometheus import Families, Metric
 from ..logs import OncePer, shown
-from ..persistent import Opened, Report, SessionStore
+from ..persistent import Acked, Opened, Report, SessionStore
 from ..policy import DEFAULT_PRESENCE_PREFIX
 from ..presence import PresenceEvent, PresenceSink
 from .retention import RetainedMessage, Retention
@@ -284,6 +284,14 @@ class Coordinator(abc.ABC):
     def session(self, report: Report) -> None:
         """A change to a persistent session, in the order its connection made it."""
         return
+
+    def acknowledged(self, client_id: str, epoch: str, acks: Sequence[tuple[str, int]]) -> None:
+        """Acknowledgements (kind and packet id) that connection ``epoch`` of a persistent
+        session read together, in order. By default each is a report of its own; a
+        coordinator that keeps the sessions itself takes them at once, so the session's
+        window is refilled once and written in one piece."""
+        for kind, packet_id in acks:
+            self.session(Acked(client_id, epoch, kind, packet_id))
 
     # -- retained messages; by default none is kept --------------------------------------
 

@@ -128,6 +128,12 @@ class InProcessCoordinator(Coordinator):
         if delivery is not None:
             self._transmit(delivery)
 
+    def acknowledged(self, client_id: str, epoch: str, acks: Sequence[tuple[str, int]]) -> None:
+        """See :meth:`Coordinator.acknowledged`: the store takes them at once."""
+        delivery = self.store.acknowledge_all(client_id, epoch, acks)
+        if delivery is not None:
+            self._transmit(delivery)
+
     def retain(self, topic: str, payload: bytes, qos: int, owner: str = "", properties: bytes = b"") -> None:
         """See :meth:`Coordinator.retain`."""
         self.retention.retain(topic, payload, qos, owner, properties)
