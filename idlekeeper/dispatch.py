@@ -30,7 +30,7 @@ from .keeper import Keeper
 from .lost import EngineClosedError
 from .protocol import Protocol
 from .tls_transport import TLSSettings, TLSTransport
-from .transport import CLOSED, EOF_SENT, GATHERING, NO_READ, PEER_EOF, Transport
+from .transport import CANNED, CLOSED, EOF_SENT, GATHERING, NO_READ, PEER_EOF, Transport
 from .watch import ExpireHook
 
 __all__ = ["Dispatcher"]
@@ -120,6 +120,9 @@ class Dispatcher:
         """Protocol callbacks that raised (each closed its connection)."""
         self.passes = 0
         """Passes of the engine's loop."""
+        self.canned = 0
+        """Requests the engine answered itself (see :meth:`Engine.add_canned_reply`)."""
+        self._canned: dict[bytes, bytes] = {}
 
     # -- a pass ------------------------------------------------------------------------
 
@@ -220,6 +223,15 @@ class Dispatcher:
         protocol = t._protocol
         if protocol is None:
             return
+        if t._io & CANNED:
+            reply = self._canned.get(data)
+            if reply is not None:
+                self.canned += 1
+                if t._wbuf is None and t._tx is not t._epochs.current:
+                    t._send_now(reply)  # what write() does with a pass's first write
+                else:
+                    t.write(reply)  # behind what is queued or gathered
+                return
         try:
             if data:
                 protocol.data_received(data)

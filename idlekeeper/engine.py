@@ -114,6 +114,19 @@ class Engine(Dispatcher, metaclass=NoPublicConstructor):
             out.append(sock)
         return out
 
+    def add_canned_reply(self, request: bytes, reply: bytes) -> None:
+        """Answer ``request`` with ``reply`` in the engine, on connections whose protocol
+        allows it (:attr:`Transport.canned_replies <idlekeeper.Transport.canned_replies>`).
+
+        For the request a protocol gets most and always answers the same way: a
+        keep-alive probe (MQTT's PINGREQ, ``c0 00``, answered ``d0 00``). A read of
+        exactly those bytes is then answered without a call into the protocol, which
+        is most of what such a request costs. :attr:`canned` counts the answers.
+        """
+        if not request:
+            raise ValueError("a canned request must not be empty (an empty read is the peer's EOF)")
+        self._canned[bytes(request)] = bytes(reply)
+
     def close_listeners(self) -> None:
         """Stop accepting; connections already accepted go on."""
         for entry in self._listeners:

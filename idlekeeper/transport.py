@@ -45,6 +45,9 @@ CLOSING = 32
 CLOSED = 64
 GATHERING = 128
 """Written to again during the engine's pass: the queue goes to the kernel in one send at its end."""
+# 256 and 512 are the engine's registration bits.
+CANNED = 1024
+"""The engine may answer this connection's canned requests itself (see :attr:`Transport.canned_replies`)."""
 NO_READ = PAUSED | BACKPRESSURE | PEER_EOF | CLOSING | CLOSED
 
 GATHER_LIMIT = 64 * 1024
@@ -157,33 +160,39 @@ class Transport(Watch):
                 self._tx = self._epochs.current
                 loop._gathered.append(self)
                 return
-            # _offer's work, inline: this is the path of every heartbeat's reply.
-            try:
-                sent = self._socket.send(data)
-            except (BlockingIOError, InterruptedError):
-                sent = 0
-            except OSError as exc:
-                loop._drop(self, exc)
-                return
-            # Stamped even if the kernel took nothing: a send starts now, and its
-            # timeout counts from here (as WatchedStream.send_all), not from the last
-            # write the kernel took whole, which may be long ago.
-            self._tx = self._epochs.current
-            if sent == len(data):
-                return
-            buf = self._wbuf = bytearray(memoryview(data)[sent:])
-            self._sending = True
-            self._loop._update(self)
-        else:
-            if isinstance(buf, bytes):
-                buf = self._wbuf = bytearray(buf)
-            buf += data
-            if self._io & GATHERING:
-                # Past the limit, or the high-water mark (which must pause the writer
-                # now, as an unsent write would): offered to the kernel there and then.
-                if len(buf) >= GATHER_LIMIT or len(buf) > self._loop.high_water:
-                    self._send_gathered()
-                return
+            self._send_now(data)
+            return
+        if isinstance(buf, bytes):
+            buf = self._wbuf = bytearray(buf)
+        buf += data
+        if self._io & GATHERING:
+            # Past the limit, or the high-water mark (which must pause the writer
+            # now, as an unsent write would): offered to the kernel there and then.
+            if len(buf) >= GATHER_LIMIT or len(buf) > self._loop.high_water:
+                self._send_gathered()
+            return
+        self._check_high_water(buf)
+
+    def _send_now(self, data: bytes | bytearray | memoryview) -> None:
+        """Offer ``data`` to the kernel now, with nothing queued or gathered before it;
+        what it does not take is queued (the engine's canned replies come here too)."""
+        # _offer's work, inline: this is the path of every heartbeat's reply.
+        try:
+            sent = self._socket.send(data)
+        except (BlockingIOError, InterruptedError):
+            sent = 0
+        except OSError as exc:
+            self._loop._drop(self, exc)
+            return
+        # Stamped even if the kernel took nothing: a send starts now, and its
+        # timeout counts from here (as WatchedStream.send_all), not from the last
+        # write the kernel took whole, which may be long ago.
+        self._tx = self._epochs.current
+        if sent == len(data):
+            return
+        buf = self._wbuf = bytearray(memoryview(data)[sent:])
+        self._sending = True
+        self._loop._update(self)
         self._check_high_water(buf)
 
     def _offer(self, data: bytes | bytearray | memoryview) -> int:
@@ -319,6 +328,29 @@ class Transport(Watch):
     def reading(self) -> bool:
         """Whether the engine reads this connection now."""
         return not self._io & NO_READ
+
+    @property
+    def canned_replies(self) -> bool:
+        """Whether the engine may answer this connection's canned requests itself.
+
+        While True, a read whose bytes are exactly a request registered with
+        :meth:`Engine.add_canned_reply <idlekeeper.Engine.add_canned_reply>` is
+        answered with its reply, written as :meth:`write` would, and the protocol's
+        ``data_received`` is not called; the read is activity all the same. A
+        protocol sets it only while the request, arriving alone, could mean nothing
+        else (an MQTT PINGREQ on a connected session with no packet half-read), and
+        clears it otherwise. A request split over reads or sent with other bytes
+        still reaches the protocol, which must answer it as before. False at first;
+        plaintext connections only (a TLS transport's reads are records).
+        """
+        return bool(self._io & CANNED)
+
+    @canned_replies.setter
+    def canned_replies(self, allowed: bool) -> None:
+        if allowed:
+            self._io |= CANNED
+        else:
+            self._io &= ~CANNED
 
     # -- closing -------------------------------------------------------------------
 

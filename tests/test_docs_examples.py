@@ -124,6 +124,7 @@ OUTPUTS: list[tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]] = [
     ),
     (("pytest.main",), (), ("1 passed",)),
     (("behind_proxy",), (), ("b'client 203.0.113.9, scheme https\\n'",)),
+    (("add_canned_reply",), (), ("b'PONG\\n'\nb'heard hello\\n'\nanswered in the engine: 1\n",)),
 ]
 
 

@@ -337,6 +337,52 @@ async def test_receive_expiry_is_deferred_by_client_activity(keeper: idlekeeper.
     assert data == b"" and eof_at == lost_at
 
 
+async def test_canned_replies_are_answered_by_the_engine_where_the_protocol_allows(
+    keeper: idlekeeper.Keeper, clock: MockClock
+) -> None:
+    """A read of exactly a registered request, on a transport that allows canned
+    replies, is answered by the engine and never reaches data_received; it is activity
+    (it defers a receive timeout). Anything else, the request twice in one read
+    included, and every read once the protocol withdraws, goes to the protocol."""
+
+    class Answering(Probe):
+        def connection_made(self, transport: Transport) -> None:
+            super().connection_made(transport)
+            assert not transport.canned_replies  # off until the protocol says
+            transport.canned_replies = True
+
+        def data_received(self, data: bytes) -> None:
+            super().data_received(data)
+            self.t.write(b"[" + data + b"]")
+
+    probes, factory = collecting(Answering)
+    async with serving(keeper, factory, receive=3) as (engine, addr):
+        with pytest.raises(ValueError, match="must not be empty"):
+            engine.add_canned_reply(b"", b"x")
+        engine.add_canned_reply(b"ping", b"pong")
+        client = await connect(addr)
+        await until(lambda: bool(probes), "accept")
+        [probe] = probes
+        for _ in range(3):  # at 2, 4, 6: answered in the engine, and activity each time
+            await trio.sleep(2)
+            await client.send(b"ping")
+            assert await recv_exactly(client, 4) == b"pong"
+        assert engine.canned == 3 and probe.received == b"" and not probe.lost
+        await client.send(b"pingping")
+        assert await recv_exactly(client, 10) == b"[pingping]"
+        await client.send(b"pin")
+        assert await recv_exactly(client, 5) == b"[pin]"
+        probe.t.canned_replies = False
+        assert not probe.t.canned_replies
+        await client.send(b"ping")
+        assert await recv_exactly(client, 6) == b"[ping]"
+        assert engine.canned == 3 and probe.received == b"pingpingpinping"
+        data, _ = await read_until_eof(client)
+        await lost(probe)
+    assert data == b""
+    assert_expired(probe, Reason.RECEIVE, probe.last_rx_at, 3, keeper.tick)
+
+
 async def test_absolute_expiry_of_a_busy_connection(keeper: idlekeeper.Keeper, clock: MockClock) -> None:
     probes, factory = collecting()
     async with serving(keeper, factory, idle=1, max_age=6) as (_engine, addr):

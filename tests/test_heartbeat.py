@@ -156,6 +156,51 @@ async def test_connect_ping_publish_and_presence(clock: MockClock) -> None:
     ]
 
 
+async def test_the_engine_answers_a_pingreq_only_where_the_session_would(clock: MockClock, engine: str) -> None:
+    """A PINGREQ alone on a connected session is answered by the dense engine itself,
+    and is activity and a counted packet all the same; before CONNECT, or as bytes of a
+    packet that is half-read, it is not: there it is the session's to judge. (The
+    streams engine's session answers every one.)"""
+
+    def answered(server: HeartbeatServer) -> int:
+        return 0 if server.engine is None else server.engine.canned
+
+    in_engine = 1 if engine == "dense" else 0
+    async with running() as (server, _events):
+        watcher = await Client.connect(server.port, "watcher")
+        await watcher.send(encoders.encode_subscribe(1, [("t/#", 0)]))
+        assert await watcher.read_packet() == encoders.encode_suback(1, [0])
+        device = await Client.connect(server.port, "dev-ping", keep_alive=4)
+        before = server.packets_in()
+        for _ in range(3):  # at 3, 6, 9: each keeps a 6 s keep-alive deadline away
+            await trio.sleep(3)
+            await device.send(encoders.encode_pingreq())
+            assert await device.read(2) == encoders.encode_pingresp()
+        assert answered(server) == 3 * in_engine
+        assert server.packets_in() == before + 3
+        # A PUBLISH whose payload ends in c0 00, sent in two reads: the second, alone
+        # in its read, is not a PINGREQ.
+        wire = encoders.encode_publish("t/x", b"\xc0\x00")
+        await device.send(wire[:-2])
+        await trio.testing.wait_all_tasks_blocked()
+        await device.send(wire[-2:])
+        assert publish_topic(await watcher.read_packet()) == ("t/x", b"\xc0\x00")
+        await device.send(encoders.encode_pingreq())
+        assert await device.read(2) == encoders.encode_pingresp()  # nothing came before it
+        assert answered(server) == 4 * in_engine
+        assert server.packets_in() == before + 5
+        # Silent from now: expired 1.5 x 4 s after its last PINGREQ, which was activity.
+        last = trio.current_time()
+        assert await device.closed()
+        assert last + 6 <= trio.current_time() < last + 6 + TICK
+    # Before CONNECT, a PINGREQ is a protocol error (MQTT-3.1.0-1), not a PINGRESP.
+    async with running() as (server, _events):
+        stream = await trio.open_tcp_stream("127.0.0.1", server.port)
+        await stream.send_all(encoders.encode_pingreq())
+        assert await stream.receive_some() == b""
+        assert answered(server) == 0
+
+
 async def test_silent_device_expires_at_one_and_a_half_keepalive_with_will(clock: MockClock) -> None:
     async with running() as (server, _events):
         watcher = await Client.connect(server.port, "watcher", keep_alive=0)

@@ -73,7 +73,7 @@ class Dashboard:
     def worker(self) -> dict[str, Any]:
         """This worker's figures (``/presence/worker.json``)."""
         server = self.server
-        packets = server.counters.get("packets_in", 0)
+        packets = server.packets_in()
         now, cpu = time.monotonic(), _cpu_seconds()
         then, cpu_then, packets_then = self._sample
         if now - then >= _RATE_MIN_WINDOW:

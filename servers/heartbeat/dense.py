@@ -58,6 +58,9 @@ class DenseConnection(Connection, idlekeeper.Protocol):
 
     __slots__ = ("server", "reader", "waiting", "outcome", "detail", "has_subscribed")
     stream: idlekeeper.Transport
+    ANSWERS_IN_ENGINE = True
+    """Whether the engine may answer a PINGREQ itself (see :meth:`_offer_pings`): the
+    transport carries MQTT's own bytes (not WebSocket frames)."""
 
     def __init__(self, server: HeartbeatServer) -> None:
         self.server = server
@@ -124,6 +127,17 @@ class DenseConnection(Connection, idlekeeper.Protocol):
             self.waiting.extend(packets)
             return
         self._handle(packets)
+        self._offer_pings()
+
+    def _offer_pings(self) -> None:
+        """Let the engine answer a PINGREQ that comes alone with a PINGRESP, without a
+        call into this protocol, while that is all the session would do with it:
+        connected, with no packet half-read (a shared reader) and nothing waiting.
+        Most of a fleet's traffic is that pair; the read is activity all the same."""
+        if self.ANSWERS_IN_ENGINE:
+            self.stream.canned_replies = (
+                self.reader.shared and self.session.state is _CONNECTED and self.waiting is None
+            )
 
     def connection_lost(self, exc: BaseException | None) -> None:
         """Report the end, with its reason, exactly once."""
@@ -241,6 +255,7 @@ class DenseConnection(Connection, idlekeeper.Protocol):
         if go_on:
             self.stream.resume_reading()
             self._handle(waiting or [])
+            self._offer_pings()
 
     def _admit(self, request: Accept, refusal: bytes | None, opened: Opened | None, arrived: float) -> None:
         server = self.server
@@ -339,6 +354,7 @@ async def serve_dense(
     runs each handshake under its own deadline, then the connection as over TCP."""
     tls = server.config.tls
     async with idlekeeper.open_engine(server.keeper, coalesce=server.config.coalesce) as engine:
+        engine.add_canned_reply(PINGREQ_WIRE, _PINGRESP)  # for DenseConnection._offer_pings
         if tls is None:
             engine.serve(listeners, lambda: DenseConnection(server))
         else:

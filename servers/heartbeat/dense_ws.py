@@ -31,6 +31,7 @@ class WsDenseConnection(DenseConnection):
     """One MQTT-over-WebSocket client served by the dense engine's callbacks."""
 
     __slots__ = ("ws", "later")
+    ANSWERS_IN_ENGINE = False  # the transport's bytes are WebSocket frames, not MQTT's
 
     def __init__(self, server: HeartbeatServer, policy: WsPolicy) -> None:
         super().__init__(server)

@@ -66,6 +66,10 @@ class FigureSource(Protocol):
     coordinator: Coordinator
     dashboard: Dashboard
 
+    def packets_in(self) -> int:
+        """MQTT control packets received, those the engine answered itself included."""
+        ...
+
 
 def worker_figures(source: FigureSource) -> list[Metric]:
     """This worker's live presence figures, as Prometheus families (its coordinator's last)."""
@@ -128,12 +132,18 @@ def worker_figures(source: FigureSource) -> list[Metric]:
         lateness.sum,
     )
     for name, help_text in COUNTERS:
-        f.counter(f"heartbeat_{name}_total", help_text, source.counters.get(name, 0))
+        value = source.packets_in() if name == "packets_in" else source.counters.get(name, 0)
+        f.counter(f"heartbeat_{name}_total", help_text, value)
     if source.config.auth is not None:
         _auth_figures(f, source.authenticator)
     engine = source.engine
     if engine is not None:
         f.counter("heartbeat_engine_passes_total", "Passes of the dense engine's loop.", engine.passes)
+        f.counter(
+            "heartbeat_engine_canned_replies_total",
+            "PINGREQs the dense engine answered itself, without a call into the MQTT code (in packets_in too).",
+            engine.canned,
+        )
         f.counter(
             "heartbeat_engine_accept_errors_total",
             "Accepts that failed for lack of descriptors or memory (each pauses accepting 0.1 s).",

@@ -348,6 +348,11 @@ class HeartbeatServer:
                 packets = [from_v311(data) for data in packets]
             self.broker.write(conn, packets)
 
+    def packets_in(self) -> int:
+        """MQTT control packets received, the PINGREQs the engine answered itself included."""
+        engine = self.engine
+        return self.counters["packets_in"] + (0 if engine is None else engine.canned)
+
     def sessions(self) -> list[PresenceEvent]:
         """The online event of every session held here."""
         return self.online_sessions.sessions()
