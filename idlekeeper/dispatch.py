@@ -30,7 +30,7 @@ from .keeper import Keeper
 from .lost import EngineClosedError
 from .protocol import Protocol
 from .tls_transport import TLSSettings, TLSTransport
-from .transport import CANNED, CLOSED, EOF_SENT, GATHERING, NO_READ, PEER_EOF, Transport
+from .transport import CANNED, CLOSED, EOF_SENT, GATHERING, NO_READ, PEER_EOF, REG_IN, REG_OUT, Transport
 from .watch import ExpireHook
 
 __all__ = ["Dispatcher"]
@@ -41,10 +41,7 @@ _T = TypeVar("_T")
 
 _IN = select.EPOLLIN
 _OUT = select.EPOLLOUT
-# Registration bits kept in Transport._io beside the transport's own.
-_REG_IN = 1 << 8
-_REG_OUT = 1 << 9
-_REG = _REG_IN | _REG_OUT
+_REG = REG_IN | REG_OUT
 
 
 class Dispatcher:
@@ -275,7 +272,7 @@ class Dispatcher:
         fd = sock.fileno()
         self._fds[fd] = t
         self._epoll.register(fd, _IN)
-        t._io |= _REG_IN
+        t._io |= REG_IN
         t.start()
         if tls is not None:
             return t
@@ -301,12 +298,12 @@ class Dispatcher:
         if io & CLOSED:
             return
         # A gathered queue has not met the kernel yet: it is sent as the pass ends.
-        want = (0 if io & NO_READ else _REG_IN) | (0 if t._wbuf is None or io & GATHERING else _REG_OUT)
+        want = (0 if io & NO_READ else REG_IN) | (0 if t._wbuf is None or io & GATHERING else REG_OUT)
         have = io & _REG
         if want == have:
             return
         fd = t._socket.fileno()
-        mask = (_IN if want & _REG_IN else 0) | (_OUT if want & _REG_OUT else 0)
+        mask = (_IN if want & REG_IN else 0) | (_OUT if want & REG_OUT else 0)
         # Nothing wanted means out of the set: a hung-up socket would otherwise be
         # reported on every pass (epoll always reports hang-ups).
         if not want:

@@ -30,7 +30,9 @@ __all__ = ["Callbacks", "Transport"]
 
 logger = logging.getLogger("idlekeeper.engine")
 
-# Bits of Transport._io.
+# Bits of Transport._io. An open, idle connection's value (REG_IN, and CANNED) stays
+# at most 256, one of the small ints CPython shares: a larger one would be an int
+# object of every connection's own, 28 bytes each. States that pass take the high bits.
 PAUSED = 1
 """The protocol asked not to be read."""
 BACKPRESSURE = 2
@@ -42,12 +44,15 @@ EOF_PENDING = 8
 EOF_SENT = 16
 CLOSING = 32
 """``close`` once the queue is sent."""
-CLOSED = 64
-GATHERING = 128
-"""Written to again during the engine's pass: the queue goes to the kernel in one send at its end."""
-# 256 and 512 are the engine's registration bits.
-CANNED = 1024
+CANNED = 64
 """The engine may answer this connection's canned requests itself (see :attr:`Transport.canned_replies`)."""
+REG_IN = 128
+"""In the engine's epoll set for reading (the engine's bit)."""
+CLOSED = 256
+GATHERING = 512
+"""Written to again during the engine's pass: the queue goes to the kernel in one send at its end."""
+REG_OUT = 1024
+"""In the engine's epoll set for writing (the engine's bit)."""
 NO_READ = PAUSED | BACKPRESSURE | PEER_EOF | CLOSING | CLOSED
 
 GATHER_LIMIT = 64 * 1024
