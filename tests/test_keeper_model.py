@@ -92,8 +92,12 @@ aligned_waits = st.lists(
 
 
 @settings(max_examples=200, deadline=None)
-# Ticks off the 1/64 grid, so that a tick never coincides with an activity.
-@given(st.lists(conns, min_size=1, max_size=8), st.sampled_from([0.0107, 0.107, 0.3]), aligned_waits)
+# Ticks chosen so that no wheel slot boundary (a multiple of tick/2) falls on the 1/64 s
+# grid of activity within the times drawn here (about a minute), as in
+# test_engine_model: with 0.3, the boundary at 2.25 s (15 x 0.15) met a
+# receive at 2.25 s, and the order of the reaper and the task at that one mock instant
+# decided the verdict (an expiry the model did not allow, found by a suite run).
+@given(st.lists(conns, min_size=1, max_size=8), st.sampled_from([0.0107131, 0.10713, 0.2997]), aligned_waits)
 def test_keeper_matches_model(connections: list[Conn], tick: float, waits: list[tuple[float, float]]) -> None:
     async def main() -> None:
         async with idlekeeper.open_keeper(tick=tick) as keeper:
