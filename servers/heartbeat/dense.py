@@ -84,8 +84,9 @@ class DenseConnection(Connection, idlekeeper.Protocol):
         # A shared reader holds no unfinished packet that these bytes could belong to.
         if data == PINGREQ_WIRE:
             if self.reader.shared and self.session.state is _CONNECTED:
-                # Most of what a million devices send: answered without parsing (the
-                # session's reply to a PINGREQ is always a PINGRESP).
+                # Answered without parsing (the session's reply to a PINGREQ is always a
+                # PINGRESP). Over plain TCP the engine answers most before they get here
+                # (_offer_pings); these are TLS connections' and any the engine could not.
                 self.server.counters["packets_in"] += 1
                 self.stream.write(_PINGRESP)
                 return
