@@ -102,6 +102,8 @@ class Dispatcher:
         self._woken = False
         self._backlog = False
         self._in_pass = False
+        # Events the current pass polled (see Transport.alone_in_pass).
+        self._polled = 0
         # Connections written to in this pass, whose writes go out as it ends (see
         # Transport.write).
         self._gathered: list[Transport] = []
@@ -127,6 +129,7 @@ class Dispatcher:
         """Run ``step`` as a pass: the connections it drops are told by the step itself,
         at its end, so a drop need not wake the engine."""
         self._in_pass = True
+        self._polled = 0
         try:
             return step()
         finally:
@@ -142,6 +145,7 @@ class Dispatcher:
         urgent = self._urgent.fileno()
         ready: list[Listener] = []
         polled = self._epoll.poll(0, self.max_events)
+        self._polled = len(polled)
         for fd, events in polled:
             entry = fds.get(fd)
             if entry is not None:

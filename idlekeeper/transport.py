@@ -86,6 +86,7 @@ class _Loop(Protocol):
     read_size: int
     callback_errors: int
     _in_pass: bool
+    _polled: int
     _gathered: list[Transport]
 
     def _update(self, transport: Transport) -> None: ...
@@ -328,6 +329,20 @@ class Transport(Watch):
         if self._io & PAUSED:
             self._io &= ~PAUSED
             self._loop._update(self)
+
+    @property
+    def alone_in_pass(self) -> bool:
+        """Whether the engine's current pass serves this connection and no other.
+
+        Then nothing else waits on the engine, and a protocol with a long reply to
+        make may write it in pieces as it makes them: the peer starts on the first
+        (which :meth:`write` offers to the kernel at once) while the rest is made,
+        where a reply made whole would keep the peer waiting for all of it. In a busy
+        pass the extra send would be taken from other connections, so this is False
+        there, and outside a pass.
+        """
+        loop = self._loop
+        return loop._in_pass and loop._polled == 1
 
     @property
     def reading(self) -> bool:

@@ -591,6 +591,37 @@ async def test_a_pass_sends_its_first_write_at_once_and_gathers_the_rest(
         assert seen[5:8] == [("self", 0, 0), ("self", 7, 7), ("self", 14, 14)]
 
 
+async def test_alone_in_pass_only_while_a_pass_serves_that_connection_and_no_other(
+    keeper: idlekeeper.Keeper, clock: MockClock
+) -> None:
+    """Transport.alone_in_pass: True in a callback of a pass that polled this one
+    connection; False in a pass that serves two, and outside any pass."""
+    seen: list[tuple[bytes, bool]] = []
+
+    class Asking(Probe):
+        def data_received(self, data: bytes) -> None:
+            super().data_received(data)
+            seen.append((data, self.t.alone_in_pass))
+
+    probes, factory = collecting(Asking)
+    async with serving(keeper, factory) as (_engine, addr):
+        a = socket.create_connection(addr)
+        b = socket.create_connection(addr)
+        try:
+            await until(lambda: len(probes) == 2, "accepts")
+            a.sendall(b"a1")  # no checkpoint between: one pass finds it alone
+            await until(lambda: len(seen) == 1, "a1 read")
+            a.sendall(b"a2")
+            b.sendall(b"b1")  # both ready before the engine's next pass
+            await until(lambda: len(seen) == 3, "a2 and b1 read")
+            assert seen[0] == (b"a1", True)
+            assert sorted(seen[1:]) == [(b"a2", False), (b"b1", False)]
+            assert not probes[0].t.alone_in_pass  # a task, not a pass
+        finally:
+            a.close()
+            b.close()
+
+
 async def test_gathered_writes_go_before_a_close_an_eof_or_an_abort(
     keeper: idlekeeper.Keeper, clock: MockClock
 ) -> None:

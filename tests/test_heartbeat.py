@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import AsyncIterator, Iterator
+import os
+from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import asynccontextmanager
 from functools import partial
+from typing import Any
 
 import pytest
 import trio
@@ -199,6 +201,51 @@ async def test_the_engine_answers_a_pingreq_only_where_the_session_would(clock: 
         await stream.send_all(encoders.encode_pingreq())
         assert await stream.receive_some() == b""
         assert answered(server) == 0
+
+
+async def test_a_window_of_acknowledgements_read_alone_is_taken_in_halves(clock: MockClock, engine: str) -> None:
+    """A subscriber that answers a window of 8 with one write of 8 PUBACKs gets the
+    next 8 in order, once each. On the dense engine, a read served alone in its pass is
+    taken in two halves (the first half's refill leaves while the second is taken);
+    two subscribers' windows read in one pass are each taken whole."""
+    cfg = HeartbeatConfig(port=0, tick=TICK, connect_timeout=5, max_inflight=8)
+    async with running(cfg) as (server, _events):
+        calls: list[tuple[str, int]] = []
+        take = server.acknowledged
+
+        def spy(conn: Any, acks: Sequence[tuple[str, int]]) -> None:
+            calls.append((conn.session.client_id, len(acks)))
+            take(conn, acks)
+
+        server.acknowledged = spy
+        subs = {}
+        for name in ("a", "b"):
+            sub = subs[name] = await Client.connect(server.port, name)
+            await sub.send(encoders.encode_subscribe(1, [(f"cmd/{name}", 1)]))
+            assert await sub.read_packet() == encoders.encode_suback(1, [1])
+        publisher = await Client.connect(server.port, "publisher")
+        for name in subs:
+            for i in range(16):
+                await publisher.send(encoders.encode_publish(f"cmd/{name}", b"%d" % i, qos=1, packet_id=i + 1))
+                assert await publisher.read_packet() == encoders.encode_puback(i + 1)
+
+        async def window(name: str, first: int) -> bytes:
+            """The next 8 messages, checked in order; their PUBACKs in one piece."""
+            got = [PacketReader().feed(await subs[name].read_packet())[0] for _ in range(8)]
+            assert [(p.topic, p.payload) for p in got] == [(f"cmd/{name}", b"%d" % i) for i in range(first, first + 8)]  # type: ignore[union-attr]
+            return b"".join(encoders.encode_puback(p.packet_id) for p in got)  # type: ignore[union-attr,arg-type]
+
+        acks = {name: await window(name, 0) for name in subs}
+        await subs["a"].send(acks["a"])  # alone: nothing else is served meanwhile
+        acks["a"] = await window("a", 8)
+        # Both at once, with no checkpoint between: one pass serves the two.
+        os.write(subs["a"].stream.socket.fileno(), acks["a"])
+        os.write(subs["b"].stream.socket.fileno(), acks["b"])
+        acks["b"] = await window("b", 8)
+        await trio.testing.wait_all_tasks_blocked()
+        if engine == "dense":
+            assert calls[:2] == [("a", 4), ("a", 4)]
+            assert sorted(calls[2:]) == [("a", 8), ("b", 8)]
 
 
 async def test_silent_device_expires_at_one_and_a_half_keepalive_with_will(clock: MockClock) -> None:
