@@ -11,7 +11,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from servers.heartbeat.outbox import Message, Outbox, Stage
-from servers.heartbeat.persistent import Opened, SessionStore
+from servers.heartbeat.persistent import AckedTogether, Opened, SessionStore
 
 from .mqtt_wire import parse_server_packets
 
@@ -340,6 +340,35 @@ def test_store_keeps_a_persistent_session_and_clean_discards_it() -> None:
     assert delivery is not None and [p.payload for p in parse_server_packets(delivery.packets)] == [b"a"]
     assert not opened(store, "dev", clean=True).present
     assert store.get("dev") is None and store.route("cmd/dev", b"b", 1) == []
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.tuples(st.sampled_from(["puback", "pubrec", "pubcomp"]), st.integers(0, 65535)), max_size=40),
+    st.integers(0, 12),
+)
+def test_acknowledgements_reported_together_are_what_the_connection_read(
+    acks: list[tuple[str, int]], queued: int
+) -> None:
+    """An AckedTogether report (one for a read's acknowledgements, from a worker to the
+    sessions' owner) unpacks to the acknowledgements packed, in order, and the store
+    applies it as acknowledge_all: the same refill from a twin store."""
+    report = AckedTogether.pack("dev", "e1", acks)
+    assert report.unpack() == acks
+    stores = [SessionStore(window=4), SessionStore(window=4)]
+    for store in stores:
+        opened(store, "dev", clean=False)
+        store.subscribe("dev", "cmd/dev", 1)
+        store.attach("dev", "e1")
+        for i in range(queued):
+            store.route("cmd/dev", b"%d" % i, 1)
+    # Acknowledge what is in flight too, not only the drawn (mostly stale) ids.
+    inflight = [("puback", m.packet_id) for m in stores[0].get("dev").outbox.inflight()]  # type: ignore[union-attr]
+    report = AckedTogether.pack("dev", "e1", inflight + acks)
+    applied = stores[0].apply(report, now=0.0)
+    direct = stores[1].acknowledge_all("dev", "e1", inflight + acks)
+    assert applied == direct
+    assert (applied is None) == (queued <= 4)  # a refill only where messages waited
 
 
 def test_store_ignores_a_superseded_connection_and_expires_absent_sessions() -> None:

@@ -144,7 +144,7 @@ def test_session_frames_cross_the_bus_whole_and_bad_fields_are_refused() -> None
         encode,
     )
     from servers.heartbeat.coordination.retention import RetainedMessage
-    from servers.heartbeat.persistent import Acked, Push, Subscribed
+    from servers.heartbeat.persistent import Acked, AckedTogether, Push, Subscribed
 
     frames = [
         Reported(1, Acked("dev", "0.1.2", "pubrec", 7)),
@@ -159,6 +159,15 @@ def test_session_frames_cross_the_bus_whole_and_bad_fields_are_refused() -> None
     bad = encode(Reported(1, Acked("dev", "e", "puback", 7))).replace(b'"packet_id":7', b'"packet_id":"7"')
     with pytest.raises(FrameError, match="packet_id"):
         decode(bad)
+    # Acknowledgements read together travel as one report, and come out as they went in.
+    acks = [("puback", 1), ("pubrec", 65535), ("pubcomp", 256), ("puback", 1)]
+    together = Reported(6, AckedTogether.pack("dev", "0.1.2", acks))
+    assert decode(encode(together)) == together
+    assert together.report.unpack() == acks  # type: ignore[union-attr]
+    for acks_field in (b"\x00\x00", b"\x03\x00\x01"):  # not three bytes each; no fourth kind
+        wire = encode(Reported(7, AckedTogether("dev", "e", acks_field)))
+        with pytest.raises(FrameError, match="acks"):
+            decode(wire)
 
 
 def test_a_byte_budget_forgets_ids_seen_once_before_devices_that_come_back() -> None:

@@ -42,6 +42,7 @@ __all__ = [
     "DEFAULT_MAX_SESSIONS",
     "DEFAULT_TOTAL_QUEUED_BYTES",
     "Acked",
+    "AckedTogether",
     "Attach",
     "Delivery",
     "Detach",
@@ -162,6 +163,33 @@ class Acked:
     packet_id: int
 
 
+_ACK_KINDS = ("puback", "pubrec", "pubcomp")
+
+
+@record
+class AckedTogether:
+    """Connection ``epoch`` read these acknowledgements together, in order: ``acks`` is
+    three bytes each, the kind's place in puback, pubrec, pubcomp and the packet id
+    (big-endian), as :meth:`pack` writes them. One report in place of an
+    :class:`Acked` each, so the session's window is refilled once."""
+
+    client_id: str
+    epoch: str
+    acks: bytes
+
+    @classmethod
+    def pack(cls, client_id: str, epoch: str, acks: Iterable[tuple[str, int]]) -> AckedTogether:
+        """The report of ``acks`` (kind and packet id, in order)."""
+        return cls(client_id, epoch, b"".join(bytes((_ACK_KINDS.index(k), i >> 8, i & 0xFF)) for k, i in acks))
+
+    def unpack(self) -> list[tuple[str, int]]:
+        """The acknowledgements, kind and packet id, in order; ValueError if malformed."""
+        data = self.acks
+        if len(data) % 3 or any(k >= len(_ACK_KINDS) for k in data[::3]):
+            raise ValueError(f"not packed acknowledgements: {data!r}")
+        return [(_ACK_KINDS[data[j]], (data[j + 1] << 8) | data[j + 2]) for j in range(0, len(data), 3)]
+
+
 @record
 class Inbound:
     """A QoS 2 packet id from the client was taken (``held``) or released by PUBREL."""
@@ -191,7 +219,7 @@ class Discard:
     client_id: str
 
 
-Report = Attach | Detach | Subscribed | Acked | Inbound | Push | Discard
+Report = Attach | Detach | Subscribed | Acked | AckedTogether | Inbound | Push | Discard
 """What a worker tells the owner of its persistent sessions, in order."""
 
 
@@ -251,6 +279,8 @@ class SessionStore:
                 self.subscribe(report.client_id, report.topic_filter, report.qos, report.options)
         elif isinstance(report, Acked):
             return self.acknowledge(report.client_id, report.epoch, report.kind, report.packet_id)
+        elif isinstance(report, AckedTogether):
+            return self.acknowledge_all(report.client_id, report.epoch, report.unpack())
         elif isinstance(report, Push):
             stored = self._sessions.get(report.client_id)
             properties = report.properties if stored is not None and stored.v5 else None

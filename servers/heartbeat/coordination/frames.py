@@ -13,7 +13,7 @@ import dataclasses
 import json
 from dataclasses import dataclass
 
-from ..persistent import Acked, Attach, Detach, Discard, Inbound, Push, Report, Subscribed
+from ..persistent import Acked, AckedTogether, Attach, Detach, Discard, Inbound, Push, Report, Subscribed
 from ..presence import PresenceEvent
 from .retention import RetainedMessage
 
@@ -361,7 +361,8 @@ _TYPES: dict[str, type[Frame]] = {
 
 # Records carried inside frames, tagged by class name; their fields are checked on the way in.
 _RECORDS: dict[str, type] = {
-    cls.__name__: cls for cls in (Attach, Detach, Subscribed, Acked, Inbound, Push, Discard, RetainedMessage)
+    cls.__name__: cls
+    for cls in (Attach, Detach, Subscribed, Acked, AckedTogether, Inbound, Push, Discard, RetainedMessage)
 }
 _SCALARS = {"str": str, "int": int, "bytes": bytes, "bool": bool}
 
@@ -377,7 +378,13 @@ def _record_from_wire(value: dict[str, object]) -> object:
         kinds = [_SCALARS[t.strip()] for t in fields[k].split("|") if t.strip() in _SCALARS]
         if kinds and not (isinstance(v, tuple(kinds)) or (v is None and "None" in fields[k])):
             raise FrameError(f"{name}.{k}: {type(v).__name__} is not {fields[k]}")
-    return cls(**out)
+    made = cls(**out)
+    if isinstance(made, AckedTogether):
+        try:
+            made.unpack()
+        except ValueError as exc:
+            raise FrameError(f"{name}.acks: {exc}") from None
+    return made
 
 
 def _to_wire(value: object) -> object:
