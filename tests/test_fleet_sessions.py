@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import coredis
+import pytest
 import trio
 
 from loadtest.processes import free_port, start_heartbeat
@@ -25,7 +26,7 @@ from servers.heartbeat.policy import DEFAULT_PRESENCE_PREFIX as PRESENCE
 from servers.heartbeat.reader import AnyPacket, PacketReader
 
 from .redis_server import RedisServer
-from .test_fleet import LEASE, PREFIX, Node, RecordingHost, cut_off, drain, fleet, redis_server, until
+from .test_fleet import LEASE, PREFIX, RENEW, Node, RecordingHost, cut_off, drain, fleet, redis_server, until
 from .test_mqtt_state import Raw, publish, unanswered
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -468,6 +469,43 @@ async def test_redis_down_refuses_open_and_never_blocks_reports(redis_server: Re
         await drain(a, settle=0)
         opened = await a.coord.open_session("c1")
         assert opened == Opened(False, {}, frozenset())
+
+
+async def test_a_node_is_a_member_routing_by_the_others_filters_once_started(redis_server: RedisServer) -> None:
+    # A gateway listens as soon as its coordinator has started. If that came before its
+    # lease, a SUBACK on another gateway did not wait for it; if before its reader and
+    # renewer read the others' filters, it routed by none: a reply published through
+    # it at once was lost (test_a_message_published_on_another_gateway_just_after...).
+    async with fleet(redis_server.url, "a") as (a,):
+        a.host.subscribed.add("reply/#")
+        a.coord.filters_changed({"reply/#"})
+        assert await a.coord.settle()
+        b = RedisCoordinator(redis_server.url, "b", lease=LEASE, renew=RENEW)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(b.run, RecordingHost())
+            # Checked before anything else awaits, so that nothing joins meanwhile.
+            assert b.reader.ready.is_set()
+            assert b.route("reply/1", b"answer", 1) == [] and b.route_skipped == 0
+            async with coredis.Redis.from_url(redis_server.url) as r:
+                assert await r.exists([PREFIX + "node:b"]) == 1
+                assert await r.smembers(PREFIX + "members") == {b"a", b"b"}
+            await until(lambda: a.host.messages() == [("reply/1", b"answer")])
+            nursery.cancel_scope.cancel()
+
+
+async def test_a_node_starts_while_redis_is_slow_and_joins_later(
+    redis_server: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with coredis.Redis.from_url(redis_server.url) as r:
+        await r.client_pause(1500)  # every client waits, the coordinator's too
+    b = RedisCoordinator(redis_server.url, "b", lease=LEASE, renew=RENEW, open_timeout=0.3)
+    async with trio.open_nursery() as nursery:
+        started = time.perf_counter()
+        await nursery.start(b.run, RecordingHost())
+        assert time.perf_counter() - started < 1.0  # bounded by open_timeout, not the pause
+        assert any("serving before the fleet counts it a member (redis is slow" in m for m in caplog.messages)
+        await until(lambda: b.reader.ready.is_set() and b.lease_keeper.joined.is_set())
+        nursery.cancel_scope.cancel()
 
 
 # ------------------------------------------------------------------ process level

@@ -34,8 +34,9 @@ stored one.
 from __future__ import annotations
 
 import json
+import logging
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from typing import Any
 
 import trio
@@ -73,6 +74,8 @@ from .sessions import PersistentSessions
 from .sweep import Sweeper
 
 __all__ = ["RedisCoordinator"]
+
+logger = logging.getLogger("servers.heartbeat.coordination.fleet")
 
 
 class RedisCoordinator(Coordinator, FleetCounts):
@@ -470,10 +473,42 @@ class RedisCoordinator(Coordinator, FleetCounts):
                 nursery.start_soon(self.lease_keeper.keep, self.filters, self.reports, self._moved_on)
                 nursery.start_soon(self.sweeper.run, self.lease_keeper, self.refresh_figures)
                 nursery.start_soon(self.flusher.run, host)
+                await self._join()
                 # Reports are accepted (queued) from now on, whether Redis answers or not.
                 task_status.started()
         finally:
             self.link.disconnected()
+
+    async def _join(self) -> None:
+        """Wait until this node is a member the others see and reads what they send it.
+
+        The worker listens once :meth:`run` has started: before this node's lease is
+        written, another node's :meth:`settle` does not wait for it, and before its
+        reader and renewer have read the others' filters, it routes by none of them, so
+        a reply published through it to a subscriber just answered elsewhere is lost.
+        At most ``open_timeout``, and no longer than Redis answers: a fleet starts with
+        Redis slow or down (reports are queued), only not yet routing by the others."""
+        with trio.move_on_after(self.open_timeout):
+            await _first_of(self._joined, self.link.unreachable.wait)
+        if not self._is_member():
+            link = self.link
+            why = f"redis unreachable: {link.last_error}" if link.unreachable.is_set() else "redis is slow"
+            logger.warning(
+                "node %s: serving before the fleet counts it a member (%s; waited at most %.1f s): "
+                "messages published here may miss other gateways' new subscribers until it is",
+                self.node,
+                why,
+                self.open_timeout,
+            )
+
+    async def _joined(self) -> None:
+        """Until the reader is positioned and the renewer's first round was answered."""
+        await self.reader.ready.wait()
+        await self.lease_keeper.joined.wait()
+
+    def _is_member(self) -> bool:
+        """Whether the lease was written and the streams' reading positioned."""
+        return self.reader.ready.is_set() and self.lease_keeper.joined.is_set()
 
     def progress(self) -> int:
         """See :meth:`Coordinator.progress`: reports applied and events read."""
@@ -482,3 +517,15 @@ class RedisCoordinator(Coordinator, FleetCounts):
     def _moved_on(self) -> None:
         self._progress.set()
         self._progress = trio.Event()
+
+
+async def _first_of(*waits: Callable[[], Awaitable[object]]) -> None:
+    """Until the first of ``waits`` returns; the others are cancelled."""
+    async with trio.open_nursery() as nursery:
+        for wait in waits:
+            nursery.start_soon(_then_cancel, wait, nursery.cancel_scope)
+
+
+async def _then_cancel(wait: Callable[[], Awaitable[object]], scope: trio.CancelScope) -> None:
+    await wait()
+    scope.cancel()

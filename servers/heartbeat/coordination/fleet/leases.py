@@ -63,6 +63,9 @@ class LeaseKeeper:
         Redis was found to be another server (see :meth:`sweeps_held`)."""
         self.server_changed = False
         """Set by :meth:`renew` when Redis is another server than at the renewal before."""
+        self.joined = trio.Event()
+        """Set once the renewer's first round was answered: the lease and membership
+        written, this node's filters published and the others' read."""
 
     async def renew(self) -> bool:
         """Renew the lease; False if it was gone (taken afresh: the first time, or lost),
@@ -192,6 +195,7 @@ class LeaseKeeper:
                 if await filters.publish():
                     moved_on()
                 await filters.refresh()
+                self.joined.set()
                 attempt = 0
                 with trio.move_on_after(self.renew_every):
                     # Woken early only to publish changed filters.

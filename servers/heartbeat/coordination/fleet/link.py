@@ -47,6 +47,8 @@ class RedisLink:
         self.last_error = "not connected yet"
         self.last_failure: float | None = None
         """``time.monotonic()`` of the last call that failed, any task's."""
+        self.unreachable = trio.Event()
+        """Set when a call fails; a fresh one once a call is answered again."""
         self.rtt_last = 0.0
         """Round trip of the last call, in seconds."""
         self.rtt_avg = 0.0
@@ -110,11 +112,14 @@ class RedisLink:
         if not self.connected:
             self.connected = True
             self.down_since = None
+            if self.unreachable.is_set():
+                self.unreachable = trio.Event()
             logger.info("node %s: redis reachable", self.node)
 
     def failed(self, exc: BaseException) -> None:
         """A call failed with ``exc``: Redis counts as unreachable until one is answered."""
         self.last_failure = time.monotonic()
+        self.unreachable.set()
         if self.target.sentinel:
             # Pooled connections may lead to a primary that hung or was demoted: the next
             # call makes a new one, to the primary the Sentinels name now.

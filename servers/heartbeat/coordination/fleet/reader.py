@@ -165,6 +165,11 @@ class StreamReader:
                 positions[key] = (0, 0)
             if key in self.presence_streams:
                 self.read_pos[key] = positions[key]
+        if self.k_changed in positions:
+            # After the positions, as below: a node's filters written before are read here,
+            # those written after are announced in what is read next. The renewer reads
+            # them too, but may have read them before the positions were taken.
+            await self.filters.refresh()
         if self.k_pchanged in positions:
             # After the positions: a change made meanwhile is in both, applied twice, harmlessly.
             await self.filters.load_persistent()
