@@ -35,7 +35,7 @@ from __future__ import annotations
 import math
 from typing import Generic
 
-from .wheel import E, TimingWheel
+from .wheel import _UNFILED, E, TimingWheel
 
 __all__ = ["LookaheadWheel"]
 
@@ -89,12 +89,18 @@ class LookaheadWheel(Generic[E]):
     def schedule(self, entry: E, deadline: float) -> float:
         """File ``entry`` at ``deadline``, moving it if already filed; returns the time
         it is filed to come due (the deadline rounded up to a tick)."""
+        # The reaper files every live connection it visits again through here: the
+        # tick is found once (both wheels have the same), and the holder inline.
+        if not math.isfinite(deadline):
+            raise ValueError(f"deadline must be finite, not {deadline!r}")
         far = self._far
-        target = far if far._ceil_tick(deadline) > far._now_tick else self._near
-        holder = self._holder(entry)
-        if holder is not None and holder is not target:
-            holder.cancel(entry)
-        return target.schedule(entry, deadline)
+        k = far._ceil_tick(deadline)
+        target = far if k > far._now_tick else self._near
+        if entry._wheel_slot != _UNFILED:
+            holder = far if entry._wheel_tick > far._now_tick else self._near
+            if holder is not target:
+                holder.cancel(entry)
+        return target._schedule_tick(entry, k)
 
     def cancel(self, entry: E) -> bool:
         """Take ``entry`` out. Returns whether it was filed."""

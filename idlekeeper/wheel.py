@@ -147,7 +147,11 @@ class TimingWheel(Generic[E]):
         """
         if not math.isfinite(deadline):
             raise ValueError(f"deadline must be finite, not {deadline!r}")
-        k = self._ceil_tick(deadline)
+        return self._schedule_tick(entry, self._ceil_tick(deadline))
+
+    def _schedule_tick(self, entry: E, k: int) -> float:
+        """:meth:`schedule`'s work once the deadline's tick ``k`` is known (a
+        :class:`~idlekeeper.lookahead.LookaheadWheel` finds it once for both wheels)."""
         if k == self._last_k:
             k = self._last_k
         else:

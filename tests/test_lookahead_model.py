@@ -8,6 +8,9 @@ at most one tick late, exactly once, nothing lost. Early means within the lookah
 
 from __future__ import annotations
 
+import math
+
+import pytest
 from hypothesis import strategies as st
 from hypothesis.stateful import initialize
 
@@ -81,3 +84,17 @@ def test_refiles_come_in_batches_and_expiries_on_time() -> None:
     assert 0 <= fired[0][1] < tick
     # Without lookahead nearly every slot has a re-file: over 600 s, ~10,000 wake-ups.
     assert wakeups < 600 / lookahead * 1.2
+
+
+def test_a_deadline_that_is_not_a_number_or_never_is_refused_and_nothing_moves() -> None:
+    """As the plain wheel's: ValueError, and an entry already filed stays where it was."""
+    wheel: LookaheadWheel[Item] = LookaheadWheel(0.1, 0.0, 1.0)
+    near, far = Item(1), Item(2)
+    wheel.schedule(near, 0.5)
+    wheel.schedule(far, 30.0)
+    for bad in (math.inf, -math.inf, math.nan):
+        for item in (near, far, Item(3)):
+            with pytest.raises(ValueError, match="finite"):
+                wheel.schedule(item, bad)
+    assert (wheel.due(near), wheel.due(far), len(wheel)) == (0.5, 30.0, 2)
+    assert wheel.advance(1.0) == [near]
