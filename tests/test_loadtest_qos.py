@@ -8,6 +8,7 @@ which the measurement reports and a test here would only restate."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -122,3 +123,16 @@ def test_the_command_writes_json_and_a_table(tmp_path: Path) -> None:
     assert data["runs"]["idlekeeper"]["throughput"]["exactly_once"]
     assert "queued" not in data["runs"]["idlekeeper"]
     assert "| idlekeeper |" in path.with_suffix(".md").read_text()
+
+
+def test_the_queued_part_with_workers_drains_through_the_supervisor() -> None:
+    """``--workers 2``: the persistent session lives in the supervisor, and its queue
+    still arrives whole, in order, exactly once (each read's acknowledgements go to
+    the supervisor as one report)."""
+    load = dataclasses.replace(SMALL, workers=2)
+    assert "--workers 2" in qos_report.headline(load)
+    out = qos.run_qos(load, ["idlekeeper"], ("queued",), quiet=True)
+    assert out["missing"] == {}
+    check_queued(out["runs"]["idlekeeper"]["queued"])
+    with pytest.raises(ValueError, match="workers"):
+        qos_load.QosLoad(workers=0)

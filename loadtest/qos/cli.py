@@ -29,8 +29,9 @@ server's RSS (psutil, every process) before and after gives bytes per queued
 message. The client then reconnects with CleanSession=0, must see session-present
 1, and must receive all N, in order, exactly once.
 
-Targets: ``idlekeeper`` is ``servers.heartbeat`` with ``--workers 1`` on its dense
-engine; ``mosquitto`` is the Debian broker with a minimal configuration
+Targets: ``idlekeeper`` is ``servers.heartbeat`` on its dense engine, with
+``--workers 1`` (``--workers N`` to measure N, whose persistent sessions live in the
+supervisor); ``mosquitto`` is the Debian broker with a minimal configuration
 (``max_inflight_messages 20``, ``max_queued_messages`` 1,000, or N for the queued
 part). Each part gets a fresh server, so the RSS baseline is a clean one.
 
@@ -69,19 +70,20 @@ QOS_TARGETS = ("idlekeeper", "mosquitto", "mosquitto-inflight0")
 PARTS = ("throughput", "queued")
 
 
-def start_qos_target(name: str, queued: int, inflight: int = 20, queued_bytes: int = 0) -> MqttTarget:
+def start_qos_target(name: str, queued: int, inflight: int = 20, queued_bytes: int = 0, workers: int = 1) -> MqttTarget:
     """Start ``name`` on a free loopback port with ``queued`` messages allowed per client
     and ``inflight`` in flight to each (``mosquitto-inflight0``: no in-flight bound).
 
     ``queued_bytes`` is our server's per-client byte bound (0: our default of 16 MiB);
     Mosquitto's ``max_queued_bytes`` is left unbounded, as it is by default.
+    ``workers``: our server's worker processes (Mosquitto has one).
     """
     port = free_port()
     if name == "idlekeeper":
         extra = ["--engine", "dense", "--max-inflight", str(inflight), "--max-queued", str(queued)]
         if queued_bytes:
             extra += ["--max-queued-bytes", str(queued_bytes)]
-        return MqttTarget(name, start_heartbeat(port, 1, extra), port)
+        return MqttTarget(name, start_heartbeat(port, workers, extra), port)
     if name not in ("mosquitto", "mosquitto-inflight0"):
         raise PeerUnavailable(f"unknown QoS target {name!r} (known: {', '.join(QOS_TARGETS)})")
     if name == "mosquitto-inflight0":
@@ -92,8 +94,8 @@ def start_qos_target(name: str, queued: int, inflight: int = 20, queued_bytes: i
 
 
 @contextlib.contextmanager
-def _target(name: str, queued: int, inflight: int, queued_bytes: int = 0) -> Iterator[MqttTarget]:
-    started = start_qos_target(name, queued, inflight, queued_bytes)
+def _target(name: str, queued: int, inflight: int, queued_bytes: int = 0, workers: int = 1) -> Iterator[MqttTarget]:
+    started = start_qos_target(name, queued, inflight, queued_bytes, workers)
     try:
         yield started
     finally:
@@ -113,12 +115,12 @@ def run_qos(
         try:
             if "throughput" in parts:
                 print(f"\n== qos throughput: {name} ==", flush=True)
-                with _target(name, load.max_queued, load.inflight) as t:
+                with _target(name, load.max_queued, load.inflight, workers=load.workers) as t:
                     show = None if quiet else (lambda line: print(line, flush=True))
                     run["throughput"] = run_throughput(t.port, t.pids(), load, tag=name, show=show)
             if "queued" in parts:
                 print(f"\n== qos queued: {name} ==", flush=True)
-                with _target(name, max(load.queued, load.max_queued), load.inflight, queued_bytes) as t:
+                with _target(name, max(load.queued, load.max_queued), load.inflight, queued_bytes, load.workers) as t:
                     run["queued"] = run_queued(t.port, t.pids(), load, tag=name)
         except (RuntimeError, OSError) as exc:
             # One target that cannot run (or fails on the way) leaves the others' figures.
@@ -160,4 +162,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1 if "idlekeeper" in out["missing"] or not out["runs"] else 0
     ok = ours.get("throughput", {}).get("exactly_once", True) and ours.get("queued", {}).get("ok", True)
     return 0 if ok else 1
-

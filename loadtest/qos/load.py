@@ -14,7 +14,7 @@ __all__ = ["PAYLOAD_HEADER", "QosLoad"]
 PAYLOAD_HEADER = struct.Struct("!IIQ")
 """What starts every payload: publisher index, sequence number, send time (``monotonic_ns``)."""
 
-_FLAGS = ("publishers", "payload", "window", "outstanding", "duration", "count", "warmup", "queued")
+_FLAGS = ("publishers", "payload", "window", "outstanding", "duration", "count", "warmup", "queued", "workers")
 
 
 @dataclass
@@ -41,12 +41,15 @@ class QosLoad:
     """The servers' in-flight window per subscriber (``--max-inflight``, ``max_inflight_messages``)."""
     max_queued: int = 1000
     """The servers' queue per subscriber during the throughput part."""
+    workers: int = 1
+    """Our server's worker processes (``--workers``): from 2, persistent sessions live
+    in the supervisor, and each acknowledgement crosses to it and back."""
 
     def __post_init__(self) -> None:
         if self.payload < PAYLOAD_HEADER.size:
             raise ValueError(f"payload must hold the {PAYLOAD_HEADER.size}-byte header")
-        if min(self.publishers, self.window, self.queued) < 1 or self.outstanding < 0:
-            raise ValueError("publishers, window and queued must be at least 1, outstanding at least 0")
+        if min(self.publishers, self.window, self.queued, self.workers) < 1 or self.outstanding < 0:
+            raise ValueError("publishers, window, queued and workers must be at least 1, outstanding at least 0")
         if self.cap >= self.max_queued + self.inflight:
             # Beyond this a broker may drop by its own rules, and loss would mean nothing.
             raise ValueError("outstanding must stay below the servers' queue plus in-flight window")
@@ -88,6 +91,12 @@ class QosLoad:
             type=int,
             default=d.queued,
             help=f"messages queued for the absent persistent session (default: {d.queued:,})",
+        )
+        a(
+            f"--{prefix}workers",
+            type=int,
+            default=d.workers,
+            help=f"our server's worker processes; from 2, sessions live in its supervisor (default: {d.workers})",
         )
 
     @classmethod

@@ -120,4 +120,5 @@ def headline(load: QosLoad) -> str:
         f"QoS 1: {load.publishers} publishers x {load.window} unacknowledged, {load.payload} B payloads, "
         f"{load.duration:g} s ({load.warmup:g} s warm-up), at most {load.cap} undelivered; "
         f"{load.queued:,} messages queued for an absent persistent session"
+        + (f"; ours with --workers {load.workers} (sessions in its supervisor)" if load.workers > 1 else "")
     )
