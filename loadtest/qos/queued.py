@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import socket
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from servers.heartbeat.encoders import encode_puback
@@ -17,7 +17,7 @@ from .client import RECV_SIZE, goodbye, open_client, publish_prefix, subscribe
 from .load import PAYLOAD_HEADER, QosLoad
 from .tally import Tally
 
-__all__ = ["run_queued", "settled_rss"]
+__all__ = ["publish_all", "run_queued", "settled_rss", "take_deliveries"]
 
 QUEUE_FILL_WINDOW = 100
 """PUBLISHes the queue filler keeps unacknowledged: the fill is a set-up step, not measured."""
@@ -32,7 +32,7 @@ def settled_rss(pids: Sequence[int], pause: float = 0.5) -> int:
     return min(first, rss_bytes(processes(pids)))
 
 
-def _publish_all(sock: socket.socket, topic: str, n: int, payload: int, window: int) -> None:
+def publish_all(sock: socket.socket, topic: str, n: int, payload: int, window: int) -> None:
     """Publish ``n`` QoS 1 messages, ``window`` unacknowledged at most; return once all are acknowledged."""
     prefix = publish_prefix(topic, payload)
     padding = bytes(payload - PAYLOAD_HEADER.size)
@@ -58,6 +58,31 @@ def _publish_all(sock: socket.socket, topic: str, n: int, payload: int, window: 
         acked += sum(1 for first, _, _ in packets if first == 0x40)
 
 
+def take_deliveries(buf: bytearray, see: Callable[[int], object]) -> tuple[bytes, int, int]:
+    """Take the whole packets at the start of ``buf`` (the rest stays, for the next
+    read), calling ``see`` with the sequence number each PUBLISH's payload carries:
+    the PUBACKs that acknowledge its QoS 1 PUBLISHes, in one piece, how many PUBLISHes
+    were seen, and how many had DUP set. (``see`` is called in the loop, as the drain's
+    client did inline: its cost is in the rate the drain is measured at.)"""
+    packets, used = frames(buf)
+    acks = []
+    seen = dups = 0
+    for first, start, end in packets:
+        if first >> 4 != 3:
+            continue
+        offset = start + 2 + ((buf[start] << 8) | buf[start + 1])
+        if (first >> 1) & 3:
+            acks.append(encode_puback(int.from_bytes(buf[offset : offset + 2], "big")))
+            offset += 2
+        if first & 0x08:
+            dups += 1
+        if end - offset >= PAYLOAD_HEADER.size:
+            see(PAYLOAD_HEADER.unpack_from(buf, offset)[1])
+            seen += 1
+    del buf[:used]
+    return b"".join(acks), seen, dups
+
+
 def _receive_all(sock: socket.socket, n: int, idle: float) -> dict[str, Any]:
     """Take deliveries (acknowledging each) until ``n`` distinct ones came or ``idle`` seconds pass without one."""
     tally = Tally()
@@ -72,23 +97,11 @@ def _receive_all(sock: socket.socket, n: int, idle: float) -> dict[str, Any]:
         if not data:
             break
         buf += data
-        packets, used = frames(buf)
-        acks = []
-        for first, start, end in packets:
-            if first >> 4 != 3:
-                continue
-            offset = start + 2 + ((buf[start] << 8) | buf[start + 1])
-            if (first >> 1) & 3:
-                acks.append(encode_puback(int.from_bytes(buf[offset : offset + 2], "big")))
-                offset += 2
-            if first & 0x08:
-                dup_flag += 1
-            if end - offset >= PAYLOAD_HEADER.size:
-                tally.see(PAYLOAD_HEADER.unpack_from(buf, offset)[1])
-                received += 1
-        del buf[:used]
+        acks, seen, dups = take_deliveries(buf, tally.see)
+        received += seen
+        dup_flag += dups
         if acks:
-            sock.sendall(b"".join(acks))
+            sock.sendall(acks)
     return {
         "received": received,
         "unique": tally.unique,
@@ -112,7 +125,7 @@ def run_queued(port: int, pids: Sequence[int], load: QosLoad, tag: str = "ik") -
     try:
         before = settled_rss(pids)
         t0 = time.monotonic()
-        _publish_all(publisher, "q/m", load.queued, load.payload, QUEUE_FILL_WINDOW)
+        publish_all(publisher, "q/m", load.queued, load.payload, QUEUE_FILL_WINDOW)
         fill_s = time.monotonic() - t0
         after = settled_rss(pids)
         server = processes(pids)
