@@ -248,6 +248,44 @@ async def test_a_window_of_acknowledgements_read_alone_is_taken_in_halves(clock:
             assert sorted(calls[2:]) == [("a", 8), ("b", 8)]
 
 
+async def test_a_persistent_session_kept_elsewhere_takes_its_acknowledgements_whole(
+    clock: MockClock, engine: str
+) -> None:
+    """Halves help only where the refill is made in the pass: a persistent session whose
+    coordinator keeps it here (in-process) is taken in halves; one whose coordinator keeps
+    it in another process (the supervisor, Redis: ``refills_here`` False) whole, since
+    each half would be a round trip of its own. Either way every message comes, in order."""
+    cfg = HeartbeatConfig(port=0, tick=TICK, connect_timeout=5, max_inflight=8)
+    async with running(cfg) as (server, _events):
+        calls: list[int] = []
+        take = server.acknowledged
+
+        def spy(conn: Any, acks: Sequence[tuple[str, int]]) -> None:
+            calls.append(len(acks))
+            take(conn, acks)
+
+        server.acknowledged = spy
+        dev = await Client.connect(server.port, "dev", clean_session=False)
+        await dev.send(encoders.encode_subscribe(1, [("cmd/dev", 1)]))
+        assert await dev.read_packet() == encoders.encode_suback(1, [1])
+        publisher = await Client.connect(server.port, "publisher")
+        for i in range(24):
+            await publisher.send(encoders.encode_publish("cmd/dev", b"%d" % i, qos=1, packet_id=i + 1))
+            assert await publisher.read_packet() == encoders.encode_puback(i + 1)
+        assert server.coordinator.refills_here
+        for first, elsewhere in ((0, False), (8, True)):
+            server.coordinator.refills_here = elsewhere is False
+            got = [PacketReader().feed(await dev.read_packet())[0] for _ in range(8)]
+            assert [p.payload for p in got] == [b"%d" % i for i in range(first, first + 8)]  # type: ignore[union-attr]
+            del calls[:]
+            await dev.send(b"".join(encoders.encode_puback(p.packet_id) for p in got))  # type: ignore[union-attr,arg-type]
+            await trio.testing.wait_all_tasks_blocked()
+            if engine == "dense":
+                assert calls == ([8] if elsewhere else [4, 4])
+        got = [PacketReader().feed(await dev.read_packet())[0] for _ in range(8)]
+        assert [p.payload for p in got] == [b"%d" % i for i in range(16, 24)]  # type: ignore[union-attr]
+
+
 async def test_silent_device_expires_at_one_and_a_half_keepalive_with_will(clock: MockClock) -> None:
     async with running() as (server, _events):
         watcher = await Client.connect(server.port, "watcher", keep_alive=0)

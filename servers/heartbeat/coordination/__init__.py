@@ -166,6 +166,12 @@ class Coordinator(abc.ABC):
     #: ``$SYS/presence/``: where presence events are published for MQTT subscribers.
     presence_prefix: str = DEFAULT_PRESENCE_PREFIX
 
+    #: Whether :meth:`acknowledged` refills a persistent session's window here, before it
+    #: returns, so that what it releases is written in the same pass; False where the
+    #: sessions live in another process (the supervisor's authority, Redis), whose refill
+    #: comes back later.
+    refills_here: bool = False
+
     @abc.abstractmethod
     async def run(self, host: Host, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Connect and serve ``host`` until cancelled; ``started()`` once reports are accepted."""

@@ -40,6 +40,8 @@ __all__ = ["InProcessCoordinator"]
 class InProcessCoordinator(Coordinator):
     """Applies the registry's rules in-process and publishes at once (no I/O)."""
 
+    refills_here = True
+
     def __init__(
         self,
         sinks: Sequence[PresenceSink] = (),
