@@ -97,6 +97,12 @@ class Hub:
         self._sel.register(self._listener, selectors.EVENT_READ, None)
         self._links: dict[socket.socket, Link] = {}
         self._count = 0
+        # While a link's batch of lines is handled, what the handler sends is gathered
+        # per link and written as the batch ends: a batch's answers (a refill for a
+        # client, then the acknowledgement of its reports) go out in one send, not one
+        # each, and the worker is woken once.
+        self._gathering = False
+        self._gathered: dict[Link, None] = {}
 
     @property
     def links(self) -> list[Link]:
@@ -157,6 +163,9 @@ class Hub:
         link.outbox += data
         if len(link.outbox) > self.max_buffer:
             self._drop(link, overflowed=True)
+        elif self._gathering:
+            if was_empty:
+                self._gathered[link] = None
         elif was_empty:
             # Most writes go straight out. A failure here is left for poll() to find:
             # dropping now would call the handler back from inside its own send.
@@ -202,11 +211,24 @@ class Hub:
             return
         lines = bytes(buf[:end])
         del buf[: end + 1]
-        for line in lines.split(b"\n"):
-            if line and link.open:
-                self.handler.received(link, line)
-        if link.open:
-            self.handler.batch_done(link)
+        self._gathering = True
+        try:
+            for line in lines.split(b"\n"):
+                if line and link.open:
+                    self.handler.received(link, line)
+            if link.open:
+                self.handler.batch_done(link)
+        finally:
+            self._gathering = False
+            self._flush_gathered()
+
+    def _flush_gathered(self) -> None:
+        """Write what a batch's handling sent; a failure is left for poll() to find,
+        as for a send made outside a batch."""
+        gathered, self._gathered = self._gathered, {}
+        for link in gathered:
+            if link.open:
+                self._flush(link, drop_on_error=False)
 
     def _flush(self, link: Link, drop_on_error: bool = True) -> None:
         if not link.outbox:

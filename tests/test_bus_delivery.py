@@ -9,9 +9,11 @@ real links through a real hub, on the wall clock, each wait bounded."""
 
 from __future__ import annotations
 
+import socket
+
 import trio
 
-from servers.bus import Link
+from servers.bus import Hub, Link
 from servers.heartbeat.coordination.authority import Authority
 from servers.heartbeat.coordination.frames import (
     Ack,
@@ -160,3 +162,61 @@ async def test_qos_1_messages_routed_across_a_dropped_link_arrive_once_and_in_or
                 await trio.sleep(0.01)
         await trio.sleep(0.2)  # and no more
         assert [p for _, p, _ in b.host.delivered] == [b"%d" % i for i in range(30)]
+
+
+def test_a_batch_s_answers_leave_the_hub_in_one_send_each_link() -> None:
+    """The hub gathers what its handler sends while a batch of lines is handled (to the
+    link that sent them and to others) and writes each link's share once the batch is
+    done: the answers and the batch's acknowledgement in one send, all of it delivered."""
+
+    class Echo:
+        def __init__(self) -> None:
+            self.links: dict[int, Link] = {}
+
+        def connected(self, link: Link) -> None:
+            self.links[link.number] = link
+
+        def received(self, link: Link, line: bytes) -> None:
+            for other in self.links.values():
+                other.send(b"to " + str(other.number).encode() + b": " + line + b"\n")
+
+        def batch_done(self, link: Link) -> None:
+            link.send(b"done\n")
+
+        def disconnected(self, link: Link, overflowed: bool) -> None:
+            self.links.pop(link.number, None)
+
+        def process_exited(self, pid: int, code: int | None) -> None:
+            return None
+
+    hub = Hub(Echo())
+    flushes: list[int] = []
+    flush = hub._flush
+
+    def counting(link: Link, drop_on_error: bool = True) -> None:
+        flushes.append(link.number)
+        flush(link, drop_on_error)
+
+    hub._flush = counting  # type: ignore[method-assign]
+    a, b = (socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) for _ in range(2))
+    try:
+        for sock in (a, b):
+            sock.connect(hub.path)
+            sock.settimeout(5)
+            while len(hub.links) < (1 if sock is a else 2):
+                hub.poll(0.1)
+        a.sendall(b"one\ntwo\nthree\n")
+        while not flushes:
+            hub.poll(0.1)
+        assert sorted(flushes) == [1, 2]  # one write per link for the whole batch
+        got_a, got_b = b"", b""
+        while not got_a.endswith(b"done\n"):
+            got_a += a.recv(4096)
+        while got_b.count(b"\n") < 3:
+            got_b += b.recv(4096)
+        assert got_a == b"to 1: one\nto 1: two\nto 1: three\ndone\n"
+        assert got_b == b"to 2: one\nto 2: two\nto 2: three\n"
+    finally:
+        a.close()
+        b.close()
+        hub.close()
