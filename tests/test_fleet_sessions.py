@@ -21,7 +21,7 @@ from loadtest.processes import free_port, start_heartbeat
 from servers.heartbeat import encoders
 from servers.heartbeat.coordination.fleet import RedisCoordinator
 from servers.heartbeat.packets import Packet, Publish, Pubrel
-from servers.heartbeat.persistent import Acked, Attach, Detach, Inbound, Opened, Push, Subscribed
+from servers.heartbeat.persistent import Acked, AckedTogether, Attach, Detach, Inbound, Opened, Push, Subscribed
 from servers.heartbeat.policy import DEFAULT_PRESENCE_PREFIX as PRESENCE
 from servers.heartbeat.reader import AnyPacket, PacketReader
 
@@ -217,6 +217,24 @@ async def test_window_and_queue_bounds_drop_the_newest_and_count(redis_server: R
         assert seen["heartbeat_persistent_dropped"] == 3
         async with coredis.Redis.from_url(redis_server.url) as r:
             assert await r.hget(PREFIX + "pstats", "dropped") == b"3"
+
+
+async def test_a_run_of_acknowledgements_reported_together_frees_its_places_in_order(
+    redis_server: RedisServer,
+) -> None:
+    # A fleet's session script takes one acknowledgement a call; a run reported as one
+    # (as --workers N reports a read's) is taken apart in order, not refused.
+    async with fleet(redis_server.url, "a", "b", max_inflight=2) as (a, b):
+        await held_session(a, "c1", "e1", {"cmd/c1": 1})
+        await knows(b, "cmd/c1")
+        for i in range(5):
+            b.coord.route("cmd/c1", b"%d" % i, 1)
+        await drain(b)
+        await until(lambda: len(publishes(a.host, "c1")) == 2)
+        window = publishes(a.host, "c1")
+        a.coord.session(AckedTogether.pack("c1", "e1", [("puback", pid(p)) for p in window]))
+        await until(lambda: len(publishes(a.host, "c1")) == 4)
+        assert [p.payload for p in publishes(a.host, "c1")] == [b"0", b"1", b"2", b"3"]
 
 
 async def test_unacknowledged_messages_are_resent_with_dup_after_their_node_is_lost(
