@@ -115,7 +115,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         stalled_at = len(drainer.seen)
         drainer.receive(back, n, idle=10.0)
         goodbye(back)
-        ok = present and _report(drainer, n, killed_at, stalled_at, present_after)
+        ok = _report(drainer, n, killed_at, stalled_at, present_after) and present
     finally:
         server.send_signal(signal.SIGTERM)
         try:
