@@ -3,6 +3,7 @@ every session that went online is ended by exactly one published offline event."
 
 from __future__ import annotations
 
+import base64
 import itertools
 import time
 from functools import partial
@@ -164,8 +165,13 @@ def test_session_frames_cross_the_bus_whole_and_bad_fields_are_refused() -> None
     together = Reported(6, AckedTogether.pack("dev", "0.1.2", acks))
     assert decode(encode(together)) == together
     assert together.report.unpack() == acks  # type: ignore[union-attr]
+    good = b"\x00\x00\x01"
     for acks_field in (b"\x00\x00", b"\x03\x00\x01"):  # not three bytes each; no fourth kind
-        wire = encode(Reported(7, AckedTogether("dev", "e", acks_field)))
+        with pytest.raises(ValueError, match="acks"):  # none is made so here...
+            AckedTogether("dev", "e", acks_field)
+        # ...nor read so off a worker's link
+        wire = encode(Reported(7, AckedTogether("dev", "e", good)))
+        wire = wire.replace(base64.b64encode(good), base64.b64encode(acks_field))
         with pytest.raises(FrameError, match="acks"):
             decode(wire)
 

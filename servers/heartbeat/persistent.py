@@ -177,16 +177,21 @@ class AckedTogether:
     epoch: str
     acks: bytes
 
+    def __post_init__(self) -> None:
+        # Checked once, where the report is made or read off a worker's link, so that
+        # unpacking it (in the sessions' owner) needs no check of its own.
+        data = self.acks
+        if len(data) % 3 or (data and max(data[::3]) >= len(_ACK_KINDS)):
+            raise ValueError(f"acks: not three bytes each, a known kind first: {data!r}")
+
     @classmethod
     def pack(cls, client_id: str, epoch: str, acks: Iterable[tuple[str, int]]) -> AckedTogether:
         """The report of ``acks`` (kind and packet id, in order)."""
         return cls(client_id, epoch, b"".join(bytes((_ACK_KINDS.index(k), i >> 8, i & 0xFF)) for k, i in acks))
 
     def unpack(self) -> list[tuple[str, int]]:
-        """The acknowledgements, kind and packet id, in order; ValueError if malformed."""
+        """The acknowledgements, kind and packet id, in order."""
         data = self.acks
-        if len(data) % 3 or any(k >= len(_ACK_KINDS) for k in data[::3]):
-            raise ValueError(f"not packed acknowledgements: {data!r}")
         return [(_ACK_KINDS[data[j]], (data[j + 1] << 8) | data[j + 2]) for j in range(0, len(data), 3)]
 
 
