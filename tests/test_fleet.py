@@ -8,12 +8,13 @@ lease is short (0.6 s) so that node loss and restarts take well under a second.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import time
 from collections.abc import AsyncIterator, Callable, Collection, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import coredis
 import pytest
@@ -21,6 +22,9 @@ import trio
 
 from servers.heartbeat.coordination.fleet import RedisCoordinator
 from servers.heartbeat.coordination.fleet.claims import event_json
+from servers.heartbeat.coordination.fleet.filters import Filters
+from servers.heartbeat.coordination.fleet.keys import FleetKeys
+from servers.heartbeat.coordination.fleet.link import RedisLink
 from servers.heartbeat.policy import DEFAULT_PRESENCE_PREFIX as PRESENCE
 from servers.heartbeat.presence import Offline, PresenceEvent
 
@@ -356,6 +360,59 @@ async def test_route_reaches_only_matching_nodes(redis_server: RedisServer) -> N
         assert c.host.messages() == []
         assert [q for t, _, q in a.host.delivered if t == "sensors/1/temp"] == [1]
         assert b.coord.route_skipped == 1 and c.coord.routed == 3
+
+
+class _LateLink:
+    """What :class:`Filters` uses of a RedisLink, on a real client; the call made after
+    ``late`` is set has its answer held until ``late`` is (the renewer's full read,
+    answered on a pooled connection after a read begun later)."""
+
+    def __init__(self, client: coredis.Redis[bytes]) -> None:
+        self.client = client
+        self.late: trio.Event | None = None
+        self.answered = trio.Event()
+
+    def redis(self) -> coredis.Redis[bytes]:
+        return self.client
+
+    async def call(self, request: Any) -> Any:
+        late, self.late = self.late, None
+        result = await request
+        if late is not None:
+            self.answered.set()
+            await late.wait()
+        return result
+
+
+async def test_a_read_of_the_filters_answered_late_does_not_undo_a_later_one(redis_server: RedisServer) -> None:
+    """A node's new filter, read on its notice, is kept when the renewer's read of every
+    node's filters, begun before the change, is answered after it; as is a swept node's
+    absence. (Before, the full read put the old filters back until the next renewal: a
+    message published here for the new subscriber was not routed.)"""
+    keys = FleetKeys(PREFIX, "a")
+    with trio.fail_after(10):
+        async with coredis.Redis.from_url(redis_server.url) as r:
+            link = _LateLink(r)
+            filters = Filters(cast(RedisLink, link), keys, node="a")
+            await r.hset(keys.filters, {"b": json.dumps(["old"]), "c": json.dumps(["c/#"])})
+            for step in ("a change", "a sweep"):
+                late = link.late = trio.Event()
+                link.answered = trio.Event()
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(filters.refresh)  # the renewer: every node's, answered now, applied late
+                    await link.answered.wait()
+                    if step == "a change":
+                        await r.hset(keys.filters, {"b": json.dumps(["old", "new"])})
+                        await filters.refresh("b")  # the reader, on b's notice
+                        assert set(filters.remote["b"]) == {"old", "new"}
+                    else:
+                        filters.forget("c")  # swept: c is gone
+                        assert "c" not in filters.remote
+                    late.set()
+                assert set(filters.remote["b"]) == {"old", "new"}, step
+                assert ("c" in filters.remote) is (step == "a change"), step
+            await filters.refresh()  # a full read begun after both: the truth, as it is in Redis
+            assert set(filters.remote["b"]) == {"old", "new"} and set(filters.remote["c"]) == {"c/#"}
 
 
 async def test_node_loss_ends_each_session_once(redis_server: RedisServer) -> None:

@@ -102,6 +102,13 @@ class Filters:
         self.shares = SharePicker(node, self.remote)
         """Which node serves each shared subscription's messages."""
         self._changed = trio.Event()
+        # Reads of the other nodes' filters are numbered as they begin, and each node's
+        # entry in ``remote`` remembers the read that set it: a read answered late (the
+        # renewer's full one, on another pooled connection) must not put back what a
+        # read begun after it has replaced. A read begun after a node's change notice is
+        # answered after the change, so the node's last notice always wins.
+        self._reads = itertools.count(1)
+        self._read_by: dict[str, int] = {}
         self._probes: dict[str, _Probe] = {}
         self._probe_numbers = itertools.count(1)
 
@@ -141,21 +148,35 @@ class Filters:
         return True
 
     async def refresh(self, node: str | None = None) -> None:
-        """Read ``node``'s filters again (None: every node's)."""
+        """Read ``node``'s filters again (None: every node's).
+
+        A node whose filters a read begun later has set already keeps them: the two
+        reads may be answered in either order."""
         redis = self.link.redis()
+        read = next(self._reads)
         if node is not None:
             raw = await self.link.call(redis.hget(self.keys.filters, node))
-            if raw is None:
-                self.remote.pop(node, None)
-            else:
-                self.remote.setdefault(node, FilterIndex()).replace(frozenset(json.loads(raw)))
+            self._apply(node, None if raw is None else frozenset(json.loads(raw)), read)
             return
         table = await self.link.call(redis.hgetall(self.keys.filters))
         fresh = {text(k): frozenset(json.loads(v)) for k, v in table.items()}
         for gone in self.remote.keys() - fresh.keys():
-            del self.remote[gone]
+            self._apply(gone, None, read)
         for name, filters in fresh.items():
-            self.remote.setdefault(name, FilterIndex()).replace(filters)
+            self._apply(name, filters, read)
+
+    def forget(self, node: str) -> None:
+        """``node`` is gone (swept): route nothing to it, even if a read begun before says otherwise."""
+        self._apply(node, None, next(self._reads))
+
+    def _apply(self, node: str, filters: frozenset[str] | None, read: int) -> None:
+        if self._read_by.get(node, 0) > read:
+            return  # set by a read begun after this one
+        self._read_by[node] = read
+        if filters is None:
+            self.remote.pop(node, None)
+        else:
+            self.remote.setdefault(node, FilterIndex()).replace(filters)
 
     async def persistent_notice(self, fields: Any) -> None:
         """A ``pfilters-changed`` entry: a persistent filter appeared or went."""

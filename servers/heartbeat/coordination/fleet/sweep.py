@@ -118,7 +118,7 @@ class Sweeper:
                 break
             if not any([await call(redis.scard(k)) for k in [*owned_keys, held_key]]):
                 break  # the lease is back (finish refused): leave the rest to the node itself
-        self.filters.remote.pop(dead, None)
+        self.filters.forget(dead)
         return total
 
     async def leave(self) -> None:
