@@ -93,6 +93,9 @@ class Dispatcher:
         self._epoll.register(self._urgent.fileno(), _IN)
         self._listeners: list[Listener] = []
         self._lost: list[tuple[Transport, BaseException | None]] = []
+        # TLS transports resumed with plaintext opened for them while paused: handed
+        # over at the end of a pass, as drops are told.
+        self._resumed: list[TLSTransport] = []
         # Wakes the engine when a connection is dropped from outside its pass (an
         # expiry in the reaper, a takeover in another task): its protocol must hear.
         self._wake_r, self._wake_w = socket.socketpair()
@@ -176,8 +179,9 @@ class Dispatcher:
     def _end_pass(self) -> None:
         """Send what the pass gathered, and tell the protocols of the connections
         dropped (whose callbacks may write, and drop, more)."""
-        while self._gathered or self._lost:
+        while self._gathered or self._lost or self._resumed:
             self._send_gathered()
+            self._release_resumed()
             self._deliver_lost()
 
     def _send_gathered(self) -> None:
@@ -342,12 +346,27 @@ class Dispatcher:
         t._sending = False
         t.stop()
         self._lost.append((t, exc))
-        if self._in_pass:
+        self._wake()
+
+    def _resume_later(self, t: Transport) -> None:
+        """``t`` resumed reading with plaintext waiting for it: hand it over at the end of
+        this pass, or of the next one (woken for it) if this is outside a pass."""
+        self._resumed.append(cast(TLSTransport, t))
+        self._wake()
+
+    def _wake(self) -> None:
+        """Make sure a pass comes soon, to tell what happened outside one."""
+        if self._in_pass or self._woken:
             return
-        if not self._woken:
-            self._woken = True
-            with contextlib.suppress(BlockingIOError):  # already full of wake-ups
-                self._wake_w.send(b"\0")
+        self._woken = True
+        with contextlib.suppress(BlockingIOError):  # already full of wake-ups
+            self._wake_w.send(b"\0")
+
+    def _release_resumed(self) -> None:
+        while self._resumed:
+            batch, self._resumed = self._resumed, []
+            for t in batch:
+                t._release_held()
 
     def _drain_wakeups(self) -> None:
         self._woken = False

@@ -24,6 +24,11 @@ server behaves the same on either engine:
 - :meth:`~TLSTransport.close` sends ``close_notify`` before the queue's end; an
   expiry's last words (:meth:`idlekeeper.Protocol.last_words`) are sealed in a
   record, so a TLS peer reads them as any other.
+- A protocol that pauses reading (or closes) in ``connection_made`` is handed
+  nothing more until it resumes, though the client's first records came in the
+  read that completed the handshake: they wait, already counted as activity, and
+  come at the end of the pass in which it resumes, as they would come from the
+  kernel over TCP.
 
 Unlike a task per connection, nothing here waits: each step is the ``SSLObject``'s
 synchronous work on bytes already read, so a handshake costs OpenSSL's work and a
@@ -40,7 +45,7 @@ from typing import TYPE_CHECKING
 
 from .epochs import Epoch
 from .stats import HandshakeFailure
-from .transport import CLOSED, CLOSING, EOF_PENDING, EOF_SENT, PEER_EOF, Callbacks, Transport
+from .transport import CLOSED, CLOSING, EOF_PENDING, EOF_SENT, PAUSED, PEER_EOF, Callbacks, Transport
 
 if TYPE_CHECKING:
     import socket as stdsocket
@@ -111,7 +116,7 @@ class TLSTransport(Transport):
     adds asyncio's TLS names: ``"ssl_object"``, ``"peercert"``, ``"cipher"``.
     """
 
-    __slots__ = ("_ssl", "_incoming", "_outgoing", "_app", "_settings", "_until")
+    __slots__ = ("_ssl", "_incoming", "_outgoing", "_app", "_settings", "_until", "_held")
 
     _tls = True
 
@@ -134,6 +139,9 @@ class TLSTransport(Transport):
         """The protocol, until the handshake completes and it is made."""
         self._until = math.inf
         """The absolute deadline the handshake's stands in for (``max_age``'s)."""
+        self._held: tuple[list[bytes], bool] | None = None
+        """Plaintext (and whether the peer's end followed it) opened while the protocol
+        had paused reading: handed over when it resumes."""
 
     def _begin(self, protocol: Callbacks, max_age: float | None, now: float) -> None:
         """Start the handshake phase (called by the engine instead of ``connection_made``)."""
@@ -184,14 +192,47 @@ class TLSTransport(Transport):
         protocol = self._protocol
         if protocol is None:
             return
+        if chunks:
+            self._rx = self._epochs.current if at is None else Epoch(at)
+        held = self._held
+        if held is not None:
+            # Read in the pass that follows a resume, before its end hands the held
+            # plaintext over: it goes first.
+            self._held = None
+            chunks, eof = held[0] + chunks, held[1] or eof
+        if self._io & (PAUSED | CLOSING):
+            # Paused or closed by connection_made, which this read's Finished ran (the
+            # engine reads no paused transport): a plaintext transport would not have
+            # read on, so this waits for resume_reading (and is dropped by a close), as
+            # its bytes would wait in the kernel.
+            if chunks or eof:
+                self._held = (chunks, eof)
+            return
+        self._hand_over(protocol, chunks, eof)
+
+    def _hand_over(self, protocol: Callbacks, chunks: list[bytes], eof: bool) -> None:
         try:
             if chunks:
-                self._rx = self._epochs.current if at is None else Epoch(at)
                 protocol.data_received(chunks[0] if len(chunks) == 1 else b"".join(chunks))
             if eof and not self._io & (CLOSING | CLOSED):
                 self._end_of_input(protocol)
         except Exception as exc:
             self._raised(protocol, exc)
+
+    def resume_reading(self) -> None:
+        """Read again after :meth:`pause_reading`; what was opened while paused comes
+        first, at the end of the engine's pass (never inside this call)."""
+        super().resume_reading()
+        if self._held is not None:
+            self._loop._resume_later(self)
+
+    def _release_held(self) -> None:
+        """Hand over what was opened while paused, unless paused again or closed meanwhile."""
+        held, protocol = self._held, self._protocol
+        if held is None or protocol is None or self._io & (PAUSED | CLOSING | CLOSED):
+            return
+        self._held = None
+        self._hand_over(protocol, *held)
 
     def _tls_eof(self) -> None:
         """The peer closed its end of the TCP connection."""
@@ -200,6 +241,10 @@ class TLSTransport(Transport):
             if self._app is not None:
                 self._failed(HandshakeFailure.CLOSED, "EOF before the handshake completed")
             self._loop._drop(self, None)
+            return
+        held, self._held = self._held, None
+        if held is not None:  # read after a resume, before the pass's end handed these over
+            self._hand_over(protocol, held[0], True)
             return
         try:
             # Without close_notify, as https_compatible streams take it: the end of input.

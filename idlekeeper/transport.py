@@ -95,6 +95,8 @@ class _Loop(Protocol):
 
     def _accepted_peer(self, transport: Transport) -> object: ...
 
+    def _resume_later(self, transport: Transport) -> None: ...
+
 
 class Transport(Watch):
     """A connection served by a dense engine; the protocol's handle on it.

@@ -200,6 +200,81 @@ async def test_a_whole_record_is_activity_and_reaches_the_protocol_in_one_call(
         await lost(probe)
 
 
+class Paused(Probe):
+    """Pauses reading as it is made (say, to look its peer up first); the test resumes it."""
+
+    def connection_made(self, transport: idlekeeper.Transport) -> None:
+        super().connection_made(transport)
+        transport.pause_reading()
+
+
+async def test_a_protocol_paused_as_it_is_made_gets_nothing_until_it_resumes(
+    keeper: idlekeeper.Keeper, clock: MockClock, server_ctx: ssl.SSLContext, client_ctx: ssl.SSLContext
+) -> None:
+    """The client's first records come in the read that completes the handshake. A
+    protocol that pauses reading in connection_made gets them when it resumes, in order,
+    at the end of the engine's pass, and a close_notify in the same read after them;
+    as a plaintext transport, which would not have read them, would give them.
+    (Before, data_received came right after connection_made, paused or not.)"""
+    probes, factory = collecting(Paused)
+    async with tls_engine(keeper, factory, server_ctx, receive=10) as (_, port):
+        raw = await trio.open_tcp_stream(HOST, port)
+        obj, _, outgoing = await handshake_by_hand(raw, client_ctx)
+        obj.write(b"first ")
+        obj.write(b"second")
+        await raw.send_all(outgoing.read())  # the Finished and two records, in one read
+        await trio.sleep(1)
+        (probe,) = probes
+        assert probe.events == ["made"] and probe.received == b""
+        assert probe.last_rx_at == -1.0 and probe.t.silent_for() == pytest.approx(1, abs=keeper.tick)  # read: activity
+        obj.write(b" more")  # while paused: left in the kernel, read after the held records
+        await raw.send_all(outgoing.read())
+        await trio.sleep(1)
+        assert probe.received == b""
+        probe.t.resume_reading()  # outside a pass: the engine is woken for it
+        assert probe.received == b""  # never inside resume_reading
+        await trio.testing.wait_all_tasks_blocked()
+        assert probe.received == b"first second more" and probe.events == ["made", "data"]
+        probe.t.pause_reading()
+        obj.write(b" third")
+        await raw.send_all(outgoing.read())
+        await trio.sleep(1)
+        assert probe.received == b"first second more"  # paused again: left in the kernel
+        probe.t.resume_reading()
+        await trio.sleep(1)
+        assert probe.received == b"first second more third" and not probe.lost
+
+        # The peer's close_notify in that first read too: its end comes after the records.
+        raw2 = await trio.open_tcp_stream(HOST, port)
+        obj, _, outgoing = await handshake_by_hand(raw2, client_ctx)
+        obj.write(b"only")
+        with pytest.raises(ssl.SSLWantReadError):
+            obj.unwrap()  # close_notify, then it would wait for the server's
+        await raw2.send_all(outgoing.read())
+        await trio.sleep(1)
+        second = probes[1]
+        assert second.events == ["made"]
+        second.t.resume_reading()
+        await lost(second)
+
+        # A TCP end read after the resume, in the pass before its end: after the records too.
+        raw3 = await trio.open_tcp_stream(HOST, port)
+        obj, _, outgoing = await handshake_by_hand(raw3, client_ctx)
+        obj.write(b"last")
+        await raw3.send_all(outgoing.read())
+        await trio.sleep(1)
+        await raw3.send_eof()
+        await trio.sleep(1)
+        third = probes[2]
+        assert third.events == ["made"]
+        third.t.resume_reading()
+        await lost(third)
+    assert second.received == b"only"
+    assert second.events == ["made", "data", "eof", "lost"] and second.lost_once[1] is None
+    assert third.received == b"last"
+    assert third.events == ["made", "data", "eof", "lost"] and third.lost_once[1] is None
+
+
 # -- writing and closing ---------------------------------------------------------------
 
 
