@@ -219,22 +219,50 @@ async def test_window_and_queue_bounds_drop_the_newest_and_count(redis_server: R
             assert await r.hget(PREFIX + "pstats", "dropped") == b"3"
 
 
-async def test_a_run_of_acknowledgements_reported_together_frees_its_places_in_order(
+async def test_a_run_of_acknowledgements_reported_together_is_one_call_and_one_refill(
     redis_server: RedisServer,
 ) -> None:
-    # A fleet's session script takes one acknowledgement a call; a run reported as one
-    # (as --workers N reports a read's) is taken apart in order, not refused.
+    """A read's run of acknowledgements goes to Redis as one report (the base
+    Coordinator.acknowledged), the session script takes it in order, and the window's
+    refill (or the PUBRELs) comes back in one route entry; a run from a connection that
+    lost the session changes nothing."""
     async with fleet(redis_server.url, "a", "b", max_inflight=2) as (a, b):
-        await held_session(a, "c1", "e1", {"cmd/c1": 1})
+        await held_session(a, "c1", "e1", {"cmd/c1": 1, "two/c1": 2})
         await knows(b, "cmd/c1")
+        await knows(b, "two/c1")
         for i in range(5):
             b.coord.route("cmd/c1", b"%d" % i, 1)
         await drain(b)
         await until(lambda: len(publishes(a.host, "c1")) == 2)
         window = publishes(a.host, "c1")
-        a.coord.session(AckedTogether.pack("c1", "e1", [("puback", pid(p)) for p in window]))
+        entries = len(a.host.transmitted)
+        a.coord.session(AckedTogether.pack("c1", "e0", [("puback", pid(p)) for p in window]))  # not its holder
+        a.coord.acknowledged("c1", "e1", [("puback", pid(p)) for p in window])
         await until(lambda: len(publishes(a.host, "c1")) == 4)
+        await drain(a)
         assert [p.payload for p in publishes(a.host, "c1")] == [b"0", b"1", b"2", b"3"]
+        assert len(a.host.transmitted) == entries + 1  # the refill of two, in one entry
+
+        # QoS 2: the run's PUBRECs come back as PUBRELs in one entry, its PUBCOMPs as a refill.
+        rest = publishes(a.host, "c1")[2:]
+        a.coord.acknowledged("c1", "e1", [("puback", pid(p)) for p in rest])
+        await until(lambda: len(publishes(a.host, "c1")) == 5)
+        for i in range(3):
+            b.coord.route("two/c1", b"q%d" % i, 2)
+        await drain(b)
+        await until(lambda: len(publishes(a.host, "c1")) == 6)
+        a.coord.acknowledged("c1", "e1", [("puback", pid(publishes(a.host, "c1")[4]))])
+        await until(lambda: len(publishes(a.host, "c1")) == 7)
+        twos = publishes(a.host, "c1")[5:]
+        assert [(p.payload, p.qos) for p in twos] == [(b"q0", 2), (b"q1", 2)]
+        entries = len(a.host.transmitted)
+        a.coord.acknowledged("c1", "e1", [("pubrec", pid(p)) for p in twos])
+        await until(lambda: len(a.host.transmitted) == entries + 1)
+        rels = [p for p in packets(a.host, "c1") if isinstance(p, Pubrel)]
+        assert [r.packet_id for r in rels] == [pid(p) for p in twos]
+        a.coord.acknowledged("c1", "e1", [("pubcomp", pid(p)) for p in twos])
+        await until(lambda: len(publishes(a.host, "c1")) == 8)
+        assert publishes(a.host, "c1")[7].payload == b"q2"
 
 
 async def test_unacknowledged_messages_are_resent_with_dup_after_their_node_is_lost(

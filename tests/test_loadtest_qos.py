@@ -24,6 +24,8 @@ from loadtest.qos import load as qos_load
 from loadtest.qos import report as qos_report
 from servers.heartbeat.encoders import encode_puback, encode_publish
 
+from .redis_server import require_binary
+
 SMALL = qos_load.QosLoad(publishers=2, duration=1.0, warmup=0.2, queued=2000)
 
 needs_mosquitto = pytest.mark.skipif(
@@ -123,6 +125,17 @@ def test_the_command_writes_json_and_a_table(tmp_path: Path) -> None:
     assert data["runs"]["idlekeeper"]["throughput"]["exactly_once"]
     assert "queued" not in data["runs"]["idlekeeper"]
     assert "| idlekeeper |" in path.with_suffix(".md").read_text()
+
+
+def test_the_queued_part_through_a_fleet_drains_from_redis() -> None:
+    """``idlekeeper-fleet``: the persistent session and its queue live in a real
+    redis-server the target starts (and stops); the queue still arrives whole, in order,
+    exactly once, each read's acknowledgements taken in one call of the session script."""
+    require_binary()
+    out = qos.run_qos(SMALL, ["idlekeeper-fleet"], ("queued",), quiet=True)
+    assert out["missing"] == {}
+    check_queued(out["runs"]["idlekeeper-fleet"]["queued"])
+    assert "| idlekeeper-fleet |" in out["table"]
 
 
 def test_the_queued_part_with_workers_drains_through_the_supervisor() -> None:

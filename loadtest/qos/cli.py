@@ -31,7 +31,10 @@ message. The client then reconnects with CleanSession=0, must see session-presen
 
 Targets: ``idlekeeper`` is ``servers.heartbeat`` on its dense engine, with
 ``--workers 1`` (``--workers N`` to measure N, whose persistent sessions live in the
-supervisor); ``mosquitto`` is the Debian broker with a minimal configuration
+supervisor); ``idlekeeper-fleet`` is the same server as a one-gateway fleet
+(``--cluster``) on a ``redis-server`` of its own, started on a free loopback port and
+stopped with it, so its persistent sessions and their queues live in Redis (not in the
+default targets: it needs Debian's ``redis-server``); ``mosquitto`` is the Debian broker with a minimal configuration
 (``max_inflight_messages 20``, ``max_queued_messages`` 1,000, or N for the queued
 part). Each part gets a fresh server, so the RSS baseline is a clean one.
 
@@ -58,6 +61,7 @@ from typing import Any
 from ..mqtt_targets import MqttTarget, PeerUnavailable, start_mosquitto
 from ..options import add_json, add_quiet, add_targets, command_parser
 from ..processes import free_port, start_heartbeat
+from ..redis_server import redis_server_binary, running_redis
 from ..report import skip_reason, write_json, write_table, written
 from .load import QosLoad
 from .queued import run_queued
@@ -67,10 +71,19 @@ from .throughput import run_throughput
 __all__ = ["PARTS", "QOS_TARGETS", "main", "run_qos", "start_qos_target"]
 
 QOS_TARGETS = ("idlekeeper", "mosquitto", "mosquitto-inflight0")
+FLEET = "idlekeeper-fleet"
+"""Ours as a one-gateway fleet on a redis-server of its own (asked for by name only)."""
 PARTS = ("throughput", "queued")
 
 
-def start_qos_target(name: str, queued: int, inflight: int = 20, queued_bytes: int = 0, workers: int = 1) -> MqttTarget:
+def start_qos_target(
+    name: str,
+    queued: int,
+    inflight: int = 20,
+    queued_bytes: int = 0,
+    workers: int = 1,
+    redis_url: str | None = None,
+) -> MqttTarget:
     """Start ``name`` on a free loopback port with ``queued`` messages allowed per client
     and ``inflight`` in flight to each (``mosquitto-inflight0``: no in-flight bound).
 
@@ -79,13 +92,17 @@ def start_qos_target(name: str, queued: int, inflight: int = 20, queued_bytes: i
     ``workers``: our server's worker processes (Mosquitto has one).
     """
     port = free_port()
-    if name == "idlekeeper":
+    if name in ("idlekeeper", FLEET):
         extra = ["--engine", "dense", "--max-inflight", str(inflight), "--max-queued", str(queued)]
         if queued_bytes:
             extra += ["--max-queued-bytes", str(queued_bytes)]
+        if name == FLEET:
+            if redis_url is None:
+                raise PeerUnavailable(f"{FLEET} needs a Redis (its redis_url)")
+            extra += ["--cluster", redis_url, "--node", "qos-gw0"]
         return MqttTarget(name, start_heartbeat(port, workers, extra), port)
     if name not in ("mosquitto", "mosquitto-inflight0"):
-        raise PeerUnavailable(f"unknown QoS target {name!r} (known: {', '.join(QOS_TARGETS)})")
+        raise PeerUnavailable(f"unknown QoS target {name!r} (known: {', '.join((*QOS_TARGETS, FLEET))})")
     if name == "mosquitto-inflight0":
         # 0 is "no maximum": a connected subscriber's messages never wait in Mosquitto's
         # queue, whose 2.0.11 code reorders and strands QoS 1 messages (see the module doc).
@@ -95,11 +112,15 @@ def start_qos_target(name: str, queued: int, inflight: int = 20, queued_bytes: i
 
 @contextlib.contextmanager
 def _target(name: str, queued: int, inflight: int, queued_bytes: int = 0, workers: int = 1) -> Iterator[MqttTarget]:
-    started = start_qos_target(name, queued, inflight, queued_bytes, workers)
-    try:
+    with contextlib.ExitStack() as stack:
+        redis_url = None
+        if name == FLEET:
+            if redis_server_binary() is None:
+                raise PeerUnavailable("redis-server is not installed (apt-get install redis-server)")
+            redis_url = stack.enter_context(running_redis()).url
+        started = start_qos_target(name, queued, inflight, queued_bytes, workers, redis_url)
+        stack.callback(started.stop)
         yield started
-    finally:
-        started.stop()
 
 
 def run_qos(
@@ -157,8 +178,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     md = write_table(path, text)
     print("\n" + text)
     print("\n" + written([path, md]))
-    ours = out["runs"].get("idlekeeper")
-    if ours is None:
-        return 1 if "idlekeeper" in out["missing"] or not out["runs"] else 0
-    ok = ours.get("throughput", {}).get("exactly_once", True) and ours.get("queued", {}).get("ok", True)
-    return 0 if ok else 1
+    if not out["runs"] or any(name in out["missing"] for name in ("idlekeeper", FLEET)):
+        return 1
+    for name in ("idlekeeper", FLEET):
+        ours = out["runs"].get(name, {})
+        if not (ours.get("throughput", {}).get("exactly_once", True) and ours.get("queued", {}).get("ok", True)):
+            return 1
+    return 0

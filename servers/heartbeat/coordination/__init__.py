@@ -29,7 +29,7 @@ import trio
 
 from ...prometheus import Families, Metric
 from ..logs import OncePer, shown
-from ..persistent import Acked, Opened, Report, SessionStore
+from ..persistent import Acked, AckedTogether, Opened, Report, SessionStore
 from ..policy import DEFAULT_PRESENCE_PREFIX
 from ..presence import PresenceEvent, PresenceSink
 from .retention import RetainedMessage, Retention
@@ -293,11 +293,14 @@ class Coordinator(abc.ABC):
 
     def acknowledged(self, client_id: str, epoch: str, acks: Sequence[tuple[str, int]]) -> None:
         """Acknowledgements (kind and packet id) that connection ``epoch`` of a persistent
-        session read together, in order. By default each is a report of its own; a
-        coordinator that keeps the sessions itself takes them at once, so the session's
-        window is refilled once and written in one piece."""
-        for kind, packet_id in acks:
+        session read together, in order: one report for them all (:class:`AckedTogether`),
+        so that whoever keeps the session refills its window once and sends the refill
+        in one piece (one frame to a worker, one route entry to a gateway)."""
+        if len(acks) == 1:
+            kind, packet_id = acks[0]
             self.session(Acked(client_id, epoch, kind, packet_id))
+        elif acks:
+            self.session(AckedTogether.pack(client_id, epoch, acks))
 
     # -- retained messages; by default none is kept --------------------------------------
 

@@ -34,7 +34,7 @@ from typing import Any
 import trio
 
 from ...prometheus import Families, Metric
-from ..persistent import AckedTogether, Discard, Opened, Report
+from ..persistent import Discard, Opened, Report
 from ..policy import DEFAULT_PRESENCE_PREFIX
 from ..presence import PresenceEvent, PresenceSink
 from ..topics import FilterIndex
@@ -222,14 +222,6 @@ class BusCoordinator(Coordinator):
         """Numbered like a session's start or end: resent until the authority has it."""
         if not self.orphaned:
             self._numbered(Reported(self._next(), report))
-
-    def acknowledged(self, client_id: str, epoch: str, acks: Sequence[tuple[str, int]]) -> None:
-        """See :meth:`Coordinator.acknowledged`: one report for them all, so the
-        authority refills the session's window once and sends it back in one frame."""
-        if len(acks) == 1:
-            super().acknowledged(client_id, epoch, acks)
-        elif acks:
-            self.session(AckedTogether.pack(client_id, epoch, acks))
 
     def retain(self, topic: str, payload: bytes, qos: int, owner: str = "", properties: bytes = b"") -> None:
         """See :meth:`Coordinator.retain`; numbered too."""

@@ -48,8 +48,6 @@ from ...persistent import (
     DEFAULT_EXPIRY,
     DEFAULT_MAX_SESSIONS,
     DEFAULT_TOTAL_QUEUED_BYTES,
-    Acked,
-    AckedTogether,
     Attach,
     Detach,
     Discard,
@@ -325,12 +323,6 @@ class RedisCoordinator(Coordinator, FleetCounts):
     def session(self, report: Report) -> None:
         """Queue a change to a persistent session; applied in order with this node's other reports."""
         # Which persistent sessions this node's connections hold, for a resynchronisation.
-        if isinstance(report, AckedTogether):
-            # The session script takes one acknowledgement a call (Coordinator.acknowledged
-            # sends them so); a run reported as one is taken apart, in order.
-            for kind, packet_id in report.unpack():
-                self.session(Acked(report.client_id, report.epoch, kind, packet_id))
-            return
         if isinstance(report, Attach):
             self._attached[report.client_id] = report.epoch
         elif isinstance(report, Detach) and self._attached.get(report.client_id) == report.epoch:

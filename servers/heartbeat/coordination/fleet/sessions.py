@@ -39,6 +39,7 @@ from ...logs import OncePer, shown
 from ...persistent import (
     DEFAULT_MAX_SESSIONS,
     Acked,
+    AckedTogether,
     Attach,
     Detach,
     Discard,
@@ -69,6 +70,7 @@ logger = logging.getLogger("servers.heartbeat.coordination.fleet")
 EXPIRE_BATCH = 200
 """Sessions examined per expiry call (each node sweeps every ``renew`` seconds)."""
 
+
 def session_call(report: Report, max_qos: int) -> tuple[str, list[str | bytes]] | None:
     """The session script's operation and arguments (from ARGV[12]) that apply ``report``;
     None if it changes nothing (a QoS 0 push: persistent sessions hold only 1 and 2)."""
@@ -82,6 +84,8 @@ def session_call(report: Report, max_qos: int) -> tuple[str, list[str | bytes]] 
         return "sub", [report.client_id, report.topic_filter, str(min(report.qos, max_qos)), str(report.options)]
     if isinstance(report, Acked):
         return "ack", [report.client_id, report.epoch, report.kind, str(report.packet_id)]
+    if isinstance(report, AckedTogether):
+        return "acks", [report.client_id, report.epoch, report.acks]
     if isinstance(report, Inbound):
         return "inbound", [report.client_id, str(report.packet_id), "1" if report.held else "0"]
     if isinstance(report, Push):

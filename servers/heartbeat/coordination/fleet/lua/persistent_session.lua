@@ -382,28 +382,41 @@ elseif op == 'unsub' then
   if redis.call('HDEL', key('psub', cid), ARGV[13]) == 1 then unindex(ARGV[13], cid) end
   redis.call('HDEL', key('psubo', cid), ARGV[13])
   return 1
-elseif op == 'ack' then
-  -- ARGV[13] epoch, [14] puback | pubrec | pubcomp, [15] packet id.
+elseif op == 'ack' or op == 'acks' then
+  -- ARGV[13] epoch; 'ack': [14] puback | pubrec | pubcomp, [15] packet id; 'acks': [14]
+  -- a run of them read together, three bytes each (the kind's place in puback, pubrec,
+  -- pubcomp, then the packet id), as servers.heartbeat.persistent.AckedTogether packs
+  -- them: taken in order, the window refilled as it goes, and sent in one entry.
   local cur = redis.call('HMGET', s, 'holder', 'hnode')
   if cur[1] ~= ARGV[13] then return 0 end  -- from a connection that lost the session
-  local fl, pid = key('pfl', cid), ARGV[15]
-  local raw = redis.call('HGET', fl, pid)
-  if not raw then return 0 end
-  local m = cmsgpack.unpack(raw)
-  local kind, packets = ARGV[14], {}
-  if kind == 'puback' then
-    if m[2] ~= 1 then return 0 end
-    redis.call('HDEL', fl, pid)
-    fill(cid, packets)
-  elseif kind == 'pubrec' then
-    if m[2] ~= 2 then return 0 end
-    m[4] = 2
-    redis.call('HSET', fl, pid, cmsgpack.pack(m))
-    packets[1] = pubrel(tonumber(pid))
-  elseif kind == 'pubcomp' then
-    if m[4] ~= 2 then return 0 end
-    redis.call('HDEL', fl, pid)
-    fill(cid, packets)
+  local fl, packets = key('pfl', cid), {}
+  local function ack(kind, pid)
+    local raw = redis.call('HGET', fl, pid)
+    if not raw then return end
+    local m = cmsgpack.unpack(raw)
+    if kind == 'puback' then
+      if m[2] ~= 1 then return end
+      redis.call('HDEL', fl, pid)
+      fill(cid, packets)
+    elseif kind == 'pubrec' then
+      if m[2] ~= 2 then return end
+      m[4] = 2
+      redis.call('HSET', fl, pid, cmsgpack.pack(m))
+      packets[#packets + 1] = pubrel(tonumber(pid))
+    elseif kind == 'pubcomp' then
+      if m[4] ~= 2 then return end
+      redis.call('HDEL', fl, pid)
+      fill(cid, packets)
+    end
+  end
+  if op == 'ack' then
+    ack(ARGV[14], ARGV[15])
+  else
+    local kinds, run = {'puback', 'pubrec', 'pubcomp'}, ARGV[14]
+    for j = 1, #run - 2, 3 do
+      local kind = kinds[run:byte(j) + 1]
+      if kind then ack(kind, tostring(struct.unpack('>H', run, j + 1))) end
+    end
   end
   send(cid, cur[1], cur[2], packets)
   return #packets
