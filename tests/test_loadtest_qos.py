@@ -11,6 +11,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import socket
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -125,6 +127,35 @@ def test_the_command_writes_json_and_a_table(tmp_path: Path) -> None:
     assert data["runs"]["idlekeeper"]["throughput"]["exactly_once"]
     assert "queued" not in data["runs"]["idlekeeper"]
     assert "| idlekeeper |" in path.with_suffix(".md").read_text()
+
+
+def test_a_client_comes_back_while_the_server_is_unavailable() -> None:
+    """CONNACK 3 ("server unavailable", a fleet gateway behind on its reports) is tried
+    again, as a device would; any other refusal is not."""
+    answers = [b"\x20\x02\x00\x03", b"\x20\x02\x00\x03", b"\x20\x02\x01\x00", b"\x20\x02\x00\x05"]
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+
+    def serve() -> None:
+        for answer in answers:
+            conn, _ = listener.accept()
+            with conn:
+                conn.recv(1024)
+                conn.sendall(answer)
+                conn.recv(1024)  # until the client closes
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        sock, present, refused, _began = qos_client.open_when_available(port, "back", clean=False, timeout=5)
+        sock.close()
+        assert (present, refused) == (True, 2)
+        with pytest.raises(RuntimeError, match="0005") as refusal:
+            qos_client.open_when_available(port, "bad", timeout=5)
+        assert not isinstance(refusal.value, qos_client.Unavailable)
+    finally:
+        thread.join(timeout=5)
+        listener.close()
 
 
 def test_the_queued_part_through_a_fleet_drains_from_redis() -> None:

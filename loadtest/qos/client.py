@@ -5,10 +5,20 @@ from __future__ import annotations
 
 import contextlib
 import socket
+import time
 
 from servers.heartbeat.encoders import encode_connect, encode_disconnect, encode_publish, encode_subscribe
 
-__all__ = ["KEEP_ALIVE", "RECV_SIZE", "goodbye", "open_client", "publish_prefix", "subscribe"]
+__all__ = [
+    "KEEP_ALIVE",
+    "RECV_SIZE",
+    "Unavailable",
+    "goodbye",
+    "open_client",
+    "open_when_available",
+    "publish_prefix",
+    "subscribe",
+]
 
 KEEP_ALIVE = 600
 """Long enough that no client needs to ping during a run."""
@@ -46,8 +56,40 @@ def open_client(port: int, client_id: str, clean: bool = True, timeout: float = 
         raise
     if connack[0] != 0x20 or connack[3] != 0:
         sock.close()
+        if connack[0] == 0x20 and connack[3] == UNAVAILABLE:
+            raise Unavailable(f"CONNACK refused {client_id!r}: {connack.hex()} (server unavailable)")
         raise RuntimeError(f"CONNACK refused {client_id!r}: {connack.hex()}")
     return sock, bool(connack[2] & 1)
+
+
+class Unavailable(RuntimeError):
+    """CONNACK return code 3, "server unavailable": the CONNECT may be tried again (a
+    fleet's gateway refuses so while its lookup of the session waits behind the reports
+    it still has to write to Redis)."""
+
+
+UNAVAILABLE = 3
+
+
+def open_when_available(
+    port: int, client_id: str, clean: bool = True, timeout: float = 10.0, patience: float = 60.0
+) -> tuple[socket.socket, bool, int, float]:
+    """:func:`open_client`, tried again every 0.2 s while the server answers "unavailable"
+    (as a device reconnects), for up to ``patience`` seconds; also how many times it was
+    refused, and when (``time.monotonic``) the attempt that was accepted began."""
+    refused = 0
+    give_up = time.monotonic() + patience
+    while True:
+        began = time.monotonic()
+        try:
+            sock, present = open_client(port, client_id, clean, timeout)
+        except Unavailable:
+            refused += 1
+            if began >= give_up:
+                raise
+            time.sleep(0.2)
+            continue
+        return sock, present, refused, began
 
 
 def subscribe(sock: socket.socket, topic_filter: str, qos: int) -> int:

@@ -111,6 +111,11 @@ def describe(r: dict[str, Any]) -> str:
             f"{q.get('drain_cpu_us_per_msg', math.nan):.1f} µs each), {q['lost']} lost, "
             f"{q['duplicates']} duplicated, {q['out_of_order']} out of order"
         )
+        if q.get("connects_refused"):
+            lines.append(
+                f"{'':<22} (its CONNECT answered 'server unavailable' {q['connects_refused']} times first,"
+                " while the server caught up: tried again every 0.2 s, the drain timed from the accepted one)"
+            )
     return "\n".join(lines)
 
 
