@@ -48,7 +48,17 @@ from .http.workload import HttpLoad
 from .live import Live
 from .mqtt_targets import HeartbeatTarget, PeerUnavailable, start_mqtt_target
 from .mqtt_versions import NAMES, V311, parse_mix
-from .options import add_devices, add_json, add_keepalive, add_quiet, add_silent, add_targets, add_tick, command_parser
+from .options import (
+    add_devices,
+    add_json,
+    add_keepalive,
+    add_quiet,
+    add_silent,
+    add_steady,
+    add_targets,
+    add_tick,
+    command_parser,
+)
 from .processes import free_port, load_side, split_cpus, stop
 from .qos import QOS_TARGETS, run_qos
 from .qos.load import QosLoad
@@ -268,6 +278,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     add_devices(p, 10_000, help="devices per target: one process each")
     add_keepalive(p, 10)
+    add_steady(p)
     add_silent(p, 0.05)
     a("--no-stall", action="store_true", help="skip the 2 x K SIGSTOP of each server")
     a(
@@ -317,6 +328,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             silent=args.silent,
             stall=not args.no_stall,
             ping_batch=args.ping_batch,
+            steady=args.steady,
         )
         out["devices"] = compare_devices(
             load, args.mqtt_targets.split(","), args.tick, args.quiet, args.coalesce, protocols

@@ -16,7 +16,7 @@ from .mqtt_versions import NAMES
 from .report import verdict, write_json
 from .sampler import Sample
 from .stats import summary_ms
-from .workload import DeviceLoad, Timeline
+from .workload import DeviceLoad, Timeline, steady_seconds
 
 __all__ = [
     "Arrived",
@@ -100,7 +100,7 @@ def merge(
     # ran past its planned time (a busy machine accepts more slowly) would put CONNECTs,
     # each far dearer than a heartbeat, into the window, so it opens after the last one.
     ramp_end = max((t for t in connack if t < timeline.acts), default=timeline.start)
-    steady_from = max(timeline.acts - load.keepalive, ramp_end + 1.0)
+    steady_from = max(timeline.acts - steady_seconds(load), ramp_end + 1.0)
     steady = _window(samples, steady_from, timeline.acts)
     hb_window = [(t, p["pings"]) for t, p in progress if steady_from <= t <= timeline.acts]
     heartbeat_rate = (
@@ -118,7 +118,7 @@ def merge(
             "heartbeats_per_s": heartbeat_rate,
             "cpu_pct_per_1k_heartbeats_per_s": 100 * cores / (heartbeat_rate / 1000) if heartbeat_rate else math.nan,
             "window_s": last.t - first.t,
-            "ramp_overran_s": max(0.0, ramp_end - (timeline.acts - load.keepalive)),
+            "ramp_overran_s": max(0.0, ramp_end - (timeline.acts - steady_seconds(load))),
         }
     lateness = joined("lateness")
     t0 = timeline.start

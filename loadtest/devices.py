@@ -62,6 +62,7 @@ from .options import (
     add_running_server,
     add_seed,
     add_silent,
+    add_steady,
     add_tick,
     command_parser,
     fields_from,
@@ -75,6 +76,7 @@ __all__ = ["load_from", "main", "main_with", "parser", "run_devices", "signal_al
 _LOAD_FLAGS = (
     "devices",
     "keepalive",
+    "steady",
     "jitter",
     "ping_batch",
     "silent",
@@ -190,6 +192,7 @@ def parser(prog: str = "python -m loadtest devices") -> argparse.ArgumentParser:
     a = p.add_argument
     add_devices(p, d.devices)
     add_keepalive(p, d.keepalive)
+    add_steady(p)
     a(
         "--jitter",
         type=float,

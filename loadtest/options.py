@@ -42,6 +42,18 @@ def add_devices(parser: argparse.ArgumentParser, default: int, help: str = "simu
     parser.add_argument("--devices", type=int, default=default, help=f"{help} (default: {default:,})")
 
 
+def add_steady(parser: argparse.ArgumentParser) -> None:
+    """``--steady``: seconds of steady state the CPU and RSS figures are read over."""
+    parser.add_argument(
+        "--steady",
+        type=float,
+        default=0.0,
+        help="seconds of steady state (every device online, nothing happening) over which CPU and RSS "
+        "are read, if longer than a keep-alive (default: one keep-alive); a longer window is a steadier "
+        "figure on a shared machine",
+    )
+
+
 def add_keepalive(parser: argparse.ArgumentParser, default: int) -> None:
     """``--keepalive``: the devices' MQTT keep-alive."""
     parser.add_argument(

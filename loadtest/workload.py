@@ -12,7 +12,16 @@ from pathlib import Path
 from .generator.spec import GeneratorSpec
 from .mqtt_versions import deal
 
-__all__ = ["FILE_BUDGET", "DeviceLoad", "Timeline", "generator_count", "opening", "plan", "specs"]
+__all__ = [
+    "FILE_BUDGET",
+    "DeviceLoad",
+    "Timeline",
+    "generator_count",
+    "opening",
+    "plan",
+    "specs",
+    "steady_seconds",
+]
 
 FILE_BUDGET = 15_000
 """Devices per generator and per server worker: under the 20,000-file limit, with room
@@ -33,6 +42,10 @@ class DeviceLoad:
     reconnect: float = 0.0
     stall: bool = False
     stall_keepalives: float = 2.0
+    steady: float = 0.0
+    """Seconds of steady state (every device online, nothing happening to them) over
+    which CPU and RSS are read, if longer than one keep-alive (the default window): on
+    a shared machine a few seconds' CPU moves by tens of percent from run to run."""
     rate: float = 2_000.0
     """Connections started per second, over all generators."""
     max_inflight: int = 1_024
@@ -75,21 +88,30 @@ def generator_count(load: DeviceLoad) -> int:
     return max(1, math.ceil(load.devices / load.per_generator))
 
 
-def opening(devices: int, rate: float, keepalive: int, generators: int) -> tuple[float, float, float]:
+def opening(
+    devices: int, rate: float, keepalive: int, generators: int, steady: float = 0.0
+) -> tuple[float, float, float]:
     """When a run of ``devices`` ramped at ``rate`` starts, when its scenarios act (every
-    device online and settled), and when every silent device is due; laid out from now."""
+    device online and settled, for the longer of a keep-alive and ``steady`` seconds),
+    and when every silent device is due; laid out from now."""
     start = time.monotonic() + 2.0 + 0.15 * generators  # generators start and import first
     # A fifth more than the ramp should take: a busy server accepts more slowly, and
     # the scenarios must find every device online.
-    acts = start + 1.2 * devices / rate + keepalive + 2.0
+    acts = start + 1.2 * devices / rate + max(keepalive, steady) + 2.0
     detect_by = acts + keepalive / 2 + 1.5 * keepalive + 1.0
     return start, acts, detect_by
+
+
+def steady_seconds(load: DeviceLoad) -> float:
+    """How long before the scenarios act the steady-state window opens (CPU and RSS are
+    read over it, the ramp's end permitting)."""
+    return max(float(load.keepalive), load.steady)
 
 
 def plan(load: DeviceLoad, generators: int) -> Timeline:
     """Lay the phases out from now."""
     k = load.keepalive
-    start, acts, detect_by = opening(load.devices, load.rate, k, generators)
+    start, acts, detect_by = opening(load.devices, load.rate, k, generators, load.steady)
     if not load.stall:
         return Timeline(start, acts, detect_by, None, None, detect_by + 1.0)
     stall_end = detect_by + load.stall_keepalives * k

@@ -189,6 +189,25 @@ def test_steady_state_cost_excludes_a_ramp_that_overran(tmp_path: Path) -> None:
     assert steady["ramp_overran_s"] == pytest.approx(19.0)
 
 
+def test_a_longer_steady_state_is_planned_and_read_whole(tmp_path: Path) -> None:
+    """``--steady S``: the devices settle for S seconds (not one keep-alive) before the
+    scenarios act, and CPU and heartbeats are read over those S seconds."""
+    short = plan(DeviceLoad(devices=1000, keepalive=5), 1)
+    long = plan(DeviceLoad(devices=1000, keepalive=5, steady=30), 1)
+    assert (long.acts - long.start) - (short.acts - short.start) == pytest.approx(25, abs=0.1)
+    assert long.detect_by - long.acts == pytest.approx(short.detect_by - short.acts)
+    r = _generator(tmp_path).results()
+    r["connack_times"] = [float(t) for t in range(10)]
+    samples = [Sample(t=float(t), rss=1_000_000, cpu=0.1 * t, fds=10, processes=1) for t in range(101)]
+    progress = [(float(t), {"pings": 10.0 * t, "online": 80.0, "started": 80.0, "detected": 0.0}) for t in range(101)]
+    timeline = Timeline(start=0.0, acts=100.0, detect_by=150.0, stall=None, stall_end=None, end=160.0)
+    for steady, window in ((0.0, 5.0), (30.0, 30.0), (95.0, 90.0)):  # the last: from the last CONNACK (9) + 1 s
+        load = DeviceLoad(devices=80, keepalive=5, steady=steady)
+        out = merge(load, timeline, [r], progress, samples, {})["steady"]
+        assert out["window_s"] == pytest.approx(window), steady
+        assert out["cpu_cores"] == pytest.approx(0.1) and out["heartbeats_per_s"] == pytest.approx(10.0)
+
+
 def _page(worker: str, reason: str = "idle") -> str:
     """A worker's /metrics page as the servers write it (prometheus-client's exposition)."""
     f = Families({"worker": worker})
