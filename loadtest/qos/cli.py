@@ -34,9 +34,10 @@ Targets: ``idlekeeper`` is ``servers.heartbeat`` on its dense engine, with
 supervisor); ``idlekeeper-fleet`` is the same server as a one-gateway fleet
 (``--cluster``) on a ``redis-server`` of its own, started on a free loopback port and
 stopped with it, so its persistent sessions and their queues live in Redis (not in the
-default targets: it needs Debian's ``redis-server``); ``mosquitto`` is the Debian broker with a minimal configuration
-(``max_inflight_messages 20``, ``max_queued_messages`` 1,000, or N for the queued
-part). Each part gets a fresh server, so the RSS baseline is a clean one.
+default targets: it needs Debian's ``redis-server``); ``mosquitto`` is the Debian
+broker with a minimal configuration (``max_inflight_messages 20``,
+``max_queued_messages`` 1,000, or N for the queued part). Each part gets a fresh
+server, so the RSS baseline is a clean one.
 
 Mosquitto 2.0.11 (Debian's, and the version measured here) reorders QoS 1 messages
 once some wait in its queue behind a full in-flight window: a new message is sent
