@@ -26,6 +26,7 @@ import trio
 from . import arrival as _arrival
 from .accept import Listener
 from .epochs import Epoch
+from .fdtable import FdTable
 from .keeper import Keeper
 from .lost import EngineClosedError
 from .protocol import Protocol
@@ -89,7 +90,9 @@ class Dispatcher:
         # would overflow the kernel's accept queue, and dropped SYNs come back only
         # after the client's retransmission timeout (1 s, then 3, 7...).
         self._urgent = select.epoll()
-        self._fds: dict[int, Transport] = {}
+        # Reserved up to the urgent set's descriptor, the one member of the main set
+        # that is not a connection: every event a pass takes then has a slot.
+        self._fds: FdTable[Transport] = FdTable(reserve=self._urgent.fileno() + 1)
         self._epoll.register(self._urgent.fileno(), _IN)
         self._listeners: list[Listener] = []
         self._lost: list[tuple[Transport, BaseException | None]] = []
@@ -144,13 +147,13 @@ class Dispatcher:
         self.passes += 1
         if self.arrivals is not None:
             self.arrivals.calibrate()
-        fds = self._fds
+        fds = self._fds.slots
         urgent = self._urgent.fileno()
         ready: list[Listener] = []
         polled = self._epoll.poll(0, self.max_events)
         self._polled = len(polled)
         for fd, events in polled:
-            entry = fds.get(fd)
+            entry = fds[fd]
             if entry is not None:
                 if events & _OUT and entry._wbuf is not None:
                     entry._flush()
@@ -278,7 +281,7 @@ class Dispatcher:
         if self.arrivals is not None:
             _arrival.enable(sock)
         fd = sock.fileno()
-        self._fds[fd] = t
+        self._fds.add(fd, t)
         self._epoll.register(fd, _IN)
         t._io |= REG_IN
         t.start()
@@ -339,8 +342,7 @@ class Dispatcher:
         fd = sock.fileno()
         if io & _REG:
             self._epoll.unregister(fd)
-        if self._fds.get(fd) is t:
-            del self._fds[fd]
+        self._fds.remove(fd, t)
         sock.close()
         t._wbuf = None
         t._sending = False
@@ -389,7 +391,7 @@ class Dispatcher:
 
     def _close(self) -> None:
         """Close every connection (its protocol told :class:`EngineClosedError`) and the sets."""
-        for t in list(self._fds.values()):
+        for t in self._fds.values():
             self._drop(t, EngineClosedError())
         self._deliver_lost()
         self._epoll.close()

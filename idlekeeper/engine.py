@@ -144,7 +144,7 @@ class Engine(Dispatcher, metaclass=NoPublicConstructor):
 
     def transports(self) -> Iterator[Transport]:
         """Every open connection (a snapshot)."""
-        return iter(list(self._fds.values()))
+        return iter(self._fds.values())
 
     def adopt(
         self,

@@ -59,7 +59,8 @@ T = TypeVar("T")
 class DenseConnection(Connection, idlekeeper.Protocol):
     """One client connection served by the dense engine's callbacks."""
 
-    __slots__ = ("server", "reader", "waiting", "outcome", "detail", "has_subscribed")
+    # One slot fewer than 18 keeps an instance in the allocator's 144-byte size class.
+    __slots__ = ("server", "reader", "waiting", "violation", "has_subscribed")
     stream: idlekeeper.Transport
     ANSWERS_IN_ENGINE = True
     """Whether the engine may answer a PINGREQ itself (see :meth:`_offer_pings`): the
@@ -69,8 +70,8 @@ class DenseConnection(Connection, idlekeeper.Protocol):
         self.server = server
         self.waiting: list[AnyPacket] | None = None
         """Packets that arrived behind CONNECT while its password is checked."""
-        self.outcome: Offline | None = None
-        self.detail = ""
+        self.violation: str | None = None
+        """What the client broke, if a protocol error ends the connection."""
         self.has_subscribed = False
 
     # -- the engine's callbacks ------------------------------------------------------
@@ -171,16 +172,17 @@ class DenseConnection(Connection, idlekeeper.Protocol):
 
     def connection_lost(self, exc: BaseException | None) -> None:
         """Report the end, with its reason, exactly once."""
-        outcome = self.outcome
-        if outcome is None:
-            if self.session.state is State.CLOSED:
-                outcome = Offline.DISCONNECT  # unless refused: ended_by says so
-            elif isinstance(exc, idlekeeper.EngineClosedError):
-                outcome = Offline.SHUTDOWN
-            else:
-                outcome = Offline.CONNECTION_LOST
+        violation = self.violation
+        if violation is not None:
+            outcome = Offline.PROTOCOL_ERROR
+        elif self.session.state is State.CLOSED:
+            outcome = Offline.DISCONNECT  # unless refused: ended_by says so
+        elif isinstance(exc, idlekeeper.EngineClosedError):
+            outcome = Offline.SHUTDOWN
+        else:
+            outcome = Offline.CONNECTION_LOST
         server = self.server
-        server.ended(self, self.end_reason(outcome), self.detail)
+        server.ended(self, self.end_reason(outcome), violation or "")
 
     # -- the protocol ----------------------------------------------------------------
 
@@ -301,7 +303,7 @@ class DenseConnection(Connection, idlekeeper.Protocol):
         server.announce(self)
 
     def _violation(self, exc: ProtocolError) -> None:
-        self.outcome, self.detail = Offline.PROTOCOL_ERROR, exc.reason
+        self.violation = exc.reason
         refusal = self.server.protocol_error(self, exc)
         if refusal is None:
             self.stream.abort()
