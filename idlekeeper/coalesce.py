@@ -5,6 +5,12 @@ of trio's loop per packet costs far more than the packet. With ``coalesce`` set,
 the engine serves what came, then gathers for ``coalesce`` seconds and serves what
 came meanwhile in one pass, until a pass finds nothing. What must not wait out a
 window (a connection to accept, a drop to tell its protocol) still does not.
+
+``coalesce_canned`` moderates only the traffic the engine answers itself: a window
+follows a pass whose every read was a canned request (a keep-alive's PINGREQ), and
+the first pass that serves anything else (a PUBLISH, an acknowledgement, a queue to
+drain, a connection to accept) ends the run of windows. A fleet's heartbeats are
+gathered; a flow of messages is served a wake-up a read, as without it.
 """
 
 from __future__ import annotations
@@ -22,19 +28,25 @@ async def run_passes(engine: Dispatcher, task_status: trio.TaskStatus[None] = tr
     """The engine's task: a pass whenever its epoll set is readable, then, while passes
     find something and the engine's ``coalesce`` (seconds) is set, one a window."""
     epfd = engine._epoll.fileno()
-    coalesce = engine.coalesce
+    coalesce, canned = engine.coalesce, engine.coalesce_canned
+    window = coalesce or canned
+    arrivals = engine.arrivals
     as_pass, pass_ = engine._as_pass, engine._pass
     task_status.started()
     while True:
         await trio.lowlevel.wait_readable(epfd)
+        # Read as soon as it is ready: its own epoch is a good enough stamp.
+        engine._stamping = arrivals if coalesce else None
         handled = as_pass(pass_)
-        while coalesce and handled:
+        while handled and (coalesce or (canned and engine._only_canned)):
             if engine._backlog:
                 # A listener had more waiting than a pass accepts: accepting must not
                 # be paced by the window (a ramp would queue in the kernel's backlog).
                 await trio.lowlevel.checkpoint()
             else:
-                await _gather(engine, coalesce)
+                engine.windows += 1
+                await _gather(engine, window)
+            engine._stamping = arrivals
             handled = as_pass(pass_)
 
 

@@ -63,19 +63,31 @@ class Dispatcher:
         high_water: int,
         low_water: int,
         coalesce: float = 0.0,
+        coalesce_canned: float = 0.0,
     ) -> None:
         if not 0 <= low_water <= high_water:
             raise ValueError("need 0 <= low_water <= high_water")
-        if coalesce < 0:
-            raise ValueError("coalesce must be >= 0")
+        if coalesce < 0 or coalesce_canned < 0:
+            raise ValueError("coalesce and coalesce_canned must be >= 0")
         self.keeper = keeper
         self.coalesce = coalesce
         """Seconds traffic is gathered between passes while it keeps coming (0: a pass per wake-up)."""
+        self.coalesce_canned = coalesce_canned
+        """Seconds traffic is gathered after a pass that only answered canned requests
+        (0: never); see :func:`~idlekeeper.open_engine`."""
         # A gathered packet is read up to a window after it came; stamping it then
         # would move its receive deadline out by as much, so it is stamped with when
         # the kernel received it.
-        self.arrivals: _arrival.ArrivalClock | None = _arrival.ArrivalClock(trio.current_time) if coalesce else None
+        self.arrivals: _arrival.ArrivalClock | None = (
+            _arrival.ArrivalClock(trio.current_time) if coalesce or coalesce_canned else None
+        )
         """Turns kernel receive stamps into keeper time (only while coalescing)."""
+        # The stamps of the current pass's reads: the arrival clock in a pass that
+        # follows a window (or every pass, with ``coalesce``), else None (the pass's epoch).
+        self._stamping: _arrival.ArrivalClock | None = None
+        # Whether every read of the current pass so far was a canned request answered
+        # here: only then may a window follow (coalesce_canned).
+        self._only_canned = False
         self.read_size = read_size
         self.max_events = max_events
         self.accept_batch = accept_batch
@@ -125,6 +137,8 @@ class Dispatcher:
         """Protocol callbacks that raised (each closed its connection)."""
         self.passes = 0
         """Passes of the engine's loop."""
+        self.windows = 0
+        """Coalescing windows waited out (``coalesce``, ``coalesce_canned``)."""
         self.canned = 0
         """Requests the engine answered itself (see :meth:`Engine.add_canned_reply`)."""
         self._canned: dict[bytes, bytes] = {}
@@ -145,8 +159,10 @@ class Dispatcher:
 
     def _pass(self) -> int:
         self.passes += 1
-        if self.arrivals is not None:
-            self.arrivals.calibrate()
+        stamping = self._stamping
+        if stamping is not None:
+            stamping.calibrate()
+        self._only_canned = True
         fds = self._fds.slots
         urgent = self._urgent.fileno()
         ready: list[Listener] = []
@@ -156,6 +172,7 @@ class Dispatcher:
             entry = fds[fd]
             if entry is not None:
                 if events & _OUT and entry._wbuf is not None:
+                    self._only_canned = False  # a queue draining: not to be paced
                     entry._flush()
                 if events & ~_OUT and not entry._io & NO_READ:
                     self._read(entry)
@@ -167,10 +184,16 @@ class Dispatcher:
         # A full batch of events means more may be ready: like a listener's backlog,
         # that is served now, not a coalescing window later (where it would pile up).
         backlog = len(polled) >= self.max_events
+        if ready:
+            self._only_canned = False  # a new connection's CONNECT is not kept a window
         for listener in ready:
             backlog |= listener.accept()
         self._backlog = backlog
         self._end_pass()
+        if self._only_canned and stamping is None and self.arrivals is not None:
+            # A window may follow: the stamps of what it gathers are trusted back to a
+            # measurement taken before any of it came (see idlekeeper.arrival).
+            self.arrivals.calibrate()
         return len(polled)
 
     def _urgent_pass(self) -> bool:
@@ -211,7 +234,7 @@ class Dispatcher:
         return ready
 
     def _read(self, t: Transport) -> None:
-        arrivals = self.arrivals
+        arrivals = self._stamping
         try:
             if arrivals is None:
                 data = t._socket.recv(self.read_size)
@@ -225,6 +248,7 @@ class Dispatcher:
             self._drop(t, exc)
             return
         if t._tls:  # records, not the protocol's bytes: the transport opens them
+            self._only_canned = False
             cast(TLSTransport, t)._tls_received(data, at)
             return
         t._rx = t._epochs.current if at is None else Epoch(at)
@@ -240,6 +264,7 @@ class Dispatcher:
                 else:
                     t.write(reply)  # behind what is queued or gathered
                 return
+        self._only_canned = False
         try:
             if data:
                 protocol.data_received(data)

@@ -189,6 +189,7 @@ async def open_engine(
     high_water: int = HIGH_WATER,
     low_water: int = LOW_WATER,
     coalesce: float = 0.0,
+    coalesce_canned: float = 0.0,
 ) -> AsyncIterator[Engine]:
     """Start a dense engine (one task) whose connections ``keeper`` watches.
 
@@ -202,6 +203,15 @@ async def open_engine(
     deadlines do not move with it: each read is stamped with when the kernel received
     its bytes (:mod:`idlekeeper.arrival`), so a silent peer is found as soon as
     without coalescing.
+
+    ``coalesce_canned`` (seconds, default 0) is the same for the requests the engine
+    answers itself (:meth:`Engine.add_canned_reply`: keep-alive probes) and no
+    other traffic: a window follows only a pass in which every read was such a
+    request, and the first pass that serves anything else ends the run of windows.
+    A fleet whose traffic is mostly heartbeats then costs a wake-up a window, not one
+    a heartbeat; what else arrives during a window waits for its end (up to
+    ``coalesce_canned``), and a flow of other traffic is served as without it.
+    ``coalesce``, where set, applies to every pass instead.
     """
     engine = Engine._create(
         keeper,
@@ -211,6 +221,7 @@ async def open_engine(
         high_water=high_water,
         low_water=low_water,
         coalesce=coalesce,
+        coalesce_canned=coalesce_canned,
     )
     try:
         async with trio.open_nursery() as nursery:
@@ -243,6 +254,7 @@ async def serve_protocol(
     high_water: int = HIGH_WATER,
     low_water: int = LOW_WATER,
     coalesce: float = 0.0,
+    coalesce_canned: float = 0.0,
     task_status: trio.TaskStatus[Engine] = trio.TASK_STATUS_IGNORED,
 ) -> NoReturn:
     """Serve TCP on ``port`` with a dense engine, one ``factory()`` protocol per connection.
@@ -250,7 +262,7 @@ async def serve_protocol(
     The dense counterpart of :func:`~idlekeeper.serve_tcp`; compatible with
     ``nursery.start``, which returns the :class:`Engine` (port 0 picks a free port:
     ``engine.listeners[0].getsockname()[1]``). ``ssl_context`` and
-    ``handshake_timeout`` are :meth:`Engine.serve`'s; ``read_size`` to ``coalesce``
+    ``handshake_timeout`` are :meth:`Engine.serve`'s; ``read_size`` to ``coalesce_canned``
     :func:`open_engine`'s.
     """
     listeners = await trio.open_tcp_listeners(port, host=host, backlog=backlog)
@@ -263,6 +275,7 @@ async def serve_protocol(
             high_water=high_water,
             low_water=low_water,
             coalesce=coalesce,
+            coalesce_canned=coalesce_canned,
         )
         async with opening as engine:
             engine.serve(

@@ -68,8 +68,16 @@ from .workload import DeviceLoad
 
 __all__ = ["compare_devices", "compare_http", "main"]
 
-MQTT_TARGETS = ("idlekeeper", "idlekeeper-coalesced", "idlekeeper-streams", "baseline", "amqtt", "mosquitto")
-V5_TARGETS = ("idlekeeper", "idlekeeper-coalesced", "idlekeeper-streams", "mosquitto")
+MQTT_TARGETS = (
+    "idlekeeper",
+    "idlekeeper-pings",
+    "idlekeeper-coalesced",
+    "idlekeeper-streams",
+    "baseline",
+    "amqtt",
+    "mosquitto",
+)
+V5_TARGETS = ("idlekeeper", "idlekeeper-pings", "idlekeeper-coalesced", "idlekeeper-streams", "mosquitto")
 """The MQTT targets that serve 5.0 (the baseline and amqtt 0.12 speak 3.1.1 only)."""
 MQTT_PROTOCOLS = ("3.1.1", "5")
 
@@ -145,8 +153,10 @@ def compare_devices(
     quiet: bool,
     coalesce: float = 1.0,
     protocols: Sequence[str] = ("3.1.1",),
+    coalesce_pings: float = 0.1,
 ) -> dict[str, Any]:
-    """Run ``load`` against each MQTT target in turn (``idlekeeper-coalesced`` at ``coalesce``),
+    """Run ``load`` against each MQTT target in turn (``idlekeeper-coalesced`` at ``coalesce``,
+    ``idlekeeper-pings`` at ``coalesce_pings``),
     once per MQTT version of ``protocols`` (each a version the devices all speak): a row per
     target and version (:func:`row_name`); a target that does not serve 5.0 has none for it."""
     results: dict[str, Any] = {}
@@ -158,7 +168,8 @@ def compare_devices(
             if level == 5 and target not in V5_TARGETS:
                 missing[name] = "speaks MQTT 3.1.1 only"
                 continue
-            r = _device_run(target, name, dataclasses.replace(load, protocol=NAMES[level]), tick, quiet, coalesce)
+            windows = (coalesce if target == "idlekeeper-coalesced" else 0.0, coalesce_pings)
+            r = _device_run(target, name, dataclasses.replace(load, protocol=NAMES[level]), tick, quiet, windows)
             if isinstance(r, str):
                 missing[name] = r
             else:
@@ -173,7 +184,7 @@ def compare_devices(
 
 
 def _device_run(
-    name: str, row: str, load: DeviceLoad, tick: float, quiet: bool, coalesce: float
+    name: str, row: str, load: DeviceLoad, tick: float, quiet: bool, windows: tuple[float, float]
 ) -> dict[str, Any] | str:
     """One target's device run (its results), or why it could not run."""
     print(f"\n== devices: {row} ==", flush=True)
@@ -181,8 +192,15 @@ def _device_run(
     try:
         if name.startswith("idlekeeper"):
             engine = "streams" if name == "idlekeeper-streams" else "dense"
-            window = coalesce if name == "idlekeeper-coalesced" else 0.0
-            ours = HeartbeatTarget.start(load.devices, tick=tick, workers=1, engine=engine, coalesce=window)
+            coalesce, pings = windows
+            ours = HeartbeatTarget.start(
+                load.devices,
+                tick=tick,
+                workers=1,
+                engine=engine,
+                coalesce=coalesce if name == "idlekeeper-coalesced" else 0.0,
+                coalesce_pings=pings if name == "idlekeeper-pings" else 0.0,
+            )
             ours.name = row
             server: Any = ours
             stop_server = ours.stop
@@ -290,6 +308,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     add_tick(p, 0.1, "idlekeeper's")
     a("--coalesce", type=float, default=1.0, help="idlekeeper-coalesced's --coalesce, seconds (default: 1)")
+    a(
+        "--coalesce-pings",
+        type=float,
+        default=0.1,
+        help="idlekeeper-pings's --coalesce-pings, seconds (default: 0.1)",
+    )
     HttpLoad.add_arguments(p, prefix="http-")
     a("--http-rounds", type=int, default=3, help="interleaved unattacked rounds per HTTP server (default: 3)")
     a(
@@ -331,7 +355,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             steady=args.steady,
         )
         out["devices"] = compare_devices(
-            load, args.mqtt_targets.split(","), args.tick, args.quiet, args.coalesce, protocols
+            load,
+            args.mqtt_targets.split(","),
+            args.tick,
+            args.quiet,
+            args.coalesce,
+            protocols,
+            coalesce_pings=args.coalesce_pings,
         )
     if args.only in (None, "http"):
         out["http"] = compare_http(

@@ -226,6 +226,13 @@ def parser(prog: str = "python -m loadtest devices") -> argparse.ArgumentParser:
         default=0.0,
         help="the server's --coalesce: seconds the dense engine gathers packets per pass (default: 0)",
     )
+    a(
+        "--coalesce-pings",
+        type=float,
+        default=0.0,
+        help="the server's --coalesce-pings: seconds the dense engine gathers PINGREQs per pass while "
+        "nothing else comes (default: 0)",
+    )
     add_running_server(
         p,
         port_help="drive an already running server on this port instead of starting one",
@@ -259,7 +266,12 @@ def main_with(args: argparse.Namespace) -> int:
         if not args.quiet:
             print(f"starting servers.heartbeat for {load.devices:,} devices ...", flush=True)
         started = HeartbeatTarget.start(
-            load.devices, tick=args.tick, workers=args.workers, engine=args.engine, coalesce=args.coalesce
+            load.devices,
+            tick=args.tick,
+            workers=args.workers,
+            engine=args.engine,
+            coalesce=args.coalesce,
+            coalesce_pings=args.coalesce_pings,
         )
         server = started
     try:

@@ -193,10 +193,12 @@ class HeartbeatTarget:
         workers: int | None = None,
         engine: str = "dense",
         coalesce: float = 0.0,
+        coalesce_pings: float = 0.0,
     ) -> HeartbeatTarget:
         """Enough workers for ``devices`` (or ``workers``), each with /metrics and a shared presence log.
 
-        ``coalesce`` is the dense engine's ``--coalesce`` (0: a pass per wake-up).
+        ``coalesce`` is the dense engine's ``--coalesce`` (0: a pass per wake-up), and
+        ``coalesce_pings`` its ``--coalesce-pings`` (0: none).
 
         ``engine`` is the server's ``--engine``; a streams server is named ``idlekeeper-streams``.
         """
@@ -208,6 +210,8 @@ class HeartbeatTarget:
         extra = ["--tick", str(tick), "--status-port", str(status), "--presence-log", str(log), "--engine", engine]
         if coalesce:
             extra += ["--coalesce", str(coalesce)]
+        if coalesce_pings:
+            extra += ["--coalesce-pings", str(coalesce_pings)]
         proc = start_heartbeat(port, workers, extra, timeout=60 + workers * 5)
         urls = [f"http://127.0.0.1:{status + i}/metrics" for i in range(workers)]
         name = "idlekeeper" if engine == "dense" else f"idlekeeper-{engine}"

@@ -118,6 +118,14 @@ def parser() -> argparse.ArgumentParser:
         help="dense engine: while packets keep coming, serve them in one pass every this many seconds "
         "instead of one wake-up each (less CPU per heartbeat, replies up to that much later; default: 0)",
     )
+    a(
+        "--coalesce-pings",
+        type=float,
+        default=0.0,
+        help="dense engine: while nothing but PINGREQs comes, serve them in one pass every this many seconds "
+        "(a fleet's heartbeats cost a wake-up a window; a packet that arrives meanwhile waits up to that "
+        "long; any other traffic is served at once; default: 0)",
+    )
     a("--send-timeout", type=float, default=30.0, help="seconds a subscriber may stall our sends (default: 30)")
     a("--max-packet-size", type=int, default=256 * 1024, help="largest accepted packet in bytes (default: 262144)")
     a(
@@ -294,6 +302,7 @@ def config_from(args: argparse.Namespace, worker: int) -> HeartbeatConfig:
         max_connections=args.max_connections,
         engine=args.engine,
         coalesce=args.coalesce,
+        coalesce_pings=args.coalesce_pings,
         auth=PasswordFile.load(args.auth_file) if args.auth_file else None,
         auth_throttle=auth_throttle(args),
         auth_threads=args.auth_threads,
@@ -384,7 +393,9 @@ def authority_hub(args: argparse.Namespace) -> Hub:
     # The bounds and rules of the sessions it keeps for every worker (the log is its own, above).
     config = config_from(argparse.Namespace(**{**vars(args), "presence_log": None}), 0)
     authority = Authority(
-        sinks, presence_prefix=config.presence_prefix, max_records=config.max_device_records,
+        sinks,
+        presence_prefix=config.presence_prefix,
+        max_records=config.max_device_records,
         max_record_bytes=config.max_device_record_bytes,
         state=mqtt_state(config),
     )

@@ -96,6 +96,9 @@ class HeartbeatConfig(WorkerConfig):
     """``dense`` (one task serves every connection) or ``streams`` (a task per connection)."""
     coalesce: float = 0.0
     """Dense engine: seconds packets are gathered per pass while they keep coming (CPU for latency)."""
+    coalesce_pings: float = 0.0
+    """Dense engine: seconds PINGREQs are gathered per pass while nothing else comes (CPU for
+    the latency of a packet arriving meanwhile); see :func:`idlekeeper.open_engine`'s ``coalesce_canned``."""
     max_connect_rate: float = DEFAULT_CONNECT_RATE
     """CONNECTs a second from one source address, after a burst of a minute's worth; past
     it, CONNACK 3 (see :mod:`.connect_rate`). 0: unbounded."""

@@ -140,6 +140,11 @@ def worker_figures(source: FigureSource) -> list[Metric]:
     if engine is not None:
         f.counter("heartbeat_engine_passes_total", "Passes of the dense engine's loop.", engine.passes)
         f.counter(
+            "heartbeat_engine_windows_total",
+            "Coalescing windows the dense engine waited out (--coalesce, --coalesce-pings).",
+            engine.windows,
+        )
+        f.counter(
             "heartbeat_engine_canned_replies_total",
             "PINGREQs the dense engine answered itself, without a call into the MQTT code (in packets_in too).",
             engine.canned,
