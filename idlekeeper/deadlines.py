@@ -13,7 +13,7 @@ from __future__ import annotations
 import enum
 import math
 
-from .epochs import NEVER, Epoch, latest
+from .epochs import NEVER, Epoch, Stamp, latest
 from .wheel import WheelEntry
 
 __all__ = ["ConnectionDeadlines", "Reason"]
@@ -72,7 +72,7 @@ class ConnectionDeadlines(WheelEntry):
 
     def __init__(self) -> None:
         super().__init__()
-        self._rx: Epoch = NEVER
+        self._rx: Stamp = NEVER
         self._tx: Epoch = NEVER
         self._sending = False
         self._idle: float | None = None

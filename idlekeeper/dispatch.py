@@ -25,7 +25,6 @@ import trio
 
 from . import arrival as _arrival
 from .accept import Listener
-from .epochs import Epoch
 from .fdtable import FdTable
 from .keeper import Keeper
 from .lost import EngineClosedError
@@ -251,7 +250,7 @@ class Dispatcher:
             self._only_canned = False
             cast(TLSTransport, t)._tls_received(data, at)
             return
-        t._rx = t._epochs.current if at is None else Epoch(at)
+        t._rx = t._epochs.current if at is None else at
         protocol = t._protocol
         if protocol is None:
             return

@@ -43,7 +43,6 @@ import math
 import ssl
 from typing import TYPE_CHECKING
 
-from .epochs import Epoch
 from .stats import HandshakeFailure
 from .transport import CLOSED, CLOSING, EOF_PENDING, EOF_SENT, PAUSED, PEER_EOF, Callbacks, Transport
 
@@ -193,7 +192,7 @@ class TLSTransport(Transport):
         if protocol is None:
             return
         if chunks:
-            self._rx = self._epochs.current if at is None else Epoch(at)
+            self._rx = self._epochs.current if at is None else at
         held = self._held
         if held is not None:
             # Read in the pass that follows a resume, before its end hands the held
