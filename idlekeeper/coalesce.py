@@ -26,7 +26,8 @@ __all__ = ["run_passes"]
 
 async def run_passes(engine: Dispatcher, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> NoReturn:
     """The engine's task: a pass whenever its epoll set is readable, then, while passes
-    find something and the engine's ``coalesce`` (seconds) is set, one a window."""
+    find something and the engine's ``coalesce`` (seconds) is set, one a window; or,
+    with ``coalesce_canned``, while they find nothing but canned requests."""
     epfd = engine._epoll.fileno()
     coalesce, canned = engine.coalesce, engine.coalesce_canned
     window = coalesce or canned

@@ -12,6 +12,7 @@ import math
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+import pytest
 import trio
 from trio.testing import MockClock
 
@@ -211,3 +212,10 @@ async def test_without_the_option_no_pass_waits(clock: MockClock) -> None:
                 assert trio.current_time() - sent <= 1e-6
                 await trio.sleep(0.05)
             sock.close()
+
+
+async def test_a_negative_window_is_refused() -> None:
+    async with idlekeeper.open_keeper() as keeper:
+        with pytest.raises(ValueError, match="coalesce_canned must be >= 0"):
+            async with idlekeeper.open_engine(keeper, coalesce_canned=-0.1):
+                pass  # pragma: no cover - refused before the block

@@ -182,11 +182,12 @@ async def test_serve_protocol_takes_the_engines_options(clock: MockClock) -> Non
                 high_water=8192,
                 low_water=1024,
                 coalesce=0.05,
+                coalesce_canned=0.2,
                 task_status=task_status,
             )
         )
         got = (engine.read_size, engine.max_events, engine.accept_batch, engine.high_water, engine.low_water)
-        assert got == (4096, 64, 8, 8192, 1024) and engine.coalesce == 0.05
+        assert got == (4096, 64, 8, 8192, 1024) and (engine.coalesce, engine.coalesce_canned) == (0.05, 0.2)
         with pytest.raises(ValueError, match="low_water"):
             await nursery.start(
                 lambda task_status: idlekeeper.serve_protocol(
