@@ -3,9 +3,9 @@
 The kernel hands out the lowest free descriptor, so the descriptors of a process's
 sockets are dense small integers and a list indexed by them has few holes. A dict
 keyed by descriptor would cost every connection its key (a descriptor past 256 is an
-int object of its own, 28 bytes) and a dict entry (about 37 bytes at a million
-entries), against the list's 8-byte slot; and every event an epoll pass takes is
-looked up here, where indexing a list is cheaper than hashing into a dict.
+int object of its own, 28 bytes) and a dict entry (about 37 bytes), against the
+list's 8-byte slot; and every event an epoll pass takes is looked up here, where
+indexing a list is cheaper than hashing into a dict.
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ _T = TypeVar("_T")
 class FdTable(Generic[_T]):
     """What each open descriptor of an engine belongs to.
 
-    ``reserve``: descriptors below it have a slot from the start (an epoll set's own
-    members that are not in the table, such as its wake-up set, can then be looked
-    up in :attr:`slots` without a bounds check).
+    ``reserve``: descriptors below it have a slot from the start (a member of the
+    engine's epoll set that is not in the table, such as its nested set of listeners,
+    can then be looked up in :attr:`slots` without a bounds check).
     """
 
     __slots__ = ("slots", "_count")
