@@ -52,6 +52,7 @@ its own would cost each such connection an object (48 bytes), a float costs 24."
 
 def latest(epoch: Stamp, now: float) -> float:
     """The latest time at which an activity stamped ``epoch`` can have happened."""
+    # type(), not isinstance(): this is the reaper's path, and the test is 12 ns cheaper.
     end = epoch if type(epoch) is float else epoch.end  # type: ignore[union-attr]
     return end if end < now else now
 

@@ -168,8 +168,8 @@ def compare_devices(
             if level == 5 and target not in V5_TARGETS:
                 missing[name] = "speaks MQTT 3.1.1 only"
                 continue
-            windows = (coalesce if target == "idlekeeper-coalesced" else 0.0, coalesce_pings)
-            r = _device_run(target, name, dataclasses.replace(load, protocol=NAMES[level]), tick, quiet, windows)
+            device_load = dataclasses.replace(load, protocol=NAMES[level])
+            r = _device_run(target, name, device_load, tick, quiet, (coalesce, coalesce_pings))
             if isinstance(r, str):
                 missing[name] = r
             else:
@@ -186,7 +186,8 @@ def compare_devices(
 def _device_run(
     name: str, row: str, load: DeviceLoad, tick: float, quiet: bool, windows: tuple[float, float]
 ) -> dict[str, Any] | str:
-    """One target's device run (its results), or why it could not run."""
+    """One target's device run (its results), or why it could not run. ``windows``: the
+    ``--coalesce`` of ``idlekeeper-coalesced`` and the ``--coalesce-pings`` of ``idlekeeper-pings``."""
     print(f"\n== devices: {row} ==", flush=True)
     stop_server: Callable[[], None]
     try:
