@@ -45,7 +45,11 @@ def _check_timeout(name: str, value: float | None) -> float | None:
         return None
     if not value > 0 or math.isnan(value):
         raise ValueError(f"{name} must be a positive number of seconds or None, not {value!r}")
-    return None if math.isinf(value) else float(value)
+    if math.isinf(value):
+        return None
+    # An int or a float is kept as it is: float(30) would be a new object, 24 bytes,
+    # on every connection its timeout is set on.
+    return value if type(value) is int or type(value) is float else float(value)
 
 
 class ConnectionDeadlines(WheelEntry):
@@ -54,7 +58,9 @@ class ConnectionDeadlines(WheelEntry):
     Stamps: ``rx`` is the epoch of the last receive, ``tx`` of the last send progress;
     ``sending`` is true while a send is pending. Each timeout counts from the later
     of its last activity and the moment it was set, so setting a timeout when a
-    protocol changes phase means "from now".
+    protocol changes phase means "from now". That moment is a stamp too: a time, or
+    the epoch it was set in, which like any stamp can make an expiry late by the
+    length of that loop pass, never early.
     """
 
     __slots__ = (
@@ -79,9 +85,11 @@ class ConnectionDeadlines(WheelEntry):
         self._receive: float | None = None
         self._send: float | None = None
         self._deadline = _INF
-        self._idle_since = _NEG_INF
-        self._receive_since = _NEG_INF
-        self._send_since = _NEG_INF
+        # When each timeout was set, stamped as activity is (usually the epoch then
+        # current, which costs no object): a float a connection would be 24 bytes.
+        self._idle_since: Stamp = _NEG_INF
+        self._receive_since: Stamp = _NEG_INF
+        self._send_since: Stamp = _NEG_INF
 
     # -- configuration (the time of the change is passed in) -------------------
 
@@ -105,20 +113,20 @@ class ConnectionDeadlines(WheelEntry):
         """Absolute time by which the connection ends, ``inf`` for none."""
         return self._deadline
 
-    def _set_idle_timeout(self, seconds: float | None, now: float) -> None:
-        """Set (or with None clear) the idle timeout, counting from ``now``."""
+    def _set_idle_timeout(self, seconds: float | None, since: Stamp) -> None:
+        """Set (or with None clear) the idle timeout, counting from ``since``."""
         self._idle = _check_timeout("idle timeout", seconds)
-        self._idle_since = now
+        self._idle_since = since
 
-    def _set_receive_timeout(self, seconds: float | None, now: float) -> None:
-        """Set (or with None clear) the receive timeout, counting from ``now``."""
+    def _set_receive_timeout(self, seconds: float | None, since: Stamp) -> None:
+        """Set (or with None clear) the receive timeout, counting from ``since``."""
         self._receive = _check_timeout("receive timeout", seconds)
-        self._receive_since = now
+        self._receive_since = since
 
-    def _set_send_timeout(self, seconds: float | None, now: float) -> None:
-        """Set (or with None clear) the send timeout, counting from ``now``."""
+    def _set_send_timeout(self, seconds: float | None, since: Stamp) -> None:
+        """Set (or with None clear) the send timeout, counting from ``since``."""
         self._send = _check_timeout("send timeout", seconds)
-        self._send_since = now
+        self._send_since = since
 
     def _set_deadline(self, when: float | None) -> None:
         """Set the absolute deadline (``None`` or ``inf`` clears it)."""
@@ -144,17 +152,17 @@ class ConnectionDeadlines(WheelEntry):
         when = self._deadline
         reason: Reason | None = Reason.ABSOLUTE if when != _INF else None
         if self._send is not None and self._sending:
-            t = max(self._send_since, latest(self._tx, now)) + self._send
+            t = max(latest(self._send_since, now), latest(self._tx, now)) + self._send
             if t < when:
                 when, reason = t, Reason.SEND
         if self._receive is not None or self._idle is not None:
             rx = latest(self._rx, now)
             if self._receive is not None:
-                t = max(self._receive_since, rx) + self._receive
+                t = max(latest(self._receive_since, now), rx) + self._receive
                 if t < when:
                     when, reason = t, Reason.RECEIVE
             if self._idle is not None:
-                t = max(self._idle_since, rx, latest(self._tx, now)) + self._idle
+                t = max(latest(self._idle_since, now), rx, latest(self._tx, now)) + self._idle
                 if t < when:
                     when, reason = t, Reason.IDLE
         return when, reason
@@ -170,7 +178,7 @@ class ConnectionDeadlines(WheelEntry):
         """
         when = self.resolve(now)[0] if resolved is None else resolved
         if self._send is not None and not self._sending:
-            t = max(self._send_since, latest(self._tx, now), now) + self._send
+            t = max(latest(self._send_since, now), latest(self._tx, now), now) + self._send
             if t < when:
                 when = t
         return when

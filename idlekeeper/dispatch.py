@@ -69,6 +69,7 @@ class Dispatcher:
         if coalesce < 0 or coalesce_canned < 0:
             raise ValueError("coalesce and coalesce_canned must be >= 0")
         self.keeper = keeper
+        self._epochs = keeper._epochs
         self.coalesce = coalesce
         """Seconds traffic is gathered between passes while it keeps coming (0: a pass per wake-up)."""
         self.coalesce_canned = coalesce_canned
@@ -250,7 +251,7 @@ class Dispatcher:
             self._only_canned = False
             cast(TLSTransport, t)._tls_received(data, at)
             return
-        t._rx = t._epochs.current if at is None else at
+        t._rx = self._epochs.current if at is None else at
         protocol = t._protocol
         if protocol is None:
             return
@@ -258,7 +259,7 @@ class Dispatcher:
             reply = self._canned.get(data)
             if reply is not None:
                 self.canned += 1
-                if t._wbuf is None and t._tx is not t._epochs.current:
+                if t._wbuf is None and t._tx is not self._epochs.current:
                     t._send_now(reply)  # what write() does with a pass's first write
                 else:
                     t.write(reply)  # behind what is queued or gathered

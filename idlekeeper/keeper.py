@@ -266,7 +266,7 @@ class Keeper(metaclass=NoPublicConstructor):
             self._unfiled.discard(watch)
 
     def _changed(self, watch: Watch) -> None:
-        if watch._state is not _WATCHING or watch.reason is not None or self._closed:
+        if watch._state is not _WATCHING or watch._expiry is not None or self._closed:
             return
         when = watch.check_time(trio.current_time())
         wheel = self._wheel
@@ -330,7 +330,7 @@ class Keeper(metaclass=NoPublicConstructor):
             logger.exception("idlekeeper: error handling %r", entry)
 
     def _due(self, watch: Watch, now: float) -> None:
-        if watch._state is not _WATCHING or watch.reason is not None:
+        if watch._state is not _WATCHING or watch._expiry is not None:
             return
         when, reason = watch.resolve(now)
         if reason is None or when > now:

@@ -192,7 +192,7 @@ class TLSTransport(Transport):
         if protocol is None:
             return
         if chunks:
-            self._rx = self._epochs.current if at is None else at
+            self._rx = self._loop._epochs.current if at is None else at
         held = self._held
         if held is not None:
             # Read in the pass that follows a resume, before its end hands the held
@@ -359,7 +359,7 @@ class TLSTransport(Transport):
     def cancel(self) -> None:
         """Abort from outside, or at a deadline; an expiry before the handshake completed
         is the handshake's timeout, counted and logged as such."""
-        if self._app is not None and self.reason is not None and not self._io & CLOSED:
+        if self._app is not None and self._expiry is not None and not self._io & CLOSED:
             self._failed(
                 HandshakeFailure.TIMEOUT,
                 f"not complete {self._settings.handshake_timeout}s after accept",

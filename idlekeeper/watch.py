@@ -23,7 +23,7 @@ from typing import Protocol
 import trio
 
 from .deadlines import ConnectionDeadlines, Reason
-from .epochs import NEVER, Epoch, EpochClock, latest
+from .epochs import NEVER, Epoch, EpochClock, Stamp, latest
 from .stall import SocketLike
 
 __all__ = ["ExpireHook", "LastWords", "Watch", "WatchState", "WatchedStream"]
@@ -109,13 +109,11 @@ class Watch(ConnectionDeadlines):
 
     __slots__ = (
         "_owner",
-        "_epochs",
         "_scope",
         "_socket",
         "_flags",
         "on_expire",
-        "reason",
-        "lag",
+        "_expiry",
         "_state",
         "_entered",
     )
@@ -130,8 +128,9 @@ class Watch(ConnectionDeadlines):
         on_expire: ExpireHook | None,
     ) -> None:
         super().__init__()
+        # The epochs are the owner's (one clock a trio run): reached through it, not
+        # held in a slot of each watch's own.
         self._owner = owner
-        self._epochs = owner._epochs
         # Made when first needed: a connection served without a task of its own never
         # enters one, and a scope is a few hundred bytes of each of a million watches.
         self._scope: trio.CancelScope | None = None
@@ -142,10 +141,9 @@ class Watch(ConnectionDeadlines):
         self._flags = (CLOSE_ON_EXPIRY if close else 0) | (STALL_CHECK if stall_check else 0)
         self.on_expire = on_expire
         """Called once if the connection expires; see :data:`ExpireHook`."""
-        self.reason: Reason | None = None
-        """Why the connection expired, or None."""
-        self.lag = 0.0
-        """How long after its deadline the expiry ran (seconds)."""
+        # Why and how late it expired, in one slot: set once, and a slot less keeps a
+        # dense engine's transport in a smaller size class of the allocator.
+        self._expiry: tuple[Reason, float] | None = None
         self._state = _NEW
         # The loop pass in which watching began: silence is counted from it until the
         # first receive. An epoch shared with the pass's other connections, not a float.
@@ -182,7 +180,7 @@ class Watch(ConnectionDeadlines):
         if self._state is not _NEW:
             raise RuntimeError("a Watch can be started only once")
         self._state = _WATCHING
-        self._entered = self._epochs.current
+        self._entered = self._owner._epochs.current
         try:
             self._owner._enter(self)
         except BaseException:
@@ -205,12 +203,24 @@ class Watch(ConnectionDeadlines):
     @property
     def active(self) -> bool:
         """Being watched (inside the ``with`` block) and not expired."""
-        return self._state is _WATCHING and self.reason is None
+        return self._state is _WATCHING and self._expiry is None
 
     @property
     def expired(self) -> bool:
         """Whether a deadline ended the connection."""
-        return self.reason is not None
+        return self._expiry is not None
+
+    @property
+    def reason(self) -> Reason | None:
+        """Why the connection expired, or None."""
+        expiry = self._expiry
+        return None if expiry is None else expiry[0]
+
+    @property
+    def lag(self) -> float:
+        """How long after its deadline the expiry ran (seconds); 0 if it has not."""
+        expiry = self._expiry
+        return 0.0 if expiry is None else expiry[1]
 
     @property
     def cancel_scope(self) -> trio.CancelScope:
@@ -242,7 +252,7 @@ class Watch(ConnectionDeadlines):
 
     @idle_timeout.setter
     def idle_timeout(self, seconds: float | None) -> None:
-        self._set_idle_timeout(seconds, trio.current_time())
+        self._set_idle_timeout(seconds, self._owner._epochs.current)
         if seconds is not None:  # None only removes a deadline: the filing stands
             self._owner._changed(self)
 
@@ -253,7 +263,7 @@ class Watch(ConnectionDeadlines):
 
     @receive_timeout.setter
     def receive_timeout(self, seconds: float | None) -> None:
-        self._set_receive_timeout(seconds, trio.current_time())
+        self._set_receive_timeout(seconds, self._owner._epochs.current)
         if seconds is not None:  # None only removes a deadline: the filing stands
             self._owner._changed(self)
 
@@ -269,8 +279,15 @@ class Watch(ConnectionDeadlines):
         """
         now = trio.current_time()
         base = self._rx if self._rx is not NEVER else self._entered
-        since = now if base is NEVER else min(max(since, latest(base, now)), now)
-        self._set_receive_timeout(seconds, since)
+        stamp: Stamp
+        if base is NEVER or since >= now:
+            stamp = self._owner._epochs.current
+        elif since <= latest(base, now):
+            # From the receive (or the start) itself: its stamp, not a float of its own.
+            stamp = base
+        else:
+            stamp = since
+        self._set_receive_timeout(seconds, stamp)
         self._owner._changed(self)
 
     @property
@@ -280,7 +297,7 @@ class Watch(ConnectionDeadlines):
 
     @send_timeout.setter
     def send_timeout(self, seconds: float | None) -> None:
-        self._set_send_timeout(seconds, trio.current_time())
+        self._set_send_timeout(seconds, self._owner._epochs.current)
         if seconds is not None:  # None only removes a deadline: the filing stands
             self._owner._changed(self)
 
@@ -299,15 +316,15 @@ class Watch(ConnectionDeadlines):
 
     def mark_received(self) -> None:
         """Record that something was received now."""
-        self._rx = self._epochs.current
+        self._rx = self._owner._epochs.current
 
     def mark_sent(self) -> None:
         """Record that a send made progress now."""
-        self._tx = self._epochs.current
+        self._tx = self._owner._epochs.current
 
     def touch(self) -> None:
         """Record activity in both directions."""
-        self._rx = self._tx = self._epochs.current
+        self._rx = self._tx = self._owner._epochs.current
 
     def silent_for(self, now: float | None = None) -> float:
         """Seconds since the peer was last heard from (since watching began, if never).
@@ -369,8 +386,7 @@ class Watch(ConnectionDeadlines):
         return True
 
     def _expire(self, reason: Reason, lag: float) -> None:
-        self.reason = reason
-        self.lag = lag
+        self._expiry = (reason, lag)
         self.cancel()
 
     def __repr__(self) -> str:
@@ -436,12 +452,12 @@ class WatchedStream(Watch, trio.abc.Stream):
     async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
         """Receive from the transport; a return (data or EOF) counts as receive activity."""
         data = await self.transport_stream.receive_some(max_bytes)
-        self._rx = self._epochs.current
+        self._rx = self._owner._epochs.current
         return data
 
     async def send_all(self, data: bytes | bytearray | memoryview) -> None:
         """Send everything; each piece the transport accepts counts as send progress."""
-        epochs = self._epochs
+        epochs = self._owner._epochs
         self._tx = epochs.current
         self._sending = True
         try:

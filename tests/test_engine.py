@@ -18,6 +18,7 @@ import random
 import resource
 import socket
 import struct
+import sys
 import tracemalloc
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -994,6 +995,52 @@ async def test_objects_and_memory_per_connection(keeper: idlekeeper.Keeper, cloc
             client.close()
         await until(lambda: len(engine) == 0, "all closed")
         assert keeper.stats.watched == 0
+
+
+
+async def test_a_transport_keeps_its_size_class_and_its_timeouts_cost_no_object(
+    keeper: idlekeeper.Keeper, clock: MockClock
+) -> None:
+    n = 300
+    async with idlekeeper.open_engine(keeper) as engine:
+        listener = listening_socket(backlog=n + 10)
+        clients = [await connect(listener.getsockname()) for _ in range(n)]
+        engine.serve([listener], Minimal)
+        await until(lambda: len(engine) == n, "all accepted")
+        transports = [t for t in engine._fds.values() if isinstance(t, Transport)]
+        assert len(transports) == n
+        # The collector's header included: a slot more is the allocator's next size
+        # class for every connection (a million devices: 16 MB).
+        assert sys.getsizeof(transports[0]) <= 224
+        await trio.sleep(1.0)  # a later phase: its timeouts count from now
+        gc.collect()
+        tracemalloc.start()
+        try:
+            for t in transports:
+                t.receive_timeout = 30
+                t.idle_timeout = 60
+                t.send_timeout = 10
+            snapshot = tracemalloc.take_snapshot()
+        finally:
+            tracemalloc.stop()
+        # What is kept, the wheel's filing of each connection aside (its buckets grow):
+        # the moment each timeout was set is the pass's epoch, shared, not a float
+        # apiece (3 x 24 bytes a connection).
+        kept = snapshot.filter_traces([tracemalloc.Filter(False, "*/idlekeeper/wheel.py")])
+        per_connection = sum(stat.size for stat in kept.statistics("filename")) / n
+        assert per_connection < 8, kept.statistics("lineno")[:3]
+        # And they count from then: the receive timeout, the earliest that applies
+        # (no send is pending), ends each 30 s later, not sooner, within a tick.
+        set_at = trio.current_time()
+        await trio.sleep(29.9)
+        assert not any(t.expired for t in transports)
+        await trio.sleep(0.2 + keeper.tick)
+        await until(lambda: len(engine) == 0, "all expired")
+        assert {t.reason for t in transports} == {Reason.RECEIVE}
+        assert all(30 <= t.lag + 30 <= 30 + keeper.tick for t in transports)
+        assert trio.current_time() - set_at <= 30 + 0.2 + keeper.tick
+        for client in clients:
+            client.close()
 
 
 # -- 11. a protocol that raises -----------------------------------------------------------------------

@@ -87,14 +87,14 @@ async def activity_costs(conns: int, passes: int, repeats: int) -> dict[str, Any
             value = 1.0
             for _ in range(passes):
                 for o in streams:
-                    o.lag = value
-                    o.lag = value
-                    o.lag = value
-                    o.lag = value
-                    o.lag = value
-                    o.lag = value
-                    o.lag = value
-                    o.lag = value
+                    o._rx = value
+                    o._rx = value
+                    o._rx = value
+                    o._rx = value
+                    o._rx = value
+                    o._rx = value
+                    o._rx = value
+                    o._rx = value
 
         def bare_store_small() -> None:
             value = 1.0
@@ -113,14 +113,14 @@ async def activity_costs(conns: int, passes: int, repeats: int) -> dict[str, Any
             # Exactly the statement WatchedStream.receive_some runs per read.
             for _ in range(passes):
                 for self in streams:
-                    self._rx = self._epochs.current
-                    self._rx = self._epochs.current
-                    self._rx = self._epochs.current
-                    self._rx = self._epochs.current
-                    self._rx = self._epochs.current
-                    self._rx = self._epochs.current
-                    self._rx = self._epochs.current
-                    self._rx = self._epochs.current
+                    self._rx = self._owner._epochs.current
+                    self._rx = self._owner._epochs.current
+                    self._rx = self._owner._epochs.current
+                    self._rx = self._owner._epochs.current
+                    self._rx = self._owner._epochs.current
+                    self._rx = self._owner._epochs.current
+                    self._rx = self._owner._epochs.current
+                    self._rx = self._owner._epochs.current
 
         def cancel_scope_deadline() -> None:
             for p in range(passes):
