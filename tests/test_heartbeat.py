@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import sys
 from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import asynccontextmanager
 from functools import partial
@@ -19,6 +20,7 @@ from trio.testing import MockClock
 from servers.heartbeat import encoders, packets
 from servers.heartbeat.auth import PasswordFile
 from servers.heartbeat.config import HeartbeatConfig
+from servers.heartbeat.connection import SUBSCRIBED
 from servers.heartbeat.coordination.inprocess import InProcessCoordinator
 from servers.heartbeat.dense import DenseConnection
 from servers.heartbeat.policy import DEFAULT_PRESENCE_PREFIX as PRESENCE
@@ -857,3 +859,18 @@ async def test_a_subscribe_read_before_a_takeover_does_not_outlive_the_session(
         assert taken.finished
         assert not server.broker.subscriptions.has(taken)
         await second.send(encoders.encode_disconnect())
+
+
+def test_a_dense_connection_keeps_its_size_class_and_its_flags_apart() -> None:
+    conn = DenseConnection.__new__(DenseConnection)
+    # The collector's header included: a slot more is the allocator's next size class
+    # for every device (a million of them: 16 MB).
+    assert sys.getsizeof(conn) <= 128
+    conn._flags = 0
+    conn.persistent = True
+    conn.finished = True
+    conn.persistent = False
+    assert (conn.persistent, conn.finished, conn.subscriber) == (False, True, False)
+    conn._flags |= SUBSCRIBED
+    conn.finished = False
+    assert (conn.persistent, conn.finished, conn.subscriber) == (False, False, True)

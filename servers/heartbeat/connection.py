@@ -19,12 +19,18 @@ from .presence import Offline, PresenceEvent
 from .session import Session, State
 from .v5.session import Session5
 
-__all__ = ["GOODBYE_TIMEOUT", "Connection", "peer_closed", "peer_of"]
+__all__ = ["GOODBYE_TIMEOUT", "SUBSCRIBED", "Connection", "peer_closed", "peer_of"]
 
 logger = logging.getLogger("servers.heartbeat")
 
 GOODBYE_TIMEOUT = 1.0
 """Seconds a refused or misbehaving client gets to read its CONNACK before the close."""
+
+# Connection._flags
+_FINISHED = 1
+_PERSISTENT = 2
+SUBSCRIBED = 4
+"""A subclass's: the client has subscribed."""
 
 
 class Connection:
@@ -36,7 +42,9 @@ class Connection:
     Subclasses say how bytes reach a subscriber (:meth:`push`).
     """
 
-    __slots__ = ("ended_by", "finished", "held", "online", "peer", "persistent", "refusal", "session", "stream")
+    # The booleans share one slot (``_flags``): a device's connection is kept to as few
+    # of the allocator's 16-byte steps as it can be, since there may be a million.
+    __slots__ = ("_flags", "ended_by", "held", "online", "peer", "refusal", "session", "stream")
 
     def __init__(self, stream: idlekeeper.Watch, policy: SessionPolicy) -> None:
         self.stream = stream
@@ -45,14 +53,30 @@ class Connection:
         """The session's online event once CONNECT is accepted (its epoch names the session)."""
         self.session = Session(policy)
         self.ended_by: Offline | None = None
-        self.finished = False
+        self._flags = 0
         self.held: Outbox | None = None
         """QoS 1 and 2 messages sent and not yet acknowledged, and those queued behind them
         (a clean session's; a persistent session's live in the coordinator's store)."""
-        self.persistent = False
-        """CleanSession=0: the session outlives the connection, in the coordinator."""
         self.refusal = 0
         """The CONNACK code its CONNECT was refused with (0: not refused by admission)."""
+
+    @property
+    def finished(self) -> bool:
+        """Its end has been dealt with (reported, its session released)."""
+        return bool(self._flags & _FINISHED)
+
+    @finished.setter
+    def finished(self, value: bool) -> None:
+        self._flags = self._flags | _FINISHED if value else self._flags & ~_FINISHED
+
+    @property
+    def persistent(self) -> bool:
+        """CleanSession=0: the session outlives the connection, in the coordinator."""
+        return bool(self._flags & _PERSISTENT)
+
+    @persistent.setter
+    def persistent(self, value: bool) -> None:
+        self._flags = self._flags | _PERSISTENT if value else self._flags & ~_PERSISTENT
 
     def silent_for(self, now: float | None = None) -> float:
         """Seconds since the client last sent anything (since accept, if nothing yet)."""

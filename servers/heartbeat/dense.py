@@ -20,7 +20,7 @@ import trio
 import idlekeeper
 
 from .budget import CONGESTED_BYTES
-from .connection import GOODBYE_TIMEOUT, Connection
+from .connection import GOODBYE_TIMEOUT, SUBSCRIBED, Connection
 from .encoders import encode_pingresp
 from .fanout import Exchange
 from .packets import PINGREQ_WIRE, ProtocolError
@@ -59,9 +59,9 @@ T = TypeVar("T")
 class DenseConnection(Connection, idlekeeper.Protocol):
     """One client connection served by the dense engine's callbacks."""
 
-    # Fourteen slots with the base class's: 144 bytes, one of the allocator's size
-    # classes; a fifteenth would take every connection to 160.
-    __slots__ = ("server", "reader", "waiting", "violation", "has_subscribed")
+    # Twelve slots with the base class's: 128 bytes, one of the allocator's size
+    # classes; a thirteenth would take every connection to 144.
+    __slots__ = ("server", "reader", "waiting", "violation")
     stream: idlekeeper.Transport
     ANSWERS_IN_ENGINE = True
     """Whether the engine may answer a PINGREQ itself (see :meth:`_offer_pings`): the
@@ -73,7 +73,7 @@ class DenseConnection(Connection, idlekeeper.Protocol):
         """Packets that arrived behind CONNECT while its password is checked."""
         self.violation: str | None = None
         """What the client broke, if a protocol error ends the connection."""
-        self.has_subscribed = False
+        self._flags = 0
 
     # -- the engine's callbacks ------------------------------------------------------
 
@@ -238,7 +238,7 @@ class DenseConnection(Connection, idlekeeper.Protocol):
         elif isinstance(effect, Accept):
             self._accept(effect)
         elif isinstance(effect, AddSubscription):
-            self.has_subscribed = True
+            self._flags |= SUBSCRIBED
             server.subscribed(self, effect)
         elif isinstance(effect, RemoveSubscription):
             server.unsubscribed(self, effect)
@@ -344,7 +344,7 @@ class DenseConnection(Connection, idlekeeper.Protocol):
         """It caught up. A device's send timeout is armed only while it lags: an armed
         one is re-checked by the reaper every ``send_timeout`` even when nothing is
         pending, which for every idle device of a million is a cost for nothing."""
-        if not self.has_subscribed:
+        if not self._flags & SUBSCRIBED:
             self.stream.send_timeout = None
         else:
             # The transport drained without a push: the worker's byte total learns it now.
@@ -355,7 +355,7 @@ class DenseConnection(Connection, idlekeeper.Protocol):
     @property
     def subscriber(self) -> bool:
         """Whether the client has subscribed."""
-        return self.has_subscribed
+        return bool(self._flags & SUBSCRIBED)
 
     def flushed(self) -> bool:
         """Whether the transport's queue is empty."""
