@@ -290,8 +290,10 @@ def subscriber(
     while not take(sock.recv(65536)):
         pass
 
+    # Here, not in the thread: a test may close the socket before the thread first runs.
+    sock.settimeout(None)
+
     def collect() -> None:
-        sock.settimeout(None)
         while True:
             try:
                 data = sock.recv(65536)
