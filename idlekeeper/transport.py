@@ -156,7 +156,7 @@ class Transport(Watch):
             loop = self._loop
             if (
                 loop._in_pass
-                and self._tx is self._loop._epochs.current
+                and self._tx is loop._epochs.current
                 and len(data) < GATHER_LIMIT
                 and len(data) <= loop.high_water
             ):
@@ -167,7 +167,7 @@ class Transport(Watch):
                 # Bytes are kept as they are; a second gathered write makes a bytearray.
                 self._wbuf = data if isinstance(data, bytes) else bytearray(data)
                 self._io |= GATHERING
-                self._tx = self._loop._epochs.current
+                self._tx = loop._epochs.current
                 loop._gathered.append(self)
                 return
             self._send_now(data)

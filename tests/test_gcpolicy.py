@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import gc
-import platform
 import weakref
 
 import trio
@@ -75,42 +74,3 @@ async def test_on_a_keeper_it_rides_on_wake_ups_the_reaper_makes_anyway(clock: t
     finally:
         gc.unfreeze()
 
-
-def test_the_c_heap_is_trimmed_once_a_ramp_settles_and_not_while_it_goes_on() -> None:
-    gc.unfreeze()
-    trims: list[int] = []
-    trimmer = gcpolicy._Trimmer(lambda: trims.append(gc.get_freeze_count()))
-    try:
-        trimmer.after_freeze()  # a first freeze that moved nothing
-        assert trims == []
-        ramp: list[Node] = []
-        for _ in range(3):  # a ramp, frozen as it goes: still moving at every freeze
-            ramp += [Node() for _ in range(gcpolicy.TRIM_AFTER)]
-            gc.freeze()
-            trimmer.after_freeze()
-        assert trims == []
-        trimmer.after_freeze()  # it holds still: now
-        assert len(trims) == 1 and trims[0] >= 3 * gcpolicy.TRIM_AFTER
-        trimmer.after_freeze()
-        small = [Node() for _ in range(gcpolicy.TRIM_AFTER // 4)]
-        gc.freeze()
-        trimmer.after_freeze()
-        trimmer.after_freeze()
-        assert len(trims) == 1  # neither again for nothing, nor for a few more
-        del ramp  # most connections end: their frozen objects are freed
-        trimmer.after_freeze()
-        assert len(trims) == 1
-        trimmer.after_freeze()
-        assert len(trims) == 2 and trims[1] < trims[0] - 2 * gcpolicy.TRIM_AFTER
-        assert trimmer.trims == 2 and small
-    finally:
-        gc.unfreeze()
-
-
-def test_glibc_s_trim_is_found_and_runs() -> None:
-    trim = gcpolicy._malloc_trim()
-    if platform.libc_ver()[0] != "glibc":
-        assert trim is None or callable(trim)
-        return
-    assert trim is not None
-    assert trim() in (0, 1)  # 1: memory was returned, 0: there was none to return
