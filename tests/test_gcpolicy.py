@@ -73,4 +73,3 @@ async def test_on_a_keeper_it_rides_on_wake_ups_the_reaper_makes_anyway(clock: t
         assert riding <= alone - 4, (riding, alone, freezes_alone, freezes_riding)
     finally:
         gc.unfreeze()
-
