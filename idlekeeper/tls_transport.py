@@ -192,7 +192,7 @@ class TLSTransport(Transport):
         if protocol is None:
             return
         if chunks:
-            self._rx = self._loop._epochs.current if at is None else at
+            self._rx = self._owner._epochs.current if at is None else at
         held = self._held
         if held is not None:
             # Read in the pass that follows a resume, before its end hands the held

@@ -20,7 +20,6 @@ import socket as stdsocket
 from typing import TYPE_CHECKING, Protocol
 
 from .deadlines import Reason
-from .epochs import EpochClock
 from .lost import ExpiredError
 from .watch import Watch
 
@@ -89,7 +88,6 @@ class _Loop(Protocol):
     _in_pass: bool
     _polled: int
     _gathered: list[Transport]
-    _epochs: EpochClock
 
     def _update(self, transport: Transport) -> None: ...
 
@@ -156,7 +154,7 @@ class Transport(Watch):
             loop = self._loop
             if (
                 loop._in_pass
-                and self._tx is loop._epochs.current
+                and self._tx is self._owner._epochs.current
                 and len(data) < GATHER_LIMIT
                 and len(data) <= loop.high_water
             ):
@@ -167,7 +165,7 @@ class Transport(Watch):
                 # Bytes are kept as they are; a second gathered write makes a bytearray.
                 self._wbuf = data if isinstance(data, bytes) else bytearray(data)
                 self._io |= GATHERING
-                self._tx = loop._epochs.current
+                self._tx = self._owner._epochs.current
                 loop._gathered.append(self)
                 return
             self._send_now(data)
@@ -197,7 +195,7 @@ class Transport(Watch):
         # Stamped even if the kernel took nothing: a send starts now, and its
         # timeout counts from here (as WatchedStream.send_all), not from the last
         # write the kernel took whole, which may be long ago.
-        self._tx = self._loop._epochs.current
+        self._tx = self._owner._epochs.current
         if sent == len(data):
             return
         buf = self._wbuf = bytearray(memoryview(data)[sent:])
@@ -263,7 +261,7 @@ class Transport(Watch):
         sent = self._offer(buf)
         if sent <= 0:
             return  # nothing taken (progress is not stamped), or dropped
-        self._tx = self._loop._epochs.current
+        self._tx = self._owner._epochs.current
         if isinstance(buf, bytes):  # pragma: no cover - a gathered write is not flushed so
             buf = self._wbuf = bytearray(buf)
         del buf[:sent]

@@ -73,7 +73,6 @@ class DenseConnection(Connection, idlekeeper.Protocol):
         """Packets that arrived behind CONNECT while its password is checked."""
         self.violation: str | None = None
         """What the client broke, if a protocol error ends the connection."""
-        self._flags = 0
 
     # -- the engine's callbacks ------------------------------------------------------
 
