@@ -19,6 +19,7 @@ from typing import NoReturn
 
 import trio
 
+from .direct_wait import open_direct_wait
 from .dispatch import Dispatcher
 
 __all__ = ["run_passes"]
@@ -33,22 +34,30 @@ async def run_passes(engine: Dispatcher, task_status: trio.TaskStatus[None] = tr
     window = coalesce or canned
     arrivals = engine.arrivals
     as_pass, pass_ = engine._as_pass, engine._pass
+    direct = open_direct_wait(epfd, engine._epochs) if engine.direct_wait else None
     task_status.started()
-    while True:
-        await trio.lowlevel.wait_readable(epfd)
-        # Read as soon as it is ready: its own epoch is a good enough stamp.
-        engine._stamping = arrivals if coalesce else None
-        handled = as_pass(pass_)
-        while handled and (coalesce or (canned and engine._only_canned)):
-            if engine._backlog:
-                # A listener had more waiting than a pass accepts: accepting must not
-                # be paced by the window (a ramp would queue in the kernel's backlog).
-                await trio.lowlevel.checkpoint()
+    try:
+        while True:
+            if direct is not None and direct.wait():
+                engine.direct_passes += 1
             else:
-                engine.windows += 1
-                await _gather(engine, window)
-            engine._stamping = arrivals
+                await trio.lowlevel.wait_readable(epfd)
+            # Read as soon as it is ready: its own epoch is a good enough stamp.
+            engine._stamping = arrivals if coalesce else None
             handled = as_pass(pass_)
+            while handled and (coalesce or (canned and engine._only_canned)):
+                if engine._backlog:
+                    # A listener had more waiting than a pass accepts: accepting must not
+                    # be paced by the window (a ramp would queue in the kernel's backlog).
+                    await trio.lowlevel.checkpoint()
+                else:
+                    engine.windows += 1
+                    await _gather(engine, window)
+                engine._stamping = arrivals
+                handled = as_pass(pass_)
+    finally:
+        if direct is not None:
+            direct.close()
 
 
 async def _gather(engine: Dispatcher, seconds: float) -> None:

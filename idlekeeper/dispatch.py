@@ -63,6 +63,7 @@ class Dispatcher:
         low_water: int,
         coalesce: float = 0.0,
         coalesce_canned: float = 0.0,
+        direct_wait: bool = True,
     ) -> None:
         if not 0 <= low_water <= high_water:
             raise ValueError("need 0 <= low_water <= high_water")
@@ -139,6 +140,11 @@ class Dispatcher:
         """Passes of the engine's loop."""
         self.windows = 0
         """Coalescing windows waited out (``coalesce``, ``coalesce_canned``)."""
+        self.direct_wait = direct_wait
+        """Whether passes may start from a wait of the engine's own while trio's loop has
+        nothing else to do (see :mod:`idlekeeper.direct_wait`)."""
+        self.direct_passes = 0
+        """Passes started that way, without a pass of trio's loop."""
         self.canned = 0
         """Requests the engine answered itself (see :meth:`Engine.add_canned_reply`)."""
         self._canned: dict[bytes, bytes] = {}

@@ -190,6 +190,7 @@ async def open_engine(
     low_water: int = LOW_WATER,
     coalesce: float = 0.0,
     coalesce_canned: float = 0.0,
+    direct_wait: bool = True,
 ) -> AsyncIterator[Engine]:
     """Start a dense engine (one task) whose connections ``keeper`` watches.
 
@@ -212,6 +213,14 @@ async def open_engine(
     a heartbeat; what else arrives during a window waits for its end (up to
     ``coalesce_canned``), and a flow of other traffic is served as without it.
     ``coalesce``, where set, applies to every pass instead.
+
+    ``direct_wait`` (default on): while no other task is runnable and no deadline is
+    due, the engine waits for its sockets on an epoll set of its own that also holds
+    trio's, and runs the next pass without a pass of trio's loop; anything else
+    (another task's socket, a timer, a signal) gives the loop back at once. Spread-out
+    traffic (heartbeats) then costs a plain ``epoll_wait`` a wake-up instead of trio's
+    loop; see :mod:`idlekeeper.direct_wait`. It turns itself off under a clock other
+    than the system's (``MockClock``) and in guest mode.
     """
     engine = Engine._create(
         keeper,
@@ -222,6 +231,7 @@ async def open_engine(
         low_water=low_water,
         coalesce=coalesce,
         coalesce_canned=coalesce_canned,
+        direct_wait=direct_wait,
     )
     try:
         async with trio.open_nursery() as nursery:
@@ -255,6 +265,7 @@ async def serve_protocol(
     low_water: int = LOW_WATER,
     coalesce: float = 0.0,
     coalesce_canned: float = 0.0,
+    direct_wait: bool = True,
     task_status: trio.TaskStatus[Engine] = trio.TASK_STATUS_IGNORED,
 ) -> NoReturn:
     """Serve TCP on ``port`` with a dense engine, one ``factory()`` protocol per connection.
@@ -263,7 +274,7 @@ async def serve_protocol(
     ``nursery.start``, which returns the :class:`Engine` (port 0 picks a free port:
     ``engine.listeners[0].getsockname()[1]``). ``ssl_context`` and
     ``handshake_timeout`` are :meth:`Engine.serve`'s; ``read_size`` to ``coalesce_canned``
-    :func:`open_engine`'s.
+    :func:`open_engine`'s, as is ``direct_wait``.
     """
     listeners = await trio.open_tcp_listeners(port, host=host, backlog=backlog)
     try:
@@ -276,6 +287,7 @@ async def serve_protocol(
             low_water=low_water,
             coalesce=coalesce,
             coalesce_canned=coalesce_canned,
+            direct_wait=direct_wait,
         )
         async with opening as engine:
             engine.serve(

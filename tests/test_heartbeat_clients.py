@@ -431,3 +431,26 @@ def test_sigterm_tells_subscribers_every_device_went_offline_before_closing_them
     for device in devices:
         device.close()
     sock.close()
+
+
+@pytest.mark.parametrize("trio_waits", [False, True])
+def test_spread_out_heartbeats_are_served_from_the_engines_own_wait(start_server: object, trio_waits: bool) -> None:
+    """Heartbeats that each wake the server alone are answered by passes the dense engine
+    starts from its own epoll wait (none with ``--trio-waits``); every one is answered."""
+    server: Server = start_server(*(["--trio-waits"] if trio_waits else []), status=True)  # type: ignore[operator]
+    socks = [raw_connect(server.port, f"spread-{i}", keep_alive=30) for i in range(4)]
+    for round_ in range(10):
+        for sock in socks:
+            sock.sendall(encoders.encode_pingreq())
+            assert sock.recv(2) == encoders.encode_pingresp(), round_
+            time.sleep(0.01)
+    with urllib.request.urlopen(f"http://127.0.0.1:{server.status_port}/metrics", timeout=5) as resp:
+        text = resp.read().decode()
+    name = "heartbeat_engine_direct_passes_total"
+    [direct] = [float(line.split()[1]) for line in text.splitlines() if line.startswith(name)]
+    for sock in socks:
+        sock.close()
+    if trio_waits:
+        assert direct == 0
+    else:
+        assert direct >= 20, text  # 40 lone heartbeats; the reaper's ticks take a few through trio

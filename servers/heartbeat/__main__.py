@@ -126,6 +126,12 @@ def parser() -> argparse.ArgumentParser:
         "(a fleet's heartbeats cost a wake-up a window; a packet that arrives meanwhile waits up to that "
         "long; any other traffic is served at once; default: 0)",
     )
+    a(
+        "--trio-waits",
+        action="store_true",
+        help="dense engine: always wait for the sockets through trio's loop, never on the engine's own "
+        "epoll set while trio is idle (more CPU a wake-up; for comparison; see idlekeeper.open_engine)",
+    )
     a("--send-timeout", type=float, default=30.0, help="seconds a subscriber may stall our sends (default: 30)")
     a("--max-packet-size", type=int, default=256 * 1024, help="largest accepted packet in bytes (default: 262144)")
     a(
@@ -303,6 +309,7 @@ def config_from(args: argparse.Namespace, worker: int) -> HeartbeatConfig:
         engine=args.engine,
         coalesce=args.coalesce,
         coalesce_pings=args.coalesce_pings,
+        direct_wait=not args.trio_waits,
         auth=PasswordFile.load(args.auth_file) if args.auth_file else None,
         auth_throttle=auth_throttle(args),
         auth_threads=args.auth_threads,

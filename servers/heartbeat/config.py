@@ -99,6 +99,9 @@ class HeartbeatConfig(WorkerConfig):
     coalesce_pings: float = 0.0
     """Dense engine: seconds PINGREQs are gathered per pass while nothing else comes (CPU for
     the latency of a packet arriving meanwhile); see :func:`idlekeeper.open_engine`'s ``coalesce_canned``."""
+    direct_wait: bool = True
+    """Dense engine: while trio has nothing else to do, wait for the sockets on the engine's own
+    epoll set (``--trio-waits`` turns it off); see :func:`idlekeeper.open_engine`'s ``direct_wait``."""
     max_connect_rate: float = DEFAULT_CONNECT_RATE
     """CONNECTs a second from one source address, after a burst of a minute's worth; past
     it, CONNACK 3 (see :mod:`.connect_rate`). 0: unbounded."""

@@ -385,8 +385,9 @@ async def serve_dense(
     With the server's TLS options the listeners speak MQTT over TLS (8883): the engine
     runs each handshake under its own deadline, then the connection as over TCP."""
     tls = server.config.tls
+    cfg = server.config
     async with idlekeeper.open_engine(
-        server.keeper, coalesce=server.config.coalesce, coalesce_canned=server.config.coalesce_pings
+        server.keeper, coalesce=cfg.coalesce, coalesce_canned=cfg.coalesce_pings, direct_wait=cfg.direct_wait
     ) as engine:
         engine.add_canned_reply(PINGREQ_WIRE, _PINGRESP)  # for DenseConnection._offer_pings
         if tls is None:

@@ -140,6 +140,11 @@ def worker_figures(source: FigureSource) -> list[Metric]:
     if engine is not None:
         f.counter("heartbeat_engine_passes_total", "Passes of the dense engine's loop.", engine.passes)
         f.counter(
+            "heartbeat_engine_direct_passes_total",
+            "Passes the dense engine started from its own epoll wait while trio was idle (not --trio-waits).",
+            engine.direct_passes,
+        )
+        f.counter(
             "heartbeat_engine_windows_total",
             "Coalescing windows the dense engine waited out (--coalesce, --coalesce-pings).",
             engine.windows,

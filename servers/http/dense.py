@@ -448,7 +448,10 @@ async def run_dense(
     """Serve ``server``'s app on ``listeners`` with a dense engine until cancelled;
     ``nursery.start`` returns once it listens (``server.port`` is set)."""
     config = server.config
-    async with idlekeeper.open_engine(server.keeper) as engine, trio.open_nursery() as exchanges:
+    # Each request is a task's: the engine is rarely alone in trio's batch, so its own
+    # waits would seldom serve, and their instrument costs every pass of trio's loop.
+    opening = idlekeeper.open_engine(server.keeper, direct_wait=False)
+    async with opening as engine, trio.open_nursery() as exchanges:
         server.listening = engine
         server.exchanges = exchanges
         tls = config.tls

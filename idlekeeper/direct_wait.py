@@ -1,0 +1,150 @@
+"""Waiting for the dense engine's sockets without a pass of trio's loop, while trio has
+nothing else to do.
+
+Where heartbeats come spread out, each one wakes the process on its own, and a wake-up
+through trio's loop (the engine's task parked in ``wait_readable``, the loop's
+deadline and instrument bookkeeping, the EPOLLONESHOT re-arming, the task switch)
+costs about three times a plain ``epoll_wait`` and the pass it starts. So, after a
+pass, when no other task is runnable, none waits for the loop to go idle, and no
+deadline is due, the engine waits on a small epoll set of its own holding two
+descriptors: its sockets' set, and trio's own epoll set. It runs the next pass
+itself when only its sockets are ready, and gives the loop back at once when
+anything else happens:
+
+- another task's socket, a signal, or a ``run_sync_soon`` from a thread makes trio's
+  set readable (trio's wake-up socket is a member of it);
+- the earliest of trio's deadlines (a ``sleep``, a cancel scope's, the keeper's
+  reaper) bounds the wait, so every timer fires when it would have;
+- a pass that wakes a task (a channel send, an event set) leaves it runnable, and the
+  next check finds it.
+
+Before waiting it seals the current epoch, as trio's loop does before its own wait
+(:mod:`idlekeeper._loop_epochs`), so activity stamps stay never-early.
+
+Only when it is alone in the batch of tasks trio is running, though: trio takes its
+whole run queue as a batch, so a task woken in the same loop pass (the reaper, by its
+deadline) is in no queue while it waits its turn, and a wait of the engine's would
+hold it there. An instrument looks at the run queue after each of trio's I/O waits,
+when the batch is all but made: the engine alone in it, and no deadline due (a task
+woken by its deadline joins the batch after that look, and can only have been due
+by then), is the one case in which it may wait.
+
+This reads trio's run state (``runq``, the deadline heap, ``waiting_for_idle``), which
+is not public API: the only module that does. Anything it does not recognise
+(another trio's internals, a guest run, a clock that is not the system clock, such as
+the tests' ``MockClock``) turns it off, and the engine waits through trio as before.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import select
+from typing import Any
+
+import trio
+
+from .epochs import EpochClock
+
+__all__ = ["DirectWait", "open_direct_wait"]
+
+# The longest single wait, in seconds: a bound of our own on top of trio's deadlines,
+# so that nothing unforeseen can hold the loop for long.
+MAX_WAIT = 1.0
+
+
+class _BatchWatch(trio.abc.Instrument):
+    """After each of trio's I/O waits: whether the engine's task will run alone in the
+    batch, and if so until when that holds (the earliest deadline then)."""
+
+    def __init__(self, runner: Any, task: trio.lowlevel.Task) -> None:
+        self._runner = runner
+        self._task = task
+        self.alone_until = -math.inf
+
+    def after_io_wait(self, timeout: float) -> None:
+        runner = self._runner
+        runq = runner.runq
+        if len(runq) == 1 and runq[0] is self._task and not runner.waiting_for_idle:
+            # Trio reads its clock after this to expire deadlines: a task it wakes then
+            # had a deadline at or before this one, due by the time the engine runs.
+            self.alone_until = runner.deadlines.next_deadline()
+        else:
+            self.alone_until = -math.inf
+
+
+class DirectWait:
+    """An epoll set of the engine's sockets' set and trio's; see the module."""
+
+    __slots__ = ("_batch", "_clock", "_engine_fd", "_epochs", "_runner", "_set", "_trio_fd")
+
+    def __init__(self, runner: Any, engine_fd: int, trio_fd: int, epochs: EpochClock) -> None:
+        self._runner = runner
+        self._clock = runner.clock
+        self._engine_fd = engine_fd
+        self._trio_fd = trio_fd
+        self._epochs = epochs
+        self._set = select.epoll()
+        self._set.register(engine_fd, select.EPOLLIN)
+        self._set.register(trio_fd, select.EPOLLIN)
+        self._batch = _BatchWatch(runner, trio.lowlevel.current_task())
+        trio.lowlevel.add_instrument(self._batch)
+
+    def wait(self) -> bool:
+        """Wait for the engine's sockets while trio has nothing to do: True when they are
+        ready and nothing else is; False to wait through trio instead (the engine is not
+        alone in trio's batch, something else is ready or runnable, a deadline is due, or
+        the wait timed out)."""
+        runner = self._runner
+        if runner.runq or runner.waiting_for_idle:
+            return False
+        now = self._clock.current_time()
+        if now >= self._batch.alone_until:
+            return False
+        timeout = runner.deadlines.next_deadline() - now
+        if timeout <= 0.0:
+            return False
+        # Stamps made in the pass just ended are sealed here, as trio's loop would
+        # before its own wait; the epoch that opens is the next pass's.
+        self._epochs.seal(now)
+        # epoll rounds a timeout up to the millisecond: never before the deadline.
+        events = self._set.poll(timeout if timeout < MAX_WAIT else MAX_WAIT, 2)
+        return len(events) == 1 and events[0][0] == self._engine_fd
+
+    def close(self) -> None:
+        """Release the epoll set and the instrument."""
+        self._set.close()
+        with contextlib.suppress(KeyError, RuntimeError):
+            trio.lowlevel.remove_instrument(self._batch)
+
+
+def _trio_state(engine_fd: int) -> tuple[Any, int] | None:
+    """The run's state and trio's epoll descriptor, where this run can be waited on
+    directly; None where it cannot."""
+    try:
+        from trio._core._run import GLOBAL_RUN_CONTEXT, SystemClock
+
+        runner = GLOBAL_RUN_CONTEXT.runner
+        if runner.is_guest or type(runner.clock) is not SystemClock:
+            return None
+        trio_fd = runner.io_manager._epoll.fileno()
+        # The attributes wait() reads, read once here: a trio that lacks any of them
+        # turns the feature off instead of failing in a pass.
+        runner.runq.__len__()
+        runner.waiting_for_idle.__len__()
+        deadline = runner.deadlines.next_deadline()
+    except (ImportError, AttributeError, TypeError):
+        return None
+    if not isinstance(trio_fd, int) or trio_fd == engine_fd or not isinstance(deadline, float):
+        return None
+    return runner, trio_fd
+
+
+def open_direct_wait(engine_fd: int, epochs: EpochClock) -> DirectWait | None:
+    """A :class:`DirectWait` for the engine whose sockets' set is ``engine_fd``, in the
+    current trio run; None where this run cannot be waited on directly (see the module)."""
+    state = _trio_state(engine_fd)
+    if state is None:
+        return None
+    runner, trio_fd = state
+    return DirectWait(runner, engine_fd, trio_fd, epochs)
