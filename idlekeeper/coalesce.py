@@ -34,14 +34,18 @@ async def run_passes(engine: Dispatcher, task_status: trio.TaskStatus[None] = tr
     window = coalesce or canned
     arrivals = engine.arrivals
     as_pass, pass_ = engine._as_pass, engine._pass
-    direct = open_direct_wait(epfd, engine._epochs) if engine.direct_wait else None
+    direct = open_direct_wait(engine._epochs, engine.max_events) if engine.direct_wait else None
+    if direct is not None:
+        engine._mirror_into(direct.set)
     task_status.started()
     try:
         while True:
-            if direct is not None and direct.wait():
-                engine.direct_passes += 1
-            else:
+            polled = None if direct is None else direct.wait()
+            if polled is None:
                 await trio.lowlevel.wait_readable(epfd)
+            else:
+                engine.direct_passes += 1
+                engine._direct_polled = polled
             # Read as soon as it is ready: its own epoch is a good enough stamp.
             engine._stamping = arrivals if coalesce else None
             handled = as_pass(pass_)
@@ -57,6 +61,7 @@ async def run_passes(engine: Dispatcher, task_status: trio.TaskStatus[None] = tr
                 handled = as_pass(pass_)
     finally:
         if direct is not None:
+            engine._mirror_into(None)
             direct.close()
 
 

@@ -6,10 +6,11 @@ through trio's loop (the engine's task parked in ``wait_readable``, the loop's
 deadline and instrument bookkeeping, the EPOLLONESHOT re-arming, the task switch)
 costs about three times a plain ``epoll_wait`` and the pass it starts. So, after a
 pass, when no other task is runnable, none waits for the loop to go idle, and no
-deadline is due, the engine waits on a small epoll set of its own holding two
-descriptors: its sockets' set, and trio's own epoll set. It runs the next pass
-itself when only its sockets are ready, and gives the loop back at once when
-anything else happens:
+deadline is due, the engine waits on an epoll set of its own that holds trio's own
+epoll set and, beside the engine's main set, each of its sockets (one ``epoll_wait``
+then says which are ready: a set nested in this one would cost a second, and its
+wake-ups more). It runs the next pass itself with what came, and gives the loop back
+at once when anything else happens:
 
 - another task's socket, a signal, or a ``run_sync_soon`` from a thread makes trio's
   set readable (trio's wake-up socket is a member of it);
@@ -74,51 +75,64 @@ class _BatchWatch(trio.abc.Instrument):
 
 
 class DirectWait:
-    """An epoll set of the engine's sockets' set and trio's; see the module."""
+    """An epoll set holding trio's set and, registered there by the engine beside its
+    own set, the engine's sockets; see the module."""
 
-    __slots__ = ("_batch", "_clock", "_engine_fd", "_epochs", "_runner", "_set", "_trio_fd")
+    __slots__ = ("_batch", "_clock", "_epochs", "_give_back", "_max_events", "_runner", "_trio_fd", "set")
 
-    def __init__(self, runner: Any, engine_fd: int, trio_fd: int, epochs: EpochClock) -> None:
+    def __init__(self, runner: Any, trio_fd: int, epochs: EpochClock, max_events: int) -> None:
         self._runner = runner
         self._clock = runner.clock
-        self._engine_fd = engine_fd
         self._trio_fd = trio_fd
         self._epochs = epochs
-        self._set = select.epoll()
-        self._set.register(engine_fd, select.EPOLLIN)
-        self._set.register(trio_fd, select.EPOLLIN)
+        self._max_events = max_events + 1  # room for trio's set beside a full batch
+        self.set = select.epoll()
+        """The set to wait on: the engine registers each of its sockets here as in its own."""
+        self.set.register(trio_fd, select.EPOLLIN)
+        self._give_back = False
         self._batch = _BatchWatch(runner, trio.lowlevel.current_task())
         trio.lowlevel.add_instrument(self._batch)
 
-    def wait(self) -> bool:
-        """Wait for the engine's sockets while trio has nothing to do: True when they are
-        ready and nothing else is; False to wait through trio instead (the engine is not
-        alone in trio's batch, something else is ready or runnable, a deadline is due, or
-        the wait timed out)."""
+    def wait(self) -> list[tuple[int, int]] | None:
+        """Wait for the engine's sockets while trio has nothing to do: their events, for
+        the next pass to serve; None to wait through trio instead (the engine is not alone
+        in trio's batch, something else is runnable, a deadline is due, the wait timed
+        out, or trio's set was ready: then after this pass, if sockets were ready too)."""
+        if self._give_back:
+            self._give_back = False
+            return None
         runner = self._runner
         if runner.runq or runner.waiting_for_idle:
-            return False
+            return None
         now = self._clock.current_time()
         if now >= self._batch.alone_until:
-            return False
+            return None
         timeout = runner.deadlines.next_deadline() - now
         if timeout <= 0.0:
-            return False
+            return None
         # Stamps made in the pass just ended are sealed here, as trio's loop would
         # before its own wait; the epoch that opens is the next pass's.
         self._epochs.seal(now)
         # epoll rounds a timeout up to the millisecond: never before the deadline.
-        events = self._set.poll(timeout if timeout < MAX_WAIT else MAX_WAIT, 2)
-        return len(events) == 1 and events[0][0] == self._engine_fd
+        events = self.set.poll(timeout if timeout < MAX_WAIT else MAX_WAIT, self._max_events)
+        trio_fd = self._trio_fd
+        for i, (fd, _) in enumerate(events):
+            if fd == trio_fd:
+                del events[i]
+                if not events:
+                    return None
+                self._give_back = True
+                break
+        return events or None
 
     def close(self) -> None:
         """Release the epoll set and the instrument."""
-        self._set.close()
+        self.set.close()
         with contextlib.suppress(KeyError, RuntimeError):
             trio.lowlevel.remove_instrument(self._batch)
 
 
-def _trio_state(engine_fd: int) -> tuple[Any, int] | None:
+def _trio_state() -> tuple[Any, int] | None:
     """The run's state and trio's epoll descriptor, where this run can be waited on
     directly; None where it cannot."""
     try:
@@ -135,16 +149,17 @@ def _trio_state(engine_fd: int) -> tuple[Any, int] | None:
         deadline = runner.deadlines.next_deadline()
     except (ImportError, AttributeError, TypeError):
         return None
-    if not isinstance(trio_fd, int) or trio_fd == engine_fd or not isinstance(deadline, float):
+    if not isinstance(trio_fd, int) or not isinstance(deadline, float):
         return None
     return runner, trio_fd
 
 
-def open_direct_wait(engine_fd: int, epochs: EpochClock) -> DirectWait | None:
-    """A :class:`DirectWait` for the engine whose sockets' set is ``engine_fd``, in the
-    current trio run; None where this run cannot be waited on directly (see the module)."""
-    state = _trio_state(engine_fd)
+def open_direct_wait(epochs: EpochClock, max_events: int) -> DirectWait | None:
+    """A :class:`DirectWait` in the current trio run, for an engine whose passes take up
+    to ``max_events`` events; None where this run cannot be waited on directly (see the
+    module)."""
+    state = _trio_state()
     if state is None:
         return None
     runner, trio_fd = state
-    return DirectWait(runner, engine_fd, trio_fd, epochs)
+    return DirectWait(runner, trio_fd, epochs, max_events)

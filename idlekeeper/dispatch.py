@@ -107,6 +107,11 @@ class Dispatcher:
         # that is not a connection: every event a pass takes then has a slot.
         self._fds: FdTable[Transport] = FdTable(reserve=self._urgent.fileno() + 1)
         self._epoll.register(self._urgent.fileno(), _IN)
+        # The direct wait's set (idlekeeper.direct_wait) while there is one: every
+        # registration in the main set is made there too.
+        self._mirror: select.epoll | None = None
+        # Events a direct wait took, for the next pass to serve instead of polling.
+        self._direct_polled: list[tuple[int, int]] | None = None
         self._listeners: list[Listener] = []
         self._lost: list[tuple[Transport, BaseException | None]] = []
         # TLS transports resumed with plaintext opened for them while paused: handed
@@ -172,7 +177,11 @@ class Dispatcher:
         fds = self._fds.slots
         urgent = self._urgent.fileno()
         ready: list[Listener] = []
-        polled = self._epoll.poll(0, self.max_events)
+        polled = self._direct_polled
+        if polled is None:
+            polled = self._epoll.poll(0, self.max_events)
+        else:
+            self._direct_polled = None
         self._polled = len(polled)
         for fd, events in polled:
             entry = fds[fd]
@@ -314,6 +323,8 @@ class Dispatcher:
         fd = sock.fileno()
         self._fds.add(fd, t)
         self._epoll.register(fd, _IN)
+        if self._mirror is not None:
+            self._mirror.register(fd, _IN)
         t._io |= REG_IN
         t.start()
         if tls is not None:
@@ -348,13 +359,29 @@ class Dispatcher:
         mask = (_IN if want & REG_IN else 0) | (_OUT if want & REG_OUT else 0)
         # Nothing wanted means out of the set: a hung-up socket would otherwise be
         # reported on every pass (epoll always reports hang-ups).
-        if not want:
-            self._epoll.unregister(fd)
-        elif not have:
-            self._epoll.register(fd, mask)
-        else:
-            self._epoll.modify(fd, mask)
+        for ep in (self._epoll, self._mirror):
+            if ep is None:
+                continue
+            if not want:
+                ep.unregister(fd)
+            elif not have:
+                ep.register(fd, mask)
+            else:
+                ep.modify(fd, mask)
         t._io = (io & ~_REG) | want
+
+    def _mirror_into(self, ep: select.epoll | None) -> None:
+        """Register every socket of the main set (and the urgent set) in ``ep`` too, and
+        from now on each change; None stops it."""
+        self._mirror = ep
+        if ep is None:
+            return
+        ep.register(self._urgent.fileno(), _IN)
+        for t in self._fds.values():
+            io = t._io
+            mask = (_IN if io & REG_IN else 0) | (_OUT if io & REG_OUT else 0)
+            if mask and not io & CLOSED:
+                ep.register(t._socket.fileno(), mask)
 
     def _drop(self, t: Transport, exc: BaseException | None) -> None:
         """Close a connection now; its protocol hears of it on the engine's next pass.
@@ -373,6 +400,8 @@ class Dispatcher:
         fd = sock.fileno()
         if io & _REG:
             self._epoll.unregister(fd)
+            if self._mirror is not None:
+                self._mirror.unregister(fd)
         self._fds.remove(fd, t)
         sock.close()
         t._wbuf = None

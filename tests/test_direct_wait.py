@@ -91,7 +91,7 @@ async def test_off_when_asked() -> None:
 
 async def test_off_under_a_clock_other_than_the_systems(clock: MockClock) -> None:
     """A wait on a real epoll would not let a virtual clock jump: the engine waits through trio."""
-    assert open_direct_wait(0, EpochClock()) is None
+    assert open_direct_wait(EpochClock(), 16) is None
     async with idlekeeper.open_keeper(tick=0.1) as keeper:
         _probes, factory = collecting(lambda: Probe(echo=True))
         async with idlekeeper.open_engine(keeper) as engine:
@@ -245,26 +245,26 @@ async def test_each_direct_pass_stamps_an_epoch_sealed_before_the_next_wait() ->
         assert math.isfinite(end) and sent[i - 1] <= end <= sent[i] + PROMPT
 
 
-@pytest.mark.parametrize("case", ["runnable", "in-the-batch", "deadline", "idle-waiter"])
+@pytest.mark.parametrize("case", ["runnable", "in-the-batch", "trio-ready-too", "deadline", "idle-waiter"])
 async def test_the_wait_declines_whenever_trio_has_something_to_do(case: str) -> None:
     """The wait itself (this test's task standing for the engine's): none while another
     task can run, waits its turn in trio's batch, or waits for all to block; none past
-    trio's earliest deadline, and none at all once it is due."""
+    trio's earliest deadline, and none at all once it is due; and when trio's set was
+    ready with the sockets, their pass first and then the loop back."""
     a, b = socket.socketpair()
-    ep = select.epoll()
     with a, b:
-        ep.register(a.fileno(), select.EPOLLIN)
-        direct = open_direct_wait(ep.fileno(), EpochClock())
+        direct = open_direct_wait(EpochClock(), 16)
         assert direct is not None
+        direct.set.register(a.fileno(), select.EPOLLIN)
         try:
             b.send(b"x")
-            assert direct.wait() is False  # not known to be alone in its batch yet
+            assert direct.wait() is None  # not known to be alone in its batch yet
             await trio.lowlevel.checkpoint()
-            assert direct.wait() is True  # the control: alone, and only the engine's set is ready
+            assert direct.wait() == [(a.fileno(), select.EPOLLIN)]  # the control: alone, only a socket ready
             async with trio.open_nursery() as nursery:
                 if case == "runnable":
                     nursery.start_soon(trio.sleep, 0)
-                    assert direct.wait() is False  # the new task goes first
+                    assert direct.wait() is None  # the new task goes first
                 elif case == "in-the-batch":
                     assert a.recv(1) == b"x"
 
@@ -279,27 +279,37 @@ async def test_the_wait_declines_whenever_trio_has_something_to_do(case: str) ->
                         nursery.start_soon(other, done)
                         await trio.lowlevel.checkpoint()
                         started = time.monotonic()
-                        assert direct.wait() is False
+                        assert direct.wait() is None
                         assert time.monotonic() - started < PROMPT
                         await done.wait()
+                elif case == "trio-ready-too":
+                    c, d = socket.socketpair()
+                    with c, d:
+                        nursery.start_soon(trio.lowlevel.wait_readable, c)  # armed in trio's set
+                        await trio.testing.wait_all_tasks_blocked()
+                        await trio.lowlevel.checkpoint()  # alone in a batch again
+                        d.send(b"z")
+                        # The socket's events go to the pass; then the loop back, at once.
+                        assert direct.wait() == [(a.fileno(), select.EPOLLIN)]
+                        assert direct.wait() is None
+                        nursery.cancel_scope.cancel()
                 elif case == "idle-waiter":
                     nursery.start_soon(trio.testing.wait_all_tasks_blocked, 10)
                     await trio.lowlevel.checkpoint()
                     await trio.lowlevel.checkpoint()
-                    assert direct.wait() is False  # trio must see every task blocked
+                    assert direct.wait() is None  # trio must see every task blocked
                     nursery.cancel_scope.cancel()
                 else:
                     assert a.recv(1) == b"x"
                     # A deadline of trio's, not a cancellation: nothing here awaits.
                     with trio.CancelScope(deadline=trio.current_time() + 0.05):  # noqa: ASYNC100
                         started = time.monotonic()
-                        assert direct.wait() is False  # nothing came before the deadline
+                        assert direct.wait() is None  # nothing came before the deadline
                         waited = time.monotonic() - started
                         assert 0.045 <= waited < PROMPT
                         b.send(b"y")
                         started = time.monotonic()
-                        assert direct.wait() is False  # the deadline is due: no wait at all
+                        assert direct.wait() is None  # the deadline is due: no wait at all
                         assert time.monotonic() - started < 0.01
         finally:
             direct.close()
-            ep.close()
