@@ -384,8 +384,8 @@ async def serve_dense(
 
     With the server's TLS options the listeners speak MQTT over TLS (8883): the engine
     runs each handshake under its own deadline, then the connection as over TCP."""
-    tls = server.config.tls
     cfg = server.config
+    tls = cfg.tls
     async with idlekeeper.open_engine(
         server.keeper, coalesce=cfg.coalesce, coalesce_canned=cfg.coalesce_pings, direct_wait=cfg.direct_wait
     ) as engine:
