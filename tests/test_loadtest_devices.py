@@ -282,8 +282,12 @@ def test_ci_smoke_run_with_a_stall(tmp_path: Path) -> None:
     assert late["max"] <= 1000
     assert sv["vanished_seen"] == {"connection-lost": 10}
     assert r["takeover_ms"]["n"] == 10 and r["takeover_missed"] == 0
-    assert r["stall"]["to"] - r["stall"]["from"] >= 3.9
-    assert r["server_metrics"]["stall_saves"] > 0  # healthy devices' pings waited in the kernel
+    # Stopped for 2 K: every healthy device's deadline (1.5 K after its last ping read)
+    # passed while its next pings waited in the kernel, and none was dropped (above).
+    # The server spares them by reading first (its engine waits itself while trio is
+    # idle, and wakes to its sockets) or, where the reaper looks first, by the stall
+    # check (stall saves; tested under MockClock in test_engine and test_sockets).
+    assert r["stall"]["to"] - r["stall"]["from"] >= 1.5 * 2 + 0.1 + 0.8
     assert r["steady"]["rss_per_device_bytes"] > 0
     assert sorted(p.name for p in plots.iterdir()) == [
         "devices-idlekeeper-2000-lateness.png",
