@@ -39,6 +39,7 @@ the tests' ``MockClock``) turns it off, and the engine waits through trio as bef
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import select
 from typing import Any
@@ -48,6 +49,8 @@ import trio
 from .epochs import EpochClock
 
 __all__ = ["DirectWait", "open_direct_wait"]
+
+logger = logging.getLogger("idlekeeper.engine")
 
 # The longest single wait, in seconds: a bound of our own on top of trio's deadlines,
 # so that nothing unforeseen can hold the loop for long.
@@ -147,9 +150,13 @@ def _trio_state() -> tuple[Any, int] | None:
         runner.runq.__len__()
         runner.waiting_for_idle.__len__()
         deadline = runner.deadlines.next_deadline()
-    except (ImportError, AttributeError, TypeError):
+    except (ImportError, AttributeError, TypeError) as exc:
+        # Not a choice of the caller's (as a MockClock is): this trio is not the one
+        # this module reads. Said once an engine, so that the CPU it costs is explained.
+        logger.info("idlekeeper: the engine waits through trio's loop only (trio's run state: %r)", exc)
         return None
     if not isinstance(trio_fd, int) or not isinstance(deadline, float):
+        logger.info("idlekeeper: the engine waits through trio's loop only (trio's run state not recognised)")
         return None
     return runner, trio_fd
 

@@ -10,6 +10,7 @@ second for what takes microseconds, where a wait that held the loop would take
 
 from __future__ import annotations
 
+import logging
 import math
 import select
 import socket
@@ -313,3 +314,22 @@ async def test_the_wait_declines_whenever_trio_has_something_to_do(case: str) ->
                         assert time.monotonic() - started < 0.01
         finally:
             direct.close()
+
+
+async def test_a_trio_it_does_not_recognise_turns_it_off_and_says_so(caplog: pytest.LogCaptureFixture) -> None:
+    """Trio's run state is not public API: where it is not what this reads, the engine
+    waits through trio, and the log says why its wake-ups cost what they do."""
+    from trio._core._run import GLOBAL_RUN_CONTEXT
+
+    runner = GLOBAL_RUN_CONTEXT.runner
+    saved = runner.waiting_for_idle
+    runner.waiting_for_idle = None  # no await until it is back
+    try:
+        with caplog.at_level(logging.INFO, logger="idlekeeper.engine"):
+            assert open_direct_wait(EpochClock(), 16) is None
+    finally:
+        runner.waiting_for_idle = saved
+    assert "waits through trio's loop only" in caplog.text
+    direct = open_direct_wait(EpochClock(), 16)
+    assert direct is not None  # the control
+    direct.close()
