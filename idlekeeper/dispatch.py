@@ -107,9 +107,9 @@ class Dispatcher:
         # that is not a connection: every event a pass takes then has a slot.
         self._fds: FdTable[Transport] = FdTable(reserve=self._urgent.fileno() + 1)
         self._epoll.register(self._urgent.fileno(), _IN)
-        # The direct wait's set (idlekeeper.direct_wait) while there is one: every
-        # registration in the main set is made there too.
-        self._mirror: select.epoll | None = None
+        # The sets each socket is registered in: the main one, and the direct wait's
+        # (idlekeeper.direct_wait) while there is one.
+        self._sets: tuple[select.epoll, ...] = (self._epoll,)
         # Events a direct wait took, for the next pass to serve instead of polling.
         self._direct_polled: list[tuple[int, int]] | None = None
         self._listeners: list[Listener] = []
@@ -322,9 +322,8 @@ class Dispatcher:
             _arrival.enable(sock)
         fd = sock.fileno()
         self._fds.add(fd, t)
-        self._epoll.register(fd, _IN)
-        if self._mirror is not None:
-            self._mirror.register(fd, _IN)
+        for ep in self._sets:
+            ep.register(fd, _IN)
         t._io |= REG_IN
         t.start()
         if tls is not None:
@@ -356,12 +355,10 @@ class Dispatcher:
         if want == have:
             return
         fd = t._socket.fileno()
-        mask = (_IN if want & REG_IN else 0) | (_OUT if want & REG_OUT else 0)
+        mask = _mask(want)
         # Nothing wanted means out of the set: a hung-up socket would otherwise be
         # reported on every pass (epoll always reports hang-ups).
-        for ep in (self._epoll, self._mirror):
-            if ep is None:
-                continue
+        for ep in self._sets:
             if not want:
                 ep.unregister(fd)
             elif not have:
@@ -373,14 +370,14 @@ class Dispatcher:
     def _mirror_into(self, ep: select.epoll | None) -> None:
         """Register every socket of the main set (and the urgent set) in ``ep`` too, and
         from now on each change; None stops it."""
-        self._mirror = ep
         if ep is None:
+            self._sets = (self._epoll,)
             return
+        self._sets = (self._epoll, ep)
         ep.register(self._urgent.fileno(), _IN)
         for t in self._fds.values():
-            io = t._io
-            mask = (_IN if io & REG_IN else 0) | (_OUT if io & REG_OUT else 0)
-            if mask and not io & CLOSED:
+            mask = _mask(t._io)
+            if mask and not t._io & CLOSED:
                 ep.register(t._socket.fileno(), mask)
 
     def _drop(self, t: Transport, exc: BaseException | None) -> None:
@@ -399,9 +396,8 @@ class Dispatcher:
         sock = t._socket
         fd = sock.fileno()
         if io & _REG:
-            self._epoll.unregister(fd)
-            if self._mirror is not None:
-                self._mirror.unregister(fd)
+            for ep in self._sets:
+                ep.unregister(fd)
         self._fds.remove(fd, t)
         sock.close()
         t._wbuf = None
@@ -458,3 +454,8 @@ class Dispatcher:
         self._urgent.close()
         self._wake_r.close()
         self._wake_w.close()
+
+
+def _mask(io: int) -> int:
+    """The epoll events a transport's registration flags (``REG_IN``, ``REG_OUT``) ask for."""
+    return (_IN if io & REG_IN else 0) | (_OUT if io & REG_OUT else 0)
