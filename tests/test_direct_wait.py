@@ -17,7 +17,7 @@ import socket
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 
 import pytest
 import trio
@@ -28,7 +28,7 @@ import idlekeeper
 from idlekeeper import Engine
 from idlekeeper.direct_wait import MAX_WAIT, open_direct_wait
 from idlekeeper.epochs import EpochClock
-from tests.test_engine import Addr, Probe, collecting, listening_socket
+from tests.test_engine import Addr, Probe, collecting, serving
 
 PROMPT = 0.5
 """Seconds within which trio's loop must have its turn (see the module)."""
@@ -37,13 +37,20 @@ assert PROMPT < MAX_WAIT
 
 
 @asynccontextmanager
-async def echo_engine(*, direct_wait: bool = True) -> AsyncIterator[tuple[Engine, list[Probe], Addr]]:
-    """An engine (no deadlines filed) echoing on a fresh listener: it, its protocols, the address."""
+async def engine_of(
+    make: Callable[[], Probe], *, direct_wait: bool = True
+) -> AsyncIterator[tuple[Engine, list[Probe], Addr]]:
+    """A keeper on the run's clock and an engine (no deadlines filed) serving ``make()``
+    protocols on a fresh listener: the engine, its protocols, the address."""
     async with idlekeeper.open_keeper(tick=0.1) as keeper:
-        probes, factory = collecting(lambda: Probe(echo=True))
-        async with idlekeeper.open_engine(keeper, direct_wait=direct_wait) as engine:
-            [listener] = engine.serve([listening_socket()], factory)
-            yield engine, probes, listener.getsockname()
+        probes, factory = collecting(make)
+        async with serving(keeper, factory, direct_wait=direct_wait) as (engine, addr):
+            yield engine, probes, addr
+
+
+def echo_engine(*, direct_wait: bool = True) -> AbstractAsyncContextManager[tuple[Engine, list[Probe], Addr]]:
+    """:func:`engine_of` echoing protocols."""
+    return engine_of(lambda: Probe(echo=True), direct_wait=direct_wait)
 
 
 def echo_client(addr: Addr, rounds: int, then: Callable[[], None] | None = None) -> threading.Thread:
@@ -93,17 +100,14 @@ async def test_off_when_asked() -> None:
 async def test_off_under_a_clock_other_than_the_systems(clock: MockClock) -> None:
     """A wait on a real epoll would not let a virtual clock jump: the engine waits through trio."""
     assert open_direct_wait(EpochClock(), 16) is None
-    async with idlekeeper.open_keeper(tick=0.1) as keeper:
-        _probes, factory = collecting(lambda: Probe(echo=True))
-        async with idlekeeper.open_engine(keeper) as engine:
-            [listener] = engine.serve([listening_socket()], factory)
-            client = trio.socket.socket()
-            await client.connect(listener.getsockname())
-            for _ in range(5):
-                await client.send(b"ping")
-                assert await client.recv(16) == b"ping"
-            client.close()
-            assert engine.direct_passes == 0 and engine.passes >= 5
+    async with echo_engine() as (engine, _probes, addr):
+        client = trio.socket.socket()
+        await client.connect(addr)
+        for _ in range(5):
+            await client.send(b"ping")
+            assert await client.recv(16) == b"ping"
+        client.close()
+        assert engine.direct_passes == 0 and engine.passes >= 5
 
 
 async def test_a_timer_fires_on_time_while_the_engine_waits() -> None:
@@ -180,16 +184,14 @@ async def test_a_pass_that_wakes_a_task_lets_it_run_first() -> None:
         async for data in receive:
             got.append((data, trio.current_time()))
 
-    async with idlekeeper.open_keeper(tick=0.1) as keeper, trio.open_nursery() as nursery:
+    async with trio.open_nursery() as nursery:
         nursery.start_soon(consume)
-        _probes, factory = collecting(Forwarding)
-        async with idlekeeper.open_engine(keeper) as engine:
-            [listener] = engine.serve([listening_socket()], factory)
+        async with engine_of(Forwarding) as (_engine, _probes, addr):
             sent: list[float] = []
             trio_clock = trio.lowlevel.current_clock()
 
             def run() -> None:
-                with socket.create_connection(listener.getsockname(), timeout=5) as s:
+                with socket.create_connection(addr, timeout=5) as s:
                     for i in range(10):
                         sent.append(trio_clock.current_time())
                         s.sendall(b"%d" % i)
@@ -218,24 +220,21 @@ async def test_each_direct_pass_stamps_an_epoch_sealed_before_the_next_wait() ->
             seen.append((data, rx, engines[0].direct_passes))
 
     words = [b"w%d" % i for i in range(8)]
-    async with idlekeeper.open_keeper(tick=0.1) as keeper:
-        _probes, factory = collecting(lambda: Stamped(echo=True))
-        async with idlekeeper.open_engine(keeper) as engine:
-            engines.append(engine)
-            [listener] = engine.serve([listening_socket()], factory)
-            trio_clock = trio.lowlevel.current_clock()
-            sent: list[float] = []
+    async with engine_of(lambda: Stamped(echo=True)) as (engine, _probes, addr):
+        engines.append(engine)
+        trio_clock = trio.lowlevel.current_clock()
+        sent: list[float] = []
 
-            def run() -> None:
-                with socket.create_connection(listener.getsockname(), timeout=5) as s:
-                    for word in words:
-                        sent.append(trio_clock.current_time())
-                        s.sendall(word)
-                        assert s.recv(16) == word
+        def run() -> None:
+            with socket.create_connection(addr, timeout=5) as s:
+                for word in words:
+                    sent.append(trio_clock.current_time())
+                    s.sendall(word)
+                    assert s.recv(16) == word
 
-            thread = threading.Thread(target=run, daemon=True)
-            thread.start()
-            await joined(thread)
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+        await joined(thread)
     assert [data for data, _, _ in seen] == words
     # Each read that a direct pass served, and the one before it:
     pairs = [(i, seen[i - 1][1], seen[i][1]) for i in range(1, len(seen)) if seen[i][2] > seen[i - 1][2]]

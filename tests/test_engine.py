@@ -126,9 +126,11 @@ async def serving(
     max_age: float | None = None,
     high_water: int = 256 * 1024,
     low_water: int = 64 * 1024,
+    direct_wait: bool = True,
 ) -> AsyncIterator[tuple[Engine, Addr]]:
     """An engine serving one fresh loopback listener; yields it and the address."""
-    async with idlekeeper.open_engine(keeper, high_water=high_water, low_water=low_water) as engine:
+    opening = idlekeeper.open_engine(keeper, high_water=high_water, low_water=low_water, direct_wait=direct_wait)
+    async with opening as engine:
         [listener] = engine.serve([listening_socket()], factory, idle=idle, receive=receive, send=send, max_age=max_age)
         yield engine, listener.getsockname()
 
@@ -995,7 +997,6 @@ async def test_objects_and_memory_per_connection(keeper: idlekeeper.Keeper, cloc
             client.close()
         await until(lambda: len(engine) == 0, "all closed")
         assert keeper.stats.watched == 0
-
 
 
 async def test_a_transport_keeps_its_size_class_and_its_timeouts_cost_no_object(

@@ -25,7 +25,7 @@ from servers.heartbeat.policy import DEFAULT_PRESENCE_PREFIX as PRESENCE
 
 from .conftest import wait_closed
 from .mqtt_wire import Sent, parse_server_packets
-from .test_heartbeat_clients import IN_CI, Server, start_server
+from .test_heartbeat_clients import IN_CI, Server, metric, start_server
 
 __all__ = ["start_server"]  # the fixture, shared with the other process tests
 
@@ -132,13 +132,6 @@ def unanswered(sub_port: int, pub_port: int, count: int) -> list[tuple[int, str]
             missed.append((i, "clean" if clean else "persistent"))
         sub.close()
     return missed
-
-
-def metric(server: Server, name: str) -> float:
-    assert server.status_port is not None
-    with urllib.request.urlopen(f"http://127.0.0.1:{server.status_port}/metrics", timeout=5) as r:
-        text = r.read().decode()
-    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name))
 
 
 @pytest.mark.parametrize("engine", ENGINES)

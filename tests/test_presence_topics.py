@@ -52,8 +52,7 @@ from servers.heartbeat.topics import FilterIndex, TopicTree
 
 from .redis_server import RedisServer, require_binary
 from .test_heartbeat import Client, publish_topic, running
-from .test_heartbeat_clients import IN_CI, ROOT, Server, paho_client, raw_connect, start_server, subscriber
-from .test_mqtt_state import metric
+from .test_heartbeat_clients import IN_CI, ROOT, Server, metric, paho_client, raw_connect, start_server, subscriber
 from .test_presence_faults import until, where
 
 __all__ = ["start_server"]  # the fixture, shared with the other process tests
