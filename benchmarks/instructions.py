@@ -2,7 +2,7 @@
 machine's noise does not move.
 
     python -m benchmarks.instructions [--server http,mqtt] [--count 4000] [--connections 1]
-                                      [--roots DIR[,DIR...]]
+                                      [--roots DIR[,DIR...]] [--floor]
 
 Wall-clock figures on these shared two-core machines drift by tens of percent
 between runs; ``valgrind --tool=callgrind`` counts the instructions a server runs,
@@ -14,6 +14,9 @@ PINGREQ answered by PINGRESP on an MQTT connection), each waiting for its answer
 before the next, stops it by its PID, and reads the total. A second run with no
 requests gives start-up and shutdown; the difference over ``--count`` is the cost
 of one request or heartbeat, the Python interpreter's share included.
+
+``--floor`` adds, for mqtt, :mod:`benchmarks.ping_floor`: a bare ``epoll`` loop that
+answers PINGREQ and nothing else, the least a Python server can run a heartbeat on.
 
 ``--roots`` runs the servers of several source trees (a checkout of an earlier
 commit beside this one, say) with this load, one after the other, and gives each
@@ -127,11 +130,16 @@ def mqtt_client(port: int, count: int, name: str) -> None:
         sock.sendall(encoders.encode_disconnect())
 
 
-def run_once(server: str, root: str, count: int, connections: int, out: Path) -> int:
-    """Start ``server`` of tree ``root`` under callgrind, drive ``count`` items over
-    ``connections`` clients (none: start-up and shutdown only), stop it; its total."""
+FLOOR = "benchmarks.ping_floor"
+"""The floor under any Python MQTT server's heartbeat (``--floor``)."""
+
+
+def run_once(server: str, root: str, count: int, connections: int, out: Path, module: str | None = None) -> int:
+    """Start ``server`` of tree ``root`` (or ``module`` there) under callgrind, drive
+    ``count`` items over ``connections`` clients (none: start-up and shutdown only),
+    stop it; its total."""
     port = _free_port()
-    module = "servers.http" if server == "http" else "servers.heartbeat"
+    module = module or ("servers.http" if server == "http" else "servers.heartbeat")
     cmd = [
         *("valgrind", "--tool=callgrind", f"--callgrind-out-file={out}"),
         *(sys.executable, "-m", module, "--port", str(port), "--workers", "1", "--tick", "1.0"),
@@ -169,12 +177,12 @@ def run_once(server: str, root: str, count: int, connections: int, out: Path) ->
     return callgrind_total(out)
 
 
-def measure(server: str, root: str, count: int, connections: int, workdir: Path) -> Count:
-    """The loaded and the idle run of one server of one tree."""
+def measure(server: str, root: str, count: int, connections: int, workdir: Path, module: str | None = None) -> Count:
+    """The loaded and the idle run of one server of one tree (or of ``module`` there)."""
     runs = Path(tempfile.mkdtemp(prefix=f"{server}-", dir=workdir))
-    idle = run_once(server, root, 0, connections, runs / "idle.out")
-    loaded = run_once(server, root, count - count % connections, connections, runs / "loaded.out")
-    return Count(server, root, count - count % connections, loaded, idle)
+    idle = run_once(server, root, 0, connections, runs / "idle.out", module)
+    loaded = run_once(server, root, count - count % connections, connections, runs / "loaded.out", module)
+    return Count(server, module or root, count - count % connections, loaded, idle)
 
 
 def table(counts: Sequence[Count]) -> str:
@@ -196,6 +204,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--count", type=int, default=4000, help="requests or heartbeats per run (default: 4000)")
     p.add_argument("--connections", type=int, default=1, help="clients, each waiting for its answers (default: 1)")
     p.add_argument("--roots", default=str(ROOT), help="comma-separated source trees to run the servers from")
+    p.add_argument(
+        "--floor", action="store_true", help="with mqtt: add a row for benchmarks.ping_floor, a bare Python epoll loop"
+    )
     args = p.parse_args(argv)
     servers = [s for s in args.server.split(",") if s]
     if unknown := set(servers) - set(SERVERS):
@@ -212,6 +223,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             for root in roots:
                 count = measure(server, root, args.count, args.connections, Path(tmp))
                 print(f"{server} {root}: {count.per_item:,.0f} instructions per item", file=sys.stderr)
+                counts.append(count)
+            if server == "mqtt" and args.floor:
+                count = measure(server, str(ROOT), args.count, args.connections, Path(tmp), FLOOR)
+                print(f"{server} {FLOOR}: {count.per_item:,.0f} instructions per item", file=sys.stderr)
                 counts.append(count)
     print(table(counts))
     return 0

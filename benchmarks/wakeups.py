@@ -37,7 +37,7 @@ import trio
 
 from loadtest.generator.events import bind_source
 from loadtest.mqtt_targets import MqttTarget, PeerUnavailable, start_mosquitto
-from loadtest.processes import free_port, start_heartbeat
+from loadtest.processes import free_port, start_heartbeat, start_server
 from servers.heartbeat import encoders
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -120,14 +120,20 @@ def measure_server(
     extra: Sequence[str] = (),
     warmup: float = 0.0,
     start_at: float | None = None,
+    floor: bool = False,
 ) -> dict[str, float]:
-    """One worker at ``coalesce`` (or Mosquitto, for ``coalesce`` None): its CPU per 1,000 heartbeats/s.
+    """One worker at ``coalesce`` (or Mosquitto, for ``coalesce`` None; or with ``floor``,
+    :mod:`benchmarks.ping_floor`): its CPU per 1,000 heartbeats/s, and a heartbeat's
+    CPU split into user and kernel time.
 
     With ``start_at`` (a ``time.monotonic()`` reading, the same in every process), the
     warm-up begins then rather than as soon as the devices are connected: two servers
     measured by two processes at once share one window."""
     port = free_port()
-    if coalesce is None:
+    if floor:
+        proc = start_server("ping_floor", port, 1, module="benchmarks.ping_floor", cwd=str(ROOT))
+        peer = MqttTarget("ping floor", proc, port)
+    elif coalesce is None:
         peer = start_mosquitto("mosquitto", port)
     else:
         proc = start_heartbeat(port, 1, ["--coalesce", str(coalesce), *extra], cwd=str(ROOT))
@@ -138,21 +144,27 @@ def measure_server(
         time.sleep(2 if start_at is None else max(0.0, start_at - time.monotonic()))
         warmed, _ = _ping(socks, rate, warmup)  # past the first deadlines: re-filing has begun
         server = psutil.Process(proc.pid)
+        split0 = server.cpu_times()
         before, t0 = _cpu_seconds(server), time.monotonic()
         sent, answered = _ping(socks, rate, seconds, warmed)
         after, t1 = _cpu_seconds(server), time.monotonic()
+        split1 = server.cpu_times()
         for sock in socks:
             sock.close()
     finally:
         peer.stop()  # by PID
     core = (after - before) / (t1 - t0)
     per_s = sent / seconds
+    per_heartbeat = 1e6 / sent if sent else 0.0
     return {
-        "coalesce": -1.0 if coalesce is None else coalesce,
+        "coalesce": -2.0 if floor else -1.0 if coalesce is None else coalesce,
         "heartbeats_per_s": per_s,
         "answered": answered / sent if sent else 0.0,
         "cpu_pct": 100 * core,
         "cpu_pct_per_1k": 100 * core / (per_s / 1000),
+        # Clock ticks (10 ms) here, so a split of tens of ticks: a few percent either way.
+        "user_us": (split1.user - split0.user) * per_heartbeat,
+        "kernel_us": (split1.system - split0.system) * per_heartbeat,
         "window_start": t0,
         "window_end": t1,
     }
@@ -216,6 +228,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--server-args", default="", help="more options for the server, as one string")
     p.add_argument("--warmup", type=float, default=0.0, help="seconds of PINGREQs before measuring (default: 0)")
     p.add_argument("--mosquitto", action="store_true", help="add a row for Mosquitto driven the same way, if installed")
+    p.add_argument("--floor", action="store_true", help="add a row for benchmarks.ping_floor, a bare Python epoll loop")
     args = p.parse_args(argv)
     floor = wakeup_floor(args.rate)
     epoll_us, trio_us = floor["epoll_us_per_wakeup"], floor["trio_us_per_wakeup"]
@@ -230,15 +243,23 @@ def main(argv: Sequence[str] | None = None) -> int:
             rows.append(measure_server(args.devices, args.rate, args.seconds, None, args.keepalive, (), args.warmup))
         except PeerUnavailable as exc:
             print(f"no Mosquitto row: {exc}")
+    if args.floor:
+        rows.append(
+            measure_server(args.devices, args.rate, args.seconds, None, args.keepalive, (), args.warmup, floor=True)
+        )
     base = rows[0]["cpu_pct_per_1k"]
     print(f"{args.devices:,} devices, {args.rate:g} PINGREQ/s for {args.seconds:g} s, one worker")
-    print("| --coalesce | heartbeats/s | answered | server CPU | per 1,000 heartbeats/s | vs the first |")
-    print("|---|---|---|---|---|---|")
+    print(
+        "| --coalesce | heartbeats/s | answered | server CPU | per 1,000 heartbeats/s | vs the first "
+        "| a heartbeat: user · kernel |"
+    )
+    print("|---|---|---|---|---|---|---|")
     for r in rows:
-        name = "Mosquitto" if r["coalesce"] < 0 else f"{r['coalesce']:g} s"
+        name = {-2.0: "Python floor", -1.0: "Mosquitto"}.get(r["coalesce"], f"{r['coalesce']:g} s")
         print(
             f"| {name} | {r['heartbeats_per_s']:.0f} | {100 * r['answered']:.0f}% | "
-            f"{r['cpu_pct']:.2f}% | {r['cpu_pct_per_1k']:.1f}% | {r['cpu_pct_per_1k'] / base:.2f}× |"
+            f"{r['cpu_pct']:.2f}% | {r['cpu_pct_per_1k']:.1f}% | {r['cpu_pct_per_1k'] / base:.2f}× "
+            f"| {r['user_us']:.1f} · {r['kernel_us']:.1f} µs |"
         )
     return 0 if all(r["answered"] >= 1.0 for r in rows) else 1
 

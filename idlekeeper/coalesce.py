@@ -33,7 +33,7 @@ async def run_passes(engine: Dispatcher, task_status: trio.TaskStatus[None] = tr
     coalesce, canned = engine.coalesce, engine.coalesce_canned
     window = coalesce or canned
     arrivals = engine.arrivals
-    as_pass, pass_ = engine._as_pass, engine._pass
+    pass_ = engine._pass
     direct = open_direct_wait(engine._epochs, engine.max_events) if engine.direct_wait else None
     if direct is not None:
         engine._mirror_into(direct.set)
@@ -48,7 +48,7 @@ async def run_passes(engine: Dispatcher, task_status: trio.TaskStatus[None] = tr
                 engine._direct_polled = polled
             # Read as soon as it is ready: its own epoch is a good enough stamp.
             engine._stamping = arrivals if coalesce else None
-            handled = as_pass(pass_)
+            handled = pass_()
             while handled and (coalesce or (canned and engine._only_canned)):
                 if engine._backlog:
                     # A listener had more waiting than a pass accepts: accepting must not
@@ -58,7 +58,7 @@ async def run_passes(engine: Dispatcher, task_status: trio.TaskStatus[None] = tr
                     engine.windows += 1
                     await _gather(engine, window)
                 engine._stamping = arrivals
-                handled = as_pass(pass_)
+                handled = pass_()
     finally:
         if direct is not None:
             engine._mirror_into(None)

@@ -30,8 +30,10 @@ when the batch is all but made: the engine alone in it, and no deadline due (a t
 woken by its deadline joins the batch after that look, and can only have been due
 by then), is the one case in which it may wait.
 
-This reads trio's run state (``runq``, the deadline heap, ``waiting_for_idle``), which
-is not public API: the only module that does. Anything it does not recognise
+This reads trio's run state (``runq``, the deadline heap, ``waiting_for_idle``, the
+system clock's offset), which is not public API: the only module that does. The heap's
+top is read without trio's pruning call: a cancelled deadline there only ends a wait
+sooner. Anything it does not recognise
 (another trio's internals, a guest run, a clock that is not the system clock, such as
 the tests' ``MockClock``) turns it off, and the engine waits through trio as before.
 """
@@ -42,6 +44,7 @@ import contextlib
 import logging
 import math
 import select
+from time import perf_counter
 from typing import Any
 
 import trio
@@ -81,11 +84,26 @@ class DirectWait:
     """An epoll set holding trio's set and, registered there by the engine beside its
     own set, the engine's sockets; see the module."""
 
-    __slots__ = ("_batch", "_clock", "_epochs", "_give_back", "_max_events", "_runner", "_trio_fd", "set")
+    __slots__ = (
+        "_batch",
+        "_deadlines",
+        "_epochs",
+        "_give_back",
+        "_idle_waiters",
+        "_max_events",
+        "_offset",
+        "_runq",
+        "_trio_fd",
+        "set",
+    )
 
     def __init__(self, runner: Any, trio_fd: int, epochs: EpochClock, max_events: int) -> None:
-        self._runner = runner
-        self._clock = runner.clock
+        # Read at every wait, so held here rather than reached through the runner (trio
+        # keeps these objects for the whole run); the clock as the system clock's sum.
+        self._runq = runner.runq
+        self._idle_waiters = runner.waiting_for_idle
+        self._deadlines = runner.deadlines
+        self._offset: float = runner.clock.offset
         self._trio_fd = trio_fd
         self._epochs = epochs
         self._max_events = max_events + 1  # room for trio's set beside a full batch
@@ -104,13 +122,16 @@ class DirectWait:
         if self._give_back:
             self._give_back = False
             return None
-        runner = self._runner
-        if runner.runq or runner.waiting_for_idle:
+        if self._runq or self._idle_waiters:
             return None
-        now = self._clock.current_time()
+        now = self._offset + perf_counter()
         if now >= self._batch.alone_until:
             return None
-        timeout = runner.deadlines.next_deadline() - now
+        # The top of trio's heap, without a call to prune it: a cancelled deadline there
+        # is earlier than the next live one, so it only ends the wait sooner, and trio's
+        # loop, which the engine then goes through, prunes it.
+        heap = self._deadlines._heap
+        timeout = (heap[0][0] if heap else math.inf) - now
         if timeout <= 0.0:
             return None
         # Stamps made in the pass just ended are sealed here, as trio's loop would
@@ -150,12 +171,14 @@ def _trio_state() -> tuple[Any, int] | None:
         runner.runq.__len__()
         runner.waiting_for_idle.__len__()
         deadline = runner.deadlines.next_deadline()
+        heap, offset = runner.deadlines._heap, runner.clock.offset
     except (ImportError, AttributeError, TypeError) as exc:
         # Not a choice of the caller's (as a MockClock is): this trio is not the one
         # this module reads. Said once an engine, so that the CPU it costs is explained.
         logger.info("idlekeeper: the engine waits through trio's loop only (trio's run state: %r)", exc)
         return None
-    if not isinstance(trio_fd, int) or not isinstance(deadline, float):
+    kinds = ((trio_fd, int), (deadline, float), (heap, list), (offset, float))
+    if not all(isinstance(value, kind) for value, kind in kinds):
         logger.info("idlekeeper: the engine waits through trio's loop only (trio's run state not recognised)")
         return None
     return runner, trio_fd

@@ -103,6 +103,7 @@ class Dispatcher:
         # would overflow the kernel's accept queue, and dropped SYNs come back only
         # after the client's retransmission timeout (1 s, then 3, 7...).
         self._urgent = select.epoll()
+        self._urgent_fd = self._urgent.fileno()
         # Reserved up to the urgent set's descriptor, the one member of the main set
         # that is not a connection: every event a pass takes then has a slot.
         self._fds: FdTable[Transport] = FdTable(reserve=self._urgent.fileno() + 1)
@@ -169,47 +170,58 @@ class Dispatcher:
                 self._send_gathered()
 
     def _pass(self) -> int:
-        self.passes += 1
-        stamping = self._stamping
-        if stamping is not None:
-            stamping.calibrate()
-        self._only_canned = True
-        fds = self._fds.slots
-        urgent = self._urgent.fileno()
-        ready: list[Listener] = []
-        polled = self._direct_polled
-        if polled is None:
-            polled = self._epoll.poll(0, self.max_events)
-        else:
-            self._direct_polled = None
-        self._polled = len(polled)
-        for fd, events in polled:
-            entry = fds[fd]
-            if entry is not None:
-                if events & _OUT and entry._wbuf is not None:
-                    self._only_canned = False  # a queue draining: not to be paced
-                    entry._flush()
-                if events & ~_OUT and not entry._io & NO_READ:
-                    self._read(entry)
-            elif fd == urgent:
-                # Accepts come after the reads, so that a descriptor freed in this pass
-                # and reused by an accept cannot be handed an event meant for the old socket.
-                ready = self._poll_urgent()
-        self._deliver_lost()
-        # A full batch of events means more may be ready: like a listener's backlog,
-        # that is served now, not a coalescing window later (where it would pile up).
-        backlog = len(polled) >= self.max_events
-        if ready:
-            self._only_canned = False  # a new connection's CONNECT is not kept a window
-        for listener in ready:
-            backlog |= listener.accept()
-        self._backlog = backlog
-        self._end_pass()
-        if self._only_canned and stamping is None and self.arrivals is not None:
-            # A window may follow: the stamps of what it gathers are trusted back to a
-            # measurement taken before any of it came (see idlekeeper.arrival).
-            self.arrivals.calibrate()
-        return len(polled)
+        """Serve what is ready, as :meth:`_as_pass` runs a step; its bookkeeping is inline
+        here, a call less on every wake-up's path."""
+        self._in_pass = True
+        self._polled = 0
+        try:
+            self.passes += 1
+            stamping = self._stamping
+            if stamping is not None:
+                stamping.calibrate()
+            self._only_canned = True
+            fds = self._fds.slots
+            urgent = self._urgent_fd
+            ready: list[Listener] = []
+            polled = self._direct_polled
+            if polled is None:
+                polled = self._epoll.poll(0, self.max_events)
+            else:
+                self._direct_polled = None
+            self._polled = len(polled)
+            for fd, events in polled:
+                entry = fds[fd]
+                if entry is not None:
+                    if events & _OUT and entry._wbuf is not None:
+                        self._only_canned = False  # a queue draining: not to be paced
+                        entry._flush()
+                    if events & ~_OUT and not entry._io & NO_READ:
+                        self._read(entry)
+                elif fd == urgent:
+                    # Accepts come after the reads, so that a descriptor freed in this pass
+                    # and reused by an accept cannot be handed an event meant for the old socket.
+                    ready = self._poll_urgent()
+            if self._lost:  # a call less a pass in the common case, where nothing was dropped
+                self._deliver_lost()
+            # A full batch of events means more may be ready: like a listener's backlog,
+            # that is served now, not a coalescing window later (where it would pile up).
+            backlog = len(polled) >= self.max_events
+            if ready:
+                self._only_canned = False  # a new connection's CONNECT is not kept a window
+            for listener in ready:
+                backlog |= listener.accept()
+            self._backlog = backlog
+            if self._gathered or self._lost or self._resumed:
+                self._end_pass()
+            if self._only_canned and stamping is None and self.arrivals is not None:
+                # A window may follow: the stamps of what it gathers are trusted back to a
+                # measurement taken before any of it came (see idlekeeper.arrival).
+                self.arrivals.calibrate()
+            return len(polled)
+        finally:
+            self._in_pass = False
+            if self._gathered:  # only if the pass raised: it sends them itself
+                self._send_gathered()
 
     def _urgent_pass(self) -> bool:
         """While gathering: tell drops; True if a listener is ready (the window ends)."""

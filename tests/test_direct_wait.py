@@ -245,7 +245,9 @@ async def test_each_direct_pass_stamps_an_epoch_sealed_before_the_next_wait() ->
         assert math.isfinite(end) and sent[i - 1] <= end <= sent[i] + PROMPT
 
 
-@pytest.mark.parametrize("case", ["runnable", "in-the-batch", "trio-ready-too", "deadline", "idle-waiter"])
+@pytest.mark.parametrize(
+    "case", ["runnable", "in-the-batch", "trio-ready-too", "deadline", "stale-deadline", "idle-waiter"]
+)
 async def test_the_wait_declines_whenever_trio_has_something_to_do(case: str) -> None:
     """The wait itself (this test's task standing for the engine's): none while another
     task can run, waits its turn in trio's batch, or waits for all to block; none past
@@ -299,6 +301,13 @@ async def test_the_wait_declines_whenever_trio_has_something_to_do(case: str) ->
                     await trio.lowlevel.checkpoint()
                     assert direct.wait() is None  # trio must see every task blocked
                     nursery.cancel_scope.cancel()
+                elif case == "stale-deadline":
+                    assert a.recv(1) == b"x"
+                    with trio.CancelScope(deadline=trio.current_time() + 0.05):  # noqa: ASYNC100
+                        pass  # left at once: its entry stays in trio's heap until trio's loop prunes it
+                    started = time.monotonic()
+                    assert direct.wait() is None  # read unpruned, it ends the wait: sooner, never later
+                    assert 0.045 <= time.monotonic() - started < PROMPT
                 else:
                     assert a.recv(1) == b"x"
                     # A deadline of trio's, not a cancellation: nothing here awaits.
@@ -315,19 +324,23 @@ async def test_the_wait_declines_whenever_trio_has_something_to_do(case: str) ->
             direct.close()
 
 
-async def test_a_trio_it_does_not_recognise_turns_it_off_and_says_so(caplog: pytest.LogCaptureFixture) -> None:
+@pytest.mark.parametrize("where, name", [("runner", "waiting_for_idle"), ("deadlines", "_heap")])
+async def test_a_trio_it_does_not_recognise_turns_it_off_and_says_so(
+    caplog: pytest.LogCaptureFixture, where: str, name: str
+) -> None:
     """Trio's run state is not public API: where it is not what this reads, the engine
     waits through trio, and the log says why its wake-ups cost what they do."""
     from trio._core._run import GLOBAL_RUN_CONTEXT
 
     runner = GLOBAL_RUN_CONTEXT.runner
-    saved = runner.waiting_for_idle
-    runner.waiting_for_idle = None  # no await until it is back
+    holder = runner if where == "runner" else runner.deadlines
+    saved = getattr(holder, name)
+    setattr(holder, name, None)  # no await until it is back
     try:
         with caplog.at_level(logging.INFO, logger="idlekeeper.engine"):
             assert open_direct_wait(EpochClock(), 16) is None
     finally:
-        runner.waiting_for_idle = saved
+        setattr(holder, name, saved)
     assert "waits through trio's loop only" in caplog.text
     direct = open_direct_wait(EpochClock(), 16)
     assert direct is not None  # the control
