@@ -310,6 +310,9 @@ def test_the_command_against_mosquitto(tmp_path: Path) -> None:
     assert counts["replies"].get("connack-v5-0x00", 0) > 20, counts["replies"]
     assert counts["replies"].get("connack-0", 0) > 20  # 3.1.1 beside it
     assert run["canary"]["probes"] >= 1 and run["canary"]["exchanges"] > 10
-    assert run["fds"]["after_canary"] == run["fds"]["before"]
+    # No more than at the start, as the judge rules: "before" is read just after the
+    # readiness probe's connection, which Mosquitto may not have closed yet (7 against 6
+    # in one fresh-clone run), so the end can be one lower, never higher.
+    assert run["fds"]["after_canary"] <= run["fds"]["before"]
     assert "server_reasons" not in counts  # no presence log to match
     assert code == 0 and results["result"] == "PASS"
