@@ -75,7 +75,7 @@ async def _gather(engine: Dispatcher, seconds: float) -> None:
     now = trio.current_time()
     # One wake-up for the window's end and the reaper's: the window may end up to
     # half of it early (replies only come sooner).
-    urgent = engine._urgent.fileno()
+    urgent = engine._urgent_fd
     with engine.keeper.shared_wakeup(now + seconds, now + seconds / 2):
         while True:
             await trio.lowlevel.wait_readable(urgent)

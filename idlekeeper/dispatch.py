@@ -106,8 +106,8 @@ class Dispatcher:
         self._urgent_fd = self._urgent.fileno()
         # Reserved up to the urgent set's descriptor, the one member of the main set
         # that is not a connection: every event a pass takes then has a slot.
-        self._fds: FdTable[Transport] = FdTable(reserve=self._urgent.fileno() + 1)
-        self._epoll.register(self._urgent.fileno(), _IN)
+        self._fds: FdTable[Transport] = FdTable(reserve=self._urgent_fd + 1)
+        self._epoll.register(self._urgent_fd, _IN)
         # The sets each socket is registered in: the main one, and the direct wait's
         # (idlekeeper.direct_wait) while there is one.
         self._sets: tuple[select.epoll, ...] = (self._epoll,)
@@ -386,7 +386,7 @@ class Dispatcher:
             self._sets = (self._epoll,)
             return
         self._sets = (self._epoll, ep)
-        ep.register(self._urgent.fileno(), _IN)
+        ep.register(self._urgent_fd, _IN)
         for t in self._fds.values():
             mask = _mask(t._io)
             if mask and not t._io & CLOSED:

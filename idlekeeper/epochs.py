@@ -29,7 +29,6 @@ import math
 __all__ = ["Epoch", "EpochClock", "NEVER", "Stamp", "latest"]
 
 
-
 class Epoch:
     """One pass of the event loop. ``end`` is when it finished; ``inf`` while it runs."""
 
