@@ -1,7 +1,7 @@
 """Instructions per request or per heartbeat, counted by callgrind: a figure the
 machine's noise does not move.
 
-    python -m benchmarks.instructions [--server http,mqtt] [--count 4000] [--connections 1]
+    python -m benchmarks.instructions [--server http,mqtt,drain] [--count 4000] [--connections 1]
                                       [--roots DIR[,DIR...]] [--floor]
 
 Wall-clock figures on these shared two-core machines drift by tens of percent
@@ -14,6 +14,13 @@ PINGREQ answered by PINGRESP on an MQTT connection), each waiting for its answer
 before the next, stops it by its PID, and reads the total. A second run with no
 requests gives start-up and shutdown; the difference over ``--count`` is the cost
 of one request or heartbeat, the Python interpreter's share included.
+
+``drain`` is a persistent session's stored queue drained on its return: ``--count``
+QoS 1 messages are published to it while it is away (server ``--max-inflight 20``, as
+``loadtest qos``), then its client comes back and acknowledges each window as it
+reads it. The run without a drain publishes the same messages and never comes back,
+so the difference over ``--count`` is what a drained message costs: the outbox's
+refill, its encoding and the writes, and the acknowledgements read.
 
 ``--floor`` adds, for mqtt, :mod:`benchmarks.ping_floor`: a bare ``epoll`` loop that
 answers PINGREQ and nothing else, the least a Python server can run a heartbeat on.
@@ -44,7 +51,9 @@ from pathlib import Path
 from servers.heartbeat import encoders
 
 ROOT = Path(__file__).resolve().parent.parent
-SERVERS = ("http", "mqtt")
+SERVERS = ("http", "mqtt", "drain")
+DRAIN_WINDOW = 20
+"""The drain's in-flight window (``--max-inflight``): ``loadtest qos``'s."""
 _REQUEST = b"GET / HTTP/1.1\r\nHost: localhost\r\nUser-Agent: instructions\r\nAccept: */*\r\n\r\n"
 _PINGREQ, _PINGRESP = encoders.encode_pingreq(), encoders.encode_pingresp()
 
@@ -61,7 +70,7 @@ class Count:
 
     @property
     def per_item(self) -> float:
-        """Instructions per request (HTTP) or heartbeat (MQTT)."""
+        """Instructions per request (HTTP), heartbeat (MQTT) or drained message."""
         return (self.loaded - self.idle) / self.count
 
 
@@ -130,6 +139,39 @@ def mqtt_client(port: int, count: int, name: str) -> None:
         sock.sendall(encoders.encode_disconnect())
 
 
+def drain_client(port: int, count: int, back: bool) -> None:
+    """Queue ``count`` QoS 1 messages for an absent persistent session; ``back``: then
+    return and take them all, acknowledging each read's in one write, in order."""
+    from loadtest.qos.client import goodbye, open_client, subscribe
+    from loadtest.qos.queued import publish_all, take_deliveries
+
+    away, _ = open_client(port, "drained", clean=False, timeout=60)
+    subscribe(away, "q/#", 1)
+    goodbye(away)
+    publisher, _ = open_client(port, "filler", timeout=60)
+    try:
+        publish_all(publisher, "q/m", count, 64, 100)
+    finally:
+        goodbye(publisher)
+    if not back:
+        return
+    sock, present = open_client(port, "drained", clean=False, timeout=60)
+    seen: list[int] = []
+    buf = bytearray()
+    with sock:
+        while len(seen) < count:
+            data = sock.recv(65536)
+            if not data:
+                raise ConnectionError(f"closed after {len(seen)} of {count} messages")
+            buf += data
+            acks, _, _ = take_deliveries(buf, seen.append)
+            if acks:
+                sock.sendall(acks)
+        goodbye(sock)
+    if not present or seen != list(range(count)):
+        raise AssertionError(f"the drain was not every message once, in order (session present: {present})")
+
+
 FLOOR = "benchmarks.ping_floor"
 """The floor under any Python MQTT server's heartbeat (``--floor``)."""
 
@@ -144,6 +186,8 @@ def run_once(server: str, root: str, count: int, connections: int, out: Path, mo
         *("valgrind", "--tool=callgrind", f"--callgrind-out-file={out}"),
         *(sys.executable, "-m", module, "--port", str(port), "--workers", "1", "--tick", "1.0"),
     ]
+    if server == "drain":
+        cmd += ["--max-inflight", str(DRAIN_WINDOW), "--max-queued", str(max(count, 1000))]
     # A fixed hash seed: dict and set layouts, and so the instructions, repeat run to run.
     env = dict(os.environ, PYTHONHASHSEED="0")
     proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -157,11 +201,15 @@ def run_once(server: str, root: str, count: int, connections: int, out: Path, mo
             said += line
         threading.Thread(target=lambda: [None for _ in proc.stderr or ()], daemon=True).start()
         share = count // connections if count else 0
+        if server == "drain":
+            # Both runs queue the same messages; only the loaded one drains them.
+            drain_client(port, abs(count), back=count > 0)
+            share = 0
         workers = [
             threading.Thread(target=http_client, args=(port, share))
             if server == "http"
             else threading.Thread(target=mqtt_client, args=(port, share, f"counted-{i}"))
-            for i in range(connections if count else 0)
+            for i in range(connections if share else 0)
         ]
         for t in workers:
             t.start()
@@ -180,9 +228,11 @@ def run_once(server: str, root: str, count: int, connections: int, out: Path, mo
 def measure(server: str, root: str, count: int, connections: int, workdir: Path, module: str | None = None) -> Count:
     """The loaded and the idle run of one server of one tree (or of ``module`` there)."""
     runs = Path(tempfile.mkdtemp(prefix=f"{server}-", dir=workdir))
-    idle = run_once(server, root, 0, connections, runs / "idle.out", module)
-    loaded = run_once(server, root, count - count % connections, connections, runs / "loaded.out", module)
-    return Count(server, module or root, count - count % connections, loaded, idle)
+    n = count - count % connections
+    # The drain's idle run queues the messages too (a negative count), and drains none.
+    idle = run_once(server, root, -n if server == "drain" else 0, connections, runs / "idle.out", module)
+    loaded = run_once(server, root, n, connections, runs / "loaded.out", module)
+    return Count(server, module or root, n, loaded, idle)
 
 
 def table(counts: Sequence[Count]) -> str:
@@ -191,7 +241,7 @@ def table(counts: Sequence[Count]) -> str:
     first: dict[str, float] = {}
     for c in counts:
         base = first.setdefault(c.server, c.per_item)
-        item = "request" if c.server == "http" else "heartbeat"
+        item = {"http": "request", "mqtt": "heartbeat", "drain": "drained message"}[c.server]
         ratio = c.per_item / base
         lines.append(f"| {c.server} | {c.root} | {c.count:,} | {c.per_item:,.0f} per {item} | {ratio:.3f}× |")
     return "\n".join(lines)
@@ -200,7 +250,7 @@ def table(counts: Sequence[Count]) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     """The command line; see the module's docstring."""
     p = argparse.ArgumentParser(prog="python -m benchmarks.instructions", description=__doc__.split("\n\n")[0])
-    p.add_argument("--server", default=",".join(SERVERS), help="comma-separated: http, mqtt (default: both)")
+    p.add_argument("--server", default=",".join(SERVERS), help="comma-separated: http, mqtt, drain (default: all)")
     p.add_argument("--count", type=int, default=4000, help="requests or heartbeats per run (default: 4000)")
     p.add_argument("--connections", type=int, default=1, help="clients, each waiting for its answers (default: 1)")
     p.add_argument("--roots", default=str(ROOT), help="comma-separated source trees to run the servers from")

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from servers.heartbeat.encoders import (
     encode_connack,
     encode_disconnect,
+    encode_held,
     encode_pingreq,
     encode_pingresp,
     encode_puback,
@@ -135,3 +136,23 @@ def test_publish_is_laid_out_as_the_spec_says_and_reads_back(
     if topic.isprintable() and topic and "+" not in topic and "#" not in topic and not (dup and not qos):
         [packet] = PacketReader().feed(wire)
         assert (packet.topic, packet.payload, packet.qos, packet.retain) == (topic, payload, qos, retain)  # type: ignore[union-attr]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.text(st.characters(exclude_categories=["Cs"]), max_size=40),
+    st.binary(max_size=300),
+    st.integers(1, 2),
+    st.booleans(),
+    st.integers(1, 65535),
+    st.booleans(),
+)
+@example("t", b"x" * 121, 1, False, 7, False)  # a remaining length of 127: the packed form's last
+@example("t", b"x" * 122, 2, True, 7, True)  # of 128: the general form
+def test_an_outbox_publish_is_the_spec_layout_in_both_forms(
+    topic: str, payload: bytes, qos: int, retain: bool, packet_id: int, dup: bool
+) -> None:
+    """encode_held (an outbox's QoS 1 and 2 messages) packs the short form itself."""
+    assert encode_held(topic, payload, qos, retain, packet_id, dup) == _publish_by_the_spec(
+        topic, payload, qos, retain, packet_id, dup
+    )

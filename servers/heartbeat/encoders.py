@@ -16,6 +16,7 @@ __all__ = [
     "encode_connect",
     "encode_disconnect",
     "encode_frame",
+    "encode_held",
     "encode_pingreq",
     "encode_pingresp",
     "encode_puback",
@@ -104,6 +105,19 @@ def encode_publish(
     if length < 0x80:
         return b"".join((_PUBLISH_HEAD.pack(first, length, size), *tail))
     return b"".join((bytes((first,)), encode_remaining_length(length), _U16.pack(size), *tail))
+
+
+def encode_held(topic: str, payload: bytes, qos: int, retain: bool, packet_id: int, dup: bool) -> bytes:
+    """A QoS 1 or 2 PUBLISH from an outbox, whose message is known to be well-formed
+    (:func:`encode_publish` checks it): a stored queue's drain encodes each message
+    here, so the usual short one is packed and joined in one step."""
+    name = topic.encode("utf-8")
+    size = len(name)
+    length = 4 + size + len(payload)
+    if length < 0x80:
+        first = 0x30 | (0x08 if dup else 0) | (qos << 1) | (0x01 if retain else 0)
+        return b"".join((_PUBLISH_HEAD.pack(first, length, size), name, _U16.pack(packet_id), payload))
+    return encode_publish(topic, payload, qos=qos, retain=retain, packet_id=packet_id, dup=dup)
 
 
 def encode_puback(packet_id: int) -> bytes:

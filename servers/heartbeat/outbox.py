@@ -22,7 +22,7 @@ import enum
 import time
 from collections.abc import Callable, Iterable
 
-from .encoders import encode_publish, encode_pubrel
+from .encoders import encode_held, encode_pubrel
 from .v5 import outbound
 
 __all__ = ["DEFAULT_MAX_QUEUED", "DEFAULT_MAX_QUEUED_BYTES", "DEFAULT_WINDOW", "Message", "Outbox", "Stage"]
@@ -42,6 +42,9 @@ class Stage(enum.Enum):
     """PUBLISH sent; waiting for PUBACK (QoS 1) or PUBREC (QoS 2)."""
     RELEASED = "released"
     """QoS 2: PUBREC came and PUBREL was sent; waiting for PUBCOMP."""
+
+
+_PUBLISHED = Stage.PUBLISHED
 
 
 class Message:
@@ -94,9 +97,7 @@ class Message:
             return encode_pubrel(self.packet_id)
         properties = self.properties
         if properties is None:
-            data = encode_publish(
-                self.topic, self.payload, qos=self.qos, retain=self.retain, packet_id=self.packet_id, dup=self.sent
-            )
+            data = encode_held(self.topic, self.payload, self.qos, self.retain, self.packet_id, self.sent)
         else:
             expiry = outbound.message_expiry(properties) if self.born else None
             if expiry is not None:
@@ -251,18 +252,35 @@ class Outbox:
         self.attached = False
 
     def _fill(self) -> list[bytes]:
-        out: list[bytes] = []
-        if not self.attached:
-            return out
+        inflight = self._inflight
         queue = self._queue
+        if not queue or len(inflight) >= self.window or not self.attached:
+            return []
+        # A stored queue drains through here a window at a time, so the launch of each
+        # message is inline (_launch's and _free_id's work, the same ids in the same order).
+        out: list[bytes] = []
+        window = self.window
         now = self.clock()
-        while queue and len(self._inflight) < self.window:
+        last = next(reversed(inflight), 0)
+        taken = 0
+        while queue and len(inflight) < window:
             message = queue.popleft()
-            self._bytes -= message.size
+            taken += len(message.topic) + len(message.payload)
             if message.born and message.expired(now):
                 self.expired += 1  # §3.3.2.3.3: not yet sent, and past its lifetime: deleted
                 continue
-            out.append(self._launch(message, now))
+            last = last % 65535 + 1
+            while last in inflight:
+                last = last % 65535 + 1
+            message.packet_id = last
+            inflight[last] = message
+            if message.properties is None and message.stage is _PUBLISHED:
+                # Message.wire's commonest case, inline.
+                out.append(encode_held(message.topic, message.payload, message.qos, message.retain, last, message.sent))
+                message.sent = True
+            else:
+                out.append(message.wire(now))
+        self._bytes -= taken
         return out
 
     def _launch(self, message: Message, now: float) -> bytes:
