@@ -178,7 +178,6 @@ async def test_refusals_a_client_repeats_are_logged_once(clock: MockClock, caplo
     assert "(200 characters)" in lines[0] and "noisy" * 40 not in lines[0]
 
 
-
 async def test_one_client_fills_only_its_share_of_the_retained_store(clock: MockClock) -> None:
     # Issue 33: an attacker filled the store; the victim's next update was refused and
     # its old value removed.
@@ -205,9 +204,7 @@ async def test_one_client_fills_only_its_share_of_the_retained_store(clock: Mock
 async def test_new_persistent_sessions_past_the_bound_are_refused(clock: MockClock) -> None:
     async with running(HeartbeatConfig(max_persistent_sessions=2)) as (server, _):
         for client_id in ("p1", "p2"):
-            await (await Client.connect(server.port, client_id, clean_session=False)).send(
-                encoders.encode_disconnect()
-            )
+            await (await Client.connect(server.port, client_id, clean_session=False)).send(encoders.encode_disconnect())
         third = await Client.connect(server.port, "p3", clean_session=False, expect=None)
         assert await third.read(4) == encoders.encode_connack(False, 3)
         back = await Client.connect(server.port, "p1", clean_session=False, expect=None)

@@ -86,4 +86,3 @@ def main(argv: list[str] | None = None) -> None:
     args.json.write_text(json.dumps(result, indent=2))
     print(report(result))
     print(f"\n(JSON: {args.json})")
-

@@ -33,16 +33,24 @@ def record(obs: Observation, verdict: Verdict, summary: str) -> dict[str, Any]:
 
 def not_applicable(cls: type[Attack], target: str) -> dict[str, Any]:
     """The record of an attack that does not apply to ``target`` (never a pass or a fail)."""
-    return {"attack": cls.name, "target": target, "summary": cls.summary, "result": "n/a", "reasons": [
-        cls.not_for_mosquitto or "does not apply"
-    ]}
+    return {
+        "attack": cls.name,
+        "target": target,
+        "summary": cls.summary,
+        "result": "n/a",
+        "reasons": [cls.not_for_mosquitto or "does not apply"],
+    }
 
 
 def failed_record(cls: type[Attack], target: str, why: str) -> dict[str, Any]:
     """The record of a run that could not be made (the server or the fleet did not start)."""
-    return {"attack": cls.name, "target": target, "summary": cls.summary, "result": "FAIL", "reasons": [
-        f"could not run: {why}"
-    ]}
+    return {
+        "attack": cls.name,
+        "target": target,
+        "summary": cls.summary,
+        "result": "FAIL",
+        "reasons": [f"could not run: {why}"],
+    }
 
 
 def _answers(answers: dict[str, int]) -> str:

@@ -39,6 +39,7 @@ def is_ours(target: str) -> bool:
     """Whether ``target`` is our server, on its own or in a fleet."""
     return target in OURS
 
+
 ACL_RULES = (
     "# The abuse test's rules, in Mosquitto's acl_file format: anonymous clients may read\n"
     "# presence, and each client reads and writes its own tree under devices/.\n"

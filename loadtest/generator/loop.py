@@ -103,4 +103,3 @@ def main(argv: list[str] | None = None) -> int:
     with open(spec.results, "w") as f:
         json.dump(results, f)
     return 0
-

@@ -193,9 +193,7 @@ class StreamsHttpServer(HttpServer):
                 stream.deadline = None
             stream.idle_timeout = None
             headers = header_list(event)
-            refusal = head_refusal(
-                event, headers, cfg.max_header_size, cfg.max_body_size, websockets=cfg.websockets
-            )
+            refusal = head_refusal(event, headers, cfg.max_header_size, cfg.max_body_size, websockets=cfg.websockets)
             if refusal is not None:
                 await _refuse(stream, *refusal)
                 return
@@ -221,7 +219,6 @@ class StreamsHttpServer(HttpServer):
                 return
             if outcome is not Outcome.NEXT:
                 return
-
 
     async def _websocket(
         self, conn: _StreamConn, event: h11.Request, headers: list[tuple[bytes, bytes]], scope: Scope
