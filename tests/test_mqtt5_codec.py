@@ -18,6 +18,7 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties as _PahoProperties
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
+from servers.heartbeat.v5 import outbound
 from servers.heartbeat.v5 import packets as p
 from servers.heartbeat.v5.codec import pack, read_packet, read_packets
 from servers.heartbeat.v5.properties import EMPTY, Carrier, Properties, field_ident, pack_properties, read_properties
@@ -448,3 +449,35 @@ def read_packets_safe(data: bytes) -> list[p.Packet]:
         out.append(read_packet(data[pos], data[start : start + length]))
         pos = start + length
     return out
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        n, digit = n >> 7, n & 0x7F
+        out.append(digit | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.text(st.characters(exclude_categories=["Cs"]), max_size=40),
+    st.binary(max_size=200),
+    st.integers(0, 2),
+    st.booleans(),
+    st.integers(1, 65535),
+    st.booleans(),
+    st.binary(max_size=200),
+)
+def test_a_delivered_publish_is_the_spec_layout_short_or_long(
+    topic: str, payload: bytes, qos: int, retain: bool, packet_id: int, dup: bool, properties: bytes
+) -> None:
+    """outbound.publish packs a short PUBLISH in one step and a long one field by field;
+    both are §3.3's layout: fixed header, topic, packet id (QoS 1 and 2), the property
+    length and properties, the payload."""
+    name = topic.encode()
+    body = len(name).to_bytes(2, "big") + name + (packet_id.to_bytes(2, "big") if qos else b"")
+    body += _varint(len(properties)) + properties + payload
+    wire = bytes((0x30 | dup << 3 | qos << 1 | retain,)) + _varint(len(body)) + body
+    assert outbound.publish(topic, payload, qos, retain, packet_id, dup, properties) == wire

@@ -28,6 +28,9 @@ __all__ = [
 ]
 
 _H = struct.Struct("!H")
+_HEAD = struct.Struct("!BBH")
+"""A PUBLISH's first byte, a one-byte remaining length and its topic's length."""
+_BYTE = [bytes((i,)) for i in range(0x80)]
 
 
 def publish(
@@ -43,12 +46,24 @@ def publish(
     length (:func:`forwarded`), empty for a message from a 3.1.1 client."""
     first = 0x30 | (0x08 if dup else 0) | (qos << 1) | (0x01 if retain else 0)
     raw = topic.encode()
+    if qos and not packet_id:
+        raise ValueError("QoS 1 and 2 need a non-zero packet id")
+    # A short one (most of a fleet's, each message of a stored queue's drain) is packed
+    # in one join; its property length is then one byte too.
+    n = len(properties)
+    length = 3 + len(raw) + n + len(payload)
+    if qos:
+        length += 2
+        if length < 0x80:
+            return b"".join(
+                (_HEAD.pack(first, length, len(raw)), raw, _H.pack(packet_id), _BYTE[n], properties, payload)
+            )
+    elif length < 0x80:
+        return b"".join((_HEAD.pack(first, length, len(raw)), raw, _BYTE[n], properties, payload))
     head = _H.pack(len(raw)) + raw
     if qos:
-        if not packet_id:
-            raise ValueError("QoS 1 and 2 need a non-zero packet id")
         head += _H.pack(packet_id)
-    return _frame(first, head + pack_varint(len(properties)) + properties + payload)
+    return _frame(first, head + pack_varint(n) + properties + payload)
 
 
 def forwarded(props: Properties) -> bytes:
