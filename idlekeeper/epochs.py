@@ -62,13 +62,16 @@ def latest(epoch: Stamp, now: float) -> float:
 class EpochClock:
     """Hands out the current epoch; ``seal(now)`` closes it and opens the next."""
 
-    __slots__ = ("current",)
+    __slots__ = ("current", "sealed")
 
     def __init__(self) -> None:
         self.current = Epoch()
+        self.sealed = -math.inf
+        """When the last epoch was sealed: a time no later than now, read with no clock."""
 
     def seal(self, now: float) -> None:
         """Close the current epoch at ``now`` (monotonic, non-decreasing)."""
+        self.sealed = now
         self.current.end = now
         # Made without running __init__: a Python frame less on every pass, which is
         # every heartbeat's wake-up (a compiled Epoch is made this way as well).

@@ -265,6 +265,17 @@ class Keeper(metaclass=NoPublicConstructor):
         if self._unfiled:
             self._unfiled.discard(watch)
 
+    def _timeout_set(self, watch: Watch, seconds: float) -> None:
+        """A timeout of ``seconds`` counting from now was set on ``watch``."""
+        # It ends no sooner than the last seal plus ``seconds`` (the seal is no later
+        # than now), and the watch's filing already covered every other deadline: filed
+        # no later than that, the filing stands, with no clock read and no resolution.
+        # An HTTP connection sets one twice a request.
+        due = self._wheel.due(watch)
+        if due is not None and due <= self._epochs.sealed + seconds:
+            return
+        self._changed(watch)
+
     def _changed(self, watch: Watch) -> None:
         if watch._state is not _WATCHING or watch._expiry is not None or self._closed:
             return

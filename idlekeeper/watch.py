@@ -81,6 +81,8 @@ class _Owner(Protocol):
 
     def _changed(self, watch: Watch) -> None: ...
 
+    def _timeout_set(self, watch: Watch, seconds: float) -> None: ...
+
 
 def find_socket(stream: trio.abc.Stream | None) -> trio.socket.SocketType | None:
     """The socket under a stream, following ``transport_stream`` (SSLStream, wrappers)."""
@@ -254,7 +256,7 @@ class Watch(ConnectionDeadlines):
     def idle_timeout(self, seconds: float | None) -> None:
         self._set_idle_timeout(seconds, self._owner._epochs.current)
         if seconds is not None:  # None only removes a deadline: the filing stands
-            self._owner._changed(self)
+            self._owner._timeout_set(self, seconds)
 
     @property
     def receive_timeout(self) -> float | None:
@@ -265,7 +267,7 @@ class Watch(ConnectionDeadlines):
     def receive_timeout(self, seconds: float | None) -> None:
         self._set_receive_timeout(seconds, self._owner._epochs.current)
         if seconds is not None:  # None only removes a deadline: the filing stands
-            self._owner._changed(self)
+            self._owner._timeout_set(self, seconds)
 
     def receive_timeout_since(self, seconds: float | None, since: float) -> None:
         """Set the receive timeout counting from ``since`` instead of from now.
@@ -299,7 +301,7 @@ class Watch(ConnectionDeadlines):
     def send_timeout(self, seconds: float | None) -> None:
         self._set_send_timeout(seconds, self._owner._epochs.current)
         if seconds is not None:  # None only removes a deadline: the filing stands
-            self._owner._changed(self)
+            self._owner._timeout_set(self, seconds)
 
     @property
     def deadline(self) -> float:

@@ -172,6 +172,48 @@ async def test_phases_set_change_and_clear(keeper: idlekeeper.Keeper, clock: Moc
     assert trio.current_time() == pytest.approx(55, abs=keeper.tick)
 
 
+@pytest.mark.parametrize("which", ["idle", "receive", "send"])
+async def test_a_timeout_set_tighter_than_the_filing_is_kept_to(
+    which: str, keeper: idlekeeper.Keeper, clock: MockClock
+) -> None:
+    """Filed for a 10 s timeout, then given 2 s at 1 s: it ends at 3 s, not 11 s. A
+    timeout set is checked against the filing from the last seal with no clock read;
+    here that check must fail and the watch be filed again."""
+    with keeper.watch() as w:
+        setattr(w, f"{which}_timeout", 10)
+        if which == "send":
+            w._sending = True  # a send pending, as send_all marks it
+        await trio.sleep(1)
+        set_at = trio.current_time()
+        setattr(w, f"{which}_timeout", 2)
+        await trio.sleep(100)
+    assert w.expired
+    assert set_at + 2 <= trio.current_time() < set_at + 2 + keeper.tick
+
+
+async def test_a_timeout_set_that_the_filing_covers_leaves_it_unresolved(
+    keeper: idlekeeper.Keeper, clock: MockClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An HTTP connection sets its keep-alive timeout again after every request: filed
+    no later than the new deadline can be, the filing stands and nothing is resolved
+    (no clock read, no wheel operation); the expiry is still on time."""
+    with keeper.watch(idle=5) as w:
+        filed = keeper._wheel.due(w)
+        resolved: list[object] = []
+        monkeypatch.setattr(keeper, "_changed", resolved.append)
+        for _ in range(4):
+            await trio.sleep(1)
+            w.idle_timeout = None
+            w.mark_received()
+            w.idle_timeout = 5
+        assert resolved == [] and keeper._wheel.due(w) == filed
+        monkeypatch.undo()
+        last = trio.current_time()
+        await trio.sleep(100)
+    assert w.reason is Reason.IDLE
+    assert last + 5 <= trio.current_time() < last + 5 + keeper.tick
+
+
 async def test_earlier_deadline_wakes_a_sleeping_reaper(keeper: idlekeeper.Keeper, clock: MockClock) -> None:
     with keeper.watch(idle=1000) as w:
         await trio.sleep(1)
