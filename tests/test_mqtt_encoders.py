@@ -142,17 +142,19 @@ def test_publish_is_laid_out_as_the_spec_says_and_reads_back(
 @given(
     st.text(st.characters(exclude_categories=["Cs"]), max_size=40),
     st.binary(max_size=300),
-    st.integers(1, 2),
+    st.integers(0, 2),
     st.booleans(),
     st.integers(1, 65535),
     st.booleans(),
 )
 @example("t", b"x" * 121, 1, False, 7, False)  # a remaining length of 127: the packed form's last
 @example("t", b"x" * 122, 2, True, 7, True)  # of 128: the general form
-def test_an_outbox_publish_is_the_spec_layout_in_both_forms(
+@example("t", b"on", 0, True, 7, False)  # a retained QoS 0 message: no packet id
+def test_a_message_s_publish_is_the_spec_layout_in_both_forms(
     topic: str, payload: bytes, qos: int, retain: bool, packet_id: int, dup: bool
 ) -> None:
-    """encode_held (an outbox's QoS 1 and 2 messages) packs the short form itself."""
+    """encode_held (a Message's PUBLISH: an outbox's QoS 1 and 2, a retained QoS 0 one)
+    packs the short form itself."""
     assert encode_held(topic, payload, qos, retain, packet_id, dup) == _publish_by_the_spec(
         topic, payload, qos, retain, packet_id, dup
     )

@@ -108,15 +108,18 @@ def encode_publish(
 
 
 def encode_held(topic: str, payload: bytes, qos: int, retain: bool, packet_id: int, dup: bool) -> bytes:
-    """A QoS 1 or 2 PUBLISH from an outbox, whose message is known to be well-formed
-    (:func:`encode_publish` checks it): a stored queue's drain encodes each message
-    here, so the usual short one is packed and joined in one step."""
+    """A PUBLISH of a message known to be well-formed (:func:`encode_publish` checks
+    it), as :class:`~.outbox.Message` sends it: a stored queue's drain encodes each
+    message here, so the usual short one is packed and joined in one step. QoS 0
+    ignores ``packet_id``."""
     name = topic.encode("utf-8")
     size = len(name)
-    length = 4 + size + len(payload)
+    length = (4 if qos else 2) + size + len(payload)
     if length < 0x80:
-        first = 0x30 | (0x08 if dup else 0) | (qos << 1) | (0x01 if retain else 0)
-        return b"".join((_PUBLISH_HEAD.pack(first, length, size), name, _U16.pack(packet_id), payload))
+        head = _PUBLISH_HEAD.pack(0x30 | (0x08 if dup else 0) | (qos << 1) | (0x01 if retain else 0), length, size)
+        if qos:
+            return b"".join((head, name, _U16.pack(packet_id), payload))
+        return b"".join((head, name, payload))
     return encode_publish(topic, payload, qos=qos, retain=retain, packet_id=packet_id, dup=dup)
 
 
