@@ -265,7 +265,7 @@ class Outbox:
         taken = 0
         while queue and len(inflight) < window:
             message = queue.popleft()
-            taken += message.size
+            taken += len(message.topic) + len(message.payload)  # Message.size, without its call
             if message.born and message.expired(now):
                 self.expired += 1  # §3.3.2.3.3: not yet sent, and past its lifetime: deleted
                 continue
