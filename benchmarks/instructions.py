@@ -178,8 +178,9 @@ FLOOR = "benchmarks.ping_floor"
 
 def run_once(server: str, root: str, count: int, connections: int, out: Path, module: str | None = None) -> int:
     """Start ``server`` of tree ``root`` (or ``module`` there) under callgrind, drive
-    ``count`` items over ``connections`` clients (none: start-up and shutdown only),
-    stop it; its total."""
+    ``count`` items over ``connections`` clients (none: start-up and shutdown only; for
+    the drain, a negative count queues that many messages and drains none), stop it;
+    its total."""
     port = _free_port()
     module = module or ("servers.http" if server == "http" else "servers.heartbeat")
     cmd = [
