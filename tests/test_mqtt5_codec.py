@@ -25,6 +25,8 @@ from servers.heartbeat.v5.properties import EMPTY, Carrier, Properties, field_id
 from servers.heartbeat.v5.reason_codes import PacketError, ReasonCode
 from servers.heartbeat.v5.wire import read_varint
 
+from .test_mqtt_encoders import publish_by_the_spec, varint_by_the_spec
+
 # paho's Properties has no type hints: called through Any.
 PahoProperties: Any = _PahoProperties
 
@@ -451,15 +453,6 @@ def read_packets_safe(data: bytes) -> list[p.Packet]:
     return out
 
 
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        n, digit = n >> 7, n & 0x7F
-        out.append(digit | (0x80 if n else 0))
-        if not n:
-            return bytes(out)
-
-
 @settings(max_examples=300, deadline=None)
 @given(
     st.text(st.characters(exclude_categories=["Cs"]), max_size=40),
@@ -476,8 +469,6 @@ def test_a_delivered_publish_is_the_spec_layout_short_or_long(
     """outbound.publish packs a short PUBLISH in one step and a long one field by field;
     both are §3.3's layout: fixed header, topic, packet id (QoS 1 and 2), the property
     length and properties, the payload."""
-    name = topic.encode()
-    body = len(name).to_bytes(2, "big") + name + (packet_id.to_bytes(2, "big") if qos else b"")
-    body += _varint(len(properties)) + properties + payload
-    wire = bytes((0x30 | dup << 3 | qos << 1 | retain,)) + _varint(len(body)) + body
+    body = varint_by_the_spec(len(properties)) + properties + payload
+    wire = publish_by_the_spec(topic, body, qos, retain, packet_id, dup)
     assert outbound.publish(topic, payload, qos, retain, packet_id, dup, properties) == wire

@@ -87,40 +87,28 @@ def encode_publish(
     """PUBLISH; QoS 1 and 2 need a non-zero ``packet_id``, QoS 0 ignores it."""
     if qos not in (0, 1, 2):
         raise ValueError(f"QoS {qos}")
+    if qos and not packet_id:
+        raise ValueError("QoS 1 and 2 need a non-zero packet id")
+    return encode_held(topic, payload, qos, retain, packet_id or 0, dup)
+
+
+def encode_held(topic: str, payload: bytes, qos: int, retain: bool, packet_id: int, dup: bool) -> bytes:
+    """A PUBLISH whose QoS and packet id are known to be valid (:func:`encode_publish`
+    checks them first), as :class:`~.outbox.Message` sends it; QoS 0 ignores
+    ``packet_id``. A stored queue's drain encodes each message here, with positional
+    arguments and no checks but the topic's length."""
     first = 0x30 | (0x08 if dup else 0) | (qos << 1) | (0x01 if retain else 0)
     name = topic.encode("utf-8")
     size = len(name)
     if size > 0xFFFF:
         raise ValueError(f"field of {size} bytes; MQTT allows at most 65535")
+    ident = _U16.pack(packet_id) if qos else b""
     # Every message a subscriber is sent is encoded here: one join of the parts, the
     # header packed at once when the remaining length fits a byte (most do).
-    length = 2 + size + len(payload)
-    if qos:
-        if not packet_id:
-            raise ValueError("QoS 1 and 2 need a non-zero packet id")
-        length += 2
-        tail: tuple[bytes, ...] = (name, _U16.pack(packet_id), payload)
-    else:
-        tail = (name, payload)
+    length = 2 + size + len(ident) + len(payload)
     if length < 0x80:
-        return b"".join((_PUBLISH_HEAD.pack(first, length, size), *tail))
-    return b"".join((bytes((first,)), encode_remaining_length(length), _U16.pack(size), *tail))
-
-
-def encode_held(topic: str, payload: bytes, qos: int, retain: bool, packet_id: int, dup: bool) -> bytes:
-    """A PUBLISH of a message known to be well-formed (:func:`encode_publish` checks
-    it), as :class:`~.outbox.Message` sends it: a stored queue's drain encodes each
-    message here, so the usual short one is packed and joined in one step. QoS 0
-    ignores ``packet_id``."""
-    name = topic.encode("utf-8")
-    size = len(name)
-    length = (4 if qos else 2) + size + len(payload)
-    if length < 0x80:
-        head = _PUBLISH_HEAD.pack(0x30 | (0x08 if dup else 0) | (qos << 1) | (0x01 if retain else 0), length, size)
-        if qos:
-            return b"".join((head, name, _U16.pack(packet_id), payload))
-        return b"".join((head, name, payload))
-    return encode_publish(topic, payload, qos=qos, retain=retain, packet_id=packet_id, dup=dup)
+        return b"".join((_PUBLISH_HEAD.pack(first, length, size), name, ident, payload))
+    return b"".join((bytes((first,)), encode_remaining_length(length), _U16.pack(size), name, ident, payload))
 
 
 def encode_puback(packet_id: int) -> bytes:

@@ -14,6 +14,7 @@ import math
 import struct
 
 from ..encoders import encode_frame as _frame
+from ..encoders import encode_held
 from .properties import EMPTY, Carrier, Properties, pack_properties
 from .wire import pack_varint, read_varint
 
@@ -28,9 +29,8 @@ __all__ = [
 ]
 
 _H = struct.Struct("!H")
-_HEAD = struct.Struct("!BBH")
-"""A PUBLISH's first byte, a one-byte remaining length and its topic's length."""
 _BYTE = [bytes((i,)) for i in range(0x80)]
+"""A property length under 128 is one byte: these, made once."""
 
 
 def publish(
@@ -44,26 +44,12 @@ def publish(
 ) -> bytes:
     """PUBLISH to a 5.0 client; ``properties`` is a packed property list without its
     length (:func:`forwarded`), empty for a message from a 3.1.1 client."""
-    first = 0x30 | (0x08 if dup else 0) | (qos << 1) | (0x01 if retain else 0)
-    raw = topic.encode()
     if qos and not packet_id:
         raise ValueError("QoS 1 and 2 need a non-zero packet id")
-    # A short one (most of a fleet's, each message of a stored queue's drain) is packed
-    # in one join; its property length is then one byte too.
+    # 3.1.1's layout, with the properties (behind their length) ahead of the payload.
     n = len(properties)
-    length = 3 + len(raw) + n + len(payload)
-    if qos:
-        length += 2
-        if length < 0x80:
-            return b"".join(
-                (_HEAD.pack(first, length, len(raw)), raw, _H.pack(packet_id), _BYTE[n], properties, payload)
-            )
-    elif length < 0x80:
-        return b"".join((_HEAD.pack(first, length, len(raw)), raw, _BYTE[n], properties, payload))
-    head = _H.pack(len(raw)) + raw
-    if qos:
-        head += _H.pack(packet_id)
-    return _frame(first, head + pack_varint(n) + properties + payload)
+    body = (_BYTE[n] if n < 0x80 else pack_varint(n)) + properties + payload
+    return encode_held(topic, body, qos, retain, packet_id or 0, dup)
 
 
 def forwarded(props: Properties) -> bytes:
