@@ -135,6 +135,7 @@ DEVICE_COLUMNS: tuple[Column, ...] = (
 
 HTTP_COLUMNS: tuple[Column, ...] = (
     ("rps", "req/s", "", True),
+    ("cpu_us", "server CPU a request", "µs", False),
     ("rps_attack", "req/s under attack", "", True),
     ("p99_ms_attack", "p99 latency under attack", "ms", False),
     ("slowloris_hold_p50_s", "slowloris hold p50", "s", False),
@@ -251,7 +252,7 @@ def compare_http(load: HttpLoad, targets: Sequence[str], rounds: int = 3, pinned
             alone = rounds_in_turn(
                 names,
                 rounds,
-                lambda name: run_load(started[name][1], load.connections, load.duration),
+                lambda name: run_load(started[name][1], load.connections, load.duration, pids=started[name][2]),
                 "http: unattacked",
             )
         for name in names:

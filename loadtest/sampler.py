@@ -28,6 +28,7 @@ __all__ = [
     "Sampler",
     "cpu_model",
     "cpu_seconds",
+    "cpu_split",
     "histogram_quantile",
     "parse_metrics",
     "process_tree",
@@ -86,12 +87,19 @@ def rss_bytes(procs: Iterable[psutil.Process]) -> int:
 
 def cpu_seconds(procs: Iterable[psutil.Process]) -> float:
     """The user and system CPU seconds ``procs`` have used (those gone meanwhile count nothing)."""
-    total = 0.0
+    return sum(cpu_split(procs))
+
+
+def cpu_split(procs: Iterable[psutil.Process]) -> tuple[float, float]:
+    """The CPU seconds ``procs`` have used in user space and in the kernel, apart (those
+    gone meanwhile count nothing): where a server's time goes, its code or its system calls."""
+    user = kernel = 0.0
     for proc in procs:
         with contextlib.suppress(psutil.Error):
             times = proc.cpu_times()
-            total += times.user + times.system
-    return total
+            user += times.user
+            kernel += times.system
+    return user, kernel
 
 
 @dataclass

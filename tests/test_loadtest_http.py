@@ -5,6 +5,7 @@ keep-alive load is served throughout. On the wall clock, a few seconds each."""
 from __future__ import annotations
 
 import contextlib
+import math
 import shutil
 import socket
 import time
@@ -17,7 +18,7 @@ import pytest
 from loadtest.asgi_app import BODY, app
 from loadtest.http import attack
 from loadtest.http.load import run_http
-from loadtest.http.loadgen import run_own_client
+from loadtest.http.loadgen import run_load, run_own_client
 from loadtest.http.targets import start_http_target
 from loadtest.http.workload import HttpLoad, LoadFigures
 from loadtest.processes import free_port, stop
@@ -117,6 +118,24 @@ def test_own_client_counts_responses(server: int) -> None:
     assert f.requests > 50 and f.errors == 0 and f.p50_ms > 0
 
 
+def test_a_loads_cpu_a_request_is_what_the_server_spent_in_user_space_and_the_kernel(
+    started: tuple[int, int],
+) -> None:
+    """Given the server's PID, a load run says what a request cost it, user and kernel
+    apart: times the requests, the CPU the server's process used meanwhile (psutil's
+    clock ticks are 10 ms). Without PIDs it says nothing rather than a guess."""
+    port, pid = started
+    proc = psutil.Process(pid)
+    before = proc.cpu_times()
+    f = run_load(port, 4, 1.0, tool="own", pids=[pid])
+    after = proc.cpu_times()
+    assert f.requests > 50 and f.user_us > 0 and f.kernel_us > 0
+    for per_request, spent in ((f.user_us, after.user - before.user), (f.kernel_us, after.system - before.system)):
+        assert per_request * f.requests / 1e6 == pytest.approx(spent, abs=0.025)
+    blind = run_load(port, 4, 0.5, tool="own")
+    assert blind.requests > 20 and math.isnan(blind.user_us) and math.isnan(blind.kernel_us)
+
+
 def test_asgi_app_answers_like_ours() -> None:
     import trio
 
@@ -183,6 +202,8 @@ def test_compare_loads_every_server_in_interleaved_rounds() -> None:
         assert len(r["alone_rounds"]) == 2 and all(f["requests"] > 50 for f in r["alone_rounds"])
         assert r["rps"] == min(f["rps"] for f in r["alone_rounds"])  # the lower middle of two
         assert r["slowloris_still_held"] == 0 and r["attacked"]["requests"] > 50
+        # What a request cost the server, from the median round's own measurement.
+        assert r["cpu_us"] == r["alone"]["user_us"] + r["alone"]["kernel_us"] > 0
         assert bool(r["cpus"]) == (split_cpus() is not None)
 
 

@@ -33,7 +33,7 @@ from typing import Any
 
 from ..options import add_json, add_running_server, command_parser
 from ..processes import CpuSplit, free_port, load_side, pin, split_cpus, stop
-from ..report import write_json, written
+from ..report import number, write_json, written
 from ..sampler import process_tree
 from .attack import Attack, idle_memory, watch_attack
 from .loadgen import run_load
@@ -87,7 +87,7 @@ def run_http(
     result.cpus = "" if split is None else repr(split)
     try:
         with load_side(split):
-            result.alone = alone if alone is not None else run_load(port, connections, duration, tool)
+            result.alone = alone if alone is not None else run_load(port, connections, duration, tool, pids or ())
             attack = Attack(port, slowloris, slow_readers)
             attack.start()
             result.attackers_connected = len(attack.connected_at)
@@ -102,7 +102,7 @@ def run_http(
             watcher = threading.Thread(target=watch, name="attack-watch", daemon=True)
             watcher.start()
             try:
-                result.attacked = run_load(port, connections, duration, tool)
+                result.attacked = run_load(port, connections, duration, tool, pids or ())
                 watcher.join(timeout=result.window_s + 30)
             finally:
                 attack.stop()
@@ -132,6 +132,9 @@ def describe(r: dict[str, Any]) -> str:
                 f"{label:<22} {f['rps']:,.0f} req/s, p50 {f['p50_ms']:.1f} ms, p99 {f['p99_ms']:.1f} ms "
                 f"({f['tool']}, {f['requests']:,} requests, {f['errors']} errors)"
             )
+            user, kernel = number(f.get("user_us")), number(f.get("kernel_us"))
+            if user == user:  # measured: the server's PIDs were known
+                lines.append(f"{'':<22} server CPU a request: {user:.1f} µs user + {kernel:.1f} µs kernel")
     if r.get("alone_rounds"):
         rates = ", ".join(f"{f['rps']:,.0f}" for f in r["alone_rounds"])
         lines.append(f"{'rounds alone':<22} {rates} req/s (the median is the figure)")

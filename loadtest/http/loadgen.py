@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
+from ..sampler import cpu_split, processes
 from ..stats import percentile
 from .workload import REQUEST, LoadFigures
 
@@ -124,8 +125,18 @@ def rounds_in_turn(
     return out
 
 
-def run_load(port: int, connections: int, duration: float, tool: str = "auto") -> LoadFigures:
-    """wrk when installed (or asked for), else the own client."""
+def run_load(port: int, connections: int, duration: float, tool: str = "auto", pids: Sequence[int] = ()) -> LoadFigures:
+    """wrk when installed (or asked for), else the own client. Given the server's
+    ``pids`` (each with its descendants), also what a request cost it in CPU, in user
+    space and in the kernel apart."""
+    procs = processes(pids, trees=True)
+    before = cpu_split(procs)
     if tool == "wrk" or (tool == "auto" and shutil.which("wrk")):
-        return run_wrk(port, connections, duration)
-    return run_own_client(port, connections, duration)
+        figures = run_wrk(port, connections, duration)
+    else:
+        figures = run_own_client(port, connections, duration)
+    if procs and figures.requests:
+        after = cpu_split(procs)
+        figures.user_us = (after[0] - before[0]) * 1e6 / figures.requests
+        figures.kernel_us = (after[1] - before[1]) * 1e6 / figures.requests
+    return figures

@@ -78,6 +78,10 @@ class LoadFigures:
     p50_ms: float
     p99_ms: float
     errors: int
+    user_us: float = math.nan
+    """The server's CPU a request in user space (µs): its own code, the interpreter's."""
+    kernel_us: float = math.nan
+    """The server's CPU a request in the kernel (µs): its system calls, the TCP stack."""
 
 
 @dataclass
@@ -112,6 +116,7 @@ class HttpResult:
 
         out.update(
             rps=self.alone.rps if self.alone else math.nan,
+            cpu_us=self.alone.user_us + self.alone.kernel_us if self.alone else math.nan,
             p99_ms=self.alone.p99_ms if self.alone else math.nan,
             rps_attack=self.attacked.rps if self.attacked else math.nan,
             p99_ms_attack=self.attacked.p99_ms if self.attacked else math.nan,
