@@ -46,7 +46,7 @@ class HttpConfig(WorkerConfig):
     max_connections: int = 16_000
     grace: float = 10.0
     engine: str = "dense"
-    """``dense`` (no task per connection) or ``streams``; TLS always uses ``streams``."""
+    """``dense`` (no task per connection) or ``streams`` (a task each); both serve TLS."""
     websockets: bool = True
     """Serve WebSocket upgrades to the app (``--ws wsproto``); off, they are 404."""
     ws_max_size: int = 16 * 1024 * 1024
