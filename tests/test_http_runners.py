@@ -1,0 +1,189 @@
+"""The dense HTTP driver's runners: one task takes a pass's exchanges in turn, and an
+app that waits holds no other connection's request (``servers/http/dense_server.py``)."""
+
+from __future__ import annotations
+
+import contextvars
+import socket
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from functools import partial
+from typing import Any
+
+import pytest
+import trio
+from trio.testing import MockClock
+
+from servers.http.server import HttpConfig, HttpServer, serve_asgi
+
+GET = b"GET / HTTP/1.1\r\nHost: x\r\n\r\n"
+_seen: contextvars.ContextVar[str] = contextvars.ContextVar("_seen", default="unset")
+
+
+@asynccontextmanager
+async def running(app: Any) -> AsyncIterator[tuple[HttpServer, int]]:
+    cfg = HttpConfig(port=0, tick=0.1, engine="dense")
+    async with trio.open_nursery() as nursery:
+        server = await nursery.start(partial(serve_asgi, app, cfg))
+        yield server, server.port
+        nursery.cancel_scope.cancel()
+
+
+async def clients(server: HttpServer, port: int, n: int) -> tuple[list[socket.socket], list[trio.SocketStream]]:
+    """``n`` connections, every one accepted by the server before it returns: each as
+    a plain socket, to write with, and as a trio stream over it, to read with."""
+    socks = [socket.create_connection(("127.0.0.1", port)) for _ in range(n)]
+    with trio.fail_after(5):
+        while len(server.connections) < n:  # noqa: ASYNC110  (nothing to wait on for an accept)
+            await trio.sleep(0.01)
+    return socks, [trio.SocketStream(trio.socket.from_stdlib_socket(s)) for s in socks]
+
+
+def send_at_once(socks: list[socket.socket], data: bytes = GET) -> None:
+    """Every request written before the server can run, so one of its passes reads them all."""
+    for sock in socks:
+        assert sock.send(data) == len(data)
+
+
+async def response_bodies(stream: trio.SocketStream, n: int) -> list[bytes]:
+    """The bodies of the next ``n`` responses (200, with a Content-Length)."""
+    buf, bodies = b"", list[bytes]()
+    while len(bodies) < n:
+        while b"\r\n\r\n" not in buf:
+            buf += await stream.receive_some()
+        head, _, buf = buf.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200"), head
+        fields = dict(line.lower().split(b": ", 1) for line in head.split(b"\r\n")[1:])
+        length = int(fields[b"content-length"])
+        while len(buf) < length:
+            buf += await stream.receive_some()
+        bodies.append(buf[:length])
+        buf = buf[length:]
+    assert buf == b"", "more than was asked for"
+    return bodies
+
+
+async def response_body(stream: trio.SocketStream) -> bytes:
+    """The body of the next response."""
+    return (await response_bodies(stream, 1))[0]
+
+
+async def answer(send: Any, body: bytes) -> None:
+    await send(
+        {"type": "http.response.start", "status": 200, "headers": [(b"content-length", str(len(body)).encode())]}
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
+async def test_one_task_takes_a_pass_s_exchanges_in_turn(clock: MockClock) -> None:
+    tasks: list[trio.lowlevel.Task] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            tasks.append(trio.lowlevel.current_task())
+            await answer(send, b"ok")
+
+    async with running(app) as (server, port):
+        socks, streams = await clients(server, port, 100)
+        send_at_once(socks)
+        with trio.fail_after(5):
+            assert [await response_body(s) for s in streams] == [b"ok"] * 100
+    # A task each would be a hundred tasks; the turns of 64 are one task's.
+    assert len(tasks) == 100
+    assert len(set(tasks)) == 1
+
+
+@pytest.mark.parametrize("waiter", [1, 3])
+async def test_an_app_that_waits_holds_no_other_connection_s_request(clock: MockClock, waiter: int) -> None:
+    """The ``waiter``-th exchange of the pass waits on an event: the ones queued behind it
+    are answered meanwhile, by another runner, and it is answered once the event is set."""
+    release = trio.Event()
+    started = 0
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        nonlocal started
+        if scope["type"] != "http":
+            return
+        started += 1
+        if started == waiter:
+            await release.wait()
+            await answer(send, b"waited")
+        else:
+            await answer(send, b"ok")
+
+    async with running(app) as (server, port):
+        socks, streams = await clients(server, port, 6)
+        answered: list[bytes] = []
+        all_but_one = trio.Event()
+
+        async def read(stream: trio.SocketStream) -> None:
+            answered.append(await response_body(stream))
+            if len(answered) == 5:
+                all_but_one.set()
+
+        async with trio.open_nursery() as nursery:
+            for stream in streams:
+                nursery.start_soon(read, stream)
+            send_at_once(socks)
+            with trio.fail_after(5):
+                await all_but_one.wait()
+            assert sorted(answered) == [b"ok"] * 5
+            assert not release.is_set()
+            release.set()
+        assert sorted(answered) == [b"ok"] * 5 + [b"waited"]
+
+
+async def test_exchanges_taken_in_turn_each_start_in_a_fresh_context(clock: MockClock) -> None:
+    """An app's context variables do not reach the next request, whichever runner takes it."""
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            before = _seen.get()
+            _seen.set(scope["path"])
+            await answer(send, before.encode())
+
+    async with running(app) as (server, port):
+        socks, streams = await clients(server, port, 10)
+        for _ in range(3):  # the runner parked after the first round takes the next
+            send_at_once(socks)
+            with trio.fail_after(5):
+                assert [await response_body(s) for s in streams] == [b"unset"] * 10
+        for _ in range(3):  # one at a time: each awaited plainly, in the step's context
+            send_at_once(socks[:1])
+            with trio.fail_after(5):
+                assert await response_body(streams[0]) == b"unset"
+        # Pipelined: the second starts as the first ends, in its runner's step, and
+        # wakes a runner from there: a new one, as the server's only runner is that step's.
+        socks[1].send(GET * 2)
+        with trio.fail_after(5):
+            assert await response_bodies(streams[1], 2) == [b"unset"] * 2
+
+
+async def test_a_request_after_a_lone_waiting_one_is_answered(clock: MockClock) -> None:
+    """A pass that starts a single exchange hands it over plainly: if its app waits, the
+    next pass's request goes to another runner."""
+    release = trio.Event()
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            if scope["path"] == "/wait":
+                await release.wait()
+            await answer(send, scope["path"].encode())
+
+    async with running(app) as (server, port):
+        socks, streams = await clients(server, port, 2)
+        async with trio.open_nursery() as nursery:
+            waited: list[bytes] = []
+
+            async def wait() -> None:
+                waited.append(await response_body(streams[0]))
+
+            nursery.start_soon(wait)
+            send_at_once(socks[:1], b"GET /wait HTTP/1.1\r\nHost: x\r\n\r\n")
+            await trio.sleep(1)
+            send_at_once(socks[1:])
+            with trio.fail_after(5):
+                assert await response_body(streams[1]) == b"/"
+            assert waited == []
+            release.set()
+        assert waited == [b"/wait"]
