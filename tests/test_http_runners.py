@@ -16,6 +16,8 @@ from trio.testing import MockClock
 
 from servers.http.server import HttpConfig, HttpServer, serve_asgi
 
+from .asgi_apps import starlette_app
+
 GET = b"GET / HTTP/1.1\r\nHost: x\r\n\r\n"
 _seen: contextvars.ContextVar[str] = contextvars.ContextVar("_seen", default="unset")
 
@@ -66,6 +68,21 @@ async def response_bodies(stream: trio.SocketStream, n: int) -> list[bytes]:
 async def response_body(stream: trio.SocketStream) -> bytes:
     """The body of the next response."""
     return (await response_bodies(stream, 1))[0]
+
+
+async def chunked_body(stream: trio.SocketStream) -> bytes:
+    """The body of the next response, sent chunked (a streamed response)."""
+    buf = b""
+    while not buf.endswith(b"\r\n0\r\n\r\n"):
+        buf += await stream.receive_some()
+    head, _, rest = buf.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200") and b"transfer-encoding: chunked" in head.lower(), head
+    body = b""
+    while True:
+        size, _, rest = rest.partition(b"\r\n")
+        if int(size, 16) == 0:
+            return body
+        body, rest = body + rest[: int(size, 16)], rest[int(size, 16) + 2 :]
 
 
 async def answer(send: Any, body: bytes) -> None:
@@ -187,3 +204,26 @@ async def test_a_request_after_a_lone_waiting_one_is_answered(clock: MockClock) 
             assert waited == []
             release.set()
         assert waited == [b"/wait"]
+
+
+async def test_a_starlette_app_s_requests_taken_in_turn(clock: MockClock) -> None:
+    """A real third-party app on anyio: routing, lifespan state, JSON, and a streamed
+    response (which runs a task group in the exchange's task and waits in it), thirty
+    requests that one pass reads, each answered as on its own."""
+    async with running(starlette_app) as (server, port):
+        socks, streams = await clients(server, port, 30)
+        paths = [b"/", b"/items/7", b"/numbers"] * 10
+        for sock, path in zip(socks, paths, strict=True):
+            sock.send(b"GET " + path + b" HTTP/1.1\r\nHost: x\r\n\r\n")
+        with trio.fail_after(5):
+            for stream, path in zip(streams, paths, strict=True):
+                if path == b"/numbers":
+                    assert await chunked_body(stream) == b"".join(b"%d\n" % i for i in range(100))
+                else:
+                    assert (
+                        await response_body(stream)
+                        == {
+                            b"/": b"hello from starlette",
+                            b"/items/7": b'{"id":7,"q":null}',
+                        }[path]
+                    )
