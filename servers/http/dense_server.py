@@ -44,7 +44,9 @@ _TURN = 64
 def _eagerly(coro: Coroutine[Any, Any, None], context: contextvars.Context, waits: Runner) -> Generator[Any, Any, None]:
     """Await ``coro`` in ``context``, its first step at once: if that step yields to
     trio (the app waits), ``waits.hand_on()`` is called first. From there on this is
-    ``await coro``: trio's traps go up and what trio sends or throws goes down."""
+    ``await coro``: trio's traps go up and what trio sends or throws goes down. (One
+    difference: a walk of the task's awaits, ``Task.iter_await_frames``, stops at this
+    frame, as it cannot see the coroutine driven from here.)"""
     try:
         trap = context.run(coro.send, None)
     except StopIteration:
