@@ -12,6 +12,9 @@ from typing import Any
 
 import pytest
 import trio
+import trio.lowlevel
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from trio.testing import MockClock
 
 from servers.http.server import HttpConfig, HttpServer, serve_asgi
@@ -227,3 +230,78 @@ async def test_a_starlette_app_s_requests_taken_in_turn(clock: MockClock) -> Non
                             b"/items/7": b'{"id":7,"q":null}',
                         }[path]
                     )
+
+
+# What an app does with a request, by its path: answer at once, wait (virtual time),
+# yield to trio without waiting, or raise (answered 500).
+_KINDS = ("now", "wait", "yield", "raise")
+
+
+async def _mixed_app(scope: Any, receive: Any, send: Any) -> None:
+    if scope["type"] != "http":
+        return
+    kind, _, n = scope["path"][1:].partition("/")
+    if kind == "wait":
+        await trio.sleep(int(n) / 100)
+    elif kind == "yield":
+        await trio.lowlevel.checkpoint()
+    elif kind == "raise":
+        raise RuntimeError("on purpose")
+    await answer(send, scope["path"].encode())
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    plans=st.lists(
+        st.lists(st.tuples(st.sampled_from(_KINDS), st.integers(0, 30)), min_size=1, max_size=4),
+        min_size=1,
+        max_size=12,
+    ),
+    pipelined=st.booleans(),
+)
+def test_every_request_of_a_mixed_load_answered_once_in_order(
+    plans: list[list[tuple[str, int]]], pipelined: bool
+) -> None:
+    """Connections each with a few requests whose apps answer at once, wait, yield or
+    raise, sent at once (pipelined, or each after the last answer): every request is
+    answered once, in its connection's order, each as its own app said."""
+
+    async def main() -> None:
+        async with running(_mixed_app) as (server, port):
+            socks, streams = await clients(server, port, len(plans))
+            answers: list[list[bytes]] = [[] for _ in plans]
+
+            async def client(i: int) -> None:
+                paths = [f"/{kind}/{n}".encode() for kind, n in plans[i]]
+                heads = [b"GET " + path + b" HTTP/1.1\r\nHost: x\r\n\r\n" for path in paths]
+                buf = b""
+                for k, head in enumerate(heads):
+                    if not pipelined:
+                        socks[i].send(head)
+                    elif k == 0:
+                        socks[i].send(b"".join(heads))
+                    while b"\r\n\r\n" not in buf:
+                        buf += await streams[i].receive_some()
+                    head_bytes, _, buf = buf.partition(b"\r\n\r\n")
+                    lines = head_bytes.split(b"\r\n")
+                    length = int(dict(line.lower().split(b": ", 1) for line in lines[1:])[b"content-length"])
+                    while len(buf) < length:
+                        buf += await streams[i].receive_some()
+                    answers[i].append(lines[0].split(b" ", 2)[1] + b" " + buf[:length])
+                    buf = buf[length:]
+                assert buf == b"", "an answer more than was asked for"
+
+            with trio.fail_after(60):
+                async with trio.open_nursery() as nursery:
+                    for i in range(len(plans)):
+                        nursery.start_soon(client, i)
+            expected = [
+                [
+                    b"500 internal server error\n" if kind == "raise" else b"200 /" + f"{kind}/{n}".encode()
+                    for kind, n in plan
+                ]
+                for plan in plans
+            ]
+            assert answers == expected
+
+    trio.run(main, clock=MockClock(autojump_threshold=0))
