@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextvars
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from functools import partial
 from typing import Any
@@ -34,10 +34,23 @@ async def running(app: Any) -> AsyncIterator[tuple[HttpServer, int]]:
         nursery.cancel_scope.cancel()
 
 
-async def clients(server: HttpServer, port: int, n: int) -> tuple[list[socket.socket], list[trio.SocketStream]]:
+@pytest.fixture
+def opened() -> Iterator[list[socket.socket]]:
+    """The test's client sockets, closed after it."""
+    socks: list[socket.socket] = []
+    yield socks
+    for sock in socks:
+        sock.close()
+
+
+async def clients(
+    server: HttpServer, port: int, n: int, opened: list[socket.socket]
+) -> tuple[list[socket.socket], list[trio.SocketStream]]:
     """``n`` connections, every one accepted by the server before it returns: each as
-    a plain socket, to write with, and as a trio stream over it, to read with."""
+    a plain socket, to write with, and as a trio stream over it, to read with. Each
+    socket is added to ``opened``, for the caller to close."""
     socks = [socket.create_connection(("127.0.0.1", port)) for _ in range(n)]
+    opened += socks
     with trio.fail_after(5):
         while len(server.connections) < n:  # noqa: ASYNC110  (nothing to wait on for an accept)
             await trio.sleep(0.01)
@@ -95,7 +108,7 @@ async def answer(send: Any, body: bytes) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
-async def test_one_task_takes_a_pass_s_exchanges_in_turn(clock: MockClock) -> None:
+async def test_one_task_takes_a_pass_s_exchanges_in_turn(clock: MockClock, opened: list[socket.socket]) -> None:
     tasks: list[trio.lowlevel.Task] = []
 
     async def app(scope: Any, receive: Any, send: Any) -> None:
@@ -104,7 +117,7 @@ async def test_one_task_takes_a_pass_s_exchanges_in_turn(clock: MockClock) -> No
             await answer(send, b"ok")
 
     async with running(app) as (server, port):
-        socks, streams = await clients(server, port, 100)
+        socks, streams = await clients(server, port, 100, opened)
         send_at_once(socks)
         with trio.fail_after(5):
             assert [await response_body(s) for s in streams] == [b"ok"] * 100
@@ -114,7 +127,9 @@ async def test_one_task_takes_a_pass_s_exchanges_in_turn(clock: MockClock) -> No
 
 
 @pytest.mark.parametrize("waiter", [1, 3])
-async def test_an_app_that_waits_holds_no_other_connection_s_request(clock: MockClock, waiter: int) -> None:
+async def test_an_app_that_waits_holds_no_other_connection_s_request(
+    clock: MockClock, opened: list[socket.socket], waiter: int
+) -> None:
     """The ``waiter``-th exchange of the pass waits on an event: the ones queued behind it
     are answered meanwhile, by another runner, and it is answered once the event is set."""
     release = trio.Event()
@@ -132,7 +147,7 @@ async def test_an_app_that_waits_holds_no_other_connection_s_request(clock: Mock
             await answer(send, b"ok")
 
     async with running(app) as (server, port):
-        socks, streams = await clients(server, port, 6)
+        socks, streams = await clients(server, port, 6, opened)
         answered: list[bytes] = []
         all_but_one = trio.Event()
 
@@ -153,7 +168,9 @@ async def test_an_app_that_waits_holds_no_other_connection_s_request(clock: Mock
         assert sorted(answered) == [b"ok"] * 5 + [b"waited"]
 
 
-async def test_exchanges_taken_in_turn_each_start_in_a_fresh_context(clock: MockClock) -> None:
+async def test_exchanges_taken_in_turn_each_start_in_a_fresh_context(
+    clock: MockClock, opened: list[socket.socket]
+) -> None:
     """An app's context variables do not reach the next request, whichever runner takes it."""
 
     async def app(scope: Any, receive: Any, send: Any) -> None:
@@ -163,7 +180,7 @@ async def test_exchanges_taken_in_turn_each_start_in_a_fresh_context(clock: Mock
             await answer(send, before.encode())
 
     async with running(app) as (server, port):
-        socks, streams = await clients(server, port, 10)
+        socks, streams = await clients(server, port, 10, opened)
         for _ in range(3):  # the runner parked after the first round takes the next
             send_at_once(socks)
             with trio.fail_after(5):
@@ -179,7 +196,7 @@ async def test_exchanges_taken_in_turn_each_start_in_a_fresh_context(clock: Mock
             assert await response_bodies(streams[1], 2) == [b"unset"] * 2
 
 
-async def test_a_request_after_a_lone_waiting_one_is_answered(clock: MockClock) -> None:
+async def test_a_request_after_a_lone_waiting_one_is_answered(clock: MockClock, opened: list[socket.socket]) -> None:
     """A pass that starts a single exchange hands it over plainly: if its app waits, the
     next pass's request goes to another runner."""
     release = trio.Event()
@@ -191,7 +208,7 @@ async def test_a_request_after_a_lone_waiting_one_is_answered(clock: MockClock) 
             await answer(send, scope["path"].encode())
 
     async with running(app) as (server, port):
-        socks, streams = await clients(server, port, 2)
+        socks, streams = await clients(server, port, 2, opened)
         async with trio.open_nursery() as nursery:
             waited: list[bytes] = []
 
@@ -209,12 +226,12 @@ async def test_a_request_after_a_lone_waiting_one_is_answered(clock: MockClock) 
         assert waited == [b"/wait"]
 
 
-async def test_a_starlette_app_s_requests_taken_in_turn(clock: MockClock) -> None:
+async def test_a_starlette_app_s_requests_taken_in_turn(clock: MockClock, opened: list[socket.socket]) -> None:
     """A real third-party app on anyio: routing, lifespan state, JSON, and a streamed
     response (which runs a task group in the exchange's task and waits in it), thirty
     requests that one pass reads, each answered as on its own."""
     async with running(starlette_app) as (server, port):
-        socks, streams = await clients(server, port, 30)
+        socks, streams = await clients(server, port, 30, opened)
         paths = [b"/", b"/items/7", b"/numbers"] * 10
         for sock, path in zip(socks, paths, strict=True):
             sock.send(b"GET " + path + b" HTTP/1.1\r\nHost: x\r\n\r\n")
@@ -266,9 +283,11 @@ def test_every_request_of_a_mixed_load_answered_once_in_order(
     raise, sent at once (pipelined, or each after the last answer): every request is
     answered once, in its connection's order, each as its own app said."""
 
+    opened: list[socket.socket] = []
+
     async def main() -> None:
         async with running(_mixed_app) as (server, port):
-            socks, streams = await clients(server, port, len(plans))
+            socks, streams = await clients(server, port, len(plans), opened)
             answers: list[list[bytes]] = [[] for _ in plans]
 
             async def client(i: int) -> None:
@@ -304,4 +323,8 @@ def test_every_request_of_a_mixed_load_answered_once_in_order(
             ]
             assert answers == expected
 
-    trio.run(main, clock=MockClock(autojump_threshold=0))
+    try:
+        trio.run(main, clock=MockClock(autojump_threshold=0))
+    finally:
+        for sock in opened:
+            sock.close()
