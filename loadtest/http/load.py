@@ -6,16 +6,17 @@ under a slowloris and slow-reader attack, and how long the attackers hold on.
 
 1. **Load alone**: ``wrk`` (when installed; otherwise a small keep-alive client of
    our own) for ``--duration`` seconds: requests per second and latency.
-2. **Load under attack**: the same, while ``--slowloris`` attackers each send a
+2. **Idle memory**: ``--idle`` keep-alive connections make one request each and sit
+   idle; the server's RSS added per connection. Measured before the attack, whose
+   memory a server gives back seconds after it ends.
+3. **Load under attack**: the same, while ``--slowloris`` attackers each send a
    request head one header line per second and never finish it, and
    ``--slow-readers`` each pipeline many requests and never read a byte (their
    receive window is tiny, so the server's writes stall).
-3. **Hold time**: for each attacker, from its connect until the *server* let go of
+4. **Hold time**: for each attacker, from its connect until the *server* let go of
    the connection, read from the server's own socket table (psutil), so a close
    queued behind unsendable data still counts as let go. Attackers the server never
    released are reported as held for the whole observation window.
-4. **Idle memory**: ``--idle`` keep-alive connections make one request each and sit
-   idle; the server's RSS added per connection.
 
 Attackers come from their own loopback addresses (127.0.0.3 for slowloris,
 127.0.0.4 for slow readers, 127.0.0.5 for the idle connections), so they are told
@@ -88,6 +89,12 @@ def run_http(
     try:
         with load_side(split):
             result.alone = alone if alone is not None else run_load(port, connections, duration, tool, pids or ())
+            if idle and pids:
+                # Before the attack: a server frees what its attackers held when its
+                # collector next runs, seconds later, and that falling into the window
+                # made this figure negative (for peers and ours alike).
+                result.idle_connections, result.idle_rss_per_conn = idle_memory(port, pids, idle)
+                time.sleep(0.5)  # their closes served before the attacked load is timed
             attack = Attack(port, slowloris, slow_readers)
             attack.start()
             result.attackers_connected = len(attack.connected_at)
@@ -114,8 +121,6 @@ def run_http(
                 else:
                     result.slow_reader_hold_s.append(hold)
                     result.slow_readers_still_held += addr not in released
-            if idle and pids:
-                result.idle_connections, result.idle_rss_per_conn = idle_memory(port, pids, idle)
     finally:
         if proc is not None:
             stop(proc)
