@@ -20,8 +20,8 @@ from trio.testing import MockClock
 from servers.http.server import HttpConfig, HttpServer, serve_asgi
 
 from .asgi_apps import starlette_app
+from .test_http_server import GET, read_response
 
-GET = b"GET / HTTP/1.1\r\nHost: x\r\n\r\n"
 _seen: contextvars.ContextVar[str] = contextvars.ContextVar("_seen", default="unset")
 
 
@@ -64,19 +64,12 @@ def send_at_once(socks: list[socket.socket], data: bytes = GET) -> None:
 
 
 async def response_bodies(stream: trio.SocketStream, n: int) -> list[bytes]:
-    """The bodies of the next ``n`` responses (200, with a Content-Length)."""
-    buf, bodies = b"", list[bytes]()
-    while len(bodies) < n:
-        while b"\r\n\r\n" not in buf:
-            buf += await stream.receive_some()
-        head, _, buf = buf.partition(b"\r\n\r\n")
+    """The bodies of the next ``n`` responses (200, with a Content-Length), and nothing after them."""
+    buf, bodies = bytearray(), list[bytes]()
+    for _ in range(n):
+        head, _, body = (await read_response(stream, buf)).partition(b"\r\n\r\n")
         assert head.startswith(b"HTTP/1.1 200"), head
-        fields = dict(line.lower().split(b": ", 1) for line in head.split(b"\r\n")[1:])
-        length = int(fields[b"content-length"])
-        while len(buf) < length:
-            buf += await stream.receive_some()
-        bodies.append(buf[:length])
-        buf = buf[length:]
+        bodies.append(body)
     assert buf == b"", "more than was asked for"
     return bodies
 
@@ -295,21 +288,14 @@ def test_every_request_of_a_mixed_load_answered_once_in_order(
             async def client(i: int) -> None:
                 paths = [f"/{kind}/{n}".encode() for kind, n in plans[i]]
                 heads = [b"GET " + path + b" HTTP/1.1\r\nHost: x\r\n\r\n" for path in paths]
-                buf = b""
+                buf = bytearray()
                 for k, head in enumerate(heads):
                     if not pipelined:
                         socks[i].send(head)
                     elif k == 0:
                         socks[i].send(b"".join(heads))
-                    while b"\r\n\r\n" not in buf:
-                        buf += await streams[i].receive_some()
-                    head_bytes, _, buf = buf.partition(b"\r\n\r\n")
-                    lines = head_bytes.split(b"\r\n")
-                    length = int(dict(line.lower().split(b": ", 1) for line in lines[1:])[b"content-length"])
-                    while len(buf) < length:
-                        buf += await streams[i].receive_some()
-                    answers[i].append(lines[0].split(b" ", 2)[1] + b" " + buf[:length])
-                    buf = buf[length:]
+                    status_line, _, body = (await read_response(streams[i], buf)).partition(b"\r\n")
+                    answers[i].append(status_line.split(b" ", 2)[1] + b" " + body.partition(b"\r\n\r\n")[2])
                 assert buf == b"", "an answer more than was asked for"
 
             with trio.fail_after(10):
