@@ -10,6 +10,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from servers.heartbeat.encoders import encode_held
 from servers.heartbeat.outbox import Message, Outbox, Stage
 from servers.heartbeat.persistent import AckedTogether, Opened, SessionStore
 
@@ -37,6 +38,36 @@ def test_window_then_queue_then_acks_release_in_order() -> None:
     assert [x.topic for x in parse_server_packets(box.puback(first))] == ["t/3"]
     assert box.puback(first) == []  # acknowledged twice: nothing more
     assert box.puback(9999) == []
+
+
+def test_a_refill_writes_what_encode_held_does_for_every_flag_and_length() -> None:
+    """The refill encodes its commonest case inline: its bytes must be encode_held's,
+    with retain and DUP (a message taken back into a queue after it was written), for
+    topics that change or repeat, and for packets too long for a one-byte length."""
+    cases = [
+        ("a/b", b"x", 1, False, False),
+        ("a/b", b"y", 2, True, False),
+        ("a/b", b"z", 1, False, True),
+        ("c", b"", 1, True, True),
+        ("é/ü", b"p" * 119, 1, False, False),  # remaining length 127: the last one-byte
+        ("é/ü", b"p" * 120, 1, False, False),  # 128: two bytes
+        ("a/b", b"q" * 300, 2, True, True),
+    ]
+    box = Outbox(window=1, max_queued=100)
+    [blocker] = box.push(Message("block", b"", 1))
+    for topic, payload, qos, retain, sent in cases:
+        message = Message(topic, payload, qos, retain)
+        message.sent = sent
+        assert box.push(message) == []  # behind the full window
+    last = parse_server_packets([blocker])[0].packet_id
+    box.window = len(cases)
+    refill = box.puback(last)
+    expected = [
+        encode_held(topic, payload, qos, retain, m.packet_id, sent)
+        for (topic, payload, qos, retain, sent), m in zip(cases, box.inflight(), strict=True)
+    ]
+    assert refill == expected
+    assert len({m.packet_id for m in box.inflight()}) == len(cases)
 
 
 def test_qos2_pubrec_gives_pubrel_and_pubcomp_completes() -> None:

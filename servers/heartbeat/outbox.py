@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import collections
 import enum
+import struct
 import time
 from collections.abc import Callable, Iterable
 
@@ -45,6 +46,9 @@ class Stage(enum.Enum):
 
 
 _PUBLISHED = Stage.PUBLISHED
+_HEAD = struct.Struct("!BBH")
+"""A PUBLISH's first byte, a one-byte remaining length and its topic's length."""
+_U16 = struct.Struct("!H")
 
 
 class Message:
@@ -254,18 +258,25 @@ class Outbox:
     def _fill(self) -> list[bytes]:
         inflight = self._inflight
         queue = self._queue
-        if not queue or len(inflight) >= self.window or not self.attached:
+        room = self.window - len(inflight)
+        if not queue or room <= 0 or not self.attached:
             return []
         # A stored queue drains through here a window at a time, so the launch of each
-        # message is inline (_launch's and _free_id's work, the same ids in the same order).
+        # message is inline (_launch's and _free_id's work, the same ids in the same order),
+        # and so is encode_held's commonest case: a QoS 1 or 2 PUBLISH whose remaining
+        # length fits a byte, its topic encoded once for a run of messages that share it.
         out: list[bytes] = []
-        window = self.window
+        append = out.append
         now = self.clock()
         last = next(reversed(inflight), 0)
         taken = 0
-        while queue and len(inflight) < window:
+        topic: str | None = None
+        name = b""
+        fixed = 0
+        while queue and room:
             message = queue.popleft()
-            taken += len(message.topic) + len(message.payload)  # Message.size, without its call
+            payload = message.payload
+            taken += len(message.topic) + len(payload)  # Message.size, without its call
             if message.born and message.expired(now):
                 self.expired += 1  # §3.3.2.3.3: not yet sent, and past its lifetime: deleted
                 continue
@@ -274,12 +285,21 @@ class Outbox:
                 last = last % 65535 + 1
             message.packet_id = last
             inflight[last] = message
-            if message.properties is None and message.stage is _PUBLISHED:
-                # Message.wire's commonest case, inline.
-                out.append(encode_held(message.topic, message.payload, message.qos, message.retain, last, message.sent))
-                message.sent = True
+            room -= 1
+            if message.properties is not None or message.stage is not _PUBLISHED:
+                append(message.wire(now))
+                continue
+            if message.topic != topic:
+                topic = message.topic
+                name = topic.encode("utf-8")
+                fixed = 4 + len(name)  # the topic's length, the topic, the packet id
+            length = fixed + len(payload)
+            if length < 0x80:
+                first = 0x30 | (0x08 if message.sent else 0) | (message.qos << 1) | (0x01 if message.retain else 0)
+                append(b"".join((_HEAD.pack(first, length, fixed - 4), name, _U16.pack(last), payload)))
             else:
-                out.append(message.wire(now))
+                append(encode_held(topic, payload, message.qos, message.retain, last, message.sent))
+            message.sent = True
         self._bytes -= taken
         return out
 
