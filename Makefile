@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo echo-demo test lint docs unit bench clean
+.PHONY: demo echo-demo test lint docs unit bench scorecard clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -41,6 +41,11 @@ bench: $(STAMP)
 	$(PY) -m pytest -q benchmarks/checks
 	$(PY) -m pytest -q -m bench tests
 	$(PY) -m benchmarks.core
+
+# The speed and memory targets against Mosquitto, uvicorn[standard] and granian, judged
+# (about ten minutes a round; needs Mosquitto installed).
+scorecard: $(STAMP)
+	$(PY) -m loadtest scorecard --rounds 2
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache .hypothesis docs/_build

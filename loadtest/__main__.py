@@ -12,6 +12,7 @@ python -m loadtest abuse                                 issue 33's attacks with
 python -m loadtest ws                                    WebSockets vs uvicorn and hypercorn; MQTT over WS vs Mosquitto
 python -m loadtest history presence.jsonl ...            check presence logs: one start and one end per session
 python -m loadtest page --devices 100000 --watchers 10   what ten live operator's pages cost a loaded server
+python -m loadtest scorecard --rounds 2                  the speed and memory targets against the peers, judged
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ COMMANDS = {
     "ws": "loadtest.ws",
     "history": "loadtest.history_cli",
     "page": "loadtest.page",
+    "scorecard": "loadtest.scorecard",
 }
 
 

@@ -63,7 +63,7 @@ from .processes import free_port, load_side, split_cpus, stop
 from .qos import QOS_TARGETS, run_qos
 from .qos.load import QosLoad
 from .qos.report import headline, qos_row, qos_table
-from .report import Column, number, skip_reason, table, write_json, write_table, written
+from .report import Column, number, show_table, skip_reason, table, write_json
 from .workload import DeviceLoad
 
 __all__ = ["compare_devices", "compare_http", "main"]
@@ -395,9 +395,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if "qos" in out:
         tables.append(headline(qos_load) + "\n\n" + out["qos"]["table"])
     text = "\n\n".join(tables)
-    md = write_table(path, text)
-    print("\n" + text)
-    print("\n" + written([path, md]))
+    show_table(path, text)
     return 0
 
 

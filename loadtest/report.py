@@ -90,3 +90,11 @@ def write_table(json_path: Path, text: str) -> Path:
     out = json_path.with_suffix(".md")
     out.write_text(text + "\n")
     return out
+
+
+def show_table(json_path: Path, text: str) -> None:
+    """Write the Markdown ``text`` next to the JSON results (:func:`write_table`), then
+    print it and where both went."""
+    md = write_table(json_path, text)
+    print("\n" + text)
+    print("\n" + written([json_path, md]))

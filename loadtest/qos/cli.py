@@ -63,7 +63,7 @@ from ..mqtt_targets import MqttTarget, PeerUnavailable, start_mosquitto
 from ..options import add_json, add_quiet, add_targets, command_parser
 from ..processes import free_port, start_heartbeat
 from ..redis_server import redis_server_binary, running_redis
-from ..report import skip_reason, write_json, write_table, written
+from ..report import show_table, skip_reason, write_json
 from .load import QosLoad
 from .queued import run_queued
 from .report import describe, headline, qos_row, qos_table
@@ -176,9 +176,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     out = run_qos(load, args.targets.split(","), parts, args.quiet)
     path = write_json(args.json, out)
     text = headline(load) + "\n\n" + out["table"]
-    md = write_table(path, text)
-    print("\n" + text)
-    print("\n" + written([path, md]))
+    show_table(path, text)
     if not out["runs"] or any(name in out["missing"] for name in ("idlekeeper", FLEET)):
         return 1
     for name in ("idlekeeper", FLEET):
