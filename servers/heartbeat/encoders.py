@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from .packets import MAX_REMAINING_LENGTH, PINGREQ_WIRE
 
 __all__ = [
+    "PUBLISH_HEAD",
     "encode_connack",
     "encode_connect",
     "encode_disconnect",
@@ -77,8 +78,9 @@ def encode_connack(session_present: bool, return_code: int) -> bytes:
     return bytes((0x20, 0x02, 1 if session_present else 0, return_code))
 
 
-_PUBLISH_HEAD = struct.Struct("!BBH")
-"""A PUBLISH's first byte, a one-byte remaining length and its topic's length."""
+PUBLISH_HEAD = struct.Struct("!BBH")
+"""A PUBLISH's first byte, a one-byte remaining length and its topic's length (what
+:func:`encode_held` packs, and a stored queue's refill with it)."""
 
 
 def encode_publish(
@@ -107,7 +109,7 @@ def encode_held(topic: str, payload: bytes, qos: int, retain: bool, packet_id: i
     # header packed at once when the remaining length fits a byte (most do).
     length = 2 + size + len(ident) + len(payload)
     if length < 0x80:
-        return b"".join((_PUBLISH_HEAD.pack(first, length, size), name, ident, payload))
+        return b"".join((PUBLISH_HEAD.pack(first, length, size), name, ident, payload))
     return b"".join((bytes((first,)), encode_remaining_length(length), _U16.pack(size), name, ident, payload))
 
 

@@ -23,7 +23,7 @@ import struct
 import time
 from collections.abc import Callable, Iterable
 
-from .encoders import encode_held, encode_pubrel
+from .encoders import PUBLISH_HEAD, encode_held, encode_pubrel
 from .v5 import outbound
 
 __all__ = ["DEFAULT_MAX_QUEUED", "DEFAULT_MAX_QUEUED_BYTES", "DEFAULT_WINDOW", "Message", "Outbox", "Stage"]
@@ -46,8 +46,6 @@ class Stage(enum.Enum):
 
 
 _PUBLISHED = Stage.PUBLISHED
-_HEAD = struct.Struct("!BBH")
-"""A PUBLISH's first byte, a one-byte remaining length and its topic's length."""
 _U16 = struct.Struct("!H")
 
 
@@ -296,7 +294,7 @@ class Outbox:
             length = fixed + len(payload)
             if length < 0x80:
                 first = 0x30 | (0x08 if message.sent else 0) | (message.qos << 1) | (0x01 if message.retain else 0)
-                append(b"".join((_HEAD.pack(first, length, fixed - 4), name, _U16.pack(last), payload)))
+                append(b"".join((PUBLISH_HEAD.pack(first, length, fixed - 4), name, _U16.pack(last), payload)))
             else:
                 append(encode_held(topic, payload, message.qos, message.retain, last, message.sent))
             message.sent = True
