@@ -34,7 +34,6 @@ import dataclasses
 import json
 import statistics
 import sys
-import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -42,12 +41,11 @@ from typing import Any
 
 from .compare import compare_devices, compare_http
 from .http.workload import HttpLoad
-from .mqtt_targets import PeerUnavailable
 from .options import add_devices, add_json, add_quiet, command_parser
 from .qos import run_qos
 from .qos.load import QosLoad
-from .report import number, show_table, skip_reason, write_json
-from .tls_load import TlsLoad, make_certs, run_target
+from .report import number, show_table, write_json
+from .tls_load import TlsLoad, run_targets
 from .workload import DeviceLoad
 
 __all__ = ["GOALS", "PARTS", "Goal", "Reading", "Workloads", "judge", "main", "render", "run_round"]
@@ -289,6 +287,11 @@ class Workloads:
     tls: TlsLoad = field(default_factory=TlsLoad)
 
 
+def _kept(part: dict[str, Any]) -> dict[str, Any]:
+    # What the judging reads of a part's result (its table and load are left out).
+    return {k: part[k] for k in ("runs", "rows", "missing")}
+
+
 def run_round(parts: Sequence[str], loads: Workloads, quiet: bool = False) -> dict[str, Any]:
     """One round of ``parts``: each part's runs, rows and missing targets, as its own
     command has them."""
@@ -297,26 +300,18 @@ def run_round(parts: Sequence[str], loads: Workloads, quiet: bool = False) -> di
         part = compare_devices(
             loads.devices, ["idlekeeper", "idlekeeper-pings", "mosquitto"], TICK, quiet, coalesce_pings=PINGS_WINDOW
         )
-        out["mqtt"] = {k: part[k] for k in ("runs", "rows", "missing")}
+        out["mqtt"] = _kept(part)
     if "qos" in parts:
         part = run_qos(loads.qos, ["idlekeeper", "mosquitto"], quiet=quiet)
-        out["qos"] = {k: part[k] for k in ("runs", "rows", "missing")}
+        out["qos"] = _kept(part)
     if "http" in parts:
         targets = ["idlekeeper", "uvicorn-standard", "granian"]
         part = compare_http(loads.http, targets, rounds=loads.http_rounds, pinned=True)
-        out["http"] = {k: part[k] for k in ("runs", "rows", "missing")}
+        out["http"] = _kept(part)
     if "tls" in parts:
-        runs: dict[str, Any] = {}
-        missing: dict[str, str] = {}
         say: Callable[[str], None] = (lambda line: None) if quiet else print
-        with tempfile.TemporaryDirectory(prefix="ik-scorecard-") as tmp:
-            certs = make_certs(Path(tmp))
-            for name in ("idlekeeper", "mosquitto"):
-                try:
-                    runs[name] = asdict(run_target(name, loads.tls, certs, say))
-                except PeerUnavailable as exc:
-                    missing[name] = skip_reason(exc)
-        out["tls"] = {"runs": runs, "missing": missing}
+        results, missing = run_targets(["idlekeeper", "mosquitto"], loads.tls, say)
+        out["tls"] = {"runs": {name: asdict(r) for name, r in results.items()}, "missing": missing}
     return out
 
 

@@ -58,7 +58,7 @@ from .processes import free_port, start_heartbeat
 from .report import ratio, write_json, write_table
 from .sampler import cpu_seconds, processes, rss_bytes
 
-__all__ = ["CertFiles", "TlsLoad", "TlsResult", "main", "make_certs", "report", "run_target"]
+__all__ = ["CertFiles", "TlsLoad", "TlsResult", "main", "make_certs", "report", "run_target", "run_targets"]
 
 TARGETS = ("idlekeeper", "idlekeeper-streams", "mosquitto")
 OURS = {"idlekeeper": [], "idlekeeper-streams": ["--engine", "streams"]}
@@ -327,6 +327,24 @@ def run_target(name: str, load: TlsLoad, certs: CertFiles, say: Callable[[str], 
     return result
 
 
+def run_targets(
+    names: Sequence[str], load: TlsLoad, say: Callable[[str], None] = print
+) -> tuple[dict[str, TlsResult], dict[str, str]]:
+    """Each target in turn, with one fresh CA and server certificate for all: the
+    results, and why each target that could not run did not."""
+    results: dict[str, TlsResult] = {}
+    missing: dict[str, str] = {}
+    with tempfile.TemporaryDirectory(prefix="ik-tls-") as tmp:
+        certs = make_certs(Path(tmp))
+        for name in names:
+            try:
+                results[name] = run_target(name, load, certs, say)
+            except PeerUnavailable as exc:
+                missing[name] = str(exc)
+                say(f"{name}: skipped ({exc})")
+    return results, missing
+
+
 async def _close_all(streams: list[TlsClient]) -> None:
     for stream in streams:
         await trio.aclose_forcefully(stream)
@@ -382,16 +400,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as exc:
         p.error(str(exc))
     say: Callable[[str], None] = (lambda line: None) if args.quiet else print
-    results: dict[str, TlsResult] = {}
-    missing: dict[str, str] = {}
-    with tempfile.TemporaryDirectory(prefix="ik-tls-") as tmp:
-        certs = make_certs(Path(tmp))
-        for name in args.targets.split(","):
-            try:
-                results[name] = run_target(name, load, certs, say)
-            except PeerUnavailable as exc:
-                missing[name] = str(exc)
-                say(f"{name}: skipped ({exc})")
+    results, missing = run_targets(args.targets.split(","), load, say)
     table = report(results, load)
     out = {"load": asdict(load), "runs": {k: asdict(v) for k, v in results.items()}, "missing": missing}
     path = write_json(args.json, out)
