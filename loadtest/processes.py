@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import queue
+import random
 import socket
 import subprocess
 import sys
@@ -28,24 +29,63 @@ __all__ = [
 ]
 
 
+def _port_slice() -> range:
+    """The ports :func:`free_port` hands out in this process.
+
+    They lie below the kernel's ephemeral range: a port picked there (by binding to 0)
+    can be taken, before the server binds it, as the source port of any outgoing
+    connection, and a test suite makes thousands. Processes that run side by side
+    (pytest-xdist workers, told apart by ``PYTEST_XDIST_WORKER``) take disjoint slices,
+    so two of them never hand out the same port.
+    """
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            ephemeral = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        ephemeral = 32768  # Linux's default
+    low, high = 10000, max(ephemeral, 20000)
+    worker, workers = 0, 1
+    name = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if name.startswith("gw") and name[2:].isdigit():
+        worker = int(name[2:])
+        workers = max(int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1), worker + 1)
+    size = (high - low) // workers
+    return range(low + worker * size, low + (worker + 1) * size)
+
+
+_PORTS = _port_slice()
+# A walk through the slice from a random place: a port is handed out again only after
+# the whole slice, so calls made before any server binds (three sentinels, say) differ.
+_next_port = [random.randrange(len(_PORTS))]
+
+
+def _bindable(host: str, port: int) -> bool:
+    # Without SO_REUSEADDR, so a port some old connection still holds in TIME_WAIT is
+    # passed over too: not every peer server binds with it.
+    with socket.socket() as probe:
+        try:
+            probe.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
 def free_port(host: str = "127.0.0.1", run: int = 1) -> int:
     """A free port on ``host`` (the server takes it right after); with ``run`` > 1, the
-    first of that many consecutive free ports (workers serve status on port + i)."""
-    for _ in range(100):
-        with socket.socket() as s:
-            s.bind((host, 0))
-            first = int(s.getsockname()[1])
-        try:
-            for offset in range(1, run):
-                with socket.socket() as probe:
-                    # As the servers bind: a port whose old connections linger in
-                    # TIME_WAIT (many, after a large run) is free for them.
-                    probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                    probe.bind((host, first + offset))
-        except OSError:
-            continue
-        return first
-    raise RuntimeError(f"no run of {run} free ports found")
+    first of that many consecutive free ports (workers serve status on port + i).
+
+    The ports come from outside the kernel's ephemeral range (see :func:`_port_slice`),
+    so no outgoing connection takes one between this call and the server's bind.
+    """
+    for _ in range(len(_PORTS)):
+        index = _next_port[0] % len(_PORTS)
+        _next_port[0] = index + run
+        if index + run > len(_PORTS):
+            continue  # the run would leave the slice
+        first = _PORTS[index]
+        if all(_bindable(host, first + offset) for offset in range(run)):
+            return first
+    raise RuntimeError(f"no run of {run} free ports found in {_PORTS.start}-{_PORTS.stop - 1}")
 
 
 def start_heartbeat(

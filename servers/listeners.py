@@ -76,8 +76,9 @@ def check_port_free(host: str, port: int) -> None:
         if exc.errno == errno.EADDRINUSE:
             raise PortInUse(
                 errno.EADDRINUSE,
-                f"port {port} on {host} is already in use: another server is listening there "
-                "(stop it by its PID, or choose another --port)",
+                f"port {port} on {host} is already in use: another server is listening there, or "
+                "a connection holds it as its own port (stop the server by its PID, or "
+                "choose another --port)",
             ) from exc
         raise
     probe.close()
