@@ -234,7 +234,8 @@ def compare_http(load: HttpLoad, targets: Sequence[str], rounds: int = 3, pinned
     load on the others), then each round loads each server in turn, starting from the
     next one each round, so that a disturbance of the shared machine falls on all of
     them alike; a server's figure is its median round. The attack phases follow, one
-    server at a time.
+    server at a time, each between two unattacked loads of its own (what the attack
+    costs is read against those, not against rounds minutes old).
     """
     split = split_cpus() if pinned else None
     results: dict[str, Any] = {}
@@ -259,7 +260,9 @@ def compare_http(load: HttpLoad, targets: Sequence[str], rounds: int = 3, pinned
             print(f"\n== http: {name} ==", flush=True)
             _proc, port, pids = started[name]
             try:
-                result = run_http(name, load, port=port, pids=pids, alone=median_round(alone[name]), split=split)
+                result = run_http(
+                    name, load, port=port, pids=pids, alone=median_round(alone[name]), split=split, beside=True
+                )
             except (RuntimeError, OSError) as exc:
                 missing[name] = skip_reason(exc)
                 print(f"   skipped: {missing[name]}", flush=True)

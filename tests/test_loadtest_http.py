@@ -205,6 +205,9 @@ def test_compare_loads_every_server_in_interleaved_rounds() -> None:
         # What a request cost the server, from the median round's own measurement.
         assert r["cpu_us"] == r["alone"]["user_us"] + r["alone"]["kernel_us"] > 0
         assert bool(r["cpus"]) == (split_cpus() is not None)
+        # The attacked load sits between two unattacked loads of its own.
+        assert len(r["beside"]) == 2 and all(f["requests"] > 50 for f in r["beside"])
+        assert r["rps_beside"] == pytest.approx(sum(f["rps"] for f in r["beside"]) / 2)
 
 
 @pytest.mark.parametrize("target", ["idlekeeper", "idlekeeper-native", "uvicorn-standard", "granian", "hypercorn"])

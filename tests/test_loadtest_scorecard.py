@@ -122,6 +122,21 @@ def test_a_condition_beside_the_ratio_fails_a_target_whose_ratio_is_met() -> Non
     assert not got["mqtt_cpu_pings"].met and got["mqtt_cpu_pings"].why == "2 false expiries"
 
 
+def test_the_attack_is_judged_against_the_loads_beside_it_when_there_are_any() -> None:
+    r = a_round()
+    ours = r["http"]["runs"]["idlekeeper"]
+    # The interleaved median (24,000) is minutes old; the loads beside the attack ran
+    # at 22,000 req/s with a p99 of 12.5 ms.
+    ours.update(rps_beside=22_000.0, p99_ms_beside=12.5)
+    got = judge(r)
+    assert got["http_attack_kept"].ratio == pytest.approx(21_600 / 22_000)
+    assert got["http_attack_kept"].met
+    assert got["http_attack_p99"].ratio == pytest.approx(2.0) and got["http_attack_p99"].met
+    # Not measured beside (NaN, as a run without them writes): the median again.
+    ours.update(rps_beside=float("nan"), p99_ms_beside=float("nan"))
+    assert judge(r)["http_attack_kept"].ratio == pytest.approx(0.9)
+
+
 def test_a_peer_that_did_not_run_leaves_its_targets_not_measured_never_met() -> None:
     r = a_round()
     del r["mqtt"]["rows"]["mosquitto"]

@@ -71,12 +71,15 @@ def run_http(
     idle: int = 2000,
     alone: LoadFigures | None = None,
     split: CpuSplit | None = None,
+    beside: bool = False,
 ) -> HttpResult:
     """Measure ``target`` (started here unless ``port`` is given); stop what was started, by PID.
 
     ``alone`` is the unattacked figure measured already (then that phase is skipped).
     With ``split``, a server started here runs on its server CPUs, and the load on the
-    others (a server given by ``port`` is the caller's to pin).
+    others (a server given by ``port`` is the caller's to pin). With ``beside``, an
+    unattacked load runs right before the attack and another right after it
+    (:attr:`HttpResult.beside`).
     """
     load = load or HttpLoad()
     connections, duration, header_timeout = load.connections, load.duration, load.header_timeout
@@ -95,6 +98,8 @@ def run_http(
                 # made this figure negative (for peers and ours alike).
                 result.idle_connections, result.idle_rss_per_conn = idle_memory(port, pids, idle)
                 time.sleep(0.5)  # their closes served before the attacked load is timed
+            if beside:
+                result.beside.append(run_load(port, connections, duration, tool, pids or ()))
             attack = Attack(port, slowloris, slow_readers)
             attack.start()
             result.attackers_connected = len(attack.connected_at)
@@ -113,6 +118,9 @@ def run_http(
                 watcher.join(timeout=result.window_s + 30)
             finally:
                 attack.stop()
+            if beside:
+                time.sleep(0.5)  # the attackers' closes served first
+                result.beside.append(run_load(port, connections, duration, tool, pids or ()))
             for addr, kind in attack.kinds.items():
                 hold = released.get(addr, result.window_s)
                 if kind == "slowloris":
@@ -143,6 +151,9 @@ def describe(r: dict[str, Any]) -> str:
     if r.get("alone_rounds"):
         rates = ", ".join(f"{f['rps']:,.0f}" for f in r["alone_rounds"])
         lines.append(f"{'rounds alone':<22} {rates} req/s (the median is the figure)")
+    if r.get("beside"):
+        rates = ", ".join(f"{f['rps']:,.0f} req/s (p99 {f['p99_ms']:.1f} ms)" for f in r["beside"])
+        lines.append(f"{'beside the attack':<22} {rates}: unattacked, right before and after it")
     if r.get("cpus"):
         lines.append(f"{'pinned':<22} {r['cpus']}")
     lines.append(

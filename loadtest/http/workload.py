@@ -109,6 +109,10 @@ class HttpResult:
     """Every unattacked round, when ``alone`` is their median (``compare --rounds``)."""
     cpus: str = ""
     """Where the server and the load ran, when pinned apart."""
+    beside: list[LoadFigures] = field(default_factory=list)
+    """Unattacked loads run right before and right after the attacked one (``compare``):
+    what the attack costs is read against these, apart from how the shared machine
+    drifted in the minutes since the interleaved rounds."""
 
     def to_json(self) -> dict[str, Any]:
         """Flat figures for the comparison table, plus everything measured."""
@@ -120,9 +124,15 @@ class HttpResult:
             p99_ms=self.alone.p99_ms if self.alone else math.nan,
             rps_attack=self.attacked.rps if self.attacked else math.nan,
             p99_ms_attack=self.attacked.p99_ms if self.attacked else math.nan,
+            rps_beside=_mean([f.rps for f in self.beside]),
+            p99_ms_beside=_mean([f.p99_ms for f in self.beside]),
             slowloris_hold_p50_s=percentile(self.slowloris_hold_s, 50),
             slowloris_hold_max_s=max(self.slowloris_hold_s, default=math.nan),
             slow_reader_hold_p50_s=percentile(self.slow_reader_hold_s, 50),
             slow_reader_hold_max_s=max(self.slow_reader_hold_s, default=math.nan),
         )
         return out
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else math.nan
