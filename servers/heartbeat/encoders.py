@@ -13,6 +13,7 @@ from .packets import MAX_REMAINING_LENGTH, PINGREQ_WIRE
 
 __all__ = [
     "PUBLISH_HEAD",
+    "U16",
     "encode_connack",
     "encode_connect",
     "encode_disconnect",
@@ -50,7 +51,8 @@ def encode_remaining_length(n: int) -> bytes:
     return bytes(out)
 
 
-_U16 = struct.Struct("!H")
+U16 = struct.Struct("!H")
+"""A big-endian two-byte integer: a packet id, a string's length, a keep-alive."""
 
 
 def encode_frame(first: int, body: bytes) -> bytes:
@@ -62,7 +64,7 @@ def encode_frame(first: int, body: bytes) -> bytes:
 def _bin(raw: bytes) -> bytes:
     if len(raw) > 0xFFFF:
         raise ValueError(f"field of {len(raw)} bytes; MQTT allows at most 65535")
-    return _U16.pack(len(raw)) + raw
+    return U16.pack(len(raw)) + raw
 
 
 def _str(text: str) -> bytes:
@@ -70,7 +72,7 @@ def _str(text: str) -> bytes:
 
 
 def _ack(first: int, packet_id: int) -> bytes:
-    return bytes((first, 0x02)) + _U16.pack(packet_id)
+    return bytes((first, 0x02)) + U16.pack(packet_id)
 
 
 def encode_connack(session_present: bool, return_code: int) -> bytes:
@@ -104,13 +106,13 @@ def encode_held(topic: str, payload: bytes, qos: int, retain: bool, packet_id: i
     size = len(name)
     if size > 0xFFFF:
         raise ValueError(f"field of {size} bytes; MQTT allows at most 65535")
-    ident = _U16.pack(packet_id) if qos else b""
+    ident = U16.pack(packet_id) if qos else b""
     # Every message a subscriber is sent is encoded here: one join of the parts, the
     # header packed at once when the remaining length fits a byte (most do).
     length = 2 + size + len(ident) + len(payload)
     if length < 0x80:
         return b"".join((PUBLISH_HEAD.pack(first, length, size), name, ident, payload))
-    return b"".join((bytes((first,)), encode_remaining_length(length), _U16.pack(size), name, ident, payload))
+    return b"".join((bytes((first,)), encode_remaining_length(length), U16.pack(size), name, ident, payload))
 
 
 def encode_puback(packet_id: int) -> bytes:
@@ -135,7 +137,7 @@ def encode_pubcomp(packet_id: int) -> bytes:
 
 def encode_suback(packet_id: int, granted: Sequence[int]) -> bytes:
     """SUBACK: ``90 <RL> <id> <code>...``, one code per filter: the granted QoS or 0x80 (failure)."""
-    return encode_frame(0x90, _U16.pack(packet_id) + bytes(granted))
+    return encode_frame(0x90, U16.pack(packet_id) + bytes(granted))
 
 
 def encode_unsuback(packet_id: int) -> bytes:
@@ -173,19 +175,19 @@ def encode_connect(
     if password is not None:
         flags |= 0x40
         payload += _bin(password)
-    head = _str(protocol_name) + bytes((protocol_level, flags)) + _U16.pack(keep_alive)
+    head = _str(protocol_name) + bytes((protocol_level, flags)) + U16.pack(keep_alive)
     return encode_frame(0x10, head + payload)
 
 
 def encode_subscribe(packet_id: int, topics: Sequence[tuple[str, int]]) -> bytes:
     """SUBSCRIBE (fixed header ``82``): (filter, requested QoS) pairs."""
-    body = _U16.pack(packet_id) + b"".join(_str(topic_filter) + bytes((qos,)) for topic_filter, qos in topics)
+    body = U16.pack(packet_id) + b"".join(_str(topic_filter) + bytes((qos,)) for topic_filter, qos in topics)
     return encode_frame(0x82, body)
 
 
 def encode_unsubscribe(packet_id: int, topics: Sequence[str]) -> bytes:
     """UNSUBSCRIBE (fixed header ``a2``)."""
-    return encode_frame(0xA2, _U16.pack(packet_id) + b"".join(_str(topic_filter) for topic_filter in topics))
+    return encode_frame(0xA2, U16.pack(packet_id) + b"".join(_str(topic_filter) for topic_filter in topics))
 
 
 def encode_pingreq() -> bytes:

@@ -19,11 +19,10 @@ from __future__ import annotations
 
 import collections
 import enum
-import struct
 import time
 from collections.abc import Callable, Iterable
 
-from .encoders import PUBLISH_HEAD, encode_held, encode_pubrel
+from .encoders import PUBLISH_HEAD, U16, encode_held, encode_pubrel
 from .v5 import outbound
 
 __all__ = ["DEFAULT_MAX_QUEUED", "DEFAULT_MAX_QUEUED_BYTES", "DEFAULT_WINDOW", "Message", "Outbox", "Stage"]
@@ -46,7 +45,6 @@ class Stage(enum.Enum):
 
 
 _PUBLISHED = Stage.PUBLISHED
-_U16 = struct.Struct("!H")
 
 
 class Message:
@@ -294,7 +292,7 @@ class Outbox:
             length = fixed + len(payload)
             if length < 0x80:
                 first = 0x30 | (0x08 if message.sent else 0) | (message.qos << 1) | (0x01 if message.retain else 0)
-                append(b"".join((PUBLISH_HEAD.pack(first, length, fixed - 4), name, _U16.pack(last), payload)))
+                append(b"".join((PUBLISH_HEAD.pack(first, length, fixed - 4), name, U16.pack(last), payload)))
             else:
                 append(encode_held(topic, payload, message.qos, message.retain, last, message.sent))
             message.sent = True

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import struct
 
-from ..encoders import encode_remaining_length
+from ..encoders import U16, encode_remaining_length
 from .reason_codes import malformed
 
 __all__ = [
@@ -24,7 +24,6 @@ __all__ = [
     "read_varint",
 ]
 
-_U16 = struct.Struct("!H")
 _U32 = struct.Struct("!I")
 MAX_VARINT = 268_435_455
 
@@ -97,7 +96,7 @@ def pack_binary(raw: bytes) -> bytes:
     """Binary data (ValueError over 65,535 bytes)."""
     if len(raw) > 0xFFFF:
         raise ValueError(f"field of {len(raw)} bytes; MQTT allows at most 65535")
-    return _U16.pack(len(raw)) + raw
+    return U16.pack(len(raw)) + raw
 
 
 def pack_string(text: str) -> bytes:
