@@ -9,7 +9,18 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Column", "number", "ratio", "skip_reason", "table", "verdict", "write_json", "write_table", "written"]
+__all__ = [
+    "Column",
+    "number",
+    "ratio",
+    "show_table",
+    "skip_reason",
+    "table",
+    "verdict",
+    "write_json",
+    "write_table",
+    "written",
+]
 
 Column = tuple[str, str, str, bool]
 """A table column: the row's key, its title, its unit, and whether higher is better."""

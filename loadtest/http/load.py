@@ -89,9 +89,14 @@ def run_http(
         proc, port, pids = start_target(target, load, split)
     result = HttpResult(target, connections, duration, slowloris, slow_readers, header_timeout)
     result.cpus = "" if split is None else repr(split)
+
+    def phase() -> LoadFigures:
+        """One load phase of the workload against the server."""
+        return run_load(port, connections, duration, tool, pids or ())
+
     try:
         with load_side(split):
-            result.alone = alone if alone is not None else run_load(port, connections, duration, tool, pids or ())
+            result.alone = alone if alone is not None else phase()
             if idle and pids:
                 # Before the attack: a server frees what its attackers held when its
                 # collector next runs, seconds later, and that falling into the window
@@ -99,7 +104,7 @@ def run_http(
                 result.idle_connections, result.idle_rss_per_conn = idle_memory(port, pids, idle)
                 time.sleep(0.5)  # their closes served before the attacked load is timed
             if beside:
-                result.beside.append(run_load(port, connections, duration, tool, pids or ()))
+                result.beside.append(phase())
             attack = Attack(port, slowloris, slow_readers)
             attack.start()
             result.attackers_connected = len(attack.connected_at)
@@ -114,13 +119,13 @@ def run_http(
             watcher = threading.Thread(target=watch, name="attack-watch", daemon=True)
             watcher.start()
             try:
-                result.attacked = run_load(port, connections, duration, tool, pids or ())
+                result.attacked = phase()
                 watcher.join(timeout=result.window_s + 30)
             finally:
                 attack.stop()
             if beside:
                 time.sleep(0.5)  # the attackers' closes served first
-                result.beside.append(run_load(port, connections, duration, tool, pids or ()))
+                result.beside.append(phase())
             for addr, kind in attack.kinds.items():
                 hold = released.get(addr, result.window_s)
                 if kind == "slowloris":
