@@ -48,6 +48,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from loadtest.processes import free_port
 from servers.heartbeat import encoders
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -84,12 +85,6 @@ def callgrind_total(path: Path) -> int:
     if not total:
         raise RuntimeError(f"no instruction total in {path}*")
     return total
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _recv_until(sock: socket.socket, done: Callable[[bytes], bool]) -> bytes:
@@ -181,7 +176,7 @@ def run_once(server: str, root: str, count: int, connections: int, out: Path, mo
     ``count`` items over ``connections`` clients (none: start-up and shutdown only; for
     the drain, a negative count queues that many messages and drains none), stop it;
     its total."""
-    port = _free_port()
+    port = free_port()
     module = module or ("servers.http" if server == "http" else "servers.heartbeat")
     cmd = [
         *("valgrind", "--tool=callgrind", f"--callgrind-out-file={out}"),
