@@ -302,7 +302,9 @@ class Dispatcher:
                 t.close()
         except Exception as exc:
             self.callback_errors += 1
-            logger.exception("idlekeeper: protocol %r raised; closing its connection", protocol)
+            logger.exception(
+                "idlekeeper: protocol %r raised on the connection from %s; closing it", protocol, t._peer()
+            )
             self._drop(t, exc)
 
     # -- connections in and out ------------------------------------------------------
@@ -345,7 +347,7 @@ class Dispatcher:
             protocol.connection_made(t)
         except Exception as exc:
             self.callback_errors += 1
-            logger.exception("idlekeeper: connection_made of %r raised", protocol)
+            logger.exception("idlekeeper: connection_made of %r raised on the connection from %s", protocol, t._peer())
             self._drop(t, exc)
         finally:
             self._starting = None

@@ -44,7 +44,7 @@ import ssl
 from typing import TYPE_CHECKING
 
 from .stats import HandshakeFailure
-from .transport import CLOSED, CLOSING, EOF_PENDING, EOF_SENT, PAUSED, PEER_EOF, Callbacks, Transport
+from .transport import CLOSED, CLOSING, EOF_PENDING, EOF_SENT, PAUSED, PEER_EOF, Callbacks, Transport, peer_address
 
 if TYPE_CHECKING:
     import socket as stdsocket
@@ -62,15 +62,6 @@ def check_handshake_timeout(handshake_timeout: float) -> None:
     """Refuse a handshake timeout that is not a positive number of seconds."""
     if not handshake_timeout > 0:
         raise ValueError(f"handshake_timeout must be a positive number of seconds, not {handshake_timeout!r}")
-
-
-def peer_address(sock: object) -> str:
-    """``host:port`` of a socket's peer, for a log line; ``?`` once it is gone."""
-    try:
-        host, port = sock.getpeername()[:2]  # type: ignore[attr-defined]
-    except (OSError, AttributeError, ValueError):
-        return "?"
-    return f"{host}:{port}"
 
 
 class TLSSettings:
@@ -261,7 +252,9 @@ class TLSTransport(Transport):
     def _raised(self, protocol: Callbacks, exc: Exception, callback: str = "protocol") -> None:
         """A callback raised: logged, counted, and this connection only is closed."""
         self._loop.callback_errors += 1
-        logger.exception("idlekeeper: %s %r raised; closing its connection", callback, protocol)
+        logger.exception(
+            "idlekeeper: %s %r raised on the connection from %s; closing it", callback, protocol, self._peer()
+        )
         self._loop._drop(self, exc)
 
     def _handshake(self) -> bool:

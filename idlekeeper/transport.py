@@ -26,7 +26,18 @@ from .watch import Watch
 if TYPE_CHECKING:
     from .watch import ExpireHook, _Owner
 
-__all__ = ["Callbacks", "Transport"]
+__all__ = ["Callbacks", "Transport", "peer_address"]
+
+
+def peer_address(sock: object) -> str:
+    """``host:port`` of a socket's peer, as the presence log writes it, for a log line;
+    ``?`` once the kernel no longer knows it."""
+    try:
+        host, port = sock.getpeername()[:2]  # type: ignore[attr-defined]
+    except (OSError, AttributeError, ValueError):
+        return "?"
+    return f"{host}:{port}"
+
 
 logger = logging.getLogger("idlekeeper.engine")
 
@@ -426,6 +437,14 @@ class Transport(Watch):
             return default
         return default
 
+    def _peer(self) -> str:
+        """The peer's ``host:port`` for a log line about this connection: read only
+        when one is written, as a kept address would cost every connection its bytes."""
+        peer = self.get_extra_info("peername")
+        if isinstance(peer, tuple) and len(peer) >= 2:
+            return f"{peer[0]}:{peer[1]}"
+        return "?"
+
     # -- the keeper's side: expiry and outside cancellation ------------------------
 
     def cancel(self) -> None:
@@ -450,7 +469,7 @@ class Transport(Watch):
             pass  # gone, or its buffer full: the close follows anyway
         except Exception:
             self._loop.callback_errors += 1
-            logger.exception("idlekeeper: last_words of %r raised", protocol)
+            logger.exception("idlekeeper: last_words of %r raised on the connection from %s", protocol, self._peer())
 
     def _seal(self, data: bytes) -> bytes:
         """``data`` as it goes on the wire (TLS seals it in a record)."""
@@ -464,7 +483,9 @@ class Transport(Watch):
             getattr(protocol, name)()
         except Exception as exc:
             self._loop.callback_errors += 1
-            logger.exception("idlekeeper: %s of %r raised; closing the connection", name, protocol)
+            logger.exception(
+                "idlekeeper: %s of %r raised on the connection from %s; closing it", name, protocol, self._peer()
+            )
             self._loop._drop(self, exc)
 
     def __repr__(self) -> str:

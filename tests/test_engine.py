@@ -1070,12 +1070,18 @@ async def test_raising_protocol_closes_only_its_connection(
         assert isinstance(exc, RuntimeError) and str(exc) == "a protocol bug"
         assert engine.callback_errors == 1
         assert "a protocol bug" in caplog.text
+        host, port = victim.getsockname()[:2]
+        # The operator can tell which peer's bytes broke it; the bystander is not named.
+        assert f"raised on the connection from {host}:{port}; closing it" in caplog.text
+        assert f":{bystander.getsockname()[1]}" not in caplog.text
         await bystander.send(b"fine")
         assert await recv_exactly(bystander, 4) == b"fine"
         assert not probes[1].lost and len(engine) == 1
 
 
-async def test_raising_pause_writing_closes_its_connection(keeper: idlekeeper.Keeper, clock: MockClock) -> None:
+async def test_raising_pause_writing_closes_its_connection(
+    keeper: idlekeeper.Keeper, clock: MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
     class BadPause(Probe):
         def connection_made(self, transport: Transport) -> None:
             super().connection_made(transport)
@@ -1086,11 +1092,40 @@ async def test_raising_pause_writing_closes_its_connection(keeper: idlekeeper.Ke
 
     probes, factory = collecting(BadPause)
     async with serving(keeper, factory, high_water=1024, low_water=0) as (engine, addr):
-        _client = await connect(addr)
+        client = await connect(addr)
         await until(lambda: bool(probes) and bool(probes[0].lost), "connection_lost")
         _, exc = probes[0].lost_once
         assert isinstance(exc, ValueError)
         assert engine.callback_errors == 1 and len(engine) == 0
+        host, port = client.getsockname()[:2]
+        assert f"pause_writing of {probes[0]!r} raised on the connection from {host}:{port}" in caplog.text
+
+
+async def test_raising_connection_made_closes_that_connection_and_names_its_peer(
+    keeper: idlekeeper.Keeper, clock: MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    made = 0
+
+    class BadStart(Probe):
+        def connection_made(self, transport: Transport) -> None:
+            nonlocal made
+            super().connection_made(transport)
+            made += 1
+            if made == 1:
+                raise KeyError("no room for it")
+
+    probes, factory = collecting(BadStart)
+    async with serving(keeper, factory) as (engine, addr):
+        first = await connect(addr)
+        data, _ = await read_until_eof(first)
+        assert data == b""
+        second = await connect(addr)
+        await second.send(b"still served")
+        await until(lambda: len(probes) == 2 and bytes(probes[1].received) == b"still served", "the second's bytes")
+        assert engine.callback_errors == 1 and len(engine) == 1
+        host, port = first.getsockname()[:2]
+        assert f"connection_made of {probes[0]!r} raised on the connection from {host}:{port}" in caplog.text
+        assert "no room for it" in caplog.text
 
 
 # -- adopting a socket made elsewhere -----------------------------------------------------------------

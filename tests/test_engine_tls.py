@@ -124,6 +124,38 @@ async def test_the_protocol_is_made_after_the_handshake_and_speaks_plaintext(
     assert sum(keeper.stats.handshake_failures.values()) == 0
 
 
+async def test_a_protocol_that_raises_on_plaintext_closes_its_connection_only_and_names_its_peer(
+    keeper: idlekeeper.Keeper,
+    clock: MockClock,
+    server_ctx: ssl.SSLContext,
+    client_ctx: ssl.SSLContext,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    class Fragile(Upper):
+        def data_received(self, data: bytes) -> None:
+            super().data_received(data)
+            if b"boom" in data:
+                raise RuntimeError("a protocol bug under TLS")
+
+    probes, factory = collecting(Fragile)
+    async with tls_engine(keeper, factory, server_ctx) as (engine, port):
+        victim = await tls_client(port, client_ctx)
+        bystander = await tls_client(port, client_ctx)
+        await victim.send_all(b"boom")
+        assert await victim.receive_some() == b"BOOM"  # the reply went out before the raise
+        await read_until_closed(victim)
+        await bystander.send_all(b"fine")
+        assert await bystander.receive_some() == b"FINE"
+        assert engine.callback_errors == 1 and len(engine) == 1
+        (broken,) = [p for p in probes if b"boom" in p.received]
+        await lost(broken)
+        assert isinstance(broken.lost_once[1], RuntimeError)  # the protocol hears why
+        host, port_ = victim.transport_stream.socket.getsockname()[:2]
+        assert f"raised on the connection from {host}:{port_}; closing it" in caplog.text
+        assert "a protocol bug under TLS" in caplog.text
+        await bystander.aclose()
+
+
 async def test_idle_counts_from_the_end_of_a_slow_handshake(
     keeper: idlekeeper.Keeper, clock: MockClock, server_ctx: ssl.SSLContext, client_ctx: ssl.SSLContext
 ) -> None:

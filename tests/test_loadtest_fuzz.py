@@ -18,8 +18,8 @@ import pytest
 from loadtest import fuzz
 from loadtest.fuzz.cases import make_case
 from loadtest.fuzz.corpus import END_MODES, TRICKLE_MAX_GAP, TRICKLE_MAX_PIECES, http_requests, mqtt_session
-from loadtest.fuzz.faults import fault_summary, first_fault, log_faults
-from loadtest.fuzz.judge import Limits, judge
+from loadtest.fuzz.faults import fault_peers, fault_summary, first_fault, log_faults
+from loadtest.fuzz.judge import Limits, judge, suspects_at
 from loadtest.fuzz.mutators import HTTP_MUTATORS, MQTT_MUTATORS
 from loadtest.fuzz.mutators_generic import bit_flip, drop, duplicate, extend, reorder, truncate
 from loadtest.fuzz.mutators_http import (
@@ -356,6 +356,63 @@ def test_log_faults_finds_tracebacks_and_error_records_only() -> None:
     assert log_faults("2026-11-23 17:30:01,123 servers.http WARNING slow\n") == []
 
 
+def test_fault_peers_are_the_addresses_fault_lines_name_each_once_in_order() -> None:
+    log = textwrap.dedent(
+        """\
+        heartbeat worker 0: listening on 127.0.0.1:1883
+        2026-11-23 17:30:01,100 servers.heartbeat INFO client from 127.0.0.9:5000 connected
+        2026-11-23 17:30:02,500 idlekeeper.engine ERROR protocol <x> raised on the connection from 127.0.0.2:40007
+        Traceback (most recent call last):
+        RuntimeError: boom
+        2026-11-23 17:30:02,600 idlekeeper.engine ERROR protocol <y> raised on the connection from 127.0.0.2:4000
+        2026-11-23 17:30:02,700 idlekeeper.engine ERROR protocol <z> raised on the connection from 127.0.0.2:40007
+        2026-11-23 17:30:02,800 idlekeeper.engine ERROR protocol <w> raised on the connection from ?
+        """
+    )
+    # Only fault lines count (not the listening line nor an INFO record), a port is not
+    # cut short to match another, a traceback's lines do not name its peer again, and
+    # an unknown peer is not an address.
+    at = log_faults(log)[0][0]
+    assert at is not None
+    assert fault_peers(log) == [
+        (at, "127.0.0.2:40007"),
+        (pytest.approx(at + 0.1), "127.0.0.2:4000"),
+        (pytest.approx(at + 0.2), "127.0.0.2:40007"),  # a later connection from that port
+    ]
+    assert fault_peers("no faults here 127.0.0.1:1\n") == []
+
+
+def test_suspects_are_the_named_peers_then_those_in_flight_nearest_first() -> None:
+    def rec(i: int, started: float, finished: float) -> ConnRecord:
+        return ConnRecord(
+            i, "half-close", f"127.0.0.2:{40000 + i}", "connack-0", "eof", started=started, finished=finished
+        )
+
+    when = 100.0
+    records = [
+        rec(1, 99.90, 100.30),  # in flight, 0.1 s from its start
+        rec(2, 99.99, 100.50),  # in flight, began 10 ms before the fault
+        rec(3, 99.00, 100.002),  # in flight, closed 2 ms after it: the likeliest culprit
+        rec(4, 100.02, 100.10),  # began after the fault: cannot have caused it
+        rec(5, 98.00, 99.40),  # over 0.6 s before it
+        rec(6, 90.00, 91.00),  # long before, but the log names it
+        rec(7, 100.005, 100.2),  # begun within the log time's millisecond cut (and slack)
+    ]
+    assert suspects_at(records, when) == [3, 7, 2, 1]
+    named: list[tuple[float | None, str]] = [
+        (95.0, "127.0.0.2:40006"),
+        (None, "127.0.0.9:1"),
+        (None, "127.0.0.2:40002"),
+    ]
+    assert suspects_at(records, when, named) == [6, 2, 3, 7, 1]
+    assert suspects_at(records, when, limit=2) == [3, 7]
+    # A port used twice in turn: the connection whose span holds the naming line's time.
+    reused = [*records, rec(8, 100.35, 100.6)]
+    reused[-1].peer = records[0].peer
+    assert suspects_at(reused, when, [(100.5, records[0].peer)])[0] == 8
+    assert suspects_at(reused, when, [(99.95, records[0].peer)])[0] == 1
+
+
 # -- the judge's rules --------------------------------------------------------------------
 
 
@@ -613,7 +670,10 @@ def test_the_judge_fails_a_server_that_logs_a_traceback(tmp_path: Path) -> None:
     assert run["result"] == "FAIL"
     assert any("fault lines" in r and "ERROR" in r for r in run["reasons"]), run["reasons"]
     assert run["counts"]["fault_lines"] > 0
-    assert has_fe(run["suspects"])  # the inputs in flight when the first traceback was logged
+    # The engine names the peer it failed on: the suspects are inputs that held 0xFE,
+    # not merely those in flight as the first traceback was logged.
+    suspects = run["suspects"]
+    assert suspects and all(has_fe([s]) for s in suspects), [s["index"] for s in suspects]
 
 
 @pytest.mark.slow

@@ -8,13 +8,16 @@ import collections
 import re
 from datetime import datetime
 
-__all__ = ["fault_summary", "first_fault", "log_faults"]
+__all__ = ["fault_peers", "fault_summary", "first_fault", "log_faults"]
 
 _RECORD = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) \S+ (ERROR|CRITICAL) ")
 _FAULT_MARKERS = ("Traceback (most recent call last)", "Exception ignored in", "Fatal Python error")
 _GROUP_MARKER = re.compile(r"^\s*\+ Exception Group Traceback")
 """An exception group's traceback, as Python prints one that ends a process: framed in
 ``+`` and ``|``, its first line indented."""
+_ADDRESS = re.compile(r"(?<![\w.:])(\d{1,3}(?:\.\d{1,3}){3}:\d{1,5})(?!\d)")
+"""An IPv4 ``host:port``, as the engine's callback errors name the peer (the fuzz
+connects over IPv4)."""
 _GROUP_CAUSE = re.compile(r"^[\s|]*\| ([A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt)\b.*)")
 
 
@@ -36,6 +39,19 @@ def log_faults(text: str) -> list[tuple[float | None, str]]:
         if _marks_fault(line):
             out.append((last, line))
     return out
+
+
+def fault_peers(text: str) -> list[tuple[float | None, str]]:
+    """The ``host:port`` addresses the fault lines of a server's stderr name, in order,
+    each with the time of the record that named it (as :func:`log_faults` gives it):
+    the peers whose connections the server failed on, where it says so (the engine's
+    callback errors do). The time tells apart two connections that came from one
+    port in turn, as a client's port is free again once the server has closed first."""
+    out: dict[tuple[float | None, str], None] = {}
+    for when, line in log_faults(text):
+        for address in _ADDRESS.findall(line):
+            out.setdefault((when, address), None)
+    return list(out)
 
 
 def fault_summary(text: str) -> collections.Counter[str]:

@@ -355,8 +355,35 @@ def judge(obs: Observation, limits: Limits) -> Verdict:
     return Verdict(not reasons, reasons, counts)
 
 
-def suspects_at(records: Iterable[ConnRecord], when: float, limit: int = 20) -> list[int]:
-    """Indices of the connections open at wall-clock ``when`` (the nearest first)."""
-    near = [r for r in records if r.started - 0.5 <= when <= r.finished + 0.5]
-    near.sort(key=lambda r: abs(r.started - when))
-    return [r.index for r in near[:limit]]
+def suspects_at(
+    records: Iterable[ConnRecord], when: float, named: Sequence[tuple[float | None, str]] = (), limit: int = 20
+) -> list[int]:
+    """Indices of the connections a fault logged at wall-clock ``when`` points at.
+
+    First those whose peer the fault lines name (``named``, as :func:`.faults.fault_peers`
+    gives them), in that order: the server said whose bytes it failed on. Of two
+    connections from one port, the one whose span is nearer the naming line's time.
+    Then those in flight at ``when``: begun by then (a log line's time is cut to the
+    millisecond) and not over half a second before. Of those, the nearest first by
+    their start or their end, whichever is nearer: a server fails on a connection's
+    first bytes or closes it as it fails, and a connection begun after the fault
+    cannot have caused it.
+    """
+    records = list(records)
+    by_peer: dict[str, list[ConnRecord]] = collections.defaultdict(list)
+    for r in records:
+        if r.peer:
+            by_peer[r.peer].append(r)
+    out: list[int] = []
+    for at, peer in named:
+        t = when if at is None else at
+        candidates = by_peer.get(peer)
+        if candidates:
+            r = min(candidates, key=lambda r: max(0.0, r.started - t, t - r.finished))
+            if r.index not in out:
+                out.append(r.index)
+    chosen = set(out)
+    near = [r for r in records if r.started <= when + 0.01 and r.finished >= when - 0.5 and r.index not in chosen]
+    near.sort(key=lambda r: min(abs(r.started - when), abs(r.finished - when)))
+    out += [r.index for r in near]
+    return out[:limit]

@@ -49,7 +49,7 @@ from .canary_process import CanaryProcess
 from .cases import make_case
 from .connection import run_case
 from .corpus import V5_SHARE
-from .faults import log_faults
+from .faults import fault_peers, log_faults
 from .judge import suspects_at, unclear
 from .observation import ConnRecord, Observation
 from .targets import ServerSpec, start_server
@@ -324,7 +324,7 @@ def run_target(spec: ServerSpec, options: FuzzOptions) -> Observation:
         if stamped:
             obs.suspects = [
                 make_case(options.seed, spec.protocol, i, options.mqtt5).describe()
-                for i in suspects_at(obs.records, stamped[0])
+                for i in suspects_at(obs.records, stamped[0], fault_peers(obs.stderr))
             ]
     return obs
 
