@@ -2,10 +2,18 @@
 (an *island*), joined to the host by two veth pairs, one its devices reach it by and
 one it reaches Redis by, either of which can be cut and healed.
 
-Cutting a link sets the host's end of its veth pair down: packets are lost both ways,
-with no RST or FIN, as when a cable or a switch fails; TCP connections over it stall
-and resume when the link is healed (if neither end gave up meanwhile). The addresses
-are link-local (169.254.0.0/16): they are never routed off the machine.
+A link is cut one of two ways; either way packets are lost both ways, with no RST
+or FIN, and TCP connections over it stall and resume when it is healed (if neither
+end gave up meanwhile):
+
+- ``"drop"`` (the default): both ends stay up and send each other's packets to a
+  hardware address no one has. Nothing on either side notices, as when a partition
+  is somewhere along the path (a switch, a NAT or a firewall that dropped the flow):
+  TCP retransmits into the void, its backoff growing, until the link heals.
+- ``"down"``: the host's end of the veth pair is set down, as when a cable is pulled;
+  the host's route to the island goes with it.
+
+The addresses are link-local (169.254.0.0/16): they are never routed off the machine.
 
 Needs root (CAP_NET_ADMIN and CAP_SYS_ADMIN) and ``ip`` (iproute2). :meth:`Island.remove`
 deletes the namespace and both pairs; nothing else on the machine is changed. Every
@@ -21,6 +29,10 @@ import subprocess
 from collections.abc import Iterator
 
 __all__ = ["Island", "island", "partitions_possible"]
+
+_NOWHERE = "02:00:00:00:00:01"
+"""A locally administered hardware address that no interface here has: frames sent to
+it are dropped by the veth peer that receives them."""
 
 
 def _ip(*words: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -55,6 +67,13 @@ class Island:
         self.links = {"devices": (f"ikd{n}h", f"ikd{n}n"), "backend": (f"ikb{n}h", f"ikb{n}n")}
         self.host_devices, self.address = f"169.254.{n}.1", f"169.254.{n}.2"
         self.host_backend, self.backend_address = f"169.254.{n}.5", f"169.254.{n}.6"
+        self.addresses = {
+            "devices": (self.host_devices, self.address),
+            "backend": (self.host_backend, self.backend_address),
+        }
+        """Each link's two addresses: the host's end, the island's."""
+        self.cut_how: dict[str, str] = {}
+        """The links cut now, and how."""
         self.made = False
 
     def make(self) -> None:
@@ -63,9 +82,8 @@ class Island:
         self.made = True
         ns = ["ip", "netns", "exec", self.namespace]
         subprocess.run([*ns, "ip", "link", "set", "lo", "up"], check=True, capture_output=True, timeout=10.0)
-        pairs = {"devices": (self.host_devices, self.address), "backend": (self.host_backend, self.backend_address)}
         for name, (host_end, island_end) in self.links.items():
-            host_ip, island_ip = pairs[name]
+            host_ip, island_ip = self.addresses[name]
             _ip("link", "add", host_end, "type", "veth", "peer", "name", island_end)
             _ip("link", "set", island_end, "netns", self.namespace)
             _ip("addr", "add", f"{host_ip}/30", "dev", host_end)
@@ -79,13 +97,35 @@ class Island:
         """What goes before a command to run it inside the island."""
         return ["ip", "netns", "exec", self.namespace]
 
-    def cut(self, link: str) -> None:
-        """Lose every packet on ``link`` ("devices" or "backend"), both ways."""
-        _ip("link", "set", self.links[link][0], "down")
+    def cut(self, link: str, how: str = "drop") -> None:
+        """Lose every packet on ``link`` ("devices" or "backend"), both ways; ``how`` is
+        ``"drop"`` or ``"down"`` (see the module's docs)."""
+        if how not in ("drop", "down"):
+            raise ValueError(f"a link is cut by 'drop' or 'down', not {how!r}")
+        if link in self.cut_how:
+            raise RuntimeError(f"the {link} link is cut already")
+        if how == "down":
+            _ip("link", "set", self.links[link][0], "down")
+        else:
+            self._neighbours(link, "replace", "lladdr", _NOWHERE, "nud", "permanent")
+        self.cut_how[link] = how
 
     def heal(self, link: str) -> None:
         """Carry packets on ``link`` again."""
-        _ip("link", "set", self.links[link][0], "up")
+        how = self.cut_how.pop(link, None)
+        if how == "down":
+            _ip("link", "set", self.links[link][0], "up")
+        elif how == "drop":
+            # Without the false entries, the ends find each other's address again (ARP).
+            self._neighbours(link, "del")
+
+    def _neighbours(self, link: str, verb: str, *options: str) -> None:
+        """``ip neigh <verb>`` of each end's entry for the other end of ``link``."""
+        host_end, island_end = self.links[link]
+        host_ip, island_ip = self.addresses[link]
+        for prefix, address, device in (([], island_ip, host_end), (self.prefix, host_ip, island_end)):
+            command = [*prefix, "ip", "neigh", verb, address, *options, "dev", device]
+            subprocess.run(command, check=True, capture_output=True, timeout=10.0)
 
     def remove(self) -> None:
         """Delete the namespace and both pairs (deleting either end of a pair deletes it)."""
