@@ -12,6 +12,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
 
 from servers.readiness import find_ready
 
@@ -95,9 +96,10 @@ def start_heartbeat(
     timeout: float = 20.0,
     cwd: str | None = None,
     prefix: Sequence[str] = (),
+    log: Path | None = None,
 ) -> subprocess.Popen[str]:
     """Run ``python -m servers.heartbeat`` on ``port``; see :func:`start_server`."""
-    return start_server("heartbeat", port, workers, extra, timeout, cwd, prefix=prefix)
+    return start_server("heartbeat", port, workers, extra, timeout, cwd, prefix=prefix, log=log)
 
 
 def start_http(
@@ -116,13 +118,15 @@ def start_server(
     cwd: str | None = None,
     module: str | None = None,
     prefix: Sequence[str] = (),
+    log: Path | None = None,
 ) -> subprocess.Popen[str]:
     """Run ``python -m servers.<name>`` (or ``module``) on ``port``; return once every worker listens.
 
     ``prefix`` goes before the command (``ip netns exec NS``, which execs it: the PID is
     still the server's).
 
-    Its stderr keeps being drained by a thread, so the server never blocks on it.
+    Its stderr keeps being drained by a thread, so the server never blocks on it; with
+    ``log``, every line of it is written there too, as it comes (to read after a fault).
     Stop it with ``send_signal(SIGTERM)`` on the returned process (by PID).
     """
     module = module or f"servers.{name}"
@@ -136,8 +140,12 @@ def start_server(
 
     def drain() -> None:
         assert proc.stderr is not None
-        for line in proc.stderr:
-            lines.put(line)
+        with contextlib.ExitStack() as stack:
+            out = None if log is None else stack.enter_context(log.open("a", buffering=1))
+            for line in proc.stderr:
+                if out is not None:
+                    out.write(line)  # first: a line start_server has read is in the log too
+                lines.put(line)
         lines.put("")
 
     threading.Thread(target=drain, daemon=True).start()

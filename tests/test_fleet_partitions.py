@@ -1,9 +1,10 @@
 """Network partitions of a fleet (issue 32), made with a network namespace and veth
 pairs (:mod:`loadtest.partition`): gateway ``gw0`` lives in an island that reaches
 Redis over one link and is reached by its devices over another; ``gw1`` and Redis are
-on the host. Either link is cut with devices connected, connecting, leaving and
-roaming, then healed; presence must end every session exactly once, and show no device
-online at two gateways for longer than the lease (:mod:`loadtest.history`).
+on the host. Either link is cut (its packets silently dropped, both ends up) with
+devices connected, connecting, leaving and roaming, then healed; presence must end
+every session exactly once, and show no device online at two gateways for longer than
+the lease (:mod:`loadtest.history`).
 
 What presence says meanwhile:
 
@@ -129,7 +130,7 @@ def setting(tmp_path: Path) -> Iterator[Setting]:
             args = ["--cluster", f"redis://{redis_host}:{redis.port}/0", "--node", name, "--presence-log", str(log)]
             args += ["--tick", "0.05", "--status-port", str(status), "--lease", str(LEASE)]
             args += ["--host", host, "--status-host", host]
-            proc = start_heartbeat(port, 1, args, cwd=str(ROOT), prefix=prefix)
+            proc = start_heartbeat(port, 1, args, cwd=str(ROOT), prefix=prefix, log=tmp_path / f"{name}.log")
             gateways.append((proc, host, port, status, log))
         yield place, redis, gateways
     finally:
@@ -140,6 +141,21 @@ def setting(tmp_path: Path) -> Iterator[Setting]:
         if redis is not None:
             redis.stop()
         place.remove()
+
+
+@contextlib.contextmanager
+def explained(gateways: list[Gateway]) -> Iterator[None]:
+    """A failed assertion comes with the end of each gateway's log (its stderr): the
+    run's temporary directory may be gone before anyone reads it."""
+    try:
+        yield
+    except AssertionError as exc:
+        tails = []
+        for *_, presence in gateways:
+            log = presence.with_suffix(".log")
+            lines = log.read_text(errors="replace").splitlines() if log.exists() else ["(no log)"]
+            tails.append(f"--- {log.name}, its last 40 lines:\n" + "\n".join(lines[-40:]))
+        raise AssertionError("\n".join([str(exc), *tails])) from exc
 
 
 def stop_and_check(gateways: list[Gateway], at_least: int) -> None:
@@ -173,7 +189,7 @@ def test_a_gateway_cut_off_from_redis_is_declared_lost_and_fences_its_sessions_w
 ) -> None:
     place, _, gateways = setting
     (_, host0, port0, status0, _), (_, _, port1, status1, _) = gateways
-    with Pinger() as pinger:
+    with explained(gateways), Pinger() as pinger:
         watch, got, on0, on1 = devices_on_both(pinger, gateways, 15, 15)
 
         place.cut("backend")
@@ -191,7 +207,9 @@ def test_a_gateway_cut_off_from_redis_is_declared_lost_and_fences_its_sessions_w
             place.heal("backend")
 
         # gw0 registers again, closes the connections whose sessions were ended, and
-        # announces the one that came meanwhile.
+        # announces the one that came meanwhile. Within a second or two: over a new
+        # connection to Redis, not the stalled one, whose TCP backoff had grown to
+        # many seconds during the cut (tests/test_fleet_link.py).
         for client_id in sorted(set(on0) - {"a-1", "a-2"}):
             closed_within(on0[client_id], 15)  # still pinged: closed by the gateway, not by keep-alive
             pinger.socks.pop(client_id, None)
@@ -214,7 +232,7 @@ def test_a_gateways_devices_cut_off_end_by_keep_alive_or_takeover_once_each(
 ) -> None:
     place, _, gateways = setting
     _, (_, _, port1, status1, _) = gateways
-    with Pinger() as pinger:
+    with explained(gateways), Pinger() as pinger:
         watch, got, on0, on1 = devices_on_both(pinger, gateways, 16, 10)
 
         place.cut("devices")
