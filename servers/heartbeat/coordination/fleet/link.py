@@ -14,6 +14,7 @@ import coredis
 import trio
 from coredis.connection import TCPLocation
 
+from .pools import SlotKeepingClusterPool, SlotKeepingPool, SlotKeepingSentinelPool
 from .scripts import FleetScripts
 from .target import RedisTarget, parse_target
 
@@ -64,13 +65,15 @@ class RedisLink:
                 startup_nodes=[TCPLocation(host, port) for host, port in target.cluster_nodes],
                 username=target.username,
                 password=target.password,
+                connection_pool_cls=SlotKeepingClusterPool,
                 **timeouts,
             )
             self.client = cluster
             self.scripts.register(cluster)
             return cluster
         if not target.sentinel:
-            client: coredis.Redis[bytes] = coredis.Redis.from_url(self.url, **timeouts)
+            # Redis.from_url would make coredis's own pool, which loses slots (see .pools).
+            client: coredis.Redis[bytes] = coredis.Redis(connection_pool=SlotKeepingPool.from_url(self.url, **timeouts))
             self.client = client
             self.scripts.register(client)
             return client
@@ -80,7 +83,12 @@ class RedisLink:
         # Each new connection asks the Sentinels where the primary is: after a
         # failover the calls that failed are tried again by their tasks, and reach it.
         primary: coredis.Redis[bytes] = sentinel.primary_for(
-            target.service, db=target.db, username=target.username, password=target.password, **timeouts
+            target.service,
+            connection_pool_class=SlotKeepingSentinelPool,
+            db=target.db,
+            username=target.username,
+            password=target.password,
+            **timeouts,
         )
         self.client = primary
         self.scripts.register(primary)
@@ -120,9 +128,13 @@ class RedisLink:
         """A call failed with ``exc``: Redis counts as unreachable until one is answered."""
         self.last_failure = time.monotonic()
         self.unreachable.set()
-        if self.target.sentinel:
-            # Pooled connections may lead to a primary that hung or was demoted: the next
-            # call makes a new one, to the primary the Sentinels name now.
+        if self.target.sentinel or _unanswered(exc):
+            # The next call makes a new connection. Behind the Sentinels, a pooled one may
+            # lead to a primary that hung or was demoted. And a call not answered in time
+            # leaves its connection open and pooled, with the client's later calls
+            # written behind it: after a partition, TCP retransmits on it with a backoff
+            # that grows to minutes, so the node would hear Redis again only then, long
+            # after the network healed. A new connection is answered as soon as it has.
             self.drop_connections()
         error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
         # A client library may quote a call's arguments (a 64 KB client id) in its error.
@@ -144,6 +156,11 @@ class RedisLink:
         """Note a task's failure (its ``attempt``-th in a row) and wait before its next try."""
         self.failed(exc)
         await trio.sleep(min(self.renew, 0.05 * 2 ** min(attempt, 6)))
+
+
+def _unanswered(exc: BaseException) -> bool:
+    """Whether ``exc`` is a call that timed out: our bound's, or the client's stream timeout."""
+    return isinstance(exc, (trio.TooSlowError, TimeoutError))
 
 
 @asynccontextmanager
