@@ -11,7 +11,7 @@ silence the connections it holds."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -22,17 +22,12 @@ import trio
 from servers.heartbeat.coordination.fleet.link import RedisLink
 from servers.heartbeat.coordination.fleet.pools import SlotKeepingPool
 
-from .redis_server import RedisServer, require_binary
+from .redis_server import RedisServer
+from .test_fleet import redis_server
+
+__all__ = ["redis_server"]  # the fixture test_fleet.py makes, used here too
 
 TIMEOUT = 0.5
-
-
-@pytest.fixture
-def redis_server() -> Iterator[RedisServer]:
-    server = RedisServer(binary=require_binary())
-    server.start()
-    yield server
-    server.stop()
 
 
 class SilencingProxy:
