@@ -103,10 +103,15 @@ def start_heartbeat(
 
 
 def start_http(
-    port: int, workers: int = 1, extra: Sequence[str] = (), timeout: float = 20.0, cwd: str | None = None
+    port: int,
+    workers: int = 1,
+    extra: Sequence[str] = (),
+    timeout: float = 20.0,
+    cwd: str | None = None,
+    log: Path | None = None,
 ) -> subprocess.Popen[str]:
     """Run ``python -m servers.http`` on ``port``; see :func:`start_server`."""
-    return start_server("http", port, workers, extra, timeout, cwd)
+    return start_server("http", port, workers, extra, timeout, cwd, log=log)
 
 
 def start_server(

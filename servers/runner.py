@@ -19,6 +19,7 @@ import trio
 from .bus import Hub
 from .listeners import PortInUse, check_port_free
 from .readiness import Ready, announce_ready
+from .taskdump import dump_tasks_on_signal
 from .workers import die_with_supervisor, run_supervised
 
 __all__ = ["main", "serve_until_signal"]
@@ -87,12 +88,14 @@ async def serve_until_signal(
     """Start a worker's server, announce it, serve until SIGINT or SIGTERM, then stop.
 
     ``start(nursery)`` starts everything the worker runs and returns the server;
-    ``ready(server)`` says what to announce (see :mod:`servers.readiness`). On the
+    ``ready(server)`` says what to announce (see :mod:`servers.readiness`). SIGUSR1
+    logs the worker's tasks meanwhile (:mod:`servers.taskdump`). On the
     signal, ``stop(server)`` (if given) runs first, for a graceful shutdown; then
     everything still running is cancelled. Returns the server, for a last look.
     """
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with trio.open_nursery() as nursery:
+            await nursery.start(dump_tasks_on_signal)
             server = await start(nursery)
             announce_ready(ready(server))
             async for _ in signals:

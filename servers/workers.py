@@ -6,7 +6,8 @@ core (see :mod:`servers.listeners`).
 
 The supervisor is plain blocking Python (no trio): it starts the workers, restarts
 any that dies (with a back-off, so a worker that crashes at start-up cannot spin),
-passes SIGHUP on to every worker (each reloads its files), and on SIGINT or SIGTERM
+passes SIGHUP on to every worker (each reloads its files), and SIGUSR1 (each logs its
+tasks, :mod:`servers.taskdump`), and on SIGINT or SIGTERM
 stops them all by PID, waits for their clean shutdown, and kills whatever is left
 after the grace period.
 """
@@ -61,14 +62,16 @@ def supervise(
 
     procs: dict[int, subprocess.Popen[bytes]] = {}
 
-    def reload(signum: int, frame: object) -> None:
-        # SIGHUP is the operator's "reload your files": each worker reloads its own.
+    def pass_on(signum: int, frame: object) -> None:
+        # SIGHUP is the operator's "reload your files", SIGUSR1 "show your tasks"
+        # (servers.taskdump): each worker does it for itself.
         for proc in procs.values():
             if proc.poll() is None:
-                proc.send_signal(signal.SIGHUP)  # by PID
+                proc.send_signal(signum)  # by PID
 
     previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
-    previous[signal.SIGHUP] = signal.signal(signal.SIGHUP, reload)
+    for sig in (signal.SIGHUP, signal.SIGUSR1):
+        previous[sig] = signal.signal(sig, pass_on)
     started: dict[int, float] = {}
     backoff = dict.fromkeys(range(workers), restart_backoff)
     restart_at: dict[int, float] = {}

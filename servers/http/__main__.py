@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import logging
+import signal
 import sys
 from collections.abc import Sequence
 
@@ -17,6 +19,8 @@ from ..tls import add_tls_arguments, check_tls_arguments
 from .asgi import ASGIApp, load_app, native_asgi
 from .builtin import builtin_app
 from .server import ENGINES, HttpConfig, HttpServer, serve_asgi
+
+logger = logging.getLogger("servers.http")
 
 DESCRIPTION = """\
 HTTP/1.1 server on h11 and trio for ASGI 3 apps. Every timeout is kept by
@@ -111,6 +115,15 @@ def config_from(args: argparse.Namespace, worker: int) -> HttpConfig:
     )
 
 
+async def ignore_hangups(*, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+    """SIGHUP, an operator's "reload your files" (the supervisor passes it on): this
+    server has none, and SIGHUP's default action would end the worker."""
+    with trio.open_signal_receiver(signal.SIGHUP) as hangups:
+        task_status.started()
+        async for _ in hangups:
+            logger.info("SIGHUP: the HTTP server has no files to reload")
+
+
 async def run_worker(args: argparse.Namespace, worker: int, reuse_port: bool) -> None:
     """One worker: serve until SIGINT or SIGTERM, then shut down gracefully."""
     config = config_from(args, worker)
@@ -126,6 +139,7 @@ async def run_worker(args: argparse.Namespace, worker: int, reuse_port: bool) ->
             )
         )
         registry = worker_registry(server.keeper.stats, {"worker": str(worker)}, server.figures)
+        await nursery.start(ignore_hangups)  # before the worker says it listens
         return server
 
     await runner.serve_until_signal(
