@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import logging
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from .tls import TLSOptions, tls_options
 
-__all__ = ["WorkerConfig", "add_worker_arguments"]
+__all__ = ["LOG_FORMAT", "WorkerConfig", "add_log_level", "add_worker_arguments", "configure_logging"]
 
 
 C = TypeVar("C", bound="WorkerConfig")
@@ -46,6 +47,23 @@ class WorkerConfig:
             tls=tls_options(args),
             **own,
         )
+
+
+LOG_FORMAT = "%(asctime)s %(name)s %(levelname)s %(message)s"
+"""Every server's log line: the time (to the millisecond), the logger, the level.
+``loadtest fuzz`` reads the time to match a fault with the inputs then in flight."""
+
+
+def add_log_level(parser: argparse.ArgumentParser) -> None:
+    """Add ``--log-level`` to a server's command line."""
+    parser.add_argument(
+        "--log-level", default="WARNING", help="logging level for protocol errors and the like (default: WARNING)"
+    )
+
+
+def configure_logging(level: str) -> None:
+    """Log to stderr at ``level`` (a name: ``info``, ``WARNING``...), in :data:`LOG_FORMAT`."""
+    logging.basicConfig(level=level.upper(), format=LOG_FORMAT)
 
 
 def add_worker_arguments(parser: argparse.ArgumentParser, *, port: int, tick_help: str = "") -> None:

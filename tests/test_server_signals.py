@@ -4,6 +4,7 @@ every worker, and the server goes on serving."""
 
 from __future__ import annotations
 
+import re
 import signal
 import socket
 import time
@@ -98,12 +99,17 @@ def test_the_http_server_outlives_sighup_and_logs_its_tasks_on_sigusr1(tmp_path:
     ended on it (every worker at once, as the supervisor passes it on)."""
     log = tmp_path / "server.log"
     port = free_port()
-    proc = start_http(port, 2, log=log)
+    proc = start_http(port, 2, ["--log-level", "info"], log=log)
     try:
         proc.send_signal(signal.SIGHUP)  # the supervisor's PID
         proc.send_signal(signal.SIGUSR1)
         text = dumps_in(log, 2)
         assert "serve_asgi" in text
+        # Each worker said so, in the servers' log format (the time, the logger, the level).
+        hangups = re.findall(
+            r"^\d{4}-\d\d-\d\d [\d:,]{12} servers.http INFO SIGHUP: the HTTP server has no files", text, re.M
+        )
+        assert len(hangups) == 2, text
         assert proc.poll() is None
         assert httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=5).status_code == 200
     finally:

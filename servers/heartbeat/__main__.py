@@ -14,7 +14,7 @@ import trio
 from .. import runner
 from ..bearer import TokenFile, TokenFileError
 from ..bus import Hub
-from ..config import add_worker_arguments
+from ..config import add_log_level, add_worker_arguments, configure_logging
 from ..gcpolicy import freeze_on_keeper
 from ..listeners import open_listeners
 from ..readiness import Ready
@@ -200,7 +200,7 @@ def parser() -> argparse.ArgumentParser:
         default=2.0,
         help="seconds between freezing long-lived objects out of the garbage collector's scans; 0: never (default: 2)",
     )
-    a("--log-level", default="WARNING", help="logging level for protocol errors and the like (default: WARNING)")
+    add_log_level(p)
     a(
         "--cluster",
         default=None,
@@ -485,7 +485,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             parse_target(args.cluster)  # told here, once, not by every worker
         except ValueError as exc:
             cli.error(f"--cluster: {exc}")
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    configure_logging(args.log_level)
     if not args.presence_prefix.startswith("$") and args.worker_index is None:
         logging.getLogger("servers.heartbeat").warning(
             "presence is published under %s, which '#' matches: every subscriber to '#' gets every device's "

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 import trio
 
 from .. import runner
-from ..config import add_worker_arguments
+from ..config import add_log_level, add_worker_arguments, configure_logging
 from ..listeners import open_listeners
 from ..prometheus import render, worker_registry
 from ..readiness import Ready
@@ -72,6 +72,7 @@ def parser() -> argparse.ArgumentParser:
     )
     w("--ws-close-timeout", type=float, default=10.0, help="seconds for the client's answer to a close")
     add_tls_arguments(p, client_certificates=False)
+    add_log_level(p)
     return p
 
 
@@ -152,6 +153,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     cli = parser()
     args = cli.parse_args(argv)
     check_tls_arguments(cli, args)
+    configure_logging(args.log_level)
     if args.app:
         try:
             load_app(args.app)  # a wrong name is told here, once, not by every worker
