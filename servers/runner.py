@@ -9,9 +9,10 @@ the supervisor, and :func:`serve_until_signal` runs a worker until SIGINT or SIG
 from __future__ import annotations
 
 import argparse
+import logging
 import signal
 import sys
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import TypeVar
 
 import trio
@@ -23,6 +24,8 @@ from .taskdump import dump_tasks_on_signal
 from .workers import die_with_supervisor, run_supervised
 
 __all__ = ["main", "serve_until_signal"]
+
+logger = logging.getLogger("servers.runner")
 
 S = TypeVar("S")
 
@@ -84,19 +87,28 @@ async def serve_until_signal(
     ready: Callable[[S], Ready],
     *,
     stop: Callable[[S], Awaitable[None]] | None = None,
+    reload: Callable[[S], None] | None = None,
 ) -> S:
     """Start a worker's server, announce it, serve until SIGINT or SIGTERM, then stop.
 
     ``start(nursery)`` starts everything the worker runs and returns the server;
-    ``ready(server)`` says what to announce (see :mod:`servers.readiness`). SIGUSR1
-    logs the worker's tasks meanwhile (:mod:`servers.taskdump`). On the
-    signal, ``stop(server)`` (if given) runs first, for a graceful shutdown; then
-    everything still running is cancelled. Returns the server, for a last look.
+    ``ready(server)`` says what to announce (see :mod:`servers.readiness`). Meanwhile
+    SIGHUP calls ``reload(server)`` (the operator's "reload your files", which the
+    supervisor passes on to every worker; without ``reload`` it is logged and
+    ignored), and SIGUSR1 logs the worker's tasks (:mod:`servers.taskdump`). Both
+    are listened for before the worker says it listens: their default action would
+    end it. On SIGINT or SIGTERM, ``stop(server)`` (if given) runs first, for a
+    graceful shutdown; then everything still running is cancelled. Returns the
+    server, for a last look.
     """
-    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+    with (
+        trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals,
+        trio.open_signal_receiver(signal.SIGHUP) as hangups,
+    ):
         async with trio.open_nursery() as nursery:
             await nursery.start(dump_tasks_on_signal)
             server = await start(nursery)
+            nursery.start_soon(_reload_on_hangups, hangups, server, reload)
             announce_ready(ready(server))
             async for _ in signals:
                 break
@@ -104,3 +116,12 @@ async def serve_until_signal(
                 await stop(server)
             nursery.cancel_scope.cancel()
     return server
+
+
+async def _reload_on_hangups(hangups: AsyncIterator[int], server: S, reload: Callable[[S], None] | None) -> None:
+    """Each SIGHUP (one that came while the server started included): ``reload(server)``."""
+    async for _ in hangups:
+        if reload is None:
+            logger.info("SIGHUP: this server has no files to reload")
+        else:
+            reload(server)

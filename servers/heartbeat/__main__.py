@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import signal
 import sys
 from collections.abc import Sequence
 
@@ -409,19 +408,6 @@ def authority_hub(args: argparse.Namespace) -> Hub:
     return Hub(authority, max_buffer=args.bus_buffer)
 
 
-async def reload_on_hangup(server: HeartbeatServer, status_tokens: TokenFile | None = None) -> None:
-    """SIGHUP (from the operator, or passed on by the supervisor) reloads the ACL file
-    and the status token file.
-
-    Always listened for: SIGHUP's default action would end the worker.
-    """
-    with trio.open_signal_receiver(signal.SIGHUP) as hangups:
-        async for _ in hangups:
-            server.reload_acl()
-            if status_tokens is not None:
-                status_tokens.reload()
-
-
 async def run_worker(args: argparse.Namespace, worker: int, reuse_port: bool) -> None:
     """One worker: serve until SIGINT or SIGTERM, then shut down cleanly."""
     config = config_from(args, worker)
@@ -451,15 +437,19 @@ async def run_worker(args: argparse.Namespace, worker: int, reuse_port: bool) ->
         )
         if args.gc_freeze > 0:
             freeze_on_keeper(server.keeper, args.gc_freeze)  # ends with the keeper
-        nursery.start_soon(reload_on_hangup, server, status_tokens)
         return server
 
     def ready(server: HeartbeatServer) -> Ready:
         status_host = args.status_host if status_port is not None else None
         return Ready("heartbeat", worker, args.host, server.port, status_host, status_port)
 
+    def reload(server: HeartbeatServer) -> None:
+        server.reload_acl()
+        if status_tokens is not None:
+            status_tokens.reload()
+
     # Devices end first and subscribers hear it; then the subscribers are closed.
-    await runner.serve_until_signal(start, ready, stop=HeartbeatServer.shutdown)
+    await runner.serve_until_signal(start, ready, stop=HeartbeatServer.shutdown, reload=reload)
     for sink in sinks:
         close = getattr(sink, "close", None)
         if close is not None:

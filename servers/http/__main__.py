@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import signal
 import sys
 from collections.abc import Sequence
 
@@ -116,15 +115,6 @@ def config_from(args: argparse.Namespace, worker: int) -> HttpConfig:
     )
 
 
-async def ignore_hangups(*, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-    """SIGHUP, an operator's "reload your files" (the supervisor passes it on): this
-    server has none, and SIGHUP's default action would end the worker."""
-    with trio.open_signal_receiver(signal.SIGHUP) as hangups:
-        task_status.started()
-        async for _ in hangups:
-            logger.info("SIGHUP: the HTTP server has no files to reload")
-
-
 async def run_worker(args: argparse.Namespace, worker: int, reuse_port: bool) -> None:
     """One worker: serve until SIGINT or SIGTERM, then shut down gracefully."""
     config = config_from(args, worker)
@@ -140,11 +130,13 @@ async def run_worker(args: argparse.Namespace, worker: int, reuse_port: bool) ->
             )
         )
         registry = worker_registry(server.keeper.stats, {"worker": str(worker)}, server.figures)
-        await nursery.start(ignore_hangups)  # before the worker says it listens
         return server
 
+    def reload(server: HttpServer) -> None:
+        logger.info("SIGHUP: the HTTP server has no files to reload")
+
     await runner.serve_until_signal(
-        start, lambda server: Ready("http", worker, args.host, server.port), stop=HttpServer.shutdown
+        start, lambda server: Ready("http", worker, args.host, server.port), stop=HttpServer.shutdown, reload=reload
     )
 
 
