@@ -33,10 +33,16 @@ def peer_address(sock: object) -> str:
     """``host:port`` of a socket's peer, as the presence log writes it, for a log line;
     ``?`` once the kernel no longer knows it."""
     try:
-        host, port = sock.getpeername()[:2]  # type: ignore[attr-defined]
-    except (OSError, AttributeError, ValueError):
+        return _host_port(sock.getpeername())  # type: ignore[attr-defined]
+    except (OSError, AttributeError):
         return "?"
-    return f"{host}:{port}"
+
+
+def _host_port(address: object) -> str:
+    """``host:port`` of a socket address (IPv4's pair, IPv6's four), ``?`` of anything else."""
+    if isinstance(address, tuple) and len(address) >= 2:
+        return f"{address[0]}:{address[1]}"
+    return "?"
 
 
 logger = logging.getLogger("idlekeeper.engine")
@@ -440,10 +446,7 @@ class Transport(Watch):
     def _peer(self) -> str:
         """The peer's ``host:port`` for a log line about this connection: read only
         when one is written, as a kept address would cost every connection its bytes."""
-        peer = self.get_extra_info("peername")
-        if isinstance(peer, tuple) and len(peer) >= 2:
-            return f"{peer[0]}:{peer[1]}"
-        return "?"
+        return _host_port(self.get_extra_info("peername"))
 
     # -- the keeper's side: expiry and outside cancellation ------------------------
 

@@ -36,7 +36,7 @@ def task_tree(root: trio.lowlevel.Task) -> list[str]:
         every = list(task.iter_await_frames())
         # trio's run loop's own frames (_core) say only "suspended": left out.
         frames = [
-            f"{f.f_code.co_filename.rsplit('/', 1)[-1]}:{lineno} {f.f_code.co_name}"
+            f"{os.path.basename(f.f_code.co_filename)}:{lineno} {f.f_code.co_name}"
             for f, lineno in every
             if _CORE not in f.f_code.co_filename
         ]
