@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import signal
 import socket
 import statistics
 import subprocess
@@ -36,7 +35,7 @@ from pathlib import Path
 
 from loadtest.device_results import read_presence_log
 from loadtest.partition import Island, partitions_possible
-from loadtest.processes import free_port, start_heartbeat
+from loadtest.processes import free_port, start_heartbeat, stop
 from loadtest.redis_server import RedisServer, redis_server_binary
 from servers.heartbeat import encoders
 
@@ -118,16 +117,14 @@ def closed_at(sock: socket.socket, deadline: float) -> float | None:
     return None
 
 
-def wait_for(log: Path, status: str, reason: str | None, ids: set[str], limit: float) -> bool:
-    """Whether ``log`` has an event of ``status`` (and ``reason``) for each of ``ids`` within ``limit`` s."""
-    deadline = time.monotonic() + limit
-    while time.monotonic() < deadline:
-        events = read_presence_log(log) or []
-        seen = {e.get("client_id") for e in events if e.get("status") == status and e.get("reason") == reason}
-        if ids <= seen:
-            return True
-        time.sleep(0.2)
-    return False
+def reaches(log: Path, status: str, reason: str | None, at_least: int, deadline: float, pause: float = 0.1) -> bool:
+    """Whether ``log`` holds ``at_least`` events of ``status`` (and ``reason``) by
+    ``deadline`` (``time.monotonic()``), read every ``pause`` seconds."""
+    while count(log, status, reason) < at_least:
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(pause)
+    return True
 
 
 def count(log: Path, status: str, reason: str | None) -> int:
@@ -155,9 +152,7 @@ def one_cut(
         online_before = count(log0, "online", None)
         for client_id in sorted(ids):
             pinger.add(client_id, connect(host0, port0, client_id))
-        deadline = time.monotonic() + 30
-        while count(log0, "online", None) < online_before + n and time.monotonic() < deadline:
-            time.sleep(0.1)
+        reaches(log0, "online", None, online_before + n, time.monotonic() + 30)
         lost_before = count(log1, "offline", "node-lost")
         place.cut("backend", how)
         kept.stdin.write("ping\n")
@@ -165,9 +160,7 @@ def one_cut(
         started = time.monotonic()
         # gw1 declares gw0 lost once its lease lapses; the cut lasts ``cut`` s from its start.
         deadline = started + max(cut, 4 * LEASE) + 30
-        while count(log1, "offline", "node-lost") < lost_before + n and time.monotonic() < deadline:
-            time.sleep(0.2)
-        if count(log1, "offline", "node-lost") < lost_before + n:
+        if not reaches(log1, "offline", "node-lost", lost_before + n, deadline, pause=0.2):
             raise RuntimeError(f"gw0 was not declared lost within {deadline - started:.0f} s")
         time.sleep(max(0.0, started + cut - time.monotonic()))
         place.heal("backend")
@@ -236,13 +229,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
     finally:
         for proc in gateways:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)  # by PID
-                try:
-                    proc.wait(20)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
+            stop(proc, timeout=20.0)  # by PID
         if redis is not None:
             redis.stop()
         place.remove()
