@@ -19,13 +19,16 @@ pools here count the slots held and give back what those two paths would lose.
 from __future__ import annotations
 
 import contextlib
-from typing import Any
+from collections.abc import Awaitable
+from typing import Any, TypeVar
 
 from coredis._concurrency import QueueFull
 from coredis.connection import ClusterConnection, TCPLocation
 from coredis.pool import ClusterConnectionPool, ConnectionPool, SentinelConnectionPool
 
 __all__ = ["SlotKeepingClusterPool", "SlotKeepingPool", "SlotKeepingSentinelPool"]
+
+T = TypeVar("T")
 
 
 class _Slots:
@@ -35,6 +38,27 @@ class _Slots:
     def __init__(self) -> None:
         self.leased = 0
         self.getting = 0
+
+    async def take(self, getting: Awaitable[T], queue: Any) -> T:
+        """What ``getting`` (coredis's own getting of a connection from ``queue``)
+        gives, counted as held; if it fails, the slot it may have taken comes back."""
+        self.getting += 1
+        try:
+            connection = await getting
+        except BaseException:
+            self.getting -= 1
+            self.give_back_lost(queue)
+            raise
+        self.getting -= 1
+        self.leased += 1
+        return connection
+
+    def released(self, usable: bool, queue: Any) -> None:
+        """A held connection was given back to ``queue``; one that had died (not
+        ``usable``, so coredis did not put it back) leaves an empty place instead."""
+        self.leased -= 1
+        if not usable:
+            _give_back(queue)
 
     def give_back_lost(self, queue: Any) -> None:
         """Empty places back in ``queue`` for the slots that are neither in it nor held.
@@ -62,25 +86,13 @@ class SlotKeepingPool(ConnectionPool[Any]):
 
     async def get_connection(self, **options: Any) -> Any:
         """A connection, as coredis gives one; if that fails, the slot it took comes back."""
-        slots = self._slots
-        slots.getting += 1
-        try:
-            connection = await super().get_connection(**options)
-        except BaseException:
-            slots.getting -= 1
-            slots.give_back_lost(self._available_connections)
-            raise
-        slots.getting -= 1
-        slots.leased += 1
-        return connection
+        return await self._slots.take(super().get_connection(**options), self._available_connections)
 
     def release(self, connection: Any) -> None:
         """Back to the pool; a connection that died while held leaves an empty place."""
-        self._slots.leased -= 1
         usable = connection.usable
         super().release(connection)
-        if not usable:
-            _give_back(self._available_connections)
+        self._slots.released(usable, self._available_connections)
 
     @property
     def free_slots(self) -> int:
@@ -104,23 +116,12 @@ class SlotKeepingClusterPool(ClusterConnectionPool):
 
     async def _get_connection_by_node(self, node: Any) -> ClusterConnection:
         location = TCPLocation(node.host, node.port)
-        slots = self._slots_of(location)
-        slots.getting += 1
-        try:
-            connection = await super()._get_connection_by_node(node)
-        except BaseException:
-            slots.getting -= 1
-            slots.give_back_lost(self._node_pool(location))
-            raise
-        slots.getting -= 1
-        slots.leased += 1
-        return connection
+        getting = super()._get_connection_by_node(node)
+        return await self._slots_of(location).take(getting, self._node_pool(location))
 
     def release(self, connection: ClusterConnection) -> None:
         """See :meth:`SlotKeepingPool.release`; in the queue of the connection's node."""
         location = connection.location
-        self._slots_of(location).leased -= 1
         usable = connection.usable
         super().release(connection)
-        if not usable:
-            _give_back(self._node_pool(location))
+        self._slots_of(location).released(usable, self._node_pool(location))
