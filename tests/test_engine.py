@@ -426,6 +426,33 @@ async def test_send_expiry_of_a_peer_that_never_reads(keeper: idlekeeper.Keeper,
     assert keeper.stats.expired[Reason.SEND] == 1
 
 
+async def test_what_a_peer_sent_before_its_reset_reaches_the_protocol_when_a_send_fails_first(
+    keeper: idlekeeper.Keeper, clock: MockClock
+) -> None:
+    # A peer that closes with our bytes unread resets the connection. If the pass flushes
+    # the queue before it reads, the send fails first; the peer's last bytes are still in
+    # the kernel's queue, and must reach the protocol before the end (an MQTT client's
+    # last PUBACKs and DISCONNECT), not be closed away with the socket.
+    class Flood(Probe):
+        def connection_made(self, transport: Transport) -> None:
+            super().connection_made(transport)
+            transport.write(b"z" * (8 << 20))
+
+    probes, factory = collecting(Flood)
+    async with serving(keeper, factory) as (_engine, addr):
+        client = await connect(addr)  # never reads: the queue stays
+        await until(lambda: bool(probes), "accept")
+        [probe] = probes
+        assert probe.t._sending
+        await client.send(b"last words")
+        client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, LINGER_RST)
+        client.close()
+        await lost(probe)
+    assert bytes(probe.received) == b"last words"
+    assert probe.events == ["made", "pause", "data", "lost"]  # paused: the queue is past the high-water mark
+    assert isinstance(probe.lost_once[1], ConnectionResetError)
+
+
 async def test_send_timeout_counts_from_when_a_write_starts_waiting(
     keeper: idlekeeper.Keeper, clock: MockClock
 ) -> None:
