@@ -22,14 +22,17 @@ from servers.heartbeat.coordination.frames import (
     Frame,
     Hello,
     OpenSession,
+    Probe,
+    Probed,
     Reported,
     Routed,
+    SessionOpened,
     Transmit,
     decode,
     encode,
 )
 from servers.heartbeat.coordination.local import BusCoordinator
-from servers.heartbeat.persistent import Attach, Push, Subscribed
+from servers.heartbeat.persistent import Attach, Detach, Push, Subscribed
 from servers.heartbeat.presence import PresenceEvent
 
 from .coordinator_cluster import local_cluster
@@ -138,6 +141,37 @@ def test_only_the_session_holding_the_client_id_takes_its_messages() -> None:
     assert authority.stale_attaches == 1
     evicted = [f for f in older_worker.frames() if isinstance(f, Evict)]
     assert evicted == [Evict("dev", older.epoch, "reconnected on worker 1")]
+
+
+def test_an_open_of_a_session_another_worker_holds_waits_for_that_workers_reports() -> None:
+    # MQTT 5: a device sends DISCONNECT with Session Expiry 0 on worker 0 and reconnects
+    # at once (Clean Start 0) on worker 1. Worker 1's open may reach the authority before
+    # worker 0's detach, on another link: the open waits for a probe of worker 0, which
+    # answers after its earlier reports, so the session has ended when it is answered.
+    authority = Authority()
+    w0 = link_of(authority, 1, "w0", worker=0)
+    w1 = link_of(authority, 2, "w1", worker=1)
+    event = session_event("dev", f"0.{PID}.1", at=1000.0)
+    feed(
+        authority,
+        w0,
+        OpenSession(1, "dev", None, True, 60),
+        Claimed(1, event),
+        Reported(2, Attach("dev", event.epoch, 0)),
+    )
+    w0.lines.clear()
+    feed(authority, w1, OpenSession(7, "dev", None, True, 0, False))
+    assert not [f for f in w1.frames() if isinstance(f, SessionOpened)]  # not yet
+    (probe,) = [f for f in w0.frames() if isinstance(f, Probe)]
+    feed(authority, w0, Reported(3, Detach("dev", event.epoch)), Probed(probe.token))
+    (answer,) = [f for f in w1.frames() if isinstance(f, SessionOpened)]
+    assert answer == SessionOpened(7, False, (), frozenset(), kept=False)  # it ended with its connection
+    assert authority.store.get("dev") is None
+    # A session held on the asking worker itself needs no probe (its reports come in order).
+    event2 = session_event("dev2", f"1.{PID}.2", at=1001.0)
+    feed(authority, w1, OpenSession(8, "dev2", None, True, 60), Claimed(4, event2))
+    feed(authority, w1, Reported(5, Attach("dev2", event2.epoch, 60)), OpenSession(9, "dev2", None, True, 0, False))
+    assert [f.present for f in w1.frames() if isinstance(f, SessionOpened) and f.request == 9] == [True]
 
 
 async def test_qos_1_messages_routed_across_a_dropped_link_arrive_once_and_in_order() -> None:

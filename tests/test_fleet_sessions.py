@@ -385,6 +385,70 @@ async def test_a_session_expires_after_its_client_stayed_away(redis_server: Redi
             assert await r.hget(PREFIX + "pstats", "expired") == b"1"
 
 
+async def test_each_session_keeps_its_clients_own_expiry_in_the_script(redis_server: RedisServer) -> None:
+    # MQTT 5.0 §3.1.2.11.2, in the fleet's script: each session's own expiry (its CONNACK's
+    # Attach; a DISCONNECT's Detach may change it), not the fleet's; 0 ends it with its
+    # connection; a resume-only open makes none; a takeover's open keeps the session alive
+    # past the old connection's end, whatever that one's expiry.
+    async with fleet(redis_server.url, "a", session_expiry=3600) as (a,):
+        for client_id, expiry in (("brief", 1), ("long", 60), ("gone", 0)):
+            assert await a.coord.open_session(client_id, v5=True, expiry=max(expiry, 1)) is not None
+            a.coord.session(Subscribed(client_id, f"cmd/{client_id}", 1))
+            a.online(client_id, "e1")
+            a.coord.session(Attach(client_id, "e1", expiry))
+        a.coord.session(Detach("brief", "e1"))
+        a.coord.session(Detach("long", "e1", 600))  # its DISCONNECT lengthened it
+        a.coord.session(Detach("gone", "e1"))  # expiry 0: it ends here
+        await drain(a)
+        a.coord.route("cmd/brief", b"waits", 1)
+        await drain(a)
+        assert await session_field(redis_server.url, "gone", "holder") is None
+        assert await session_field(redis_server.url, "long", "exp") == b"600000"
+        await trio.sleep(1.1)
+        assert await a.coord.open_session("brief", v5=True, expiry=0, create=False) == Opened(
+            False, {}, frozenset(), kept=False
+        )  # due: ended at the open, though unswept
+        opened = await a.coord.open_session("long", v5=True, expiry=0, create=False)
+        assert opened is not None and opened.present and opened.subscriptions == {"cmd/long": 1}
+        # A takeover: "long" is attached again (expiry 0), and a newer connection resumes it
+        # before the older one's end is reported.
+        a.online("long", "e2")
+        a.coord.session(Attach("long", "e2", 0))
+        await drain(a)
+        assert await a.coord.open_session("long", v5=True, expiry=0, create=False) is not None
+        a.coord.session(Detach("long", "e2"))
+        await drain(a)
+        assert await session_field(redis_server.url, "long", "holder") == b""  # kept for the newer one
+        a.online("long", "e3")
+        a.coord.session(Attach("long", "e3", 0))
+        a.coord.session(Detach("long", "e3"))
+        await drain(a)
+        assert await session_field(redis_server.url, "long", "holder") is None  # ended with its connection
+        assert a.coord.persistent_expired == 3  # gone, brief (at its open), long
+        await a.coord.refresh_figures()
+        assert figures(a.coord)["heartbeat_fleet_persistent_expired_messages"] == 1  # brief's one message
+
+
+async def test_an_empty_session_is_discarded_and_a_report_the_script_fails_on_is_dropped(
+    redis_server: RedisServer,
+) -> None:
+    # Lua wrote -0 for an empty session's queued bytes, which HINCRBY refuses: every
+    # discard of a session with nothing queued failed, and the failed call was retried for
+    # ever with every report behind it. Both mended: the discard, and a report a script
+    # fails on is logged, counted and dropped.
+    async with fleet(redis_server.url, "a") as (a,):
+        await held_session(a, "empty", "e1", {"cmd/empty": 1})
+        a.coord.discard_session("empty")
+        await drain(a)
+        assert await session_field(redis_server.url, "empty", "holder") is None
+        async with coredis.Redis.from_url(redis_server.url) as r:
+            await r.set(PREFIX + "ps:broken", "not a hash")  # the script fails on this session
+        a.coord.session(Attach("broken", "e1"))
+        await held_session(a, "after", "e2", {"cmd/after": 1})  # behind it in the queue
+        assert await session_field(redis_server.url, "after", "holder") == b"e2"
+        assert figures(a.coord)["heartbeat_fleet_failed"] == 1
+
+
 async def test_a_clean_session_discards_the_stored_one(redis_server: RedisServer) -> None:
     async with fleet(redis_server.url, "a", "b") as (a, b):
         await held_session(a, "c1", "e1", {"cmd/c1": 1, "all/#": 1})

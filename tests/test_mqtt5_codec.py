@@ -209,7 +209,7 @@ def _code(carrier: Carrier, wire: bytes) -> ReasonCode:
         (Carrier.CONNECT, _props(b"\x27\x00\x00\x00\x00"), ReasonCode.PROTOCOL_ERROR),  # Maximum Packet Size 0
         (Carrier.CONNECT, _props(b"\x17\x02"), ReasonCode.PROTOCOL_ERROR),  # Request Problem Information 2
         (Carrier.PUBLISH, _props(b"\x01\x02"), ReasonCode.PROTOCOL_ERROR),  # Payload Format Indicator 2
-        (Carrier.PUBLISH, _props(b"\x23\x00\x00"), ReasonCode.PROTOCOL_ERROR),  # Topic Alias 0
+        (Carrier.PUBLISH, _props(b"\x23\x00\x00"), ReasonCode.TOPIC_ALIAS_INVALID),  # Topic Alias 0
         (Carrier.SUBSCRIBE, _props(b"\x0b\x00"), ReasonCode.PROTOCOL_ERROR),  # Subscription Identifier 0
         (Carrier.SUBSCRIBE, _props(b"\x0b\x01\x0b\x02"), ReasonCode.PROTOCOL_ERROR),  # two in a SUBSCRIBE
         (Carrier.PUBLISH, _props(b"\x03\x00\x02\xc3\x28"), ReasonCode.MALFORMED_PACKET),  # not UTF-8

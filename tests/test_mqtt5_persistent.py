@@ -16,7 +16,7 @@ import pytest
 
 from servers.heartbeat.broker import pack_options
 from servers.heartbeat.outbox import Message
-from servers.heartbeat.persistent import Push, SessionStore
+from servers.heartbeat.persistent import TAKEOVER_GRACE, Opened, Push, SessionStore
 from servers.heartbeat.v5.codec import read_packets
 from servers.heartbeat.v5.outbound import forwarded, subscription_identifier
 from servers.heartbeat.v5.packets import PUBACK, Ack, Connect, Disconnect, Publish, Suback, Subscribe, Subscription
@@ -58,6 +58,80 @@ def test_a_5_0_session_keeps_properties_options_and_no_local() -> None:
     opened = store.open("dev", False, 2.0, v5=True)
     assert opened is not None and opened.present
     assert opened.options == {"cmd/#": pack_options(no_local=True, retain_as_published=True, identifier=7)}
+
+
+def test_each_session_keeps_its_own_expiry_to_the_second() -> None:
+    # MQTT 5.0 §3.1.2.11.2: the session outlives its connection by the client's interval
+    # (the server's, ``expiry``, for 3.1.1); a client back later finds none, and what the
+    # session held is counted as dropped with it.
+    store = SessionStore(expiry=3600)
+    assert store.open("short", False, 0.0, v5=True, expiry=5) == Opened(False, {}, frozenset())
+    assert store.open("old", False, 0.0) is not None  # 3.1.1: the store's
+    for client_id in ("short", "old"):
+        store.subscribe(client_id, "cmd/#", 1)
+        store.attach(client_id, "e1")
+        store.detach(client_id, "e1", 10.0)
+    store.route("cmd/x", b"m1", 1)
+    store.route("cmd/y", b"m2", 1)
+    assert store.expire(14.9) == []
+    resumed = store.open("short", False, 12.0, v5=True, expiry=5)  # back in time: present
+    assert resumed is not None and resumed.present and resumed.subscriptions == {"cmd/#": 1}
+    store.attach("short", "e2", 5)
+    store.detach("short", "e2", 20.0)  # away again, from 20: due at 25, to the second
+    assert store.get("short") is not None and len(store.get("short").outbox) == 2  # type: ignore[union-attr]
+    assert store.expire(24.99) == []
+    late = store.open("short", False, 25.0, v5=True, expiry=5)  # due: gone, even unswept
+    assert late is not None and not late.present and late.subscriptions == {}
+    assert store.expired == 1 and store.expired_messages == 2  # its two queued messages went with it
+    assert store.expire(3609.0) == ["short"]  # the new one, never attached: its 5 s from the open
+    assert store.expire(3610.0) == ["old"]  # the 3.1.1 one lived the store's hour
+
+
+def test_clean_start_0_with_expiry_0_resumes_and_the_session_ends_with_the_connection() -> None:
+    store = SessionStore()
+    # Nothing stored: a resume-only open makes nothing (the worker serves it as a clean session).
+    assert store.open("dev", False, 0.0, v5=True, expiry=0, create=False) == Opened(False, {}, frozenset(), kept=False)
+    assert len(store) == 0
+    store.open("dev", False, 0.0, v5=True, expiry=60)
+    store.subscribe("dev", "cmd/#", 1)
+    store.attach("dev", "e1")
+    store.detach("dev", "e1", 1.0)
+    store.route("cmd/x", b"queued", 1)
+    opened = store.open("dev", False, 2.0, v5=True, expiry=0, create=False)
+    assert opened is not None and opened.present and opened.kept and opened.subscriptions == {"cmd/#": 1}
+    delivery = store.attach("dev", "e2", 0)  # its CONNACK is out: expiry 0 from now on
+    assert delivery is not None and [p.payload for p in publishes(delivery.packets)] == [b"queued"]
+    store.detach("dev", "e2", 3.0)  # the connection ended: so did the session
+    assert store.get("dev") is None and store.expired == 1 and store.expired_messages == 1  # never acknowledged
+
+
+def test_a_disconnect_sets_the_expiry_and_0_ends_the_session_at_once() -> None:
+    store = SessionStore()
+    for client_id, expiry in (("ends", 0), ("longer", 100)):
+        store.open(client_id, False, 0.0, v5=True, expiry=10)
+        store.attach(client_id, "e1", 10)
+        store.detach(client_id, "e1", 1.0, expiry)
+    assert store.get("ends") is None
+    assert store.expire(50.0) == [] and store.get("longer") is not None
+    assert store.expire(101.0) == ["longer"]
+
+
+def test_a_takeover_keeps_the_session_the_new_connection_resumed() -> None:
+    # The old connection (expiry 0) still holds the session when the new one resumes it;
+    # it ends after that open and before the new CONNACK. Its end must not end the session.
+    store = SessionStore()
+    store.open("dev", False, 0.0, v5=True, expiry=60)
+    store.subscribe("dev", "cmd/#", 1)
+    store.attach("dev", "old", 0)
+    opened = store.open("dev", False, 5.0, v5=True, expiry=0, create=False)
+    assert opened is not None and opened.present
+    store.detach("dev", "old", 5.0)  # its Detach comes now
+    assert store.expire(5.0 + TAKEOVER_GRACE - 1) == []
+    assert store.get("dev") is not None
+    store.attach("dev", "new", 0)
+    assert store.get("dev").holder == "new"  # type: ignore[union-attr]
+    store.detach("dev", "new", 70.0)
+    assert store.get("dev") is None
 
 
 def test_a_session_follows_the_version_its_client_comes_back_with() -> None:

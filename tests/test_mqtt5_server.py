@@ -382,9 +382,9 @@ def test_retain_handling_and_a_persistent_session_with_expiry(start_server: Any,
     with pytest.raises(TimeoutError):
         never.read()
 
-    # A lasting session (Session Expiry > 0): told the server's expiry, and resumed.
+    # A lasting session (Session Expiry > 0): its own expiry kept (so not told back), and resumed.
     keeper = Raw5(server.port, Connect("keeper", 30, False, Properties(session_expiry_interval=60)))
-    assert keeper.connack.properties.session_expiry_interval == 24 * 3600
+    assert keeper.connack.properties.session_expiry_interval is None
     keeper.send(Subscribe(1, (Subscription("cmd/keeper", 1),)))
     assert keeper.read() == Suback(1, (1,))
     keeper.send(Disconnect())

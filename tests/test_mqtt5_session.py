@@ -111,25 +111,38 @@ def test_an_empty_id_is_assigned_and_told_with_either_clean_start() -> None:
         assert assigned is not None and assigned == session.client_id and session.assigned
 
 
-def test_session_expiry_is_the_servers_when_the_client_asks_for_a_lasting_session() -> None:
+def test_session_expiry_is_the_clients_within_the_servers_cap() -> None:
+    # §3.1.2.11.2: the client's interval, which the server may cut (and then says so, §3.2.2.3.2).
     policy = SessionPolicy(session_expiry=3600)
     session = Session5(policy)
     (accept,) = session.receive(Connect("p", 30, clean_start=True, properties=Properties(session_expiry_interval=10)))
     assert isinstance(accept, Accept)
     assert not accept.clean_session and accept.fresh  # a new lasting session: any stored one goes
+    assert accept.expiry == 10 == session.session_expiry
     (connack,) = read_packets(session.accepted())
-    assert isinstance(connack, Connack) and connack.properties.session_expiry_interval == 3600
-    resumed = Session5(policy)
-    (accept,) = resumed.receive(
-        Connect("p", 30, clean_start=False, properties=Properties(session_expiry_interval=3600))
-    )
-    assert isinstance(accept, Accept) and not accept.clean_session and not accept.fresh
-    (connack,) = read_packets(resumed.accepted(session_present=True))
-    assert isinstance(connack, Connack) and connack.session_present
-    assert connack.properties.session_expiry_interval is None  # what it asked for: not repeated
+    assert isinstance(connack, Connack) and connack.properties.session_expiry_interval is None  # kept: not told
+    for asked in (3601, 0xFFFFFFFF):  # more than the cap, and "never expires"
+        capped = Session5(policy)
+        (accept,) = capped.receive(
+            Connect("p", 30, clean_start=False, properties=Properties(session_expiry_interval=asked))
+        )
+        assert isinstance(accept, Accept) and not accept.clean_session and not accept.fresh
+        assert accept.expiry == 3600
+        (connack,) = read_packets(capped.accepted(session_present=True))
+        assert isinstance(connack, Connack) and connack.session_present
+        assert connack.properties.session_expiry_interval == 3600  # cut: told
     clean = Session5(policy)
     (accept,) = clean.receive(Connect("c", 30))
-    assert isinstance(accept, Accept) and accept.clean_session
+    assert isinstance(accept, Accept) and accept.clean_session and accept.expiry == 0
+
+
+def test_clean_start_0_without_an_expiry_asks_for_the_stored_session() -> None:
+    # §3.1.2.4: Clean Start 0 resumes a stored session; the absent expiry (0) only says it
+    # ends with this connection. So the server must look (clean_session False), and make none.
+    session = Session5(SessionPolicy())
+    (accept,) = session.receive(Connect("p", 30, clean_start=False))
+    assert isinstance(accept, Accept)
+    assert not accept.clean_session and not accept.fresh and accept.expiry == 0
 
 
 @pytest.mark.parametrize(
@@ -338,12 +351,27 @@ def test_a_will_waits_at_most_as_long_as_its_session_lasts() -> None:
     will = Will("wills/dev", b"gone", 0, False, Properties(will_delay_interval=30))
     brief, _ = connected(will=will)  # Session Expiry 0: the session ends with the connection
     assert brief.will is not None and brief.will.delay == 0
+    # §3.1.3.2.2: the Will goes at its delay or the session's end, whichever is first: the
+    # session's own expiry (5), not the server's cap (10), nor the delay (30).
     lasting, _ = connected(
         SessionPolicy(session_expiry=10), will=will, properties=Properties(session_expiry_interval=5)
     )
-    assert lasting.will is not None and lasting.will.delay == 10  # the server's expiry, told in CONNACK
+    assert lasting.will is not None and lasting.will.delay == 5
     lasting.receive(Disconnect(R.DISCONNECT_WITH_WILL, Properties(session_expiry_interval=0)))
     assert lasting.will is not None and lasting.will.delay == 0 and lasting.session_expiry == 0
+    # A DISCONNECT that shortens the session shortens the Will's wait, one that lengthens
+    # it gives the Will its own delay back; one that sets no expiry leaves both.
+    shortened, _ = connected(will=will, properties=Properties(session_expiry_interval=20))
+    assert shortened.will is not None and shortened.will.delay == 20
+    shortened.receive(Disconnect(R.DISCONNECT_WITH_WILL, Properties(session_expiry_interval=3)))
+    assert shortened.will is not None and shortened.will.delay == 3 and shortened.session_expiry == 3
+    longer, _ = connected(will=will, properties=Properties(session_expiry_interval=2))
+    assert longer.will is not None and longer.will.delay == 2
+    longer.receive(Disconnect(R.DISCONNECT_WITH_WILL, Properties(session_expiry_interval=600)))
+    assert longer.will is not None and longer.will.delay == 30
+    kept, _ = connected(will=will, properties=Properties(session_expiry_interval=20))
+    kept.receive(Disconnect(R.DISCONNECT_WITH_WILL))
+    assert kept.will is not None and kept.will.delay == 20 and kept.session_expiry == 20
 
 
 def test_a_session_that_ends_with_its_connection_cannot_be_kept_at_disconnect() -> None:

@@ -137,6 +137,7 @@ def test_frames_carry_an_event_s_exact_time_for_ordering_claims() -> None:
 def test_session_frames_cross_the_bus_whole_and_bad_fields_are_refused() -> None:
     from servers.heartbeat.coordination.frames import (
         FrameError,
+        OpenSession,
         Reported,
         RetainedPage,
         SessionOpened,
@@ -145,7 +146,7 @@ def test_session_frames_cross_the_bus_whole_and_bad_fields_are_refused() -> None
         encode,
     )
     from servers.heartbeat.coordination.retention import RetainedMessage
-    from servers.heartbeat.persistent import Acked, AckedTogether, Push, Subscribed
+    from servers.heartbeat.persistent import Acked, AckedTogether, Attach, Detach, Push, Subscribed
 
     frames = [
         Reported(1, Acked("dev", "0.1.2", "pubrec", 7)),
@@ -154,6 +155,12 @@ def test_session_frames_cross_the_bus_whole_and_bad_fields_are_refused() -> None
         SessionOpened(4, True, (("$b64", 1), ("a/+", 2)), frozenset({3, 9})),  # any filter text is safe
         Transmit("dev", "0.1.2", [b"\x30\x00", b"\x62\x02\x00\x07"]),
         RetainedPage(5, [RetainedMessage(f"{PRESENCE}dev", b"{}", 0)], "p:1:500"),
+        # MQTT 5's session expiry: what a CONNACK brings, what a DISCONNECT sets, a resume-only open.
+        Reported(8, Attach("dev", "0.1.2", 3600)),
+        Reported(9, Detach("dev", "0.1.2", 0)),
+        Reported(10, Detach("dev", "0.1.2")),
+        OpenSession(11, "dev", None, True, 0, False),
+        SessionOpened(12, False, (), frozenset(), kept=False),
     ]
     for frame in frames:
         assert decode(encode(frame)) == frame

@@ -257,7 +257,8 @@ def parser() -> argparse.ArgumentParser:
         "--session-expiry",
         type=float,
         default=86400.0,
-        help="seconds a persistent session (CleanSession=0) is kept after its client left (default: 86400)",
+        help="seconds a 3.1.1 persistent session (CleanSession=0) is kept after its client left, and the most an"
+        " MQTT 5 client's Session Expiry Interval is granted (default: 86400)",
     )
     a(
         "--no-retain-presence",

@@ -216,6 +216,10 @@ class DenseConnection(Connection, idlekeeper.Protocol):
                 if session.state is State.CLOSED:
                     if acks:
                         self._acknowledged(acks)
+                    # Its end is reported before the socket closes, as the streams engine
+                    # does: a client that reconnects at once (on another worker, say)
+                    # must find its DISCONNECT applied, a Session Expiry of 0 included.
+                    server.ended(self, self.end_reason(Offline.DISCONNECT), "")
                     self.close()
                     return
         except ProtocolError as exc:

@@ -115,7 +115,8 @@ class OnlineSessions:
     async def open(self, conn: Connection, request: Accept, code: int) -> tuple[bytes | None, Opened | None]:
         """Vetting once the credentials have their verdict (``code``): the refusal
         CONNACK, or (CleanSession=0) the stored session to resume, from the coordinator
-        (None for a clean one)."""
+        (None for a clean one, or for MQTT 5's Clean Start 0 with Session Expiry 0 when
+        none is stored: a session that ends with its connection needs no store)."""
         refusal = self.admission(conn, request, code)
         if refusal is not None or request.clean_session:
             return refusal, None
@@ -124,10 +125,18 @@ class OnlineSessions:
             # the coordinator applies this node's reports in order, so the open finds none.
             self.coordinator.discard_session(request.client_id)
         username = self.authenticator.username(conn, request)
-        opened = await self.coordinator.open_session(request.client_id, username, v5=conn.v5 is not None)
+        expiry = self.expiry(request)
+        opened = await self.coordinator.open_session(
+            request.client_id, username, v5=conn.v5 is not None, expiry=expiry, create=expiry > 0
+        )
         if opened is None:
             return self.refuse(conn, 3), None  # rather than a new session that loses the stored one
-        return None, opened
+        return None, opened if opened.kept else None
+
+    def expiry(self, request: Accept) -> int:
+        """Seconds the session of ``request`` outlives its connection: a 5.0 client's
+        own (capped already), else ``--session-expiry``."""
+        return int(self.config.session_expiry) if request.expiry is None else request.expiry
 
     def admit(self, conn: Connection, request: Accept, opened: Opened | None, arrived: float) -> bytes:
         """Make ``conn`` the device's session; returns the CONNACK to send.
@@ -195,10 +204,13 @@ class OnlineSessions:
 
     def attach(self, conn: Connection) -> None:
         """The CONNACK is out: a persistent session's resends and what queued while it
-        was away may follow it (not if the session ended meanwhile)."""
+        was away may follow it (not if the session ended meanwhile); from now on the
+        session outlives this connection by the expiry it brought."""
         online = conn.online
         if conn.persistent and online is not None and not conn.finished:
-            self.coordinator.session(Attach(online.client_id or "", online.epoch))
+            v5 = conn.v5
+            expiry = v5.session_expiry if v5 is not None else int(self.config.session_expiry)
+            self.coordinator.session(Attach(online.client_id or "", online.epoch, expiry))
 
     def release(self, conn: Connection) -> bool:
         """``conn`` ended: its session is no longer held here. Returns whether it was
@@ -209,13 +221,14 @@ class OnlineSessions:
         del self.online[client_id]
         return True
 
-    def detach(self, conn: Connection) -> None:
+    def detach(self, conn: Connection, reason: Offline) -> None:
         """The client of a released persistent session left: the coordinator keeps the
         session, and queues what comes for it, until it returns or expires."""
         online = conn.online
         client_id = conn.session.client_id
         if online is not None and conn.persistent and client_id is not None:
-            self.coordinator.session(Detach(client_id, online.epoch))
             v5 = conn.v5
-            if v5 is not None and not v5.session_expiry:
-                self.coordinator.discard_session(client_id)  # its DISCONNECT set the expiry to 0
+            # A 5.0 client's DISCONNECT says the session's expiry from now (0: it ends
+            # now), whether it changed it or not; any other end leaves it as it was.
+            expiry = v5.session_expiry if v5 is not None and reason is Offline.DISCONNECT else None
+            self.coordinator.session(Detach(client_id, online.epoch, expiry))

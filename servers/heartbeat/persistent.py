@@ -15,7 +15,17 @@ broker, and are not queued while it is away (as Mosquitto's default).
 
 Bounds: each session's outbox (in flight, queued messages and bytes), a total of
 queued bytes over every session, and an expiry for sessions whose client does not
-return (``expiry`` seconds after it left). What is dropped is counted.
+return. What is dropped is counted.
+
+Expiry is the session's own (MQTT 5.0 §3.1.2.11.2): a 3.1.1 session is kept the
+store's ``expiry`` after its client left; a 5.0 session the Session Expiry Interval
+its client's last connection set (in CONNECT, or changed by DISCONNECT), which the
+worker has capped. The one a connection brings takes effect when its CONNACK is out
+(:class:`Attach`), not at the CONNECT: a CONNECT that dies before then leaves the
+session as it was. A session whose expiry is 0 ends with its connection
+(:class:`Detach`). A client that comes back after its session expired finds none:
+CONNACK says session-present 0, and the messages the session held are counted as
+dropped with it.
 
 MQTT 5.0 (§4.1: subscription options are session state). A session opened by a 5.0
 client keeps its subscriptions' options and writes its messages as 5.0, with the
@@ -41,6 +51,7 @@ __all__ = [
     "DEFAULT_EXPIRY",
     "DEFAULT_MAX_SESSIONS",
     "DEFAULT_TOTAL_QUEUED_BYTES",
+    "TAKEOVER_GRACE",
     "Acked",
     "AckedTogether",
     "Attach",
@@ -62,6 +73,10 @@ DEFAULT_EXPIRY = 24 * 3600.0
 """Seconds a persistent session outlives its client's last connection."""
 DEFAULT_TOTAL_QUEUED_BYTES = 256 * 1024 * 1024
 """Bytes queued for absent clients, over every session, beyond which messages are dropped."""
+TAKEOVER_GRACE = 60
+"""Seconds a session resumed from a connection that still holds it (a takeover) is kept
+at least, whatever its expiry, should that connection end before the new one's
+CONNACK: the old expiry (0, say) must not end a session the new connection resumed."""
 
 
 class StoredSession:
@@ -77,9 +92,13 @@ class StoredSession:
         "left_at",
         "drop_logged",
         "v5",
+        "expiry",
+        "reopened",
     )
 
-    def __init__(self, client_id: str, outbox: Outbox, username: str | None = None, v5: bool = False) -> None:
+    def __init__(
+        self, client_id: str, outbox: Outbox, username: str | None = None, v5: bool = False, expiry: float = 0.0
+    ) -> None:
         self.client_id = client_id
         self.username = username
         """Who the client last authenticated as (access rules apply per message)."""
@@ -93,6 +112,12 @@ class StoredSession:
         self.drop_logged = False
         self.v5 = v5
         """Whether the client last connected with MQTT 5.0 (its messages are written so)."""
+        self.expiry = expiry
+        """Seconds the session outlives its client's connection (0: it ends with it)."""
+        self.reopened = False
+        """A newer connection resumed it while an older one held it (a takeover, or a
+        reconnect whose older connection's end is still on its way): until the newer
+        one's CONNACK, the older one's end neither ends it nor sets its expiry."""
 
     def speak(self, v5: bool) -> None:
         """The client (re)connected with MQTT 5.0 (``v5``) or 3.1.x: what it is owed is
@@ -113,6 +138,9 @@ class Opened:
     subscriptions: dict[str, int]
     inbound: frozenset[int]
     options: dict[str, int] = dataclasses.field(default_factory=dict)
+    kept: bool = True
+    """Whether the store keeps a session for the connection: False when it was asked
+    to resume one only (MQTT 5's Clean Start 0 with Session Expiry 0) and had none."""
 
 
 @record
@@ -128,18 +156,23 @@ class Delivery:
 
 @record
 class Attach:
-    """The CONNACK of a resumed or new persistent session is out; ``epoch`` holds it now."""
+    """The CONNACK of a resumed or new persistent session is out; ``epoch`` holds it now,
+    and the session outlives it by ``expiry`` seconds (None: as it was)."""
 
     client_id: str
     epoch: str
+    expiry: int | None = None
 
 
 @record
 class Detach:
-    """Connection ``epoch`` of the client ended."""
+    """Connection ``epoch`` of the client ended; an MQTT 5 client's DISCONNECT says the
+    session's expiry from now, ``expiry`` seconds (0: the session ends now; None: it
+    ended otherwise, and the expiry stays as it was)."""
 
     client_id: str
     epoch: str
+    expiry: int | None = None
 
 
 @record
@@ -261,6 +294,9 @@ class SessionStore:
         self.dropped = 0
         """Messages dropped for a full session queue or the total bound."""
         self.expired = 0
+        """Sessions that ended by their expiry (0 included: at their connection's end)."""
+        self.expired_messages = 0
+        """Messages (in flight or queued) that went with an expired session."""
         self.newly_dropping: collections.deque[str] = collections.deque(maxlen=1000)
         """Client ids whose first drop has not been logged yet (the server logs once per session)."""
 
@@ -274,9 +310,9 @@ class SessionStore:
     def apply(self, report: Report, now: float) -> Delivery | None:
         """Apply one report; returns packets for the client's connection, if any."""
         if isinstance(report, Attach):
-            return self.attach(report.client_id, report.epoch)
+            return self.attach(report.client_id, report.epoch, report.expiry)
         if isinstance(report, Detach):
-            self.detach(report.client_id, report.epoch, now)
+            self.detach(report.client_id, report.epoch, now, report.expiry)
         elif isinstance(report, Subscribed):
             if report.qos is None:
                 self.unsubscribe(report.client_id, report.topic_filter)
@@ -302,59 +338,87 @@ class SessionStore:
     # -- a client's connections ---------------------------------------------------------
 
     def open(
-        self, client_id: str, clean: bool, now: float = 0.0, username: str | None = None, v5: bool = False
+        self,
+        client_id: str,
+        clean: bool,
+        now: float = 0.0,
+        username: str | None = None,
+        v5: bool = False,
+        *,
+        expiry: float | None = None,
+        create: bool = True,
     ) -> Opened | None:
         """A CONNECT was accepted: CleanSession=1 discards any stored session (and keeps
         none); CleanSession=0 resumes the stored one or starts one, unless ``max_sessions``
-        are kept already (None: refused, counted). ``v5``: the client speaks MQTT 5.0."""
+        are kept already (None: refused, counted). ``v5``: the client speaks MQTT 5.0.
+
+        ``expiry``: a new session's (None: the store's). Without ``create`` a stored
+        session is resumed but none is made (MQTT 5's Clean Start 0 with Session Expiry 0:
+        the session, if any, ends with the connection); the answer says ``kept`` False."""
         if clean:
             self.discard(client_id)
             return Opened(False, {}, frozenset())
         stored = self._sessions.get(client_id)
-        if stored is not None and stored.holder is None and stored.left_at + self.expiry <= now:
-            self.discard(client_id)  # expired, though not yet swept
-            self.expired += 1
+        if stored is not None and stored.holder is None and stored.left_at + stored.expiry <= now:
+            self._expire(stored)  # expired, though not yet swept
             stored = None
         if stored is not None:
+            if stored.holder is not None:
+                # A takeover: the connection it takes over ends after this open, and its
+                # Detach must not end the session before this one's Attach sets the expiry.
+                stored.expiry = max(stored.expiry, TAKEOVER_GRACE)
+                stored.reopened = True
             stored.username = username
             stored.speak(v5)
             options = dict(self.subscriptions.options(client_id) or {})
             return Opened(True, dict(stored.subscriptions), frozenset(stored.inbound), options)
+        if not create:
+            return Opened(False, {}, frozenset(), kept=False)
         if len(self._sessions) >= self.max_sessions:
             self.refused += 1
             return None
         outbox = Outbox(self.window, self.max_queued, self.max_queued_bytes, attached=False)
-        stored = StoredSession(client_id, outbox, username, v5)
+        stored = StoredSession(client_id, outbox, username, v5, self.expiry if expiry is None else expiry)
         self._sessions[client_id] = stored
         # Counted as left now: a connection that dies before its CONNACK never attaches.
         stored.left_at = now
-        heapq.heappush(self._expiries, (now + self.expiry, client_id))
+        heapq.heappush(self._expiries, (now + stored.expiry, client_id))
         return Opened(False, {}, frozenset())
 
-    def attach(self, client_id: str, holder: Hashable) -> Delivery | None:
+    def attach(self, client_id: str, holder: Hashable, expiry: float | None = None) -> Delivery | None:
         """Its CONNACK is out: from now on ``holder`` gets its messages, starting with the
-        resends and what queued while it was away."""
+        resends and what queued while it was away; the session outlives this connection
+        by ``expiry`` seconds (None: as before)."""
         stored = self._sessions.get(client_id)
         if stored is None:
             return None
         stored.holder = holder
+        stored.reopened = False
+        if expiry is not None:
+            stored.expiry = expiry
         before = stored.outbox.queued_bytes
         packets = stored.outbox.attach()
         self.queued_bytes -= before - stored.outbox.queued_bytes
         return Delivery(client_id, holder, packets, stored.v5)
 
-    def detach(self, client_id: str, holder: Hashable, now: float) -> None:
-        """The connection of ``holder`` ended: the session waits ``expiry`` for the client.
+    def detach(self, client_id: str, holder: Hashable, now: float, expiry: float | None = None) -> None:
+        """The connection of ``holder`` ended: the session waits its expiry for the
+        client (``expiry``, if the DISCONNECT set one), or ends now if that is 0.
 
         A report from a connection that no longer holds the session changes nothing.
         """
         stored = self._sessions.get(client_id)
         if stored is None or stored.holder != holder:
             return
+        if expiry is not None and not stored.reopened:
+            stored.expiry = expiry
         stored.holder = None
+        if stored.expiry <= 0:
+            self._expire(stored)
+            return
         stored.outbox.detach()
         stored.left_at = now
-        heapq.heappush(self._expiries, (now + self.expiry, client_id))
+        heapq.heappush(self._expiries, (now + stored.expiry, client_id))
 
     def detach_held(self, held: Callable[[Hashable], bool], now: float) -> int:
         """Detach every session whose holder ``held`` names (its worker died without
@@ -375,18 +439,23 @@ class SessionStore:
         return True
 
     def expire(self, now: float) -> list[str]:
-        """Discard every session whose client has been away longer than ``expiry``."""
+        """Discard every session whose client has been away longer than its expiry."""
         out: list[str] = []
         heap = self._expiries
         while heap and heap[0][0] <= now:
             _, client_id = heapq.heappop(heap)
             stored = self._sessions.get(client_id)
             # A client that came back (or left again later) has a newer entry, or none due.
-            if stored is not None and stored.holder is None and stored.left_at + self.expiry <= now:
-                self.discard(client_id)
+            if stored is not None and stored.holder is None and stored.left_at + stored.expiry <= now:
+                self._expire(stored)
                 out.append(client_id)
-        self.expired += len(out)
         return out
+
+    def _expire(self, stored: StoredSession) -> None:
+        # What it held for its client goes with it, counted (the client finds session-present 0).
+        self.expired_messages += len(stored.outbox)
+        self.discard(stored.client_id)
+        self.expired += 1
 
     # -- what a connected client does ---------------------------------------------------
 

@@ -298,7 +298,7 @@ class HeartbeatServer:
         if was_online:
             if reason is Offline.KEEPALIVE_TIMEOUT:
                 self.dashboard.detected(conn.stream.lag)
-            self.online_sessions.detach(conn)
+            self.online_sessions.detach(conn, reason)
         self.events.ended(conn, reason, detail, was_online)
 
     def _held(self, client_id: str) -> tuple[Collection[str], int]:

@@ -78,7 +78,11 @@ class Will:
     properties: bytes = b""
     """An MQTT 5 Will's message properties, packed (:func:`.v5.outbound.forwarded`)."""
     delay: int = 0
-    """An MQTT 5 Will's Will Delay Interval, in seconds."""
+    """Seconds an MQTT 5 Will waits once the connection has closed: its Will Delay
+    Interval, or less if the session ends sooner."""
+    asked_delay: int = 0
+    """The Will Delay Interval the CONNECT asked for (a DISCONNECT may move the
+    session's end, and with it ``delay``, either way)."""
 
 
 @record
@@ -103,6 +107,10 @@ class Accept:
     fresh: bool = False
     """MQTT 5's Clean Start with a session that outlives the connection: any stored
     session is discarded first, then a new one is kept (``clean_session`` is False)."""
+    expiry: int | None = None
+    """MQTT 5's Session Expiry Interval, as the server grants it (0: the session ends
+    with the connection, so Clean Start 0 resumes a stored one and makes none); None
+    for 3.1.x, whose persistent sessions are kept ``--session-expiry``."""
 
 
 @record

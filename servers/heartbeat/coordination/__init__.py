@@ -144,8 +144,13 @@ def session_figures(store: SessionStore) -> list[Metric]:
     )
     f.counter(
         "heartbeat_persistent_expired_total",
-        "Persistent sessions expired after their client stayed away.",
+        "Persistent sessions ended by their expiry: their client stayed away, or its expiry was 0.",
         store.expired,
+    )
+    f.counter(
+        "heartbeat_persistent_expired_messages_total",
+        "Messages held for a client (in flight or queued) that went with its expired session.",
+        store.expired_messages,
     )
     return f.families
 
@@ -276,12 +281,22 @@ class Coordinator(abc.ABC):
 
     # -- persistent sessions (CleanSession=0); by default none is kept -------------------
 
-    async def open_session(self, client_id: str, username: str | None = None, v5: bool = False) -> Opened | None:
+    async def open_session(
+        self,
+        client_id: str,
+        username: str | None = None,
+        v5: bool = False,
+        *,
+        expiry: int | None = None,
+        create: bool = True,
+    ) -> Opened | None:
         """A CONNECT with CleanSession=0 was accepted: the stored session to resume (or a
-        new one), for an MQTT 5.0 client if ``v5``. Awaited before CONNACK, whose
-        session-present flag it decides; None if the owner of the sessions cannot
-        answer now (the CONNECT is refused, 3)."""
-        return Opened(False, {}, frozenset())
+        new one, kept ``expiry`` seconds after its client leaves until its CONNACK's
+        :class:`~..persistent.Attach` says otherwise; none without ``create``), for an
+        MQTT 5.0 client if ``v5``. Awaited before CONNACK, whose session-present flag it
+        decides; None if the owner of the sessions cannot answer now (the CONNECT is
+        refused, 3)."""
+        return Opened(False, {}, frozenset(), kept=create)
 
     def discard_session(self, client_id: str) -> None:
         """A CONNECT with CleanSession=1 was accepted: any stored session is discarded."""

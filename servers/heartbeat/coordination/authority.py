@@ -93,11 +93,12 @@ _SESSIONS = -1
 
 @dataclass
 class _Settling:
-    """A :class:`Settle` being answered: the links whose :class:`Probed` it waits for."""
+    """Probes out: the links whose :class:`Probed` is awaited, and what to do then (answer
+    a :class:`Settle`, or an :class:`OpenSession` that had to wait)."""
 
     requester: int
-    request: int
     waiting: set[int]
+    then: Callable[[_Peer], None]
 
 
 @dataclass
@@ -270,15 +271,19 @@ class Authority:
         elif isinstance(frame, Kept):
             self.retention.retain(frame.topic, frame.payload, frame.qos, frame.owner, frame.properties)
         elif isinstance(frame, OpenSession):
-            opened = self.store.open(frame.client_id, False, self._clock(), frame.username, frame.v5)
-            if opened is None:
-                log_sessions_full(self.store, self._logged)
-                answer = SessionOpened(frame.request, False, (), frozenset(), refused=True)
+            stored = self.store.get(frame.client_id)
+            if (
+                stored is not None
+                and stored.holder is not None
+                and not str(stored.holder).startswith(f"{peer.worker}.{peer.pid}.")
+            ):
+                # Held by a connection on another worker, whose end may still be on its
+                # way (a DISCONNECT that set the expiry to 0, and a reconnect that landed
+                # here): links deliver in order, so once that worker answers a probe,
+                # whatever it reported before has been applied.
+                self._probe(peer, lambda requester: self._open(requester, frame))
             else:
-                subscriptions = tuple(opened.subscriptions.items())
-                options = tuple(opened.options.items())
-                answer = SessionOpened(frame.request, opened.present, subscriptions, opened.inbound, options=options)
-            peer.link.send(encode(answer))
+                self._open(peer, frame)
         elif isinstance(frame, RetainedQuery):
             messages, cursor = self.retention.page(frame.topic_filter, frame.cursor)
             peer.link.send(encode(RetainedPage(frame.request, messages, cursor)))
@@ -340,13 +345,39 @@ class Authority:
         record = self.registry.get(client_id)
         return record is not None and record.status == "online" and record.epoch == epoch
 
+    def _open(self, peer: _Peer, frame: OpenSession) -> None:
+        opened = self.store.open(
+            frame.client_id,
+            False,
+            self._clock(),
+            frame.username,
+            frame.v5,
+            expiry=frame.expiry,
+            create=frame.create,
+        )
+        if opened is None:
+            log_sessions_full(self.store, self._logged)
+            answer = SessionOpened(frame.request, False, (), frozenset(), refused=True)
+        else:
+            subscriptions = tuple(opened.subscriptions.items())
+            options = tuple(opened.options.items())
+            answer = SessionOpened(
+                frame.request, opened.present, subscriptions, opened.inbound, options=options, kept=opened.kept
+            )
+        peer.link.send(encode(answer))
+        self._filters_changed()  # a session that ended meanwhile took its filters with it
+
     def _settle(self, peer: _Peer, request: int) -> None:
         """Probe every other worker: links deliver in order, so once each has answered,
         each has applied the filters this peer's earlier frames changed (they were sent
         to it before the probe, as those frames were applied before this one)."""
+        self._probe(peer, lambda requester: requester.link.send(encode(Settled(request))))
+
+    def _probe(self, peer: _Peer, then: Callable[[_Peer], None]) -> None:
+        """Probe every worker but ``peer``'s; ``then(peer)`` once all have answered."""
         others = [p for p in self._peers.values() if p is not peer and p.worker >= 0]
         token = next(self._tokens)
-        self._settling[token] = _Settling(peer.link.number, request, {p.link.number for p in others})
+        self._settling[token] = _Settling(peer.link.number, {p.link.number for p in others}, then)
         if not others:
             self._settled(token)
             return
@@ -365,7 +396,7 @@ class Authority:
         settling = self._settling.pop(token)
         requester = self._peers.get(settling.requester)
         if requester is not None:
-            requester.link.send(encode(Settled(settling.request)))
+            settling.then(requester)
 
     def _transmit(self, delivery: Delivery | None) -> None:
         """Send a persistent session's packets to the worker that holds its connection."""

@@ -196,6 +196,10 @@ class OpenSession(Frame):
     username: str | None
     v5: bool = False
     """The client speaks MQTT 5.0: its session's messages are written so."""
+    expiry: int | None = None
+    """A new session's expiry, in seconds (None: the store's)."""
+    create: bool = True
+    """False: resume a stored session, but make none (MQTT 5's Session Expiry 0)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -327,6 +331,8 @@ class SessionOpened(Frame):
     """No session: the store keeps as many as it may (the CONNECT is refused, 3)."""
     options: tuple[tuple[str, int], ...] = ()
     """(filter, MQTT 5 options packed) pairs, for the filters that have any."""
+    kept: bool = True
+    """Whether a session is kept for the connection (not when none was stored and none was to be made)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -113,9 +113,18 @@ class InProcessCoordinator(Coordinator):
         log_session_drops(self.store)
         return groups
 
-    async def open_session(self, client_id: str, username: str | None = None, v5: bool = False) -> Opened | None:
+    async def open_session(
+        self,
+        client_id: str,
+        username: str | None = None,
+        v5: bool = False,
+        *,
+        expiry: int | None = None,
+        create: bool = True,
+    ) -> Opened | None:
         """See :meth:`Coordinator.open_session`."""
-        opened = self.store.open(client_id, False, trio.current_time(), username, v5)
+        now = trio.current_time()
+        opened = self.store.open(client_id, False, now, username, v5, expiry=expiry, create=create)
         if opened is None:
             log_sessions_full(self.store, self._logged)
         return opened

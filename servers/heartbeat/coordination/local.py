@@ -228,15 +228,23 @@ class BusCoordinator(Coordinator):
         if not self.orphaned:
             self._numbered(Kept(self._next(), topic, payload, qos, owner, properties))
 
-    async def open_session(self, client_id: str, username: str | None = None, v5: bool = False) -> Opened | None:
+    async def open_session(
+        self,
+        client_id: str,
+        username: str | None = None,
+        v5: bool = False,
+        *,
+        expiry: int | None = None,
+        create: bool = True,
+    ) -> Opened | None:
         """Asks the authority; None if it does not answer in time (the CONNECT is then
         refused as server-unavailable: a new session would lose the stored one)."""
         if self.orphaned:
-            return Opened(False, {}, frozenset())  # the supervisor, and its sessions, are gone
-        answer = await self._ask(lambda request: OpenSession(request, client_id, username, v5))
+            return Opened(False, {}, frozenset(), kept=False)  # the supervisor, and its sessions, are gone
+        answer = await self._ask(lambda request: OpenSession(request, client_id, username, v5, expiry, create))
         if not isinstance(answer, SessionOpened) or answer.refused:
             return None
-        return Opened(answer.present, dict(answer.subscriptions), answer.inbound, dict(answer.options))
+        return Opened(answer.present, dict(answer.subscriptions), answer.inbound, dict(answer.options), answer.kept)
 
     async def retained(self, topic_filter: str, cursor: str | None) -> tuple[list[RetainedMessage], str | None]:
         """A page from the authority (none if it does not answer in time)."""

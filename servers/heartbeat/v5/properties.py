@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .reason_codes import malformed, protocol_error
+from .reason_codes import PacketError, ReasonCode, malformed, protocol_error
 from .wire import (
     pack_binary,
     pack_string,
@@ -115,12 +115,20 @@ class _Spec:
     carriers: frozenset[Carrier]
     least: int = 0
     most: int | None = None
+    code: ReasonCode = ReasonCode.PROTOCOL_ERROR
+    """What a value out of range is answered with (the spec names 0x94 for a Topic Alias of 0)."""
 
 
 def _spec(
-    ident: int, field: str, kind: int, carriers: tuple[Carrier, ...], least: int = 0, most: int | None = None
+    ident: int,
+    field: str,
+    kind: int,
+    carriers: tuple[Carrier, ...],
+    least: int = 0,
+    most: int | None = None,
+    code: ReasonCode = ReasonCode.PROTOCOL_ERROR,
 ) -> _Spec:
-    return _Spec(ident, field, kind, frozenset(carriers), least, most)
+    return _Spec(ident, field, kind, frozenset(carriers), least, most, code)
 
 
 _SPECS = {
@@ -150,7 +158,7 @@ _SPECS = {
         ),
         _spec(0x21, "receive_maximum", _U16, (_C.CONNECT, _C.CONNACK), least=1),
         _spec(0x22, "topic_alias_maximum", _U16, (_C.CONNECT, _C.CONNACK)),
-        _spec(0x23, "topic_alias", _U16, (_C.PUBLISH,), least=1),
+        _spec(0x23, "topic_alias", _U16, (_C.PUBLISH,), least=1, code=ReasonCode.TOPIC_ALIAS_INVALID),
         _spec(0x24, "maximum_qos", _BYTE, (_C.CONNACK,), most=1),
         _spec(0x25, "retain_available", _BYTE, (_C.CONNACK,), most=1),
         _spec(0x26, "user_properties", _PAIR, tuple(Carrier)),
@@ -205,7 +213,7 @@ def read_properties(src: bytes, pos: int, end: int, carrier: Carrier) -> tuple[P
             continue
         if spec.kind <= _VARINT:  # a number: its range
             if value < spec.least:
-                raise protocol_error(f"{spec.field} {value} in {carrier.value}: at least {spec.least}")
+                raise PacketError(spec.code, f"{spec.field} {value} in {carrier.value}: at least {spec.least}")
             if spec.most is not None and value > spec.most:
                 raise protocol_error(f"{spec.field} {value} in {carrier.value}: 0 or 1 only")
         if ident == _SUB_ID:

@@ -10,9 +10,13 @@ presence, the coordinator) serves both versions alike. What differs is said here
   Size, Topic Alias Maximum, Maximum QoS, no Subscription Identifiers or shared
   subscriptions yet), an Assigned Client Identifier for an empty id, a Server Keep
   Alive when the client asked for more than ``--max-keepalive`` or for none, and the
-  server's Session Expiry Interval when the client asked for a session that outlives
-  the connection (persistent sessions are kept for the server's time, which §3.2.2.3.2
-  lets a server impose by saying so).
+  server's Session Expiry Interval when it cut the client's to ``--session-expiry``
+  (§3.2.2.3.2 lets a server impose another by saying so).
+- **Sessions** (§3.1.2.4, §3.1.2.11.2): Clean Start says whether a stored session is
+  resumed; the Session Expiry Interval (absent: 0) says only how long the session
+  outlives *this* connection, so Clean Start 0 with none resumes a stored session that
+  then ends with the connection. A DISCONNECT may change the expiry, except from 0 to
+  more (0x82). A Will waits its Will Delay or the session's end, whichever is first.
 - **Refusals** carry 5.0 reason codes: a CONNACK before the session exists, a
   DISCONNECT after (``0x81`` malformed, ``0x82`` protocol error, ``0x93`` receive
   maximum exceeded, ``0x94`` topic alias invalid, ``0x95`` packet too large, ...).
@@ -130,9 +134,10 @@ class Session5(Session):
         super().__init__(policy)
         self.protocol_level = 5
         self.asked_expiry = 0
-        """The Session Expiry Interval the CONNECT asked for."""
+        """The Session Expiry Interval the CONNECT asked for (absent: 0)."""
         self.session_expiry = 0
-        """The one the session has: 0 (it ends with the connection) or the server's."""
+        """The one the session has: the client's, at most ``--session-expiry`` (0: it ends
+        with the connection); a DISCONNECT may change it."""
         self.told_keep_alive: int | None = None
         """The Server Keep Alive sent in CONNACK, if the client's was not kept."""
         self.receive_maximum = 65535
@@ -262,7 +267,7 @@ class Session5(Session):
         self.keep_alive = keep_alive
         asked = props.session_expiry_interval or 0
         self.asked_expiry = asked
-        self.session_expiry = policy.session_expiry if asked else 0
+        self.session_expiry = min(asked, policy.session_expiry)  # 0xFFFFFFFF, "never", is cut too
         if props.receive_maximum is not None:
             self.receive_maximum = props.receive_maximum
         if props.maximum_packet_size is not None:
@@ -278,18 +283,23 @@ class Session5(Session):
                 raise PacketError(R.TOPIC_NAME_INVALID, f"the Will topic {topic[:64]!r}")
             wp = will.properties
             # It goes at the delay's end or the session's, whichever is first (§3.1.3.2.2).
-            delay = min(wp.will_delay_interval or 0, self.session_expiry)
-            self.will = Will(topic, will.payload, will.qos, will.retain, outbound.forwarded(wp), delay)
-        persistent = self.session_expiry > 0
+            asked_delay = wp.will_delay_interval or 0
+            delay = min(asked_delay, self.session_expiry)
+            self.will = Will(topic, will.payload, will.qos, will.retain, outbound.forwarded(wp), delay, asked_delay)
+        lasting = self.session_expiry > 0
+        clean = packet.clean_start
         return Accept(
             client_id=client_id,
             assigned=assigned,
             keep_alive=keep_alive,
-            clean_session=not persistent,
+            # Clean Start 0 asks for a stored session whatever the expiry: the expiry is
+            # only how long the session outlives this connection (§3.1.2.4).
+            clean_session=clean and not lasting,
             username=username,
             password=packet.password,
             will=self.will,
-            fresh=persistent and packet.clean_start,
+            fresh=clean and lasting,
+            expiry=self.session_expiry,
         )
 
     def _publish5(self, packet: Publish) -> list[Effect]:
@@ -423,13 +433,15 @@ class Session5(Session):
             raise protocol_error("a Session Expiry Interval at DISCONNECT after 0 at CONNECT")
         self.state = State.CLOSED
         self._code = packet.reason_code
-        if expiry == 0:
-            self.session_expiry = 0  # the session ends now: a lasting one is discarded
+        if expiry is not None:
+            self.session_expiry = min(expiry, self._policy.session_expiry)
         will = self.will
         if packet.reason_code != R.DISCONNECT_WITH_WILL:
             self.will = None
-        elif will is not None and will.delay and not self.session_expiry:
-            self.will = replace(will, delay=0)  # a Will goes when its session ends, if sooner
+        elif will is not None:
+            # It goes when its delay is up or its session ends, whichever is first: the
+            # DISCONNECT may have moved the session's end either way.
+            self.will = replace(will, delay=min(will.asked_delay, self.session_expiry))
         return [Goodbye()]
 
 

@@ -304,10 +304,18 @@ class RedisCoordinator(Coordinator, FleetCounts):
             return False
         return self._enqueue(self._route(topic, payload, qos, properties, retain, shares={node: [group]}, plain=False))
 
-    async def open_session(self, client_id: str, username: str | None = None, v5: bool = False) -> Opened | None:
+    async def open_session(
+        self,
+        client_id: str,
+        username: str | None = None,
+        v5: bool = False,
+        *,
+        expiry: int | None = None,
+        create: bool = True,
+    ) -> Opened | None:
         """The stored session (or a new one), in order with this node's reports; None if
         Redis does not answer within ``open_timeout`` (see :meth:`Coordinator.open_session`)."""
-        question = OpenQuestion(client_id, username, v5)
+        question = OpenQuestion(client_id, username, v5, expiry, create)
         if self._enqueue(Queued("open", question=question)):
             with trio.move_on_after(self.open_timeout):
                 await question.done.wait()

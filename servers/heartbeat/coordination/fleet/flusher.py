@@ -4,11 +4,15 @@ resynchronisation when one is due.
 
 A report is taken off the queue only once its batch was answered: one whose reply
 was lost is sent again, which the scripts make harmless (compare-and-set on the epoch).
+A report that a script fails on (an error raised inside Redis's Lua, which would fail
+the same way however often it was sent) is logged, counted and dropped, rather than
+retried for ever with every report behind it.
 """
 
 from __future__ import annotations
 
 import itertools
+import logging
 import time
 from collections.abc import Callable
 from typing import Any
@@ -24,10 +28,19 @@ from .retained import FleetRetained
 from .routes import Routes
 from .sessions import PersistentSessions
 
-__all__ = ["FLUSH_BATCH", "Flusher"]
+__all__ = ["FLUSH_BATCH", "Flusher", "script_fault"]
+
+logger = logging.getLogger("servers.heartbeat.coordination.fleet")
 
 FLUSH_BATCH = 256
 """Reports in flight at once: applied concurrently, each device's (and the routes) in order."""
+
+
+def script_fault(exc: Exception) -> bool:
+    """Whether ``exc`` is an error raised inside a script (Redis names the script's
+    code ``user_script`` in it): the same call would fail again, unlike a connection
+    lost, a failover's READONLY, or NOSCRIPT."""
+    return isinstance(exc, coredis.exceptions.ResponseError) and "user_script" in str(exc)
 
 
 class Flusher:
@@ -104,7 +117,7 @@ class Flusher:
         runs its commands in sequence) at several times the rate.
         """
         if len(batch) == 1:
-            await self._apply(host, batch[0])
+            await self._apply_or_drop(host, batch[0])
             return
         try:
             redis = self.link.redis()
@@ -122,12 +135,30 @@ class Flusher:
                     done(await request)
             self.link.ok(started)
         except coredis.exceptions.ResponseError as exc:
-            if not isinstance(exc, coredis.exceptions.NoScriptError) and "NOSCRIPT" not in str(exc):
+            noscript = isinstance(exc, coredis.exceptions.NoScriptError) or "NOSCRIPT" in str(exc)
+            if not noscript and not script_fault(exc):
                 raise
-            # Redis restarted (or failed over) and lacks the scripts; plain calls load them
-            # again. What the pipeline did apply is applied again, harmlessly (see above).
+            # Redis restarted (or failed over) and lacks the scripts, and plain calls load
+            # them again; or a script failed on one report, which alone is dropped. What
+            # the pipeline did apply is applied again, harmlessly (see above).
             for report in batch:
-                await self._apply(host, report)
+                await self._apply_or_drop(host, report)
+
+    async def _apply_or_drop(self, host: Host, report: Queued) -> None:
+        try:
+            await self._apply(host, report)
+        except coredis.exceptions.ResponseError as exc:
+            if not script_fault(exc):
+                raise
+            self.sessions.counts.failed += 1
+            what = report.report or report.question or report.event or report.topic
+            logger.error(
+                "node %s: Redis's script failed on a %s report, dropped: %s (%r)",
+                self.sessions.node,
+                report.kind,
+                exc,
+                what,
+            )
 
     async def _apply(self, host: Host, report: Queued) -> None:
         for request, done in self._request(host, report, self.link.redis()):

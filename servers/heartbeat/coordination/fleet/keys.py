@@ -20,7 +20,11 @@ Persistent sessions (CleanSession=0), by client id (see :mod:`.sessions`)::
                           away), hnode (the holder's node), was (the last holder),
                           left (ms, Redis's clock), user, lastid (the last packet id
                           given), seq (send order), qb (bytes queued), dropping,
-                          v5 ('1': the client last spoke MQTT 5.0; packets are written so)
+                          v5 ('1': the client last spoke MQTT 5.0; packets are written so),
+                          exp (ms the session outlives its connection: its client's
+                          Session Expiry; absent: the fleet's --session-expiry),
+                          reopened ('1': resumed by a newer connection whose attach
+                          has not come; the older one's detach leaves the expiry)
     psub:<client-id>      hash: topic filter -> granted QoS
     psubo:<client-id>     hash: topic filter -> its MQTT 5 options, packed (only those
                           that have any: No Local, Retain As Published, identifier)
@@ -36,7 +40,8 @@ Persistent sessions (CleanSession=0), by client id (see :mod:`.sessions`)::
     pfilters-version      counter: the number of the last ``pfilters-changed`` notice
     pfilters-changed      stream: a filter gained its first session or lost its last
                           (f filter, on 1/0, v number)
-    pstats                hash: queued_bytes (over every session), dropped, expired
+    pstats                hash: queued_bytes (over every session), dropped, expired,
+                          expired_messages (held by sessions when they expired)
 
 Retained messages (see :mod:`.retained`)::
 

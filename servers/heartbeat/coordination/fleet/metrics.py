@@ -27,6 +27,8 @@ class FleetCounts:
         self.offlines = 0
         self.node_lost = 0
         self.dropped = 0
+        self.failed = 0
+        """Reports dropped because Redis's script failed on them (a fault, logged)."""
         self.routed = 0
         self.route_skipped = 0
         self.resyncs = 0
@@ -48,12 +50,14 @@ class FleetCounts:
         self.opens_refused = 0
         self.renew_gap_max = 0.0
         """The longest time between two lease renewals, in seconds."""
-        self.fleet_figures = (0, 0, 0, 0)
-        """Fleet-wide, read every ``STATS_EVERY`` seconds: sessions, queued bytes, retained count and bytes."""
+        self.fleet_figures = (0, 0, 0, 0, 0)
+        """Fleet-wide, read every ``STATS_EVERY`` seconds: sessions, queued bytes, retained
+        count and bytes, messages that went with expired sessions."""
 
 
-async def read_fleet_figures(link: RedisLink, keys: FleetKeys) -> tuple[int, int, int, int]:
-    """The fleet's persistent sessions, their queued bytes, its retained messages and their bytes."""
+async def read_fleet_figures(link: RedisLink, keys: FleetKeys) -> tuple[int, int, int, int, int]:
+    """The fleet's persistent sessions, their queued bytes, its retained messages and
+    their bytes, and the messages that went with expired sessions."""
     redis = link.redis()
     async with redis.pipeline(transaction=False) as pipe:
         requests = [
@@ -61,10 +65,12 @@ async def read_fleet_figures(link: RedisLink, keys: FleetKeys) -> tuple[int, int
             pipe.hget(keys.pstats, "queued_bytes"),
             pipe.hlen(keys.retained),
             pipe.hget(keys.retained_stats, "bytes"),
+            pipe.hget(keys.pstats, "expired_messages"),
         ]
     with trio.fail_after(link.timeout):
-        sessions, queued, retained, retained_bytes = [await r for r in requests]
-    return int(sessions or 0), int(queued or 0), int(retained or 0), int(retained_bytes or 0)
+        sessions, queued, retained, retained_bytes, expired_messages = [await r for r in requests]
+    figures = (sessions, queued, retained, retained_bytes, expired_messages)
+    return tuple(int(v or 0) for v in figures)  # type: ignore[return-value]
 
 
 def fleet_families(
@@ -79,6 +85,11 @@ def fleet_families(
     f.counter("heartbeat_fleet_node_lost_total", "Sessions this node declared lost (node-lost).", counts.node_lost)
     f.gauge("heartbeat_fleet_queued", "Reports waiting for Redis.", queued)
     f.counter("heartbeat_fleet_dropped_total", "Reports dropped: the queue was full.", counts.dropped)
+    f.counter(
+        "heartbeat_fleet_failed_total",
+        "Reports dropped because Redis's script failed on them (each logged): rather than retried for ever.",
+        counts.failed,
+    )
     f.counter("heartbeat_fleet_routed_total", "Messages routed to other nodes.", counts.routed)
     f.counter("heartbeat_fleet_route_skipped_total", "Messages no other node subscribes to.", counts.route_skipped)
     f.counter("heartbeat_fleet_resyncs_total", "Re-registrations after the lease was lost.", counts.resyncs)
@@ -109,9 +120,14 @@ def fleet_families(
     f.gauge("heartbeat_fleet_members", "Nodes whose filters this node knows.", members)
     # Gauges of what the fleet keeps (the same on every node, read every few seconds);
     # counters of what this node did, which add up over the fleet.
-    sessions, queued_bytes, retained, retained_bytes = counts.fleet_figures
+    sessions, queued_bytes, retained, retained_bytes, expired_messages = counts.fleet_figures
     f.gauge("heartbeat_persistent_sessions", "Persistent sessions kept fleet-wide (CleanSession=0).", sessions)
     f.gauge("heartbeat_persistent_queued_bytes", "Bytes queued for persistent sessions, fleet-wide.", queued_bytes)
+    f.gauge(
+        "heartbeat_fleet_persistent_expired_messages",
+        "Messages that went with expired persistent sessions, fleet-wide since Redis's data began.",
+        expired_messages,
+    )
     f.counter(
         "heartbeat_persistent_dropped_total",
         "Messages this node's publishes dropped for a full persistent session queue or the total bound.",

@@ -29,13 +29,19 @@ what to do with its reply."""
 class OpenQuestion:
     """An ``open_session`` waiting in the queue for its answer."""
 
-    __slots__ = ("client_id", "username", "v5", "answer", "done", "abandoned")
+    __slots__ = ("client_id", "username", "v5", "expiry", "create", "answer", "done", "abandoned")
 
-    def __init__(self, client_id: str, username: str | None, v5: bool = False) -> None:
+    def __init__(
+        self, client_id: str, username: str | None, v5: bool = False, expiry: int | None = None, create: bool = True
+    ) -> None:
         self.client_id = client_id
         self.username = username
         self.v5 = v5
         """The client speaks MQTT 5.0: its session's messages are written so."""
+        self.expiry = expiry
+        """A new session's expiry, in seconds (None: the fleet's)."""
+        self.create = create
+        """False: resume a stored session, but make none."""
         self.answer: Opened | None = None
         self.done = trio.Event()
         self.abandoned = False

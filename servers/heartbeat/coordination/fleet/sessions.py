@@ -38,6 +38,7 @@ from typing import Any
 from ...logs import OncePer, shown
 from ...persistent import (
     DEFAULT_MAX_SESSIONS,
+    TAKEOVER_GRACE,
     Acked,
     AckedTogether,
     Attach,
@@ -75,9 +76,9 @@ def session_call(report: Report, max_qos: int) -> tuple[str, list[str | bytes]] 
     """The session script's operation and arguments (from ARGV[12]) that apply ``report``;
     None if it changes nothing (a QoS 0 push: persistent sessions hold only 1 and 2)."""
     if isinstance(report, Attach):
-        return "attach", [report.client_id, report.epoch]
+        return "attach", [report.client_id, report.epoch, _ms(report.expiry)]
     if isinstance(report, Detach):
-        return "detach", [report.client_id, report.epoch]
+        return "detach", [report.client_id, report.epoch, _ms(report.expiry)]
     if isinstance(report, Subscribed):
         if report.qos is None:
             return "unsub", [report.client_id, report.topic_filter]
@@ -99,6 +100,11 @@ def session_call(report: Report, max_qos: int) -> tuple[str, list[str | bytes]] 
     raise TypeError(f"not a session report: {report!r}")
 
 
+def _ms(expiry: int | None) -> str:
+    """A session expiry as the script takes it: milliseconds, '' for none (unchanged, or the fleet's)."""
+    return "" if expiry is None else str(expiry * 1000)
+
+
 def username_arg(username: str | None) -> str:
     """How a username is stored with its session ('' for none: MQTT allows an empty one)."""
     return "" if username is None else "=" + username
@@ -113,8 +119,11 @@ def username_of(stored: bytes | str) -> str | None:
 def opened_from(reply: Any) -> Opened | None:
     """The open operation's reply: ``{present, {filter, qos, ...}, {inbound ids}, expired,
     {filter, options, ...}}`` (the options only for a resumed session); None for a
-    present of -1 (refused: the fleet keeps as many sessions as it may)."""
+    present of -1 (refused: the fleet keeps as many sessions as it may); -2: none was
+    stored and none made (a resume-only open)."""
     present, flat, inbound = int(reply[0]), list(reply[1] or []), reply[2] or []
+    if present == -2:
+        return Opened(False, {}, frozenset(), kept=False)
     if present < 0:
         return None
     subscriptions = {text(flat[i]): int(flat[i + 1]) for i in range(0, len(flat), 2)}
@@ -184,7 +193,12 @@ class PersistentSessions:
                 if int(out) == -1:
                     self._full(args[0])
 
-        return [(self.script(op, args, client), pushed if op == "push" else _ignore)]
+        def detached(out: Any) -> None:
+            if int(out) == 2:
+                self.counts.persistent_expired += 1  # its expiry was 0: it ended with its connection
+
+        replied = {"push": pushed, "detach": detached}.get(op, _ignore)
+        return [(self.script(op, args, client), replied)]
 
     def open_request(self, question: OpenQuestion, client: Any) -> list[Request]:
         """The call that answers ``question`` (none if its CONNECT was refused meanwhile)."""
@@ -207,7 +221,9 @@ class PersistentSessions:
             question.done.set()
 
         v5 = "1" if question.v5 else "0"
+        create = "1" if question.create else "0"
         args = [question.client_id, username_arg(question.username), str(self.max_sessions), v5]
+        args += [_ms(question.expiry), create, _ms(TAKEOVER_GRACE)]
         return [(self.script("open", args, client), opened)]
 
     def routed(self, out: Any) -> None:

@@ -158,16 +158,35 @@ local function discard(cid)
   redis.call('ZREM', sessions, cid)
   if not cur[1] then return 0 end
   for _, f in ipairs(redis.call('HKEYS', key('psub', cid))) do unindex(f, cid) end
-  redis.call('HINCRBY', stats, 'queued_bytes', -tonumber(cur[2]))
+  -- Not -tonumber(qb) alone: Lua writes -0 for an empty queue, which HINCRBY refuses.
+  local qb = tonumber(cur[2]) or 0
+  if qb ~= 0 then redis.call('HINCRBY', stats, 'queued_bytes', -qb) end
   if cur[1] ~= '' then redis.call('SREM', prefix .. 'pheld:' .. cur[1], cid) end
   redis.call('DEL', s, key('psub', cid), key('psubo', cid), key('pin', cid), key('pfl', cid), key('pq', cid))
   return 1
 end
 
+-- A session ended by its expiry: what it held for its client goes with it, counted.
+local function expire(cid)
+  local held = redis.call('LLEN', key('pq', cid)) + redis.call('HLEN', key('pfl', cid))
+  if held > 0 then redis.call('HINCRBY', stats, 'expired_messages', held) end
+  redis.call('HINCRBY', stats, 'expired', 1)
+  return discard(cid)
+end
+
+-- The session's own expiry (ms): its client's last connection's, else the fleet's.
+local function expiry_of(s)
+  return tonumber(redis.call('HGET', s, 'exp') or '') or expiry
+end
+
+-- Its connection ended: the session waits its expiry for the client, or ends now if 0.
 local function detach(cid, s, node)
   redis.call('HSET', s, 'holder', '', 'hnode', '', 'left', now)
   redis.call('SREM', prefix .. 'pheld:' .. node, cid)
-  redis.call('ZADD', sessions, now + expiry, cid)
+  local exp = expiry_of(s)
+  if exp <= 0 then return expire(cid) end
+  redis.call('ZADD', sessions, now + exp, cid)
+  return 0
 end
 
 -- The holder changes: resend what is in flight (DUP; PUBREL past PUBREC), in send order, then fill.
@@ -308,11 +327,12 @@ elseif op == 'expire' then
     local holder = redis.call('HGET', key('ps', c), 'holder')
     if holder and holder ~= '' then
       redis.call('ZADD', sessions, '+inf', c)
+    elseif holder then
+      n = n + expire(c)
     else
-      n = n + discard(c)
+      redis.call('ZREM', sessions, c)
     end
   end
-  if n > 0 then redis.call('HINCRBY', stats, 'expired', n) end
   return {n, #ids}
 end
 
@@ -322,34 +342,46 @@ local s = key('ps', cid)
 if op == 'open' then
   -- ARGV[13] the username ('' for none, else '=' .. name); ARGV[14] how many sessions
   -- the fleet keeps at most (a new one past it is refused: -1); ARGV[15] '1' if the
-  -- client speaks MQTT 5.0. A resumed session also returns its subscriptions' options.
+  -- client speaks MQTT 5.0; ARGV[16] a new session's expiry in ms ('': the fleet's);
+  -- ARGV[17] '0': resume a stored session but make none (-2 if there is none); ARGV[18]
+  -- the ms a session taken over is kept at least (persistent.TAKEOVER_GRACE). A
+  -- resumed session also returns its subscriptions' options.
   local v5 = ARGV[15] or '0'
   local holder = redis.call('HGET', s, 'holder')
   local expired = 0
   if holder then
     local deadline = redis.call('ZSCORE', sessions, cid)
     if holder == '' and deadline and tonumber(deadline) <= now then
-      discard(cid)  -- expired, though not yet swept
-      redis.call('HINCRBY', stats, 'expired', 1)
+      expire(cid)  -- expired, though not yet swept
       expired = 1
     else
+      local grace = tonumber(ARGV[18] or '0')
+      if holder ~= '' and expiry_of(s) < grace then
+        -- A takeover: the connection it takes over ends after this open, and its detach
+        -- must not end the session before this one's attach sets the expiry.
+        redis.call('HSET', s, 'exp', grace)
+      end
+      if holder ~= '' then redis.call('HSET', s, 'reopened', '1') end
       redis.call('HSET', s, 'user', ARGV[13], 'v5', v5)
       local subs, opts = redis.call('HGETALL', key('psub', cid)), redis.call('HGETALL', key('psubo', cid))
       return {1, subs, redis.call('SMEMBERS', key('pin', cid)), 0, opts}
     end
   end
+  if ARGV[17] == '0' then return {-2, {}, {}, expired} end
   local most = tonumber(ARGV[14] or '0')
   if most > 0 and redis.call('ZCARD', sessions) >= most then
     redis.call('HINCRBY', stats, 'refused', 1)
     return {-1, {}, {}, expired}
   end
+  local exp = tonumber(ARGV[16] or '') or expiry
   -- Counted as left now: a connection that dies before its CONNACK never attaches.
   redis.call('HSET', s, 'holder', '', 'hnode', '', 'was', '', 'left', now, 'user', ARGV[13],
-    'lastid', 0, 'seq', 0, 'qb', 0, 'v5', v5)
-  redis.call('ZADD', sessions, now + expiry, cid)
+    'lastid', 0, 'seq', 0, 'qb', 0, 'v5', v5, 'exp', exp)
+  redis.call('ZADD', sessions, now + exp, cid)
   return {0, {}, {}, expired}
 elseif op == 'attach' or op == 'reattach' then
-  -- ARGV[13] the epoch. A reattach (a node that was declared lost and still holds the
+  -- ARGV[13] the epoch; [14] the expiry (ms) the session has from now on ('' or absent:
+  -- as it was). A reattach (a node that was declared lost and still holds the
   -- connection) applies only if nobody attached since; -1: there is no such session.
   local cur = redis.call('HMGET', s, 'holder', 'hnode', 'was')
   if not cur[1] then
@@ -361,12 +393,19 @@ elseif op == 'attach' or op == 'reattach' then
   -- to a newer session's (they crossed) is being evicted, and must not take them away.
   local owner = redis.call('HMGET', key('dev', cid), 'status', 'epoch')
   if owner[1] ~= 'online' or owner[2] ~= ARGV[13] then return 0 end
+  if op == 'attach' and ARGV[14] and ARGV[14] ~= '' then redis.call('HSET', s, 'exp', ARGV[14]) end
+  redis.call('HDEL', s, 'reopened')
   return attach(cid, ARGV[13], s, cur[2])
 elseif op == 'detach' then
+  -- ARGV[13] the epoch; [14] the expiry its DISCONNECT set, in ms ('': unchanged; 0: the
+  -- session ends now).
   local cur = redis.call('HMGET', s, 'holder', 'hnode')
   if cur[1] ~= ARGV[13] then return 0 end  -- not (or no longer) the holder's report
-  detach(cid, s, cur[2])
-  return 1
+  -- Not for a session a newer connection resumed meanwhile: its CONNACK's attach decides.
+  if ARGV[14] and ARGV[14] ~= '' and not redis.call('HGET', s, 'reopened') then
+    redis.call('HSET', s, 'exp', ARGV[14])
+  end
+  return 1 + detach(cid, s, cur[2])  -- 2: it ended there
 elseif op == 'sub' then
   -- ARGV[13] filter, [14] qos, [15] its MQTT 5 options, packed ('0' or absent: none).
   if redis.call('EXISTS', s) == 0 then return 0 end
