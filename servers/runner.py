@@ -17,13 +17,16 @@ from typing import TypeVar
 
 import trio
 
+if sys.version_info < (3, 11):  # pragma: no cover - trio brings the backport there
+    from exceptiongroup import BaseExceptionGroup
+
 from .bus import Hub
 from .listeners import PortInUse, check_port_free
 from .readiness import Ready, announce_ready
 from .taskdump import dump_tasks_on_signal
 from .workers import die_with_supervisor, run_supervised
 
-__all__ = ["main", "serve_until_signal"]
+__all__ = ["WorkerExit", "main", "raised", "serve_until_signal"]
 
 logger = logging.getLogger("servers.runner")
 
@@ -31,6 +34,33 @@ S = TypeVar("S")
 
 WorkerMain = Callable[[argparse.Namespace, int, bool], Awaitable[None]]
 """``run_worker(args, worker_index, reuse_port)``: one worker process's whole life."""
+
+
+class WorkerExit(Exception):
+    """A worker cannot serve, for a reason its operator must fix (an app whose start-up
+    failed, say): :func:`main` logs ``lines`` at ERROR, without a traceback, and the
+    process exits with ``code``."""
+
+    def __init__(self, code: int, *lines: str) -> None:
+        super().__init__(*lines)
+        self.code = code
+        self.lines = lines
+
+
+E = TypeVar("E", bound=BaseException)
+
+
+def raised(exc: BaseException, kind: type[E]) -> E | None:
+    """The exception of ``kind`` that ``exc`` is or holds (nurseries wrap what their
+    tasks raise in exception groups), if any."""
+    if isinstance(exc, kind):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            found = raised(inner, kind)
+            if found is not None:
+                return found
+    return None
 
 
 def main(
@@ -63,7 +93,15 @@ def main(
     else:
         die_with_supervisor()  # a supervised worker: never outlive the supervisor
     if args.workers <= 1 or args.worker_index is not None:
-        trio.run(run_worker, args, args.worker_index or 0, args.worker_index is not None)
+        try:
+            trio.run(run_worker, args, args.worker_index or 0, args.worker_index is not None)
+        except BaseException as exc:
+            fatal = raised(exc, WorkerExit)
+            if fatal is None:
+                raise
+            for line in fatal.lines:
+                logger.error("%s", line)
+            return fatal.code
         return 0
     links = hub() if hub is not None else None
     try:

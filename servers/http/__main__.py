@@ -17,6 +17,7 @@ from ..readiness import Ready
 from ..tls import add_tls_arguments, check_tls_arguments
 from .asgi import ASGIApp, load_app, native_asgi
 from .builtin import builtin_app
+from .lifespan import LifespanFailed
 from .server import ENGINES, HttpConfig, HttpServer, serve_asgi
 
 logger = logging.getLogger("servers.http")
@@ -55,7 +56,20 @@ def parser() -> argparse.ArgumentParser:
     a("--max-header-size", type=int, default=16 * 1024, help="bytes of request head (431 beyond; default 16 KiB)")
     a("--max-body-size", type=int, default=16 * 1024 * 1024, help="bytes of request body (413 beyond; 16 MiB)")
     a("--max-connections", type=int, default=16_000, help="connections per worker; beyond it 503 (default 16000)")
-    a("--grace", type=float, default=10.0, help="seconds requests in flight get at shutdown (default: 10)")
+    a(
+        "--grace",
+        type=float,
+        default=10.0,
+        help="seconds requests in flight (and background work) get at shutdown, and an app whose client left"
+        " mid-request before it is cancelled (default: 10)",
+    )
+    a(
+        "--max-background",
+        type=_count,
+        default=1000,
+        help="app calls per worker that run on after their response (background tasks) while their connections"
+        " take the next request; past it a connection waits for its app (default: 1000)",
+    )
     ws = p.add_argument_group("WebSockets (uvicorn's names and defaults)")
     w = ws.add_argument
     w("--ws", choices=("wsproto", "none"), default="wsproto", help="serve WebSocket upgrades (none: 404)")
@@ -73,6 +87,13 @@ def parser() -> argparse.ArgumentParser:
     add_tls_arguments(p, client_certificates=False)
     add_log_level(p)
     return p
+
+
+def _count(value: str) -> int:
+    count = int(value)
+    if count < 0:
+        raise argparse.ArgumentTypeError("must be 0 or more")
+    return count
 
 
 def _seconds_or_none(value: str) -> float | None:
@@ -105,6 +126,7 @@ def config_from(args: argparse.Namespace, worker: int) -> HttpConfig:
         max_body_size=args.max_body_size,
         max_connections=args.max_connections,
         grace=args.grace,
+        max_background=args.max_background,
         engine=args.engine,
         websockets=args.ws != "none",
         ws_max_size=args.ws_max_size,
@@ -124,11 +146,18 @@ async def run_worker(args: argparse.Namespace, worker: int, reuse_port: bool) ->
         # The built-in app's /metrics renders the registry, which is made once the
         # server (and its keeper) exist: the closure reads it at request time.
         app: ASGIApp = load_app(args.app) if args.app else native_asgi(builtin_app(lambda: render(registry)))
-        server: HttpServer = await nursery.start(
-            lambda task_status: serve_asgi(
-                app, config, listeners=listeners, lifespan=args.lifespan == "auto", task_status=task_status
+        try:
+            server: HttpServer = await nursery.start(
+                lambda task_status: serve_asgi(
+                    app, config, listeners=listeners, lifespan=args.lifespan == "auto", task_status=task_status
+                )
             )
-        )
+        except BaseException as exc:
+            failed = runner.raised(exc, LifespanFailed)
+            if failed is None:
+                raise
+            # As uvicorn says it, and exits: code 3.
+            raise runner.WorkerExit(3, str(failed), "Application startup failed. Exiting.") from None
         registry = worker_registry(server.keeper.stats, {"worker": str(worker)}, server.figures)
         return server
 

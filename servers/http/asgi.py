@@ -19,6 +19,7 @@ from .app import App, Request, Response
 
 __all__ = [
     "ASGI_VERSION",
+    "WEBSOCKET_ASGI_VERSION",
     "ASGIApp",
     "Message",
     "Receive",
@@ -36,7 +37,15 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 """``async def app(scope, receive, send)``: an ASGI 3 application."""
 
-ASGI_VERSION = {"version": "3.0", "spec_version": "2.4"}
+ASGI_VERSION = {"version": "3.0", "spec_version": "2.3"}
+"""What the server does of ASGI's HTTP spec: 2.3 (``http.disconnect`` from ``receive()``
+once the client has gone or the response is complete), as uvicorn says. It also raises
+an ``OSError`` from ``send()`` once the client has gone, which 2.4 asks; but an app told
+2.4 may stop listening for ``http.disconnect`` (Starlette's streaming responses do), and
+then an idle stream runs on after its client left until its next write."""
+WEBSOCKET_ASGI_VERSION = {"version": "3.0", "spec_version": "2.4"}
+"""ASGI's WebSocket spec as the server speaks it: 2.4, as uvicorn says (close reasons,
+and ``websocket.send`` raising once the peer has gone)."""
 
 
 def load_app(spec: str) -> ASGIApp:

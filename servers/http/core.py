@@ -20,13 +20,17 @@ from ..prometheus import Families, Metric
 from .asgi import ASGIApp
 from .lifespan import Lifespan
 
-__all__ = ["ENGINES", "TIMEOUT_LINGER", "HttpConfig", "HttpServer", "Phase", "address"]
+__all__ = ["BACKGROUND_PER_CONNECTION", "ENGINES", "TIMEOUT_LINGER", "HttpConfig", "HttpServer", "Phase", "address"]
 
 TIMEOUT_LINGER = 0.25
 """Seconds a connection cut for a header or body timeout lingers after its 408:
 enough for the bytes in flight to drain, not enough to be worth attacking."""
 
 ENGINES = ("dense", "streams")
+
+BACKGROUND_PER_CONNECTION = 8
+"""App calls one connection may leave running after their responses (background
+tasks) while it takes its next request; past it, it waits for one to return."""
 
 
 @dataclass
@@ -45,6 +49,10 @@ class HttpConfig(WorkerConfig):
     max_body_size: int = 16 * 1024 * 1024
     max_connections: int = 16_000
     grace: float = 10.0
+    max_background: int = 1000
+    """App calls the worker lets run on after their responses (background tasks) while
+    their connections take the next request; past it, a connection waits for its app
+    to return, as if the work were part of the response."""
     engine: str = "dense"
     """``dense`` (no task per connection) or ``streams`` (a task each); both serve TLS."""
     websockets: bool = True
@@ -100,6 +108,10 @@ class HttpServer:
         self.unread_cut_total = 0
         """Connections cut because finished responses sat unacknowledged in the kernel
         for the send timeout (dense driver)."""
+        self.background = 0
+        """App calls running on after their response (background tasks)."""
+        self.background_waits = 0
+        """Times a connection waited for its app to return, at a bound of background calls."""
         self.port = 0
         """The port it listens on (read it after ``nursery.start``)."""
         self.state: dict[str, Any] | None = lifespan.state if lifespan is not None and lifespan.supported else None
@@ -154,7 +166,18 @@ class HttpServer:
         """This server's live figures, as Prometheus families (see :mod:`servers.prometheus`)."""
         f = Families({"worker": str(self.config.worker)})
         f.gauge("http_connections", "Open connections.", len(self.connections))
-        f.gauge("http_requests_in_flight", "Requests with the app now.", self.in_flight)
+        f.gauge("http_requests_in_flight", "App calls running now (background work included).", self.in_flight)
+        f.gauge(
+            "http_background_app_calls",
+            "App calls running on after their response was complete (background tasks), their connections moved on.",
+            self.background,
+        )
+        f.counter(
+            "http_background_waits_total",
+            "Responses whose connection waited for the app to return: the connection or the worker held as many"
+            " background calls as it may (--max-background).",
+            self.background_waits,
+        )
         f.counter("http_requests_total", "Requests served.", self.requests_total)
         f.counter("http_refused_total", "Connections refused with 503.", self.refused_total)
         f.counter(

@@ -24,7 +24,7 @@ import trio
 import idlekeeper
 
 from ..ws.upgrade import is_upgrade
-from .core import TIMEOUT_LINGER, Phase, address
+from .core import BACKGROUND_PER_CONNECTION, TIMEOUT_LINGER, Phase, address
 from .delivery import KERNEL_BACKLOG, DeliveryWatch, kernel_backlog
 from .dense_server import DenseHttpServer, Runner
 from .dense_ws import open_websocket
@@ -65,6 +65,8 @@ class HttpProtocol(idlekeeper.Protocol):
         "gone",
         "peer_eof",
         "cancel_armed",
+        "background",
+        "held",
         "ws",
         "_readable",
         "_writable",
@@ -92,6 +94,10 @@ class HttpProtocol(idlekeeper.Protocol):
         self.gone = False
         self.peer_eof = False  # the client half-closed while the app had its request
         self.cancel_armed = False
+        self.background = 0
+        """App calls of this connection's that go on after their response (see _move_on)."""
+        self.held = False
+        """The exchange settled at the bound of background calls: its connection waits for its app."""
         self.ws: WebSocketExchange | None = None
         """The WebSocket this connection switched to, if it did."""
         self._readable: trio.Event | None = None
@@ -124,10 +130,13 @@ class HttpProtocol(idlekeeper.Protocol):
             self.inbuf = self.inbuf + data if self.inbuf else data
         else:
             h.receive_data(data)
-        if self.exchange is None:
+        exchange = self.exchange
+        if exchange is None:
             if self.delivery is None:
                 self._heads()
                 return
+        elif exchange.finished:
+            self._move_on()  # the next request came while the app goes on after its response
         else:
             self._wake_reader()
         h = self.h11
@@ -155,6 +164,8 @@ class HttpProtocol(idlekeeper.Protocol):
             if self._gone_event is not None:
                 self._gone_event.set()
             self._cancel_app_later()
+            if self.exchange.finished:
+                self._move_on()
         return True  # a response may still be on its way; we close when it is out
 
     def pause_writing(self) -> None:
@@ -188,7 +199,9 @@ class HttpProtocol(idlekeeper.Protocol):
 
     def _cancel_app_later(self) -> None:
         runner, exchange = self.runner, self.exchange
-        if runner is not None and exchange is not None and not self.cancel_armed:
+        # An app whose response is complete runs on, whoever left: its work is its own
+        # (a background task), as uvicorn lets it; a shutdown gives it the grace.
+        if runner is not None and exchange is not None and not exchange.complete and not self.cancel_armed:
             self.cancel_armed = True
             self.server.keeper.call_later(self.server.config.grace, lambda: runner.cancel(exchange))
 
@@ -294,13 +307,85 @@ class HttpProtocol(idlekeeper.Protocol):
         self.runner = runner
         runner.exchange = exchange
         try:
-            after = await exchange.run(server.app)
+            await exchange.call(server.app)
         finally:
             runner.exchange = None
-            self.runner = None
-            self.cancel_armed = False
-            self.exchange = None
             server.exchange_ended()
+            if exchange.detached:
+                self.background -= 1
+                server.background -= 1
+        if exchange.detached:
+            return  # moved on meanwhile (see _move_on)
+        # after_response's steps, inline: a frame and a call less on every request's path.
+        try:
+            after = await exchange.finish()
+        finally:
+            self.runner = None
+            self.cancel_armed = self.held = False
+            self.exchange = None
+        self._go_on(exchange, after)
+
+    def settled(self) -> None:
+        """The exchange's response is complete, or cannot be (see
+        :meth:`.exchange.Channel.settled`); the app may return now or go on (a
+        background task). Most return at once, and the connection's steps follow in
+        their runner (run_exchange), at no cost here. Where waiting for that would keep
+        something waiting (a close to make, a request already read, a refusal or a cut
+        to answer), the connection moves on now; else the next read moves it on, if
+        the app is still running then."""
+        exchange = self.exchange
+        if exchange is None or self.gone:
+            return
+        h = self.h11
+        if (
+            not exchange.complete
+            or exchange.closing
+            or (h is not None and (h.our_state is h11.MUST_CLOSE or h.trailing_data[0]))
+            or self.inbuf
+            or self.peer_eof
+        ):
+            self._move_on()
+
+    def _move_on(self) -> None:
+        """The exchange has settled and its app goes on (a background task after its
+        response, or work the client left behind): the connection moves on now, in a
+        runner of its own, unless this connection or the server holds as many such
+        calls as it may, when it waits for the app to return (as every connection
+        did before). A call the client left mid-request is cancelled after the grace."""
+        exchange, runner, server = self.exchange, self.runner, self.server
+        if exchange is None or runner is None or self.gone or exchange.detached or exchange.returned:
+            return
+        if self.background >= BACKGROUND_PER_CONNECTION or server.background >= server.config.max_background:
+            if not self.held:  # counted once an exchange
+                self.held = True
+                server.background_waits += 1
+            return
+        exchange.detached = True
+        self.background += 1
+        server.background += 1
+        self.runner = None
+        if not exchange.complete:
+            server.keeper.call_later(server.config.grace, lambda: runner.cancel(exchange))
+        server.dispatch(_AfterResponse(self, exchange))
+
+    async def after_response(self, exchange: Exchange) -> None:
+        """The connection's steps once ``exchange`` settled: the rest of the request
+        body read, then the next request, or the close."""
+        try:
+            after = await exchange.finish()
+        finally:
+            self._released()
+        self._go_on(exchange, after)
+
+    def _released(self) -> None:
+        self.runner = None
+        self.cancel_armed = False
+        self.held = False
+        self.exchange = None
+
+    def _go_on(self, exchange: Exchange, after: Outcome) -> None:
+        """Act on ``exchange``'s outcome: take the next request, refuse, cut or close."""
+        server = self.server
         if self.gone or self.lingered >= 0:
             return
         t = self.t
@@ -337,7 +422,14 @@ class HttpProtocol(idlekeeper.Protocol):
     def _too_slow_after_all(self) -> None:
         self.timer = None
         if self.phase in (Phase.HEAD, Phase.BODY) and not self.gone and self.lingered < 0:
-            self.refuse(408, "", log=False, linger=TIMEOUT_LINGER)
+            exchange = self.exchange
+            if exchange is not None and exchange.head_sent:
+                # The app's response has begun (it answers as the body comes): a 408
+                # now would land inside it. Cut, as the streams driver does.
+                log_refusal(408, "the request body stalled after the response began; cut")
+                self.t.abort()
+            else:
+                self.refuse(408, "", log=False, linger=TIMEOUT_LINGER)
             self._wake_reader()
 
     def refuse(
@@ -437,6 +529,19 @@ class HttpProtocol(idlekeeper.Protocol):
         if self._gone_event is None:
             self._gone_event = trio.Event()
         await self._gone_event.wait()
+
+
+class _AfterResponse:
+    """A connection's steps after a response whose app goes on, for a runner to take."""
+
+    __slots__ = ("conn", "exchange")
+
+    def __init__(self, conn: HttpProtocol, exchange: Exchange) -> None:
+        self.conn = conn
+        self.exchange = exchange
+
+    async def run_exchange(self, runner: Runner) -> None:
+        await self.conn.after_response(self.exchange)
 
 
 async def run_dense(

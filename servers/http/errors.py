@@ -8,6 +8,8 @@ import trio
 
 import idlekeeper
 
+from ..httpdate import http_date
+
 __all__ = ["error_response", "linger", "log_refusal", "send_error"]
 
 logger = logging.getLogger("servers.http")
@@ -36,11 +38,12 @@ def log_refusal(status: int, why: str) -> None:
 
 def error_response(status: int) -> bytes:
     """The bytes of an error answer that closes its connection, written past h11 (which
-    may already be in an error state): a plain-text body naming the status."""
+    may already be in an error state): a plain-text body naming the status, and the
+    ``Date`` an origin server's every answer carries (RFC 9110 §6.6.1)."""
     reason = _REASONS.get(status, "Error")
     body = f"{status} {reason}\n".encode()
     head = (
-        f"HTTP/1.1 {status} {reason}\r\n"
+        f"HTTP/1.1 {status} {reason}\r\nDate: {http_date().decode()}\r\n"
         f"Content-Type: text/plain\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n"
     ).encode()
     return head + body

@@ -12,22 +12,30 @@ connection may carry another request, must close once the response is out, or mu
 be cut (a response the app started and never finished), and which error answer to
 give when the request body was malformed (400) or too large (413) before any
 response began.
+
+**An exchange's life is its response's, not the app call's.** ASGI apps go on after
+their last ``send()``: Starlette's and FastAPI's background tasks run inside the app
+call, after the body is out. So the exchange is *settled* (:attr:`Exchange.finished`)
+once the response is complete, or cannot be (the client left, the request was
+refused), and the driver moves the connection on then (the next request, or the
+close) while :meth:`Exchange.call` goes on to the app's end. A ``receive()`` that waits
+for a disconnect is answered ``http.disconnect`` at that moment, as ASGI asks.
 """
 
 from __future__ import annotations
 
 import contextlib
-import email.utils
 import enum
 import http
 import logging
-import time
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
 import h11
+import trio
 from h11 import Connection as _Connection
 
+from ..httpdate import http_date
 from .asgi import ASGIApp, Message, Scope
 from .quickhead import QuickHead
 from .whole import whole_bytes, whole_response
@@ -39,19 +47,7 @@ logger = logging.getLogger("servers.http")
 # "HTTP/1.1 200 OK" rather than h11's bare "200": some clients log the phrase.
 _PHRASES = {status.value: status.phrase.encode() for status in http.HTTPStatus}
 _NO_BODY_STATUSES = frozenset({204, 304})
-
-_date_second = 0
-_date_value = b""
-
-
-def http_date() -> bytes:
-    """The ``Date`` header's value for now (RFC 9110 §6.6.1), formatted once a second."""
-    global _date_second, _date_value
-    now = int(time.time())
-    if now != _date_second:
-        _date_second = now
-        _date_value = email.utils.formatdate(now, usegmt=True).encode()
-    return _date_value
+_DISCONNECT: Message = {"type": "http.disconnect"}
 
 
 class ClientGone(ConnectionError):
@@ -105,6 +101,12 @@ class Channel(Protocol):
         """Return once the client has gone away (for an app listening for it)."""
         ...
 
+    def settled(self) -> None:
+        """The exchange has settled (see :attr:`Exchange.finished`): the response is
+        complete or cannot be, whatever the app does next. Called once, from the app's
+        task (in ``send()``, or as the app returns)."""
+        ...
+
 
 class Exchange:
     """One request's ASGI cycle on ``channel``; :meth:`run` it in a task of its own
@@ -132,6 +134,13 @@ class Exchange:
         "refusal_reason",
         "closing",
         "quick",
+        "finished",
+        "returned",
+        "detached",
+        "_settled",
+        "_returned",
+        "_waiting",
+        "_waiter_left",
     )
 
     def __init__(
@@ -164,19 +173,39 @@ class Exchange:
         self.quick = quick
         """The request's head if it was read past h11 (then it has no body, and h11 hears
         of it only if the response needs h11)."""
+        self.finished = False
+        """Settled: the response is complete, or cannot be (the client went, the request
+        was refused); the connection may move on, whatever the app does next."""
+        self.returned = False
+        """The app call has returned (or raised)."""
+        self.detached = False
+        """The driver moved the connection on while the app went on (its background work)."""
+        self._settled: trio.Event | None = None
+        self._returned: trio.Event | None = None
+        self._waiting: trio.CancelScope | None = None
+        self._waiter_left: trio.Event | None = None
 
     # -- the app's side ------------------------------------------------------------
 
     async def receive(self) -> Message:
-        """ASGI ``receive``: the request body in pieces, then ``http.disconnect``."""
-        if self.gone or self.complete:
-            return {"type": "http.disconnect"}
+        """ASGI ``receive``: the request body in pieces, then ``http.disconnect`` once
+        the client has gone or the response is complete."""
+        if self.gone or self.finished:
+            return dict(_DISCONNECT)
         if self.body_done:
             # Nothing more to read: wait for the client to go (Starlette's streaming
-            # responses listen for it) or for the response to end.
-            await self.channel.disconnected()
-            self.gone = True
-            return {"type": "http.disconnect"}
+            # responses listen for it) or for the response to end (see _settle).
+            scope = self._waiting = trio.CancelScope()
+            left = self._waiter_left = trio.Event()
+            try:
+                with scope:
+                    await self.channel.disconnected()
+                    self.gone = True
+                    self._settle()
+            finally:
+                self._waiting = None
+                left.set()
+            return dict(_DISCONNECT)
         return await self._body()
 
     async def _body(self) -> Message:
@@ -270,6 +299,7 @@ class Exchange:
                 if whole is not None:
                     self.complete = True
                     await self._write(whole)
+                    self._settle()
                     return
             out = self.channel.parser().send(self._head(len(body) if not more else None)) or b""
         h = self.channel.parser()
@@ -280,12 +310,15 @@ class Exchange:
             self.complete = True
         if out:
             await self._write(out)
+        if self.complete:
+            self._settle()
 
     async def _write(self, data: bytes) -> None:
         try:
             await self.channel.write(data)
         except ClientGone:
             self.gone = True
+            self._settle()
             raise ClientDisconnected("the client went away") from None
 
     def _whole(self, body: bytes) -> bytes | None:
@@ -330,43 +363,85 @@ class Exchange:
         if not self.refusal:
             self.refusal = status
             self.refusal_reason = why
+        self._settle()
+
+    def _settle(self) -> None:
+        """The response is complete or cannot be: a receive() waiting for a disconnect
+        is answered now, and the driver may move the connection on."""
+        if self.finished:
+            return
+        self.finished = True
+        if self._waiting is not None:
+            self._waiting.cancel()
+        if self._settled is not None:
+            self._settled.set()
+        self.channel.settled()
 
     # -- the driver's side ---------------------------------------------------------
 
-    async def run(self, app: ASGIApp) -> Outcome:
-        """Call the app and see its response out; then read what is left of the request
-        body, so the connection can carry the next one. Returns what to do next."""
+    async def call(self, app: ASGIApp) -> None:
+        """Call the app, answering for it where it fails (500 before a response began);
+        returns when the app does, which may be long after the exchange settled."""
         try:
             await app(self.scope, self.receive, self.send)
         except ClientDisconnected:
             pass  # the app did not catch it: nothing more to send
-        except Exception:
-            logger.exception("http: the app raised on %s %s", self.scope["method"], self.scope["raw_path"].decode())
-            if not self.head_sent and not self.refusal and not self.gone:
-                await self._internal_error()
+        except Exception as exc:
+            target = self._target()
+            if self.gone and not self.refusal:
+                # Raised because the client left (Starlette's ClientDisconnect from a
+                # send that failed, say): the client's doing, worth a line, not a stack.
+                logger.info("http: the app raised after the client left %s %s: %r", *target, exc)
+            else:
+                logger.exception("http: the app raised on %s %s", *target)
+                if not self.head_sent and not self.refusal:
+                    await self._internal_error()
         else:
-            if not self.started and not self.refusal and not self.gone:
-                logger.error(
-                    "http: the app returned without a response to %s %s",
-                    self.scope["method"],
-                    self.scope["raw_path"].decode(),
-                )
+            if self.complete:
+                pass  # the usual end: checked first, as every request comes this way
+            elif not self.started and not self.refusal and not self.gone:
+                logger.error("http: the app returned without a response to %s %s", *self._target())
                 await self._internal_error()
+            elif self.started and not self.refusal and not self.gone:
+                # uvicorn's words for it. Nothing out yet: a 500 says so; else the cut does.
+                logger.error("http: ASGI callable returned without completing response to %s %s", *self._target())
+                if not self.head_sent:
+                    await self._internal_error()
+        finally:
+            self.returned = True
+            if not self.finished:
+                self._settle()
+            if self._returned is not None:
+                self._returned.set()
+
+    def _target(self) -> tuple[str, str]:
+        """The request's method and target, for a log line."""
+        return self.scope["method"], self.scope["raw_path"].decode("latin-1")
+
+    async def settle(self) -> None:
+        """Return once the exchange has settled (see :attr:`finished`) and a receive()
+        that waited for a disconnect has left (it may have been reading the connection)."""
+        if not self.finished:
+            if self._settled is None:
+                self._settled = trio.Event()
+            await self._settled.wait()
+        if self._waiter_left is not None:
+            await self._waiter_left.wait()
+
+    async def app_returned(self) -> None:
+        """Return once the app call has returned."""
+        if not self.returned:
+            if self._returned is None:
+                self._returned = trio.Event()
+            await self._returned.wait()
+
+    async def finish(self) -> Outcome:
+        """Once settled: read what is left of the request body, so the connection can
+        carry the next one. Returns what to do next."""
         if self.refusal and not self.head_sent:
             return Outcome.REFUSE
         if not self.complete or self.gone:
             return Outcome.ABORT
-        return await self._finish()
-
-    async def _internal_error(self) -> None:
-        """Answer 500 in the app's place (the client may have gone meanwhile)."""
-        self.started = True
-        self.status = 500
-        self.headers = [(b"content-type", b"text/plain")]
-        with contextlib.suppress(ClientDisconnected):
-            await self.send({"type": "http.response.body", "body": b"internal server error\n"})
-
-    async def _finish(self) -> Outcome:
         h = self.channel.h11
         if h is None:
             # A quick request answered whole: both sides are done, and the connection
@@ -386,3 +461,12 @@ class Exchange:
             return Outcome.CLOSE
         h.start_next_cycle()
         return Outcome.NEXT
+
+    async def _internal_error(self) -> None:
+        """Answer 500 in the app's place (the client may have gone meanwhile)."""
+        self.started = True
+        self.status = 500
+        self.headers = [(b"content-type", b"text/plain")]
+        with contextlib.suppress(ClientDisconnected):
+            await self.send({"type": "http.response.body", "body": b"internal server error\n"})
+

@@ -2,8 +2,9 @@
 
 The way trio code is written, and the one that speaks TLS (``trio.SSLStream``). Each
 connection's task reads request heads, hands each request to an
-:class:`~.exchange.Exchange` and acts on its outcome; the deadlines are the watched
-stream's, changed with the phase (see :mod:`.server`).
+:class:`~.exchange.Exchange` whose app runs in a task of its own, and acts on its
+outcome once it has settled (the response complete: the app may go on); the deadlines
+are the watched stream's, changed with the phase (see :mod:`.server`).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from idlekeeper import Reason
 from ..listeners import port_of
 from ..ws.upgrade import Offer, denial_head, is_upgrade, read_offer
 from .asgi import ASGIApp, Scope
-from .core import TIMEOUT_LINGER, HttpConfig, HttpServer, Phase, address
+from .core import BACKGROUND_PER_CONNECTION, TIMEOUT_LINGER, HttpConfig, HttpServer, Phase, address
 from .errors import log_refusal, send_error
 from .exchange import ClientGone, Exchange, Outcome
 from .head import bad_head_status, head_refusal, header_list, make_scope
@@ -34,7 +35,7 @@ class _StreamConn:
     """One connection of the streams driver, and the :class:`~.exchange.Channel` its
     exchanges read and write through."""
 
-    __slots__ = ("h11", "phase", "requests", "started", "stream", "config", "ws")
+    __slots__ = ("h11", "phase", "requests", "started", "stream", "config", "ws", "background", "exchange")
 
     def __init__(self, stream: idlekeeper.WatchedStream, config: HttpConfig) -> None:
         self.stream = stream
@@ -44,6 +45,10 @@ class _StreamConn:
         self.requests = 0
         self.started = trio.current_time()
         self.ws: WebSocketExchange | None = None
+        self.background = 0
+        """App calls of this connection's that go on after their response."""
+        self.exchange: Exchange | None = None
+        """The request the connection serves now, if any."""
 
     def parser(self) -> h11.Connection:
         """h11 reads every request here (quick heads are the dense driver's)."""
@@ -68,6 +73,9 @@ class _StreamConn:
             await self.stream.send_all(data)
         except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
             raise ClientGone(repr(exc)) from exc
+
+    def settled(self) -> None:
+        """Nothing to do here: the connection's task awaits the exchange's settling."""
 
     async def disconnected(self) -> None:
         # Reading is the only way a stream hears of a disconnect; what is read (a
@@ -94,8 +102,10 @@ class StreamsHttpServer(HttpServer):
         self.accepting = trio.CancelScope()
         """Cancelled to stop accepting new connections."""
         self.apps: trio.Nursery
-        """Where WebSocket apps run, outside their connections' cancel scopes (set by
+        """Where the apps run, outside their connections' cancel scopes (set by
         :func:`run_streams`)."""
+        self.calls: dict[trio.CancelScope, None] = {}
+        """The scopes of the HTTP app calls running now (cut at the end of a shutdown)."""
 
     @property
     def engine(self) -> str:
@@ -119,6 +129,8 @@ class StreamsHttpServer(HttpServer):
             conn.stream.cancel_scope.cancel()
             if conn.ws is not None:
                 conn.ws.cut()
+        for scope in list(self.calls):
+            scope.cancel()
 
     def _with_app(self, conn: _StreamConn) -> bool:
         return conn.phase is Phase.APP or conn.phase is Phase.BODY
@@ -141,10 +153,12 @@ class StreamsHttpServer(HttpServer):
             pass
         finally:
             self.connections.pop(conn, None)
+            exchange = conn.exchange
             if (
                 stream.expired
                 and stream.reason in (Reason.ABSOLUTE, Reason.RECEIVE)
                 and conn.phase in (Phase.HEAD, Phase.BODY)
+                and (exchange is None or not exchange.head_sent)  # else it would land inside the response
             ):
                 # The client was too slow to send its request: answer 408, briefly,
                 # from a shielded scope (the watch's own scope has been cancelled).
@@ -209,16 +223,55 @@ class StreamsHttpServer(HttpServer):
                 max_body_size=cfg.max_body_size,
                 must_close=lambda: self.must_close(conn.started, conn.requests),
             )
-            self.exchange_started()
-            try:
-                outcome = await exchange.run(self.app)
-            finally:
-                self.exchange_ended()
+            conn.exchange = exchange
+            outcome = await self._exchange(conn, exchange)
+            conn.exchange = None
             if outcome is Outcome.REFUSE:
                 await _refuse(stream, exchange.refusal, exchange.refusal_reason)
                 return
             if outcome is not Outcome.NEXT:
                 return
+
+    async def _exchange(self, conn: _StreamConn, exchange: Exchange) -> Outcome:
+        """Run ``exchange``'s app in a task of its own; once the exchange settles, the
+        connection goes on (the rest of the body read, then the next request or the
+        close) while the app may go on (a background task), within the bounds: past
+        them, the connection waits for the app to return. An app the client left
+        mid-request is cancelled after the grace."""
+        self.exchange_started()
+        scope = trio.CancelScope()
+        self.apps.start_soon(self._call, conn, exchange, scope)
+        try:
+            await exchange.settle()
+        finally:
+            if not exchange.finished:
+                # The connection's watch expired (a body or send timeout) or the server
+                # is cut: the app's reads and writes on it end with it, as they did when
+                # the app ran in this task.
+                scope.cancel()
+        if not exchange.returned:
+            if not exchange.complete:
+                self.keeper.call_later(self.config.grace, scope.cancel)
+            if conn.background >= BACKGROUND_PER_CONNECTION or self.background >= self.config.max_background:
+                self.background_waits += 1
+                await exchange.app_returned()
+            else:
+                exchange.detached = True
+                conn.background += 1
+                self.background += 1
+        return await exchange.finish()
+
+    async def _call(self, conn: _StreamConn, exchange: Exchange, scope: trio.CancelScope) -> None:
+        self.calls[scope] = None
+        try:
+            with scope:
+                await exchange.call(self.app)
+        finally:
+            del self.calls[scope]
+            self.exchange_ended()
+            if exchange.detached:
+                conn.background -= 1
+                self.background -= 1
 
     async def _websocket(
         self, conn: _StreamConn, event: h11.Request, headers: list[tuple[bytes, bytes]], scope: Scope

@@ -45,7 +45,7 @@ from idlekeeper import Reason
 
 from ..ws.session import Closed, WsSession
 from ..ws.upgrade import Offer, accept_head, denial_head, take_deflate
-from .asgi import ASGIApp, Message, Scope
+from .asgi import WEBSOCKET_ASGI_VERSION, ASGIApp, Message, Scope
 from .core import HttpConfig
 from .exchange import ClientDisconnected, ClientGone
 
@@ -114,6 +114,7 @@ def websocket_scope(http_scope: Scope, offer: Offer) -> Scope:
     """The ASGI ``websocket`` scope for an upgrade request's ``http`` scope."""
     scope = dict(http_scope)
     scope["type"] = "websocket"
+    scope["asgi"] = WEBSOCKET_ASGI_VERSION
     scope["scheme"] = "wss" if http_scope["scheme"] == "https" else "ws"
     scope["subprotocols"] = offer.subprotocols
     scope["extensions"] = {"websocket.http.response": {}}

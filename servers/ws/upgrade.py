@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from wsproto.utilities import generate_accept_token
 
+from ..httpdate import http_date
 from .deflate import BoundedDeflate
 
 __all__ = [
@@ -194,12 +195,18 @@ _HANDSHAKE_HEADERS = frozenset(
 def denial_head(status: int, headers: Iterable[tuple[bytes, bytes]], length: int) -> bytes:
     """The head of a response that turns a handshake down (an app's
     ``websocket.http.response``, or the server's own refusal): ``length`` bytes of
-    body follow, then the connection closes."""
+    body follow, then the connection closes. It carries a ``Date`` (RFC 9110 §6.6.1)
+    unless the app's headers have one."""
     phrase = _PHRASES.get(status, b"")
     lines = [b"HTTP/1.1 %d %s" % (status, phrase)]
-    lines.extend(
-        name + b": " + value for name, value in headers if name.lower() not in (b"content-length", b"connection")
-    )
+    dated = False
+    for name, value in headers:
+        lowered = name.lower()
+        if lowered not in (b"content-length", b"connection"):
+            lines.append(name + b": " + value)
+            dated = dated or lowered == b"date"
+    if not dated:
+        lines.append(b"Date: " + http_date())
     lines.append(b"Content-Length: %d" % length)
     lines.append(b"Connection: close")
     return b"\r\n".join(lines) + b"\r\n\r\n"
