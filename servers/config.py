@@ -4,12 +4,22 @@ from __future__ import annotations
 
 import argparse
 import logging
+import textwrap
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from .tls import TLSOptions, tls_options
 
-__all__ = ["LOG_FORMAT", "WorkerConfig", "add_log_level", "add_worker_arguments", "configure_logging"]
+__all__ = ["LOG_FORMAT", "HelpFormatter", "WorkerConfig", "add_log_level", "add_worker_arguments", "configure_logging"]
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """argparse's own, but a word is never cut: a URL form such as
+    ``redis+sentinel://HOST:PORT[,HOST:PORT...]/SERVICE`` stays on one line, to be copied."""
+
+    def _split_lines(self, text: str, width: int) -> list[str]:
+        text = " ".join(text.split())
+        return textwrap.wrap(text, width, break_long_words=False, break_on_hyphens=False)
 
 
 C = TypeVar("C", bound="WorkerConfig")

@@ -13,7 +13,7 @@ import trio
 from .. import runner
 from ..bearer import TokenFile, TokenFileError
 from ..bus import Hub
-from ..config import add_log_level, add_worker_arguments, configure_logging
+from ..config import HelpFormatter, add_log_level, add_worker_arguments, configure_logging
 from ..gcpolicy import freeze_on_keeper
 from ..listeners import open_listeners
 from ..readiness import Ready
@@ -45,7 +45,9 @@ reaper task per worker process."""
 
 def parser() -> argparse.ArgumentParser:
     """The command line, documented in --help and docs/reference/cli.md."""
-    p = argparse.ArgumentParser(prog="python -m servers.heartbeat", description=DESCRIPTION)
+    p = argparse.ArgumentParser(
+        prog="python -m servers.heartbeat", description=DESCRIPTION, formatter_class=HelpFormatter
+    )
     add_worker_arguments(p, port=1883)
     a = p.add_argument
     a(
@@ -204,9 +206,11 @@ def parser() -> argparse.ArgumentParser:
         "--cluster",
         default=None,
         metavar="URL",
-        help="share presence with a fleet of gateways on Redis >= 7, e.g. redis://127.0.0.1:6379/0, or "
-        "through Sentinels: redis+sentinel://HOST:PORT[,HOST:PORT...]/SERVICE[/DB], which follows a "
-        "failover (default: this machine only, no external service)",
+        help="share presence with a fleet of gateways on Redis >= 7: one server, redis://HOST:PORT/DB "
+        "(rediss:// for TLS); through Sentinels, following a failover, "
+        "redis+sentinel://HOST:PORT[,HOST:PORT...]/SERVICE[/DB]; or a Redis Cluster, "
+        "redis+cluster://HOST:PORT[,HOST:PORT...][/?shards=N]; credentials as USER:PASSWORD@ before the "
+        "first HOST (default: this machine only, no external service)",
     )
     a("--node", default=None, help="this gateway's name in the fleet (default: HOST:PORT); each worker is NODE/wI")
     a(

@@ -16,20 +16,18 @@ from __future__ import annotations
 import math
 import os
 import time
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping, Sequence, Sized
+from typing import Any, Protocol
 
 import trio
 
-from idlekeeper import LagHistogram
+from idlekeeper import Keeper, LagHistogram
 
 from ..page import Page
 from ..prometheus import memory_bytes
 from ..status import fetch_json
+from .coordination import Coordinator
 from .overview import SEARCH_LIMIT
-
-if TYPE_CHECKING:
-    from .server import HeartbeatServer
 
 __all__ = ["LATENESS_STEPS", "Dashboard", "merge_lateness"]
 
@@ -45,6 +43,41 @@ _RATE_MIN_WINDOW = 1.0
 """Seconds a rate is measured over at least: several pages asking at once share it."""
 
 
+class _Identity(Protocol):
+    @property
+    def worker(self) -> int: ...
+
+    @property
+    def node(self) -> str: ...
+
+
+class Worker(Protocol):
+    """What the page reads of its worker (the :class:`~.server.HeartbeatServer`): a
+    protocol, so that this module needs nothing above it."""
+
+    @property
+    def keeper(self) -> Keeper: ...
+
+    @property
+    def config(self) -> _Identity: ...
+
+    @property
+    def connections(self) -> Sized: ...
+
+    @property
+    def online(self) -> Sized: ...
+
+    @property
+    def offline_by_reason(self) -> Mapping[str, int]: ...
+
+    @property
+    def coordinator(self) -> Coordinator: ...
+
+    def packets_in(self) -> int:
+        """Control packets read so far."""
+        ...
+
+
 class Dashboard:
     """One worker's figures and the snapshots of its page (a :class:`servers.page.PageSource`).
 
@@ -52,7 +85,7 @@ class Dashboard:
     their own figures with the asking request's credentials.
     """
 
-    def __init__(self, server: HeartbeatServer, *, siblings: Sequence[int] = (), host: str = "127.0.0.1") -> None:
+    def __init__(self, server: Worker, *, siblings: Sequence[int] = (), host: str = "127.0.0.1") -> None:
         self.server = server
         self.siblings = list(siblings)
         self.host = host

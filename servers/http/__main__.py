@@ -10,7 +10,7 @@ from collections.abc import Sequence
 import trio
 
 from .. import runner
-from ..config import add_log_level, add_worker_arguments, configure_logging
+from ..config import HelpFormatter, add_log_level, add_worker_arguments, configure_logging
 from ..listeners import open_listeners
 from ..prometheus import render, worker_registry
 from ..readiness import Ready
@@ -31,7 +31,7 @@ per request. Without an app it serves the built-in one: /, /healthz, /metrics,
 
 def parser() -> argparse.ArgumentParser:
     """The command line, documented in --help and docs/reference/cli.md."""
-    p = argparse.ArgumentParser(prog="python -m servers.http", description=DESCRIPTION)
+    p = argparse.ArgumentParser(prog="python -m servers.http", description=DESCRIPTION, formatter_class=HelpFormatter)
     a = p.add_argument
     a("app", nargs="?", default=None, metavar="MODULE:APP", help="the ASGI app to serve, e.g. myproject.web:app")
     add_worker_arguments(p, port=8080)
