@@ -26,7 +26,9 @@ workloads the targets were set on:
 and in how many rounds each target was met, since a ratio near its line lands on
 either side of it from one run to the next here. A peer that is not installed makes
 its targets "not measured", never met. ``--render`` prints the table of an earlier
-run's JSON. Loopback only; every server is stopped by its PID.
+run's JSON. Each run also updates the scoreboard (``--board``, ``docs/performance.md``
+and its record beside it, :mod:`loadtest.scoreboard`) for the targets it measured.
+Loopback only; every server is stopped by its PID.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from . import scoreboard
 from .compare import compare_devices, compare_http
 from .http.workload import HttpLoad
 from .options import add_devices, add_json, add_quiet, command_parser
@@ -334,6 +337,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     add_json(p, "results/scorecard.json", table=True, flag="--out")
     add_quiet(p)
     a("--render", default=None, metavar="JSON", help="only print the scorecard of an earlier run's JSON")
+    a(
+        "--board",
+        default=str(scoreboard.BOARD),
+        metavar="PAGE",
+        help="the scoreboard page this run updates, its record beside it as .json ('' for none;"
+        " default: docs/performance.md)",
+    )
     args = p.parse_args(argv)
     if args.render:
         print(render(json.loads(Path(args.render).read_text())["rounds"]))
@@ -353,6 +363,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         path = write_json(args.out, {"parts": parts, "rounds": rounds})
     text = render(rounds)
     show_table(path, text)
+    if args.board:
+        shown = " ".join(["python -m loadtest scorecard", *(sys.argv[1:] if argv is None else argv)])
+        scoreboard.update(Path(args.board), GOALS, [judge(r) for r in rounds], command=shown)
+        print(f"scoreboard             {args.board}")
     return 0
 
 

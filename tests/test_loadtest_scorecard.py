@@ -195,3 +195,30 @@ def test_a_tls_round_against_real_servers_is_judged() -> None:
         theirs = r["tls"]["runs"]["mosquitto"]["handshake_cpu_ms"]
         assert got.ratio == pytest.approx(ours["handshake_cpu_ms"] / theirs)
         assert got.met is (got.ratio <= 1.5)
+
+
+def test_the_scoreboard_keeps_each_targets_latest_reading(tmp_path: Path) -> None:
+    from loadtest import scoreboard
+
+    board = tmp_path / "performance.md"
+    first = [judge(a_round()), judge(a_round(http__rows__granian={"rps": 20_000}))]
+    scoreboard.update(board, GOALS, first, command="python -m loadtest scorecard --rounds 2", where="M-one")
+    page = board.read_text()
+    rows = {line.split(" | ")[0].lstrip("| "): line for line in page.splitlines() if line.startswith("| ")}
+    # The median of the rounds (0.96 and 1.20), met in one of two, with its peer and machine.
+    assert "| 1.08× | 1 of 2 rounds | granian " in rows["HTTP req/s, against granian"]
+    assert rows["HTTP req/s, against granian"].endswith("| M1 |")
+    assert "- M1: M-one" in page and "python -m loadtest scorecard --rounds 2" in page
+    # A later run of one part updates its targets and keeps the others.
+    later = [judge({"tls": a_round(tls__runs__idlekeeper={"handshake_cpu_ms": 2})["tls"]})]
+    scoreboard.update(board, GOALS, later, command="python -m loadtest scorecard --only tls", where="M-two")
+    page = board.read_text()
+    rows = {line.split(" | ")[0].lstrip("| "): line for line in page.splitlines() if line.startswith("| ")}
+    assert "| 2.00× | none of 1 round |" in rows["CPU per TLS handshake, against Mosquitto"]
+    assert rows["CPU per TLS handshake, against Mosquitto"].endswith("| M2 |")
+    assert "| 1.08× | 1 of 2 rounds |" in rows["HTTP req/s, against granian"]  # kept
+    record = json.loads(board.with_suffix(".json").read_text())
+    assert set(record["targets"]) >= {"http_granian", "tls_handshake"}
+    # A target no run has measured says so.
+    empty = scoreboard.render({"targets": {}}, GOALS)
+    assert empty.count("not measured yet") == len(GOALS)
