@@ -18,6 +18,7 @@ import trio
 from loadtest.redis_server import running_redis
 from servers.heartbeat.coordination.fleet import RedisCoordinator
 from servers.heartbeat.presence import PresenceEvent
+from servers.heartbeat.publication import Publication
 
 
 class _Host:
@@ -25,7 +26,7 @@ class _Host:
         self.evicted = trio.Event()
         self.at = 0.0
 
-    def deliver(self, topic: str, payload: bytes, qos: int) -> None:
+    def deliver(self, message: Publication, groups: object = None, plain: bool = True) -> None:
         pass
 
     def evict(self, client_id: str, epoch: str, detail: str) -> None:

@@ -20,6 +20,7 @@ from servers.heartbeat.coordination.authority import Authority, epoch_of
 from servers.heartbeat.coordination.local import BusCoordinator
 from servers.heartbeat.policy import DEFAULT_PRESENCE_PREFIX as PRESENCE
 from servers.heartbeat.presence import PresenceEvent
+from servers.heartbeat.publication import Publication
 
 from .redis_server import RedisServer, require_binary
 
@@ -43,19 +44,10 @@ class RecordingHost:
     groups: list[tuple[str, ...] | None] = field(default_factory=list)
     """The shared subscriptions each was for, in step with ``delivered``."""
 
-    def deliver(
-        self,
-        topic: str,
-        payload: bytes,
-        qos: int,
-        properties: bytes = b"",
-        retain: bool = False,
-        groups: Collection[str] | None = None,
-        plain: bool = True,
-    ) -> None:
-        self.delivered.append((topic, payload, qos))
-        self.properties.append(properties)
-        self.retains.append(retain)
+    def deliver(self, message: Publication, groups: Collection[str] | None = None, plain: bool = True) -> None:
+        self.delivered.append((message.topic, message.payload, message.qos))
+        self.properties.append(message.properties)
+        self.retains.append(message.retain)
         self.groups.append(None if groups is None else tuple(groups))
 
     def evict(self, client_id: str, epoch: str, detail: str) -> None:

@@ -34,6 +34,7 @@ from servers.heartbeat.coordination.frames import (
 from servers.heartbeat.coordination.local import BusCoordinator
 from servers.heartbeat.persistent import Attach, Detach, Push, Subscribed
 from servers.heartbeat.presence import PresenceEvent
+from servers.heartbeat.publication import Publication
 
 from .coordinator_cluster import local_cluster
 from .test_coordinators import until
@@ -104,10 +105,10 @@ def test_a_routed_message_resent_on_a_new_link_is_delivered_once() -> None:
         Reported(3, Subscribed("dev", "jobs/#", 1)),
     )
     sender = link_of(authority, 2, "w0-a")
-    feed(authority, sender, Routed(1, "jobs/1", b"run", 1))
+    feed(authority, sender, Routed(1, Publication("jobs/1", b"run", 1)))
     authority.disconnected(sender, overflowed=True)
     again = link_of(authority, 3, "w0-a")
-    feed(authority, again, Routed(1, "jobs/1", b"run", 1), Routed(2, "jobs/2", b"run", 1))
+    feed(authority, again, Routed(1, Publication("jobs/1", b"run", 1)), Routed(2, Publication("jobs/2", b"run", 1)))
     sent = [packet for f in holder.frames() if isinstance(f, Transmit) for packet in f.packets]
     assert [b"jobs/1" in p for p in sent] == [True, False]  # jobs/1 once, then jobs/2
     assert queued(authority, "dev") == 2
@@ -181,16 +182,16 @@ async def test_qos_1_messages_routed_across_a_dropped_link_arrive_once_and_in_or
         b.coordinator.filters_changed(b.host.filters())
         assert await b.coordinator.settle()  # a routes by b's filter from here on
         for i in range(10):
-            a.coordinator.route("jobs/x", b"%d" % i, 1)
+            a.coordinator.route(Publication("jobs/x", b"%d" % i, 1))
         assert cluster.drop_link is not None
         cluster.drop_link(0)  # a is not scheduled meanwhile: it has not seen its link go
         for i in range(10, 20):
-            a.coordinator.route("jobs/x", b"%d" % i, 1)  # into a link that is gone, PUBACK already sent
+            a.coordinator.route(Publication("jobs/x", b"%d" % i, 1))  # into a link that is gone, PUBACK already sent
         bus = a.coordinator
         assert isinstance(bus, BusCoordinator)
         await until(lambda: bus.reconnects >= 1, "a to reconnect")
         for i in range(20, 30):
-            a.coordinator.route("jobs/x", b"%d" % i, 1)
+            a.coordinator.route(Publication("jobs/x", b"%d" % i, 1))
         with trio.move_on_after(5):
             while len(b.host.delivered) < 30:  # noqa: ASYNC110 (what the other member's link delivers)
                 await trio.sleep(0.01)

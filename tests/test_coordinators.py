@@ -16,6 +16,7 @@ import trio
 
 from servers.heartbeat.policy import DEFAULT_PRESENCE_PREFIX as PRESENCE
 from servers.heartbeat.presence import Offline
+from servers.heartbeat.publication import Publication
 from servers.heartbeat.v5.outbound import forwarded
 from servers.heartbeat.v5.properties import Properties
 
@@ -112,8 +113,8 @@ async def test_messages_are_routed_only_where_a_filter_matches(make_cluster: Fac
         c.coordinator.filters_changed(c.host.filters())
         await trio.sleep(0.2)
         for i in range(5):
-            a.coordinator.route("sensors/d1/temp", f"{i}".encode(), 1)
-        a.coordinator.route("sensors/d1/humidity", b"x", 0)
+            a.coordinator.route(Publication("sensors/d1/temp", f"{i}".encode(), 1))
+        a.coordinator.route(Publication("sensors/d1/humidity", b"x", 0))
         await until(lambda: len(b.host.delivered) == 5, "five messages at b")
         await trio.sleep(0.1)
         assert [(t, p) for t, p, _ in b.host.delivered] == [("sensors/d1/temp", f"{i}".encode()) for i in range(5)]
@@ -134,10 +135,10 @@ async def test_an_mqtt_5_publishers_properties_reach_the_other_members(make_clus
         b.host.subscribed.add("cmd/#")
         b.coordinator.filters_changed(b.host.filters())
         await trio.sleep(0.2)
-        a.coordinator.route("cmd/1", b"{}", 0, props)
-        a.coordinator.route("cmd/2", b"{}", 1, props, True)
-        a.coordinator.route("cmd/3", b"plain", 1)
-        a.coordinator.route("cmd/4", b"kept", 0, b"", True)
+        a.coordinator.route(Publication("cmd/1", b"{}", 0, False, props))
+        a.coordinator.route(Publication("cmd/2", b"{}", 1, True, props))
+        a.coordinator.route(Publication("cmd/3", b"plain", 1))
+        a.coordinator.route(Publication("cmd/4", b"kept", 0, True, b""))
         await until(lambda: len(b.host.delivered) == 4, "four messages at b")
         topics = [t for t, _, _ in b.host.delivered]
         assert dict(zip(topics, b.host.properties, strict=True)) == {
@@ -166,8 +167,8 @@ async def test_once_settled_every_other_member_routes_by_the_new_filters(make_cl
             assert a.coordinator.settles()
             assert await a.coordinator.settle()
             # No wait: b and c route by the new filter as soon as settle returns.
-            b.coordinator.route(f"reply/{i}", b"from-b", 1)
-            c.coordinator.route(f"reply/{i}", b"from-c", 1)
+            b.coordinator.route(Publication(f"reply/{i}", b"from-b", 1))
+            c.coordinator.route(Publication(f"reply/{i}", b"from-c", 1))
         await until(lambda: len(a.host.delivered) == 10, "every reply at a")
         assert sorted(p for _, p, _ in a.host.delivered) == [b"from-b"] * 5 + [b"from-c"] * 5
 

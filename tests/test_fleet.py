@@ -27,6 +27,7 @@ from servers.heartbeat.coordination.fleet.keys import FleetKeys
 from servers.heartbeat.coordination.fleet.link import RedisLink
 from servers.heartbeat.policy import DEFAULT_PRESENCE_PREFIX as PRESENCE
 from servers.heartbeat.presence import Offline, PresenceEvent
+from servers.heartbeat.publication import Publication
 
 from .redis_server import RedisServer, require_binary
 
@@ -63,19 +64,10 @@ class RecordingHost:
     groups: list[tuple[str, ...] | None] = field(default_factory=list)
     """The shared subscriptions each was for, in step with ``delivered``."""
 
-    def deliver(
-        self,
-        topic: str,
-        payload: bytes,
-        qos: int,
-        properties: bytes = b"",
-        retain: bool = False,
-        groups: Collection[str] | None = None,
-        plain: bool = True,
-    ) -> None:
-        self.delivered.append((topic, payload, qos))
-        self.properties.append(properties)
-        self.retains.append(retain)
+    def deliver(self, message: Publication, groups: Collection[str] | None = None, plain: bool = True) -> None:
+        self.delivered.append((message.topic, message.payload, message.qos))
+        self.properties.append(message.properties)
+        self.retains.append(message.retain)
         self.groups.append(None if groups is None else tuple(groups))
 
     def evict(self, client_id: str, epoch: str, detail: str) -> None:
@@ -348,10 +340,10 @@ async def test_route_reaches_only_matching_nodes(redis_server: RedisServer) -> N
         await until(
             lambda: known(a, "b", {"sensors/+/temp", "other/x"}) and known(c, "b", {"sensors/+/temp", "other/x"})
         )
-        c.coord.route("sensors/1/temp", b"21.5", 1)  # a and b
-        c.coord.route("sensors/1/hum", b"40", 0)  # a only
-        a.coord.route("sensors/2/temp", b"19", 0)  # b only: never back to a itself
-        b.coord.route("nobody/listens", b"?", 0)  # nobody: not even sent
+        c.coord.route(Publication("sensors/1/temp", b"21.5", 1))  # a and b
+        c.coord.route(Publication("sensors/1/hum", b"40", 0))  # a only
+        a.coord.route(Publication("sensors/2/temp", b"19", 0))  # b only: never back to a itself
+        b.coord.route(Publication("nobody/listens", b"?", 0))  # nobody: not even sent
         await drain(a, b, c)
         await until(lambda: len(a.host.messages()) == 2 and len(b.host.messages()) == 2)
         await trio.sleep(0.1)
@@ -578,7 +570,7 @@ async def test_redis_down_never_blocks_and_counts_drops(redis_server: RedisServe
             event = PresenceEvent("online", f"dev-{i}", "p", None, 0.0, time.time(), epoch=f"e{i}", keep_alive=5)
             host.live[f"dev-{i}"] = event
             coord.online(event)
-        coord.route("t", b"x", 0)
+        coord.route(Publication("t", b"x", 0))
         coord.filters_changed({"t/#"})
         coord.note(PresenceEvent("offline", None, "p", Offline.CONNECT_TIMEOUT, 5.0, time.time()))
         assert time.perf_counter() - started < 0.05

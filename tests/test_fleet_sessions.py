@@ -23,6 +23,7 @@ from servers.heartbeat.coordination.fleet import RedisCoordinator
 from servers.heartbeat.packets import Packet, Publish, Pubrel
 from servers.heartbeat.persistent import Acked, AckedTogether, Attach, Detach, Inbound, Opened, Push, Subscribed
 from servers.heartbeat.policy import DEFAULT_PRESENCE_PREFIX as PRESENCE
+from servers.heartbeat.publication import Publication
 from servers.heartbeat.reader import AnyPacket, PacketReader
 
 from .redis_server import RedisServer
@@ -109,7 +110,7 @@ async def test_only_the_session_holding_the_client_id_takes_its_messages(redis_s
         await drain(a, b)
         assert a.host.evicted and a.host.evicted[0][:2] == ("c1", "e1")
         assert await session_field(redis_server.url, "c1", "holder") == b"e2"
-        b.coord.route("cmd/c1", b"for the one that holds it", 1)
+        b.coord.route(Publication("cmd/c1", b"for the one that holds it", 1))
         await until(lambda: len(publishes(b.host, "c1")) == 1)
         assert publishes(a.host, "c1") == []
 
@@ -152,10 +153,10 @@ async def test_what_queued_while_away_is_delivered_in_order_on_another_node(redi
         await drain(a)
         await knows(b, "cmd/c1")
         for i in range(5):
-            b.coord.route("cmd/c1", b"m%d" % i, 1)
-        b.coord.route("cmd/c1", b"at-most-once", 0)  # QoS 0 is not kept for an absent client
-        b.coord.route("cmd/c1", b"exactly-once", 2)
-        b.coord.route("other/topic", b"nobody", 1)
+            b.coord.route(Publication("cmd/c1", b"m%d" % i, 1))
+        b.coord.route(Publication("cmd/c1", b"at-most-once", 0))  # QoS 0 is not kept for an absent client
+        b.coord.route(Publication("cmd/c1", b"exactly-once", 2))
+        b.coord.route(Publication("other/topic", b"nobody", 1))
         await drain(a, b)
         assert a.host.transmitted == b.host.transmitted == []
         opened = await b.coord.open_session("c1")
@@ -169,7 +170,7 @@ async def test_what_queued_while_away_is_delivered_in_order_on_another_node(redi
         assert len({p.packet_id for p in got}) == 6
         assert {e for _, e, _ in b.host.transmitted} == {"e2"} and a.host.transmitted == []
         # Live now: a publish on a reaches the client's connection on b.
-        a.coord.route("cmd/c1", b"live", 1)
+        a.coord.route(Publication("cmd/c1", b"live", 1))
         await until(lambda: len(publishes(b.host, "c1")) == 7)
         assert publishes(b.host, "c1")[-1].payload == b"live"
         # QoS 2: PUBREC is answered with PUBREL; PUBCOMP completes it.
@@ -192,7 +193,7 @@ async def test_window_and_queue_bounds_drop_the_newest_and_count(redis_server: R
         await held_session(a, "c1", "e1", {"cmd/c1": 1})
         await knows(b, "cmd/c1")
         for i in range(7):
-            b.coord.route("cmd/c1", b"%d" % i, 1)
+            b.coord.route(Publication("cmd/c1", b"%d" % i, 1))
         await drain(a, b)
         await until(lambda: len(publishes(a.host, "c1")) == 2)
         first = publishes(a.host, "c1")
@@ -207,7 +208,7 @@ async def test_window_and_queue_bounds_drop_the_newest_and_count(redis_server: R
         await drain(a)
         await knows(b, "cmd/c2")
         for _ in range(2):
-            b.coord.route("cmd/c2", b"x" * 10, 1)
+            b.coord.route(Publication("cmd/c2", b"x" * 10, 1))
         await drain(b)
         assert b.coord.persistent_dropped == 3
         await b.coord.refresh_figures()
@@ -231,7 +232,7 @@ async def test_a_run_of_acknowledgements_reported_together_is_one_call_and_one_r
         await knows(b, "cmd/c1")
         await knows(b, "two/c1")
         for i in range(5):
-            b.coord.route("cmd/c1", b"%d" % i, 1)
+            b.coord.route(Publication("cmd/c1", b"%d" % i, 1))
         await drain(b)
         await until(lambda: len(publishes(a.host, "c1")) == 2)
         window = publishes(a.host, "c1")
@@ -248,7 +249,7 @@ async def test_a_run_of_acknowledgements_reported_together_is_one_call_and_one_r
         a.coord.acknowledged("c1", "e1", [("puback", pid(p)) for p in rest])
         await until(lambda: len(publishes(a.host, "c1")) == 5)
         for i in range(3):
-            b.coord.route("two/c1", b"q%d" % i, 2)
+            b.coord.route(Publication("two/c1", b"q%d" % i, 2))
         await drain(b)
         await until(lambda: len(publishes(a.host, "c1")) == 6)
         a.coord.acknowledged("c1", "e1", [("puback", pid(publishes(a.host, "c1")[4]))])
@@ -272,9 +273,9 @@ async def test_unacknowledged_messages_are_resent_with_dup_after_their_node_is_l
         a.online("c1", "e1")
         await held_session(a, "c1", "e1", {"cmd/c1": 2})
         await knows(b, "cmd/c1")
-        b.coord.route("cmd/c1", b"one", 1)
-        b.coord.route("cmd/c1", b"two", 2)
-        b.coord.route("cmd/c1", b"three", 2)
+        b.coord.route(Publication("cmd/c1", b"one", 1))
+        b.coord.route(Publication("cmd/c1", b"two", 2))
+        b.coord.route(Publication("cmd/c1", b"three", 2))
         await until(lambda: len(publishes(a.host, "c1")) == 3)
         one, two, three = publishes(a.host, "c1")
         a.coord.session(Acked("c1", "e1", "pubrec", pid(two)))  # two is past PUBREC
@@ -284,7 +285,7 @@ async def test_unacknowledged_messages_are_resent_with_dup_after_their_node_is_l
         a.scope.cancel()  # a crashes: its lease lapses, b's sweep detaches the session
         await until(lambda: b.coord.persistent_detached == 1)
         assert await session_field(redis_server.url, "c1", "holder") == b""
-        b.coord.route("cmd/c1", b"four", 1)  # queued while the client is away
+        b.coord.route(Publication("cmd/c1", b"four", 1))  # queued while the client is away
         await drain(b)
         opened = await b.coord.open_session("c1")
         assert opened == Opened(True, {"cmd/c1": 2}, frozenset({42}))
@@ -307,7 +308,7 @@ async def test_a_node_declared_lost_while_alive_fences_the_connection_and_keeps_
         a.online("c1", "e1")
         await held_session(a, "c1", "e1", {"cmd/c1": 1})
         await knows(b, "cmd/c1")
-        b.coord.route("cmd/c1", b"one", 1)
+        b.coord.route(Publication("cmd/c1", b"one", 1))
         await until(lambda: len(publishes(a.host, "c1")) == 1)
         await cut_off(redis_server.url, b, "a")
         assert b.coord.persistent_detached == 1
@@ -352,8 +353,8 @@ async def test_the_acl_decides_per_message_which_sessions_get_a_copy(redis_serve
             attach(a, client_id, "e-" + client_id)
         await drain(a)
         await knows(b, "all/#")
-        b.coord.route("all/secret/x", b"secret", 1)
-        b.coord.route("all/news", b"news", 1)
+        b.coord.route(Publication("all/secret/x", b"secret", 1))
+        b.coord.route(Publication("all/news", b"news", 1))
         await drain(a, b)
         await until(lambda: len(publishes(a.host, "c1")) == 2 and len(publishes(a.host, "c3")) == 1)
         await trio.sleep(0.1)
@@ -370,7 +371,7 @@ async def test_a_session_expires_after_its_client_stayed_away(redis_server: Redi
         a.coord.session(Detach("c1", "e1"))
         await drain(a)
         await knows(b, "cmd/c1")
-        b.coord.route("cmd/c1", b"waiting", 1)
+        b.coord.route(Publication("cmd/c1", b"waiting", 1))
         await drain(b)
         opened = await b.coord.open_session("c1")
         assert opened is not None and opened.present  # back in time
@@ -400,7 +401,7 @@ async def test_each_session_keeps_its_clients_own_expiry_in_the_script(redis_ser
         a.coord.session(Detach("long", "e1", 600))  # its DISCONNECT lengthened it
         a.coord.session(Detach("gone", "e1"))  # expiry 0: it ends here
         await drain(a)
-        a.coord.route("cmd/brief", b"waits", 1)
+        a.coord.route(Publication("cmd/brief", b"waits", 1))
         await drain(a)
         assert await session_field(redis_server.url, "gone", "holder") is None
         assert await session_field(redis_server.url, "long", "exp") == b"600000"
@@ -455,7 +456,7 @@ async def test_a_clean_session_discards_the_stored_one(redis_server: RedisServer
         a.coord.session(Detach("c1", "e1"))
         await drain(a)
         await knows(b, "all/#")
-        b.coord.route("cmd/c1", b"queued", 1)
+        b.coord.route(Publication("cmd/c1", b"queued", 1))
         await drain(b)
         b.coord.discard_session("c1")  # CleanSession=1 on b
         await drain(b)
@@ -595,7 +596,7 @@ async def test_a_node_is_a_member_routing_by_the_others_filters_once_started(red
             await nursery.start(b.run, RecordingHost())
             # Checked before anything else awaits, so that nothing joins meanwhile.
             assert b.reader.ready.is_set()
-            assert b.route("reply/1", b"answer", 1) == [] and b.route_skipped == 0
+            assert b.route(Publication("reply/1", b"answer", 1)) == [] and b.route_skipped == 0
             async with coredis.Redis.from_url(redis_server.url) as r:
                 assert await r.exists([PREFIX + "node:b"]) == 1
                 assert await r.smembers(PREFIX + "members") == {b"a", b"b"}

@@ -17,9 +17,9 @@ from servers.heartbeat.session import (
     Denied,
     Goodbye,
     HoldInbound,
+    Publication,
     ReleaseInbound,
     RemoveSubscription,
-    Route,
     Send,
     Session,
     State,
@@ -41,7 +41,7 @@ def test_handshake_then_packets() -> None:
     assert s.state is State.CONNECTED
     assert s.receive(packets.Pingreq()) == [Send(encoders.encode_pingresp())]
     assert s.receive(packets.Publish("a/b", b"x", qos=1, packet_id=9)) == [
-        Route("a/b", b"x", 1, False),
+        Publication("a/b", b"x", 1, False),
         Send(encoders.encode_puback(9)),
     ]
     assert s.receive(packets.Subscribe(4, (("p/#", 2), ("q", 0)))) == [
@@ -84,7 +84,7 @@ def test_limits_are_the_ones_given() -> None:
     assert s.denied_publishes == 1
     # Under another prefix, the old default's topics are a device's like any other.
     assert s.receive(packets.Publish(f"{LEGACY_PRESENCE_PREFIX}other", b"x", qos=1, packet_id=2)) == [
-        Route(f"{LEGACY_PRESENCE_PREFIX}other", b"x", 0, False),
+        Publication(f"{LEGACY_PRESENCE_PREFIX}other", b"x", 0, False),
         Send(encoders.encode_puback(2)),
     ]
     assert s.receive(packets.Subscribe(3, (("a", 1),))) == [
@@ -103,12 +103,12 @@ def _connected(**kw: object) -> Session:
 def test_qos2_from_the_client_is_routed_once_until_pubrel() -> None:
     s = _connected()
     first = packets.Publish("a", b"x", qos=2, packet_id=7)
-    assert s.receive(first) == [HoldInbound(7), Route("a", b"x", 2, False), Send(encoders.encode_pubrec(7))]
+    assert s.receive(first) == [HoldInbound(7), Publication("a", b"x", 2, False), Send(encoders.encode_pubrec(7))]
     resent = packets.Publish("a", b"x", qos=2, packet_id=7, dup=True)  # PUBREC was lost
     assert s.receive(resent) == [Send(encoders.encode_pubrec(7))]  # acknowledged, not routed again
     assert s.receive(packets.Pubrel(7)) == [ReleaseInbound(7), Send(encoders.encode_pubcomp(7))]
     assert s.receive(packets.Pubrel(7)) == [Send(encoders.encode_pubcomp(7))]  # PUBCOMP was lost
-    assert s.receive(first)[1] == Route("a", b"x", 2, False)  # released: the id is free again
+    assert s.receive(first)[1] == Publication("a", b"x", 2, False)  # released: the id is free again
 
 
 def test_a_resumed_session_remembers_its_held_qos2_ids() -> None:

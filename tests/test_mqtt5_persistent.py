@@ -17,6 +17,7 @@ import pytest
 from servers.heartbeat.broker import pack_options
 from servers.heartbeat.outbox import Message
 from servers.heartbeat.persistent import TAKEOVER_GRACE, Opened, Push, SessionStore
+from servers.heartbeat.publication import Publication
 from servers.heartbeat.v5.codec import read_packets
 from servers.heartbeat.v5.outbound import forwarded, subscription_identifier
 from servers.heartbeat.v5.packets import PUBACK, Ack, Connect, Disconnect, Publish, Suback, Subscribe, Subscription
@@ -45,13 +46,13 @@ def test_a_5_0_session_keeps_properties_options_and_no_local() -> None:
     store.subscribe("dev", "cmd/#", 1, pack_options(no_local=True, retain_as_published=True, identifier=7))
     store.attach("dev", "e1")
     props = forwarded(Properties(content_type="text/plain", user_properties=(("k", "v"),)))
-    (delivery,) = store.route("cmd/on", b"go", 1, props, retain=True, origin="other")
+    (delivery,) = store.route(Publication("cmd/on", b"go", 1, True, props), "other")
     assert delivery.v5
     (got,) = publishes(delivery.packets)
     assert (got.topic, got.payload, got.retain) == ("cmd/on", b"go", True)  # Retain As Published
     assert got.properties.content_type == "text/plain" and got.properties.user_properties == (("k", "v"),)
     assert got.properties.subscription_identifiers == (7,)
-    assert store.route("cmd/echo", b"mine", 1, props, origin="dev") == []  # No Local: its own
+    assert store.route(Publication("cmd/echo", b"mine", 1, False, props), "dev") == []  # No Local: its own
     assert store.get("dev") is not None and len(store.get("dev").outbox) == 1  # type: ignore[union-attr]
     # Its options come back with the session.
     store.detach("dev", "e1", 1.0)
@@ -71,8 +72,8 @@ def test_each_session_keeps_its_own_expiry_to_the_second() -> None:
         store.subscribe(client_id, "cmd/#", 1)
         store.attach(client_id, "e1")
         store.detach(client_id, "e1", 10.0)
-    store.route("cmd/x", b"m1", 1)
-    store.route("cmd/y", b"m2", 1)
+    store.route(Publication("cmd/x", b"m1", 1))
+    store.route(Publication("cmd/y", b"m2", 1))
     assert store.expire(14.9) == []
     resumed = store.open("short", False, 12.0, v5=True, expiry=5)  # back in time: present
     assert resumed is not None and resumed.present and resumed.subscriptions == {"cmd/#": 1}
@@ -96,7 +97,7 @@ def test_clean_start_0_with_expiry_0_resumes_and_the_session_ends_with_the_conne
     store.subscribe("dev", "cmd/#", 1)
     store.attach("dev", "e1")
     store.detach("dev", "e1", 1.0)
-    store.route("cmd/x", b"queued", 1)
+    store.route(Publication("cmd/x", b"queued", 1))
     opened = store.open("dev", False, 2.0, v5=True, expiry=0, create=False)
     assert opened is not None and opened.present and opened.kept and opened.subscriptions == {"cmd/#": 1}
     delivery = store.attach("dev", "e2", 0)  # its CONNACK is out: expiry 0 from now on
@@ -139,13 +140,13 @@ def test_a_session_follows_the_version_its_client_comes_back_with() -> None:
     store.open("dev", False, 0.0, v5=False)
     store.subscribe("dev", "t/#", 1)
     props = forwarded(Properties(user_properties=(("a", "b"),)))
-    assert store.route("t/1", b"x", 1, props) == []  # away: queued, 3.1.1 has no room for them
+    assert store.route(Publication("t/1", b"x", 1, False, props)) == []  # away: queued, 3.1.1 has no room for them
     store.open("dev", False, 1.0, v5=True)  # back as 5.0
     delivery = store.attach("dev", "e2")
     assert delivery is not None and delivery.v5
     (got,) = publishes(delivery.packets)
     assert got.payload == b"x" and got.properties.user_properties == ()  # kept without them
-    (live,) = store.route("t/2", b"y", 1, props)
+    (live,) = store.route(Publication("t/2", b"y", 1, False, props))
     assert publishes(live.packets)[0].properties.user_properties == (("a", "b"),)
     # A retained message pushed for a new subscription keeps its own properties.
     pushed = store.apply(Push("dev", "t/r", b"r", 1, True, props + subscription_identifier(3)), 2.0)

@@ -24,8 +24,8 @@ from servers.heartbeat.session import (
     Denied,
     Goodbye,
     HoldInbound,
+    Publication,
     RemoveSubscription,
-    Route,
     Send,
     State,
     SubscriptionRefused,
@@ -185,14 +185,14 @@ def test_publish_properties_reach_subscribers_and_topic_aliases_do_not() -> None
         topic_alias=1,
     )
     (route,) = session.receive(Publish("data/t", b"hi", properties=props))
-    assert isinstance(route, Route) and route.topic == "data/t"
+    assert isinstance(route, Publication) and route.topic == "data/t"
     body = outbound.publish(route.topic, route.payload, properties=route.properties)
     (delivered,) = read_packets(body)
     assert isinstance(delivered, Publish)
     assert delivered.properties == props.replace(topic_alias=None)  # order of user properties kept
     # The alias now stands for the topic.
     (again,) = session.receive(Publish("", b"again", properties=Properties(topic_alias=1)))
-    assert isinstance(again, Route) and again.topic == "data/t" and again.properties == b""
+    assert isinstance(again, Publication) and again.topic == "data/t" and again.properties == b""
 
 
 @pytest.mark.parametrize(
@@ -228,7 +228,7 @@ def test_a_refused_publish_is_told_not_authorized_and_dropped() -> None:
     session.permissions = Rules()
     for topic in ("$SYS/presence/other", "no/way"):
         effects = session.receive(Publish(topic, b"forged", qos=1, packet_id=9))
-        assert Denied(topic) in effects and not any(isinstance(e, Route) for e in effects)
+        assert Denied(topic) in effects and not any(isinstance(e, Publication) for e in effects)
         assert sent(effects) == [Ack(PUBACK, 9, R.NOT_AUTHORIZED)]
     effects = session.receive(Publish("no/way", b"x", qos=2, packet_id=10))
     assert not any(isinstance(e, HoldInbound) for e in effects)  # a failed PUBREC ends the exchange
@@ -242,7 +242,7 @@ def test_a_payload_that_is_not_the_utf_8_it_claims_is_refused() -> None:
         Publish("t", b"\xff", qos=1, packet_id=3, properties=Properties(payload_format_indicator=1))
     )
     assert sent(effects) == [Ack(PUBACK, 3, R.PAYLOAD_FORMAT_INVALID)]
-    assert not any(isinstance(e, Route) for e in effects)
+    assert not any(isinstance(e, Publication) for e in effects)
 
 
 def test_qos_2_past_the_receive_maximum_is_disconnect_0x93() -> None:

@@ -20,6 +20,7 @@ from servers.heartbeat.broker import Broker
 from servers.heartbeat.budget import SendBudget
 from servers.heartbeat.outbox import Message
 from servers.heartbeat.policy import DEFAULT_PRESENCE_PREFIX as PRESENCE
+from servers.heartbeat.publication import Publication
 from servers.heartbeat.v5.aliases import OutboundAliases
 from servers.heartbeat.v5.codec import read_packets
 from servers.heartbeat.v5.packets import PUBACK, Ack, Connect, Publish, Suback, Subscribe, Subscription
@@ -205,7 +206,7 @@ def test_a_message_passed_on_from_a_3_1_1_member_reaches_a_5_0_member_in_5_0s_fo
     new.v5 = _Limits()
     for sub in (old, new):
         broker.subscriptions.subscribe(sub, "$share/g/t/#", 1)
-    broker.deliver("t/1", b"a", 1)  # the 3.1.1 member's turn: its outbox holds it without properties
+    broker.deliver(Publication("t/1", b"a", 1))  # the 3.1.1 member's turn: its outbox holds it without properties
     (held,) = old.held.inflight() if old.held else []
     assert held.properties is None and held.group == "$share/g/t/#"
     copy = Message(held.topic, held.payload, 1, held.retain, held.properties, held.group)

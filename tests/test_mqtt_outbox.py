@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from servers.heartbeat.encoders import encode_held
 from servers.heartbeat.outbox import Message, Outbox, Stage
 from servers.heartbeat.persistent import AckedTogether, Opened, SessionStore
+from servers.heartbeat.publication import Publication
 
 from .mqtt_wire import parse_server_packets
 
@@ -363,14 +364,14 @@ def test_store_keeps_a_persistent_session_and_clean_discards_it() -> None:
     store.subscribe("dev", "cmd/dev", 1)
     store.attach("dev", "e1")
     store.detach("dev", "e1", now=10.0)
-    assert store.route("cmd/dev", b"a", 1) == []  # away: queued
-    assert store.route("cmd/dev", b"z", 0) == []  # QoS 0 is not queued
+    assert store.route(Publication("cmd/dev", b"a", 1)) == []  # away: queued
+    assert store.route(Publication("cmd/dev", b"z", 0)) == []  # QoS 0 is not queued
     again = opened(store, "dev", clean=False)
     assert again.present and again.subscriptions == {"cmd/dev": 1}
     delivery = store.attach("dev", "e2")
     assert delivery is not None and [p.payload for p in parse_server_packets(delivery.packets)] == [b"a"]
     assert not opened(store, "dev", clean=True).present
-    assert store.get("dev") is None and store.route("cmd/dev", b"b", 1) == []
+    assert store.get("dev") is None and store.route(Publication("cmd/dev", b"b", 1)) == []
 
 
 @settings(max_examples=200, deadline=None)
@@ -392,7 +393,7 @@ def test_acknowledgements_reported_together_are_what_the_connection_read(
         store.subscribe("dev", "cmd/dev", 1)
         store.attach("dev", "e1")
         for i in range(queued):
-            store.route("cmd/dev", b"%d" % i, 1)
+            store.route(Publication("cmd/dev", b"%d" % i, 1))
     # Acknowledge what is in flight too, not only the drawn (mostly stale) ids.
     inflight = [("puback", m.packet_id) for m in stores[0].get("dev").outbox.inflight()]  # type: ignore[union-attr]
     report = AckedTogether.pack("dev", "e1", inflight + acks)
@@ -407,7 +408,7 @@ def test_store_ignores_a_superseded_connection_and_expires_absent_sessions() -> 
     opened(store, "dev", clean=False)
     store.subscribe("dev", "cmd/#", 2)
     store.attach("dev", "old")
-    [d] = store.route("cmd/x", b"1", 2)
+    [d] = store.route(Publication("cmd/x", b"1", 2))
     pid = parse_server_packets(d.packets)[0].packet_id
     store.attach("dev", "new")  # reconnected before the old one's end was reported
     assert store.acknowledge("dev", "old", "pubrec", pid) is None
@@ -428,7 +429,7 @@ def test_store_total_bound_drops_and_names_each_session_once() -> None:
         opened(store, dev, clean=False)
         store.subscribe(dev, "t", 1)
     for _ in range(4):
-        store.route("t", b"0123456789", 1)  # 11 bytes per copy
+        store.route(Publication("t", b"0123456789", 1))  # 11 bytes per copy
     assert store.queued_bytes <= 30 and store.dropped > 0
     assert sorted(store.newly_dropping) == ["a", "b"]
 

@@ -20,6 +20,7 @@ from servers.heartbeat import encoders
 from servers.heartbeat.broker import EXPIRED, MAX_QUEUED, TOO_LARGE, Broker, Limits5
 from servers.heartbeat.budget import SUBSCRIBER_BYTES, TOTAL_BYTES, Offer, SendBudget
 from servers.heartbeat.outbox import Outbox
+from servers.heartbeat.publication import Publication
 
 from .conftest import wait_closed
 from .test_heartbeat_clients import Server, start_server
@@ -296,7 +297,7 @@ def test_the_broker_drops_qos0_keeps_replies_and_cuts_a_subscriber_that_lost_a_b
 
     def deliver(payload: bytes, qos: int) -> None:
         nonlocal healthy_got
-        broker.deliver("t", payload, qos)
+        broker.deliver(Publication("t", payload, qos))
         healthy_got += len(healthy.sent)
         healthy.sent.clear()  # it reads
 

@@ -16,6 +16,7 @@ from .budget import CONGESTED_BYTES, SUBSCRIBER_BYTES, TOTAL_BYTES, Offer, SendB
 from .encoders import encode_publish
 from .outbox import DEFAULT_MAX_QUEUED, DEFAULT_WINDOW, Message, Outbox
 from .policy import utf8_length
+from .publication import Publication
 from .topics import SHARE_PREFIX, FilterChanges, SharedFilters, TopicTree, is_wildcard
 from .v5.aliases import OutboundAliases
 from .v5.outbound import publish as publish_v5
@@ -433,29 +434,26 @@ class Broker(Generic[S]):
 
     def deliver(
         self,
-        topic: str,
-        payload: bytes,
-        qos: int,
-        retain: bool = False,
-        properties: bytes = b"",
+        message: Publication,
         *,
         origin: S | None = None,
-        published_retain: bool = False,
         groups: Collection[str] | None = None,
         plain: bool = True,
     ) -> int:
-        """Queue a message for every local subscriber of ``topic``; returns how many.
+        """Queue ``message`` for every local subscriber of its topic; returns how many.
 
         Encoded once per version its subscribers speak: an MQTT 5 subscriber also gets
-        the publisher's ``properties`` (packed, :func:`.v5.outbound.forwarded`), unless
-        the message is larger than it takes. Its subscription options shape its copy:
-        No Local skips ``origin`` (the publishing connection, if local), Retain As
-        Published keeps ``published_retain``, a Subscription Identifier is added.
+        the publisher's properties, unless the message is larger than it takes. Its
+        subscription options shape its copy: No Local skips ``origin`` (the publishing
+        connection, if local), Retain As Published keeps the flag it was published
+        with (sent without it otherwise), a Subscription Identifier is added.
         Persistent sessions' QoS 1 and 2 copies are left to the session store. Each
         shared subscription in ``groups`` (None: every one held here that the topic
         reaches) gets it once, at one of its members (:meth:`member`); without
         ``plain``, they alone do.
         """
+        topic, payload, qos, properties = message.topic, message.payload, message.qos, message.properties
+        published_retain, retain = message.retain, False  # live copies go without the flag
         subscriptions = self.subscriptions
         targets = subscriptions.route(topic) if plain else {}
         if not targets and not subscriptions.has_groups and not groups:
@@ -508,8 +506,8 @@ class Broker(Generic[S]):
         for shared in subscriptions.groups(topic) if groups is None else groups:
             picked = self.member(shared)
             if picked is not None and (not checks or picked[0].may_read(topic)):
-                message = Message(topic, payload, min(qos, picked[1]), retain, properties, group=shared)
-                count += self.give_message(picked[0], message, published_retain)
+                copy = Message(topic, payload, min(qos, picked[1]), retain, properties, group=shared)
+                count += self.give_message(picked[0], copy, published_retain)
             elif picked is None and groups is not None and qos and self.unserved is not None:
                 self.unserved(Message(topic, payload, qos, published_retain, properties, group=shared))
         self.delivered += count

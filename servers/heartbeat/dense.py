@@ -33,8 +33,8 @@ from .session import (
     Acknowledged,
     AddSubscription,
     Effect,
+    Publication,
     RemoveSubscription,
-    Route,
     Send,
     State,
 )
@@ -236,7 +236,7 @@ class DenseConnection(Connection, idlekeeper.Protocol):
         server = self.server
         if isinstance(effect, Send):
             self.write(effect.data)
-        elif isinstance(effect, Route):
+        elif isinstance(effect, Publication):
             server.published(self, effect)
         elif isinstance(effect, Accept):
             self._accept(effect)

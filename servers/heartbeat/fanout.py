@@ -25,9 +25,9 @@ from .session import (
     AddSubscription,
     Denied,
     HoldInbound,
+    Publication,
     ReleaseInbound,
     RemoveSubscription,
-    Route,
     SubscriptionRefused,
     Will,
 )
@@ -76,7 +76,7 @@ class FanOut:
         self._filter_changes = self.broker.subscriptions.track()
         self._logged = OncePer()
 
-    def published(self, conn: Connection, message: Route) -> None:
+    def published(self, conn: Connection, message: Publication) -> None:
         """A client's PUBLISH: count it and route it to every subscriber (retained,
         it is kept for later ones, within the client's share; existing subscribers get
         it without the flag)."""
@@ -85,40 +85,27 @@ class FanOut:
             self.coordinator.retain(
                 message.topic, message.payload, message.qos, conn.session.client_id or "", message.properties
             )
-        self.route(message.topic, message.payload, message.qos, message.properties, conn, message.retain)
+        self.route(message, conn)
 
     def publish_will(self, client_id: str, will: Will) -> None:
         """A device died: its Will goes out like its own PUBLISH would have."""
         self.counters["wills_published"] += 1
         if will.retain:
             self.coordinator.retain(will.topic, will.message, will.qos, client_id, will.properties)
-        self.route(will.topic, will.message, will.qos, will.properties)
+        self.route(Publication(will.topic, will.message, will.qos, will.retain, will.properties))
 
-    def route(
-        self,
-        topic: str,
-        payload: bytes,
-        qos: int,
-        properties: bytes = b"",
-        origin: Connection | None = None,
-        retain: bool = False,
-    ) -> int:
-        """Deliver a message to every subscriber of ``topic``, here and on other workers.
+    def route(self, message: Publication, origin: Connection | None = None) -> int:
+        """Deliver ``message`` to every subscriber of its topic, here and on other workers.
 
         Returns how many local subscribers got it; the coordinator passes it on to
-        other workers or gateways whose subscribers want it. An MQTT 5 publisher's
-        ``properties`` reach 5.0 subscribers here and on the other workers and nodes, as
-        does the publisher's ``retain`` flag (for Retain As Published); ``origin``, the
+        other workers or gateways whose subscribers want it, with the publisher's
+        MQTT 5 properties and retain flag (for Retain As Published); ``origin``, the
         publishing connection, is skipped by its own No Local subscriptions.
         """
         broker = self.broker
         publisher = "" if origin is None else origin.session.client_id or ""
-        groups = self.coordinator.route(
-            topic, payload, qos, properties, retain, broker.subscriptions.groups(topic), origin=publisher
-        )
-        return broker.deliver(
-            topic, payload, qos, properties=properties, origin=origin, published_retain=retain, groups=groups
-        )
+        groups = self.coordinator.route(message, broker.subscriptions.groups(message.topic), origin=publisher)
+        return broker.deliver(message, origin=origin, groups=groups)
 
     def subscribed(self, conn: Connection, effect: AddSubscription) -> None:
         """The client subscribed: from now on it is sent what matches (within ``send_timeout``)."""
@@ -254,7 +241,7 @@ class FanOut:
         """A shared subscription's message with no member here to take it: to one on
         another worker or gateway, if any holds the group."""
         m = message
-        if self.coordinator.pass_on(m.topic, m.payload, m.qos, m.properties or b"", m.retain, m.group):
+        if self.coordinator.pass_on(Publication(m.topic, m.payload, m.qos, m.retain, m.properties or b""), m.group):
             self.counters["shared_passed_elsewhere"] += 1
         else:
             self.counters["shared_unacknowledged_lost"] += 1

@@ -45,6 +45,7 @@ from collections.abc import Callable, Hashable, Iterable
 
 from .broker import Subscriptions
 from .outbox import DEFAULT_MAX_QUEUED, DEFAULT_MAX_QUEUED_BYTES, DEFAULT_WINDOW, Message, Outbox
+from .publication import Publication
 from .records import record
 
 __all__ = [
@@ -502,15 +503,16 @@ class SessionStore:
 
     # -- messages -------------------------------------------------------------------------
 
-    def route(
-        self, topic: str, payload: bytes, qos: int, properties: bytes = b"", retain: bool = False, origin: str = ""
-    ) -> list[Delivery]:
-        """A message published on ``topic``: every persistent session subscribed at QoS 1
-        or 2 takes it at min(``qos``, granted); returns what to send to connected ones.
-        A 5.0 session gets the publisher's ``properties`` (packed) shaped by its
-        subscriptions' options: the published ``retain`` flag for Retain As Published,
-        and none of its own messages (``origin``: the publisher's client id) where
-        every filter that matches says No Local."""
+    def route(self, published: Publication, origin: str = "") -> list[Delivery]:
+        """A message published: every persistent session subscribed to its topic at QoS
+        1 or 2 takes it at min(its QoS, granted); returns what to send to connected ones.
+        A 5.0 session gets the publisher's properties shaped by its subscriptions'
+        options: the published retain flag for Retain As Published, and none of its own
+        messages (``origin``: the publisher's client id) where every filter that
+        matches says No Local."""
+        topic, payload, qos, properties, retain = (
+            published.topic, published.payload, published.qos, published.properties, published.retain
+        )  # fmt: skip
         if qos == 0:
             return []
         out: list[Delivery] = []

@@ -50,6 +50,7 @@ from .packets import ProtocolError
 from .persistent import Opened
 from .policy import SessionPolicy
 from .presence import Offline, PresenceEvent
+from .publication import Publication
 from .session import Accept
 from .stores import mqtt_state
 from .throttle import source_key
@@ -315,20 +316,9 @@ class HeartbeatServer:
 
     # -- the coordinator's host -------------------------------------------------------------
 
-    def deliver(
-        self,
-        topic: str,
-        payload: bytes,
-        qos: int,
-        properties: bytes = b"",
-        retain: bool = False,
-        groups: Collection[str] | None = None,
-        plain: bool = True,
-    ) -> None:
+    def deliver(self, message: Publication, groups: Collection[str] | None = None, plain: bool = True) -> None:
         """A message for this worker's subscribers only (from the coordinator)."""
-        self.broker.deliver(
-            topic, payload, qos, properties=properties, published_retain=retain, groups=groups, plain=plain
-        )
+        self.broker.deliver(message, groups=groups, plain=plain)
 
     def evict(self, client_id: str, epoch: str, detail: str) -> None:
         """The device reconnected elsewhere: close this session (its offline event is out)."""

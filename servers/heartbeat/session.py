@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Protocol
 from . import encoders, packets
 from .packets import ProtocolError
 from .policy import DEFAULT_MAX_QOS, DEFAULT_PRESENCE_PREFIX, SessionPolicy, utf8_length
+from .publication import Publication
 from .records import record
 from .topics import SHARE_PREFIX, shared_filter
 
@@ -38,7 +39,7 @@ __all__ = [
     "Permissions",
     "ReleaseInbound",
     "RemoveSubscription",
-    "Route",
+    "Publication",
     "Send",
     "Session",
     "State",
@@ -114,19 +115,6 @@ class Accept:
 
 
 @record
-class Route:
-    """Deliver a message to the topic's subscribers."""
-
-    topic: str
-    payload: bytes
-    qos: int
-    retain: bool
-    properties: bytes = b""
-    """An MQTT 5 publisher's properties that reach subscribers (packed, without their
-    length: :func:`.v5.outbound.forwarded`); empty from a 3.1.1 client."""
-
-
-@record
 class AddSubscription:
     """Add a subscription (already granted in the SUBACK that follows)."""
 
@@ -196,7 +184,7 @@ class ReleaseInbound:
 Effect = (
     Send
     | Accept
-    | Route
+    | Publication
     | AddSubscription
     | RemoveSubscription
     | Goodbye
@@ -505,7 +493,7 @@ class Session:
             self.denied_publishes += 1
             effects.append(Denied(topic))
         else:
-            effects.append(Route(topic, packet.payload, min(packet.qos, self._policy.max_qos), packet.retain))
+            effects.append(Publication(topic, packet.payload, min(packet.qos, self._policy.max_qos), packet.retain))
         if packet.qos == 1 and packet_id is not None:
             effects.append(Send(encoders.encode_puback(packet_id)))
         elif packet.qos == 2 and packet_id is not None:

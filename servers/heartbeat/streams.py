@@ -30,8 +30,8 @@ from .server import HeartbeatServer
 from .session import (
     Accept,
     AddSubscription,
+    Publication,
     RemoveSubscription,
-    Route,
     Send,
     State,
 )
@@ -181,7 +181,7 @@ class StreamConnection(Connection):
                 if self.finished:
                     return
             await self._send(effect.data)
-        elif isinstance(effect, Route):
+        elif isinstance(effect, Publication):
             server.published(self, effect)
         elif isinstance(effect, Accept):
             await self._accept(effect)

@@ -32,6 +32,7 @@ from ..logs import OncePer, shown
 from ..persistent import Acked, AckedTogether, Opened, Report, SessionStore
 from ..policy import DEFAULT_PRESENCE_PREFIX
 from ..presence import PresenceEvent, PresenceSink
+from ..publication import Publication
 from .retention import RetainedMessage, Retention
 
 __all__ = [
@@ -51,19 +52,8 @@ logger = logging.getLogger("servers.heartbeat.coordination")
 class Host(Protocol):
     """What a coordinator needs from the worker it serves."""
 
-    def deliver(
-        self,
-        topic: str,
-        payload: bytes,
-        qos: int,
-        properties: bytes = b"",
-        retain: bool = False,
-        groups: Collection[str] | None = None,
-        plain: bool = True,
-    ) -> None:
-        """Hand a message to this worker's own subscribers of ``topic`` (``properties``:
-        an MQTT 5 publisher's, packed, for 5.0 subscribers; ``retain``: the flag it was
-        published with, for their Retain As Published). ``groups``: the shared
+    def deliver(self, message: Publication, groups: Collection[str] | None = None, plain: bool = True) -> None:
+        """Hand ``message`` to this worker's own subscribers of its topic. ``groups``: the shared
         subscriptions (``$share/...``) this worker serves it to, one member each (None:
         every one held here that the topic reaches; empty: none, another worker or node
         was chosen); without ``plain``, to those groups alone (this worker was picked
@@ -197,27 +187,17 @@ class Coordinator(abc.ABC):
         """An event for the sinks only: a socket that never identified itself, a refusal."""
 
     @abc.abstractmethod
-    def route(
-        self,
-        topic: str,
-        payload: bytes,
-        qos: int,
-        properties: bytes = b"",
-        retain: bool = False,
-        groups: Sequence[str] = (),
-        *,
-        origin: str = "",
-    ) -> Sequence[str]:
-        """Deliver a device's message to matching subscribers of the *other* workers, with
-        its MQTT 5 ``properties`` (packed) and published ``retain`` flag, and to the
-        persistent sessions (``origin``, the publisher's client id, for their No Local).
+    def route(self, message: Publication, groups: Sequence[str] = (), *, origin: str = "") -> Sequence[str]:
+        """Deliver a device's ``message`` to matching subscribers of the *other* workers,
+        and to the persistent sessions (``origin``, the publisher's client id, for their
+        No Local).
 
         ``groups`` are the shared subscriptions held on this worker that the topic
         reaches; each must get the message once, fleet-wide. Returns those this worker
         serves itself; the coordinator sees to the others (and to groups held only
         elsewhere)."""
 
-    def pass_on(self, topic: str, payload: bytes, qos: int, properties: bytes, retain: bool, group: str) -> bool:
+    def pass_on(self, message: Publication, group: str) -> bool:
         """A QoS 1 or 2 message of shared subscription ``group`` that a member here left
         unacknowledged, with no other member here to take it: give it to a member on
         another worker or gateway. False if there is none (it is lost, and counted)."""

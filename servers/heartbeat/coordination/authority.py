@@ -24,44 +24,9 @@ from ..overview import RecentEnds, registry_overview
 from ..persistent import Attach, Delivery
 from ..policy import DEFAULT_PRESENCE_PREFIX
 from ..presence import Offline, PresenceEvent, PresenceSink
+from ..publication import Publication
 from ..topics import FilterIndex
-from . import log_session_drops, log_sessions_full, publish_to_sinks
-from .frames import (
-    Ack,
-    Claimed,
-    CloseSubscribers,
-    Deliver,
-    Drained,
-    Ended,
-    Evict,
-    Filters,
-    FiltersChanged,
-    Found,
-    Frame,
-    FrameError,
-    Hello,
-    Kept,
-    Lookup,
-    Noted,
-    OpenSession,
-    Overview,
-    OverviewFound,
-    Probe,
-    Probed,
-    RemoteFilters,
-    RemoteFiltersChanged,
-    Reported,
-    Resync,
-    RetainedPage,
-    RetainedQuery,
-    Routed,
-    SessionOpened,
-    Settle,
-    Settled,
-    Transmit,
-    decode,
-    encode,
-)
+from . import frames, log_session_drops, log_sessions_full, publish_to_sinks
 from .holders import Holders
 from .registry import DEFAULT_MAX_BYTES as DEFAULT_RECORD_BYTES
 from .registry import Registry
@@ -176,8 +141,8 @@ class Authority:
         if peer is None:
             return
         try:
-            frame = decode(line)
-        except FrameError as exc:
+            frame = frames.decode(line)
+        except frames.FrameError as exc:
             logger.warning("authority: %r sent a bad frame, ignored: %s", link, exc)
             return
         self._apply(peer, frame)
@@ -187,7 +152,7 @@ class Authority:
         peer = self._peers.get(link.number)
         if peer is not None and peer.seq > peer.acked:
             peer.acked = peer.seq
-            link.send(encode(Ack(peer.seq)))
+            link.send(frames.encode(frames.Ack(peer.seq)))
 
     def disconnected(self, link: Link, overflowed: bool) -> None:
         """A link is gone. Its sessions stay: the worker may be alive (see :meth:`process_exited`)."""
@@ -256,11 +221,15 @@ class Authority:
         self._applied[peer.incarnation] = seq
         return True
 
-    def _apply(self, peer: _Peer, frame: Frame) -> None:
-        seq = frame.seq if isinstance(frame, Reported | Kept | Claimed | Ended | Routed) else 0
+    def _apply(self, peer: _Peer, frame: frames.Frame) -> None:
+        seq = (
+            frame.seq
+            if isinstance(frame, frames.Reported | frames.Kept | frames.Claimed | frames.Ended | frames.Routed)
+            else 0
+        )
         if seq and not self._first_time(peer, seq):
             return
-        if isinstance(frame, Reported):
+        if isinstance(frame, frames.Reported):
             report = frame.report
             if isinstance(report, Attach) and not self._owns(report.client_id, report.epoch):
                 # A session whose claim lost to a newer one (they crossed): it is being
@@ -268,9 +237,9 @@ class Authority:
                 self.stale_attaches += 1
                 return
             self._transmit(self.store.apply(report, self._clock()))
-        elif isinstance(frame, Kept):
+        elif isinstance(frame, frames.Kept):
             self.retention.retain(frame.topic, frame.payload, frame.qos, frame.owner, frame.properties)
-        elif isinstance(frame, OpenSession):
+        elif isinstance(frame, frames.OpenSession):
             stored = self.store.get(frame.client_id)
             if (
                 stored is not None
@@ -284,48 +253,46 @@ class Authority:
                 self._probe(peer, lambda requester: self._open(requester, frame))
             else:
                 self._open(peer, frame)
-        elif isinstance(frame, RetainedQuery):
+        elif isinstance(frame, frames.RetainedQuery):
             messages, cursor = self.retention.page(frame.topic_filter, frame.cursor)
-            peer.link.send(encode(RetainedPage(frame.request, messages, cursor)))
-        elif isinstance(frame, Claimed):
+            peer.link.send(frames.encode(frames.RetainedPage(frame.request, messages, cursor)))
+        elif isinstance(frame, frames.Claimed):
             self._online(frame.event)
-        elif isinstance(frame, Ended):
+        elif isinstance(frame, frames.Ended):
             if self.registry.offline(frame.event, forget=frame.forget) is not None:
                 self._publish(frame.event)
-        elif isinstance(frame, Routed) and frame.group:
-            deliver = Deliver(frame.topic, frame.payload, frame.qos, frame.properties, frame.retain, frame.group)
-            self._pass_on(deliver, skip=peer)
-        elif isinstance(frame, Routed):
-            self._deliver(Deliver(frame.topic, frame.payload, frame.qos, frame.properties, frame.retain), skip=peer)
-            route = (frame.topic, frame.payload, frame.qos, frame.properties, frame.retain, frame.origin)
-            for delivery in self.store.route(*route):
+        elif isinstance(frame, frames.Routed) and frame.group:
+            self._pass_on(frames.Deliver(frame.message, frame.group), skip=peer)
+        elif isinstance(frame, frames.Routed):
+            self._deliver(frames.Deliver(frame.message), skip=peer)
+            for delivery in self.store.route(frame.message, frame.origin):
                 self._transmit(delivery)
             log_session_drops(self.store)
-        elif isinstance(frame, Noted):
+        elif isinstance(frame, frames.Noted):
             publish_to_sinks(self.sinks, frame.event)
-        elif isinstance(frame, FiltersChanged):
+        elif isinstance(frame, frames.FiltersChanged):
             self._holders.change(peer.link.number, frame.added, frame.removed)
-        elif isinstance(frame, Filters):
+        elif isinstance(frame, frames.Filters):
             self._holders.replace(peer.link.number, frame.filters)
-        elif isinstance(frame, Lookup):
-            peer.link.send(encode(Found(frame.request, self.registry.get(frame.client_id))))
-        elif isinstance(frame, Overview):
+        elif isinstance(frame, frames.Lookup):
+            peer.link.send(frames.encode(frames.Found(frame.request, self.registry.get(frame.client_id))))
+        elif isinstance(frame, frames.Overview):
             registry = self.registry
             body = registry_overview("box", registry.online_count, len(registry), self.recent, frame.query, frame.limit)
-            peer.link.send(encode(OverviewFound(frame.request, json.dumps(body, separators=(",", ":")))))
-        elif isinstance(frame, Hello):
+            peer.link.send(frames.encode(frames.OverviewFound(frame.request, json.dumps(body, separators=(",", ":")))))
+        elif isinstance(frame, frames.Hello):
             peer.worker, peer.pid = frame.worker, peer.pid or frame.pid
             peer.incarnation = frame.incarnation
             self._workers[peer.pid] = peer.worker
             self._incarnations.setdefault(peer.pid, set()).add(frame.incarnation)
-            peer.link.send(encode(RemoteFilters(self._holders.listen(peer.link.number))))
-        elif isinstance(frame, Resync):
+            peer.link.send(frames.encode(frames.RemoteFilters(self._holders.listen(peer.link.number))))
+        elif isinstance(frame, frames.Resync):
             self._resync(peer, frame.sessions)
-        elif isinstance(frame, Settle):
+        elif isinstance(frame, frames.Settle):
             self._settle(peer, frame.request)
-        elif isinstance(frame, Probed):
+        elif isinstance(frame, frames.Probed):
             self._probe_answered(frame.token, peer.link.number)
-        elif isinstance(frame, Drained):
+        elif isinstance(frame, frames.Drained):
             peer.drained = True
             self._check_drained()
         else:
@@ -345,7 +312,7 @@ class Authority:
         record = self.registry.get(client_id)
         return record is not None and record.status == "online" and record.epoch == epoch
 
-    def _open(self, peer: _Peer, frame: OpenSession) -> None:
+    def _open(self, peer: _Peer, frame: frames.OpenSession) -> None:
         opened = self.store.open(
             frame.client_id,
             False,
@@ -357,21 +324,21 @@ class Authority:
         )
         if opened is None:
             log_sessions_full(self.store, self._logged)
-            answer = SessionOpened(frame.request, False, (), frozenset(), refused=True)
+            answer = frames.SessionOpened(frame.request, False, (), frozenset(), refused=True)
         else:
             subscriptions = tuple(opened.subscriptions.items())
             options = tuple(opened.options.items())
-            answer = SessionOpened(
+            answer = frames.SessionOpened(
                 frame.request, opened.present, subscriptions, opened.inbound, options=options, kept=opened.kept
             )
-        peer.link.send(encode(answer))
+        peer.link.send(frames.encode(answer))
         self._filters_changed()  # a session that ended meanwhile took its filters with it
 
     def _settle(self, peer: _Peer, request: int) -> None:
         """Probe every other worker: links deliver in order, so once each has answered,
         each has applied the filters this peer's earlier frames changed (they were sent
         to it before the probe, as those frames were applied before this one)."""
-        self._probe(peer, lambda requester: requester.link.send(encode(Settled(request))))
+        self._probe(peer, lambda requester: requester.link.send(frames.encode(frames.Settled(request))))
 
     def _probe(self, peer: _Peer, then: Callable[[_Peer], None]) -> None:
         """Probe every worker but ``peer``'s; ``then(peer)`` once all have answered."""
@@ -381,7 +348,7 @@ class Authority:
         if not others:
             self._settled(token)
             return
-        line = encode(Probe(token))
+        line = frames.encode(frames.Probe(token))
         for other in others:
             other.link.send(line)
 
@@ -405,7 +372,7 @@ class Authority:
         epoch = str(delivery.holder)
         for peer in list(self._peers.values()):
             if epoch.startswith(f"{peer.worker}.{peer.pid}."):
-                peer.link.send(encode(Transmit(delivery.client_id, epoch, delivery.packets, delivery.v5)))
+                peer.link.send(frames.encode(frames.Transmit(delivery.client_id, epoch, delivery.packets, delivery.v5)))
                 return
         # Not linked now (a stall): what was sent stays unacknowledged and is resent on reconnect.
 
@@ -419,7 +386,7 @@ class Authority:
             winner = self.registry.get(old.client_id)
             if holder is not None and winner is not None:
                 detail = f"reconnected on worker {winner.worker}"
-                holder.link.send(encode(Evict(old.client_id, old.epoch, detail)))
+                holder.link.send(frames.encode(frames.Evict(old.client_id, old.epoch, detail)))
 
     def _holder(self, event: PresenceEvent) -> _Peer | None:
         for peer in list(self._peers.values()):
@@ -438,7 +405,7 @@ class Authority:
                 self._online(event)
             elif record.epoch != event.epoch or record.status != "online":
                 detail = "replaced while the worker was detached"
-                peer.link.send(encode(Evict(event.client_id, event.epoch, detail)))
+                peer.link.send(frames.encode(frames.Evict(event.client_id, event.epoch, detail)))
         mine = _held_by(peer.worker, peer.pid)
         now = self._clock()
         # Sessions it ended while detached whose reports were lost (resends make this rare).
@@ -463,22 +430,22 @@ class Authority:
         publish_to_sinks(self.sinks, event)
         if event.client_id is not None:
             topic, properties = self.presence_prefix + event.client_id, self.retention.presence_properties(event)
-            self._deliver(Deliver(topic, event.payload(), 0, properties))
+            self._deliver(frames.Deliver(Publication(topic, event.payload(), 0, False, properties)))
 
-    def _deliver(self, frame: Deliver, skip: _Peer | None = None) -> None:
+    def _deliver(self, frame: frames.Deliver, skip: _Peer | None = None) -> None:
         """``frame`` to every worker with a matching subscriber but ``skip`` (the one that
         published it); and, for each shared subscription the topic reaches, to one of
         the workers holding it, in turn (not at all if only ``skip`` holds it: it served
         it itself)."""
         line = b""
-        topic = frame.topic
+        topic = frame.message.topic
         holders: dict[str, list[_Peer]] = {}
         for peer in list(self._peers.values()):
             index = peer.index
             if not index:
                 continue
             if peer is not skip and index.matches_plain(topic):
-                line = line or encode(frame)
+                line = line or frames.encode(frame)
                 peer.link.send(line)
             if index.shared:
                 for group in index.shared.matching(topic):
@@ -488,22 +455,23 @@ class Authority:
                 continue
             turn = self._turns.get(group, 0)
             self._turns[group] = turn + 1
-            peers[turn % len(peers)].link.send(encode(replace(frame, group=group)))
+            peers[turn % len(peers)].link.send(frames.encode(replace(frame, group=group)))
 
-    def _pass_on(self, frame: Deliver, skip: _Peer) -> None:
+    def _pass_on(self, frame: frames.Deliver, skip: _Peer) -> None:
         """A shared subscription's message a member of ``skip`` left unacknowledged: to
         another worker holding the group, in turn (lost if none does now)."""
+        topic = frame.message.topic
         peers = [
             p
             for p in list(self._peers.values())
-            if p is not skip and p.index and p.index.shared and frame.group in p.index.shared.matching(frame.topic)
+            if p is not skip and p.index and p.index.shared and frame.group in p.index.shared.matching(topic)
         ]
         if not peers:
             self.shared_lost += 1
             return
         turn = self._turns.get(frame.group, 0)
         self._turns[frame.group] = turn + 1
-        peers[turn % len(peers)].link.send(encode(frame))
+        peers[turn % len(peers)].link.send(frames.encode(frame))
 
     def _filters_changed(self) -> None:
         """Send each worker what changed in the filters held by others than it (the
@@ -513,12 +481,12 @@ class Authority:
         for number, added, removed in self._holders.taken():
             peer = self._peers.get(number)
             if peer is not None:
-                peer.link.send(encode(RemoteFiltersChanged(added, removed)))
+                peer.link.send(frames.encode(frames.RemoteFiltersChanged(added, removed)))
 
     def _check_drained(self) -> None:
         peers = [p for p in list(self._peers.values()) if p.worker >= 0]
         if peers and all(p.drained for p in peers):
-            line = encode(CloseSubscribers())
+            line = frames.encode(frames.CloseSubscribers())
             for peer in peers:
                 peer.link.send(line)
                 peer.drained = False

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from ..persistent import Acked, AckedTogether, Attach, Detach, Discard, Inbound, Push, Report, Subscribed
 from ..presence import PresenceEvent
+from ..publication import Publication
 from .retention import RetainedMessage
 
 __all__ = [
@@ -111,13 +112,7 @@ class Routed(Frame):
     that dropped is resent rather than lost after its PUBACK; QoS 0 ones are not (0)."""
 
     seq: int
-    topic: str
-    payload: bytes
-    qos: int
-    properties: bytes = b""
-    """An MQTT 5 publisher's properties, packed (:func:`~..v5.outbound.forwarded`)."""
-    retain: bool = False
-    """The flag it was published with (for Retain As Published)."""
+    message: Publication
     origin: str = ""
     """The publisher's client id (for the No Local of its own persistent session)."""
     group: str = ""
@@ -244,13 +239,9 @@ class Ack(Frame):
 
 @dataclass(frozen=True, slots=True)
 class Deliver(Frame):
-    """A message for this worker's subscribers of ``topic``."""
+    """A message for this worker's subscribers of its topic."""
 
-    topic: str
-    payload: bytes
-    qos: int
-    properties: bytes = b""
-    retain: bool = False
+    message: Publication
     group: str = ""
     """A shared subscription (``$share/...``) this worker serves the message to, chosen
     for it by the supervisor; empty: the worker's other subscribers only."""
@@ -368,7 +359,7 @@ _TYPES: dict[str, type[Frame]] = {
 # Records carried inside frames, tagged by class name; their fields are checked on the way in.
 _RECORDS: dict[str, type] = {
     cls.__name__: cls
-    for cls in (Attach, Detach, Subscribed, Acked, AckedTogether, Inbound, Push, Discard, RetainedMessage)
+    for cls in (Attach, Detach, Subscribed, Acked, AckedTogether, Inbound, Push, Discard, RetainedMessage, Publication)
 }
 _SCALARS = {"str": str, "int": int, "bytes": bytes, "bool": bool}
 

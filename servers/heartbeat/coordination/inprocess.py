@@ -15,6 +15,7 @@ from ..overview import RecentEnds, registry_overview
 from ..persistent import Delivery, Opened, Report
 from ..policy import DEFAULT_PRESENCE_PREFIX
 from ..presence import PresenceEvent, PresenceSink
+from ..publication import Publication
 from . import (
     Coordinator,
     Health,
@@ -95,20 +96,10 @@ class InProcessCoordinator(Coordinator):
         """See :meth:`Coordinator.note`."""
         publish_to_sinks(self.sinks, event)
 
-    def route(
-        self,
-        topic: str,
-        payload: bytes,
-        qos: int,
-        properties: bytes = b"",
-        retain: bool = False,
-        groups: Sequence[str] = (),
-        *,
-        origin: str = "",
-    ) -> Sequence[str]:
+    def route(self, message: Publication, groups: Sequence[str] = (), *, origin: str = "") -> Sequence[str]:
         """No other worker to route to (every shared subscription is served here);
         persistent sessions take their QoS 1 and 2 copies."""
-        for delivery in self.store.route(topic, payload, qos, properties, retain, origin):
+        for delivery in self.store.route(message, origin):
             self._transmit(delivery)
         log_session_drops(self.store)
         return groups
@@ -187,4 +178,5 @@ class InProcessCoordinator(Coordinator):
         publish_to_sinks(self.sinks, event)
         if self._host is not None and event.client_id is not None:
             properties = self.retention.presence_properties(event)
-            self._host.deliver(self.presence_prefix + event.client_id, event.payload(), 0, properties)
+            topic = self.presence_prefix + event.client_id
+            self._host.deliver(Publication(topic, event.payload(), 0, False, properties))

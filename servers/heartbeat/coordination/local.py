@@ -37,44 +37,9 @@ from ...prometheus import Families, Metric
 from ..persistent import Discard, Opened, Report
 from ..policy import DEFAULT_PRESENCE_PREFIX
 from ..presence import PresenceEvent, PresenceSink
+from ..publication import Publication
 from ..topics import FilterIndex
-from . import Coordinator, Health, Host, publish_to_sinks
-from .frames import (
-    Ack,
-    Claimed,
-    CloseSubscribers,
-    Deliver,
-    Drained,
-    Ended,
-    Evict,
-    Filters,
-    FiltersChanged,
-    Found,
-    Frame,
-    FrameError,
-    Hello,
-    Kept,
-    Lookup,
-    Noted,
-    OpenSession,
-    Overview,
-    OverviewFound,
-    Probe,
-    Probed,
-    RemoteFilters,
-    RemoteFiltersChanged,
-    Reported,
-    Resync,
-    RetainedPage,
-    RetainedQuery,
-    Routed,
-    SessionOpened,
-    Settle,
-    Settled,
-    Transmit,
-    decode,
-    encode,
-)
+from . import Coordinator, Health, Host, frames, publish_to_sinks
 from .registry import Registry
 from .retention import RetainedMessage, presence_properties
 
@@ -94,7 +59,7 @@ class _Lookup:
     """A question to the authority, waiting for its answer."""
 
     done: trio.Event = field(default_factory=trio.Event)
-    answer: Frame | None = None
+    answer: frames.Frame | None = None
 
 
 class BusCoordinator(Coordinator):
@@ -119,7 +84,7 @@ class BusCoordinator(Coordinator):
         self.lookup_timeout = lookup_timeout
         self._host: Host | None = None
         self._seq = 0
-        self._unacked: collections.deque[tuple[int, Frame, float]] = collections.deque()
+        self._unacked: collections.deque[tuple[int, frames.Frame, float]] = collections.deque()
         self._out: list[bytes] = []
         self._wake = trio.Event()
         self._remote = FilterIndex()
@@ -145,30 +110,20 @@ class BusCoordinator(Coordinator):
 
     def online(self, event: PresenceEvent) -> None:
         """See :meth:`Coordinator.online`."""
-        self._numbered(Claimed(self._next(), event))
+        self._numbered(frames.Claimed(self._next(), event))
 
     def offline(self, event: PresenceEvent, *, forget: bool = False) -> None:
         """See :meth:`Coordinator.offline`."""
-        self._numbered(Ended(self._next(), event, forget))
+        self._numbered(frames.Ended(self._next(), event, forget))
 
     def note(self, event: PresenceEvent) -> None:
         """See :meth:`Coordinator.note`."""
         if self.orphaned:
             publish_to_sinks(self.sinks, event)
         else:
-            self._send(Noted(event))
+            self._send(frames.Noted(event))
 
-    def route(
-        self,
-        topic: str,
-        payload: bytes,
-        qos: int,
-        properties: bytes = b"",
-        retain: bool = False,
-        groups: Sequence[str] = (),
-        *,
-        origin: str = "",
-    ) -> Sequence[str]:
+    def route(self, message: Publication, groups: Sequence[str] = (), *, origin: str = "") -> Sequence[str]:
         """Sent only if another worker's subscribers hold a matching filter. A shared
         subscription held here and nowhere else is served here; one held elsewhere too
         is left to the supervisor, which picks one worker holding it."""
@@ -176,25 +131,25 @@ class BusCoordinator(Coordinator):
         if self.orphaned or not remote:
             return groups
         mine = [group for group in groups if group not in remote] if groups else groups
-        if remote.matches(topic):
+        if remote.matches(message.topic):
             self.routed += 1
-            if qos and self._keep_routed(len(payload)):
-                self._numbered(Routed(self._next(), topic, payload, qos, properties, retain, origin))
+            if message.qos and self._keep_routed(len(message.payload)):
+                self._numbered(frames.Routed(self._next(), message, origin))
                 return mine
-            if qos:
+            if message.qos:
                 self.routed_unkept += 1
-            self._send(Routed(0, topic, payload, qos, properties, retain))
+            self._send(frames.Routed(0, message))
         return mine
 
-    def pass_on(self, topic: str, payload: bytes, qos: int, properties: bytes, retain: bool, group: str) -> bool:
+    def pass_on(self, message: Publication, group: str) -> bool:
         """See :meth:`Coordinator.pass_on`: numbered, for the supervisor to pick a worker
         holding the group."""
         remote = self._remote
         if self.orphaned or not remote or group not in remote:
             return False
-        if not self._keep_routed(len(payload)):
+        if not self._keep_routed(len(message.payload)):
             return False
-        self._numbered(Routed(self._next(), topic, payload, qos, properties, retain, group=group))
+        self._numbered(frames.Routed(self._next(), message, group=group))
         return True
 
     def _keep_routed(self, size: int) -> bool:
@@ -208,7 +163,7 @@ class BusCoordinator(Coordinator):
     def filters_changed(self, added: Collection[str], removed: Collection[str] = ()) -> None:
         """See :meth:`Coordinator.filters_changed`. Unlinked, the change is dropped: the
         whole set goes on the next link (:meth:`_greet`)."""
-        self._send(FiltersChanged(frozenset(added), frozenset(removed)))
+        self._send(frames.FiltersChanged(frozenset(added), frozenset(removed)))
 
     def _next(self) -> int:
         self._seq += 1
@@ -221,12 +176,12 @@ class BusCoordinator(Coordinator):
     def session(self, report: Report) -> None:
         """Numbered like a session's start or end: resent until the authority has it."""
         if not self.orphaned:
-            self._numbered(Reported(self._next(), report))
+            self._numbered(frames.Reported(self._next(), report))
 
     def retain(self, topic: str, payload: bytes, qos: int, owner: str = "", properties: bytes = b"") -> None:
         """See :meth:`Coordinator.retain`; numbered too."""
         if not self.orphaned:
-            self._numbered(Kept(self._next(), topic, payload, qos, owner, properties))
+            self._numbered(frames.Kept(self._next(), topic, payload, qos, owner, properties))
 
     async def open_session(
         self,
@@ -241,8 +196,8 @@ class BusCoordinator(Coordinator):
         refused as server-unavailable: a new session would lose the stored one)."""
         if self.orphaned:
             return Opened(False, {}, frozenset(), kept=False)  # the supervisor, and its sessions, are gone
-        answer = await self._ask(lambda request: OpenSession(request, client_id, username, v5, expiry, create))
-        if not isinstance(answer, SessionOpened) or answer.refused:
+        answer = await self._ask(lambda request: frames.OpenSession(request, client_id, username, v5, expiry, create))
+        if not isinstance(answer, frames.SessionOpened) or answer.refused:
             return None
         return Opened(answer.present, dict(answer.subscriptions), answer.inbound, dict(answer.options), answer.kept)
 
@@ -250,22 +205,22 @@ class BusCoordinator(Coordinator):
         """A page from the authority (none if it does not answer in time)."""
         if self.orphaned:
             return [], None
-        answer = await self._ask(lambda request: RetainedQuery(request, topic_filter, cursor))
-        if not isinstance(answer, RetainedPage):
+        answer = await self._ask(lambda request: frames.RetainedQuery(request, topic_filter, cursor))
+        if not isinstance(answer, frames.RetainedPage):
             return [], None
         return answer.messages, answer.cursor
 
-    def _numbered(self, frame: Claimed | Ended | Reported | Kept | Routed) -> None:
+    def _numbered(self, frame: frames.Claimed | frames.Ended | frames.Reported | frames.Kept | frames.Routed) -> None:
         if self.orphaned:
-            if isinstance(frame, Claimed | Ended):
+            if isinstance(frame, frames.Claimed | frames.Ended):
                 self._alone_apply(frame)
             return
         self._unacked.append((frame.seq, frame, time.monotonic()))
         self._send(frame)
 
-    def _send(self, frame: Frame) -> None:
+    def _send(self, frame: frames.Frame) -> None:
         if self.connected:
-            self._out.append(encode(frame))
+            self._out.append(frames.encode(frame))
             self._wake.set()
 
     # -- queries -----------------------------------------------------------------------
@@ -274,14 +229,14 @@ class BusCoordinator(Coordinator):
         """Asks the authority (None if it does not answer within ``lookup_timeout``)."""
         if self._alone is not None:
             return self._alone.get(client_id)
-        answer = await self._ask(lambda request: Lookup(request, client_id))
-        return answer.event if isinstance(answer, Found) else None
+        answer = await self._ask(lambda request: frames.Lookup(request, client_id))
+        return answer.event if isinstance(answer, frames.Found) else None
 
     async def overview(self, query: str = "", limit: int = 100) -> dict[str, Any] | None:
         """Asks the authority, which holds the box's registry (None if it does not answer
         within ``lookup_timeout``, or is gone)."""
-        answer = await self._ask(lambda request: Overview(request, query, limit))
-        if not isinstance(answer, OverviewFound):
+        answer = await self._ask(lambda request: frames.Overview(request, query, limit))
+        if not isinstance(answer, frames.OverviewFound):
             return None
         body: dict[str, Any] = json.loads(answer.body)
         return body
@@ -295,9 +250,9 @@ class BusCoordinator(Coordinator):
         worker; False after ``lookup_timeout`` (a stalled worker holds it up)."""
         if not self.settles():
             return True
-        return isinstance(await self._ask(Settle), Settled)
+        return isinstance(await self._ask(frames.Settle), frames.Settled)
 
-    async def _ask(self, question: Callable[[int], Frame]) -> Frame | None:
+    async def _ask(self, question: Callable[[int], frames.Frame]) -> frames.Frame | None:
         """Send a numbered question and wait up to ``lookup_timeout`` for its answer."""
         if not self.connected:
             return None
@@ -320,7 +275,7 @@ class BusCoordinator(Coordinator):
         await self.flush()
         if self.orphaned:
             return
-        self._send(Drained())
+        self._send(frames.Drained())
         await self._close_subscribers.wait()
 
     def health(self) -> Health:
@@ -397,13 +352,13 @@ class BusCoordinator(Coordinator):
         assert self._host is not None
         self.connected = True
         self._out = []
-        self._send(Hello(self.worker, os.getpid(), self._incarnation))
+        self._send(frames.Hello(self.worker, os.getpid(), self._incarnation))
         for _seq, frame, _t in self._unacked:
             self._send(frame)
             self.resent += 1
         if reconnect:
-            self._send(Filters(frozenset(self._host.filters())))
-            self._send(Resync(tuple(self._host.sessions())))
+            self._send(frames.Filters(frozenset(self._host.filters())))
+            self._send(frames.Resync(tuple(self._host.sessions())))
 
     async def _serve(self, stream: trio.SocketStream) -> None:
         async with trio.open_nursery() as nursery:
@@ -434,41 +389,43 @@ class BusCoordinator(Coordinator):
 
     def _received(self, line: bytes) -> None:
         try:
-            frame = decode(line)
-        except FrameError as exc:
+            frame = frames.decode(line)
+        except frames.FrameError as exc:
             logger.warning("bus: bad frame from the authority, ignored: %s", exc)
             return
         host = self._host
         assert host is not None
-        if isinstance(frame, Deliver):
+        if isinstance(frame, frames.Deliver):
             # A shared subscription's copy, if the supervisor picked this worker for it;
             # else the other subscribers only (whoever published served its own groups).
             group = frame.group
             groups = (group,) if group else ()
-            host.deliver(frame.topic, frame.payload, frame.qos, frame.properties, frame.retain, groups, not group)
-        elif isinstance(frame, Ack):
+            host.deliver(frame.message, groups, not group)
+        elif isinstance(frame, frames.Ack):
             unacked = self._unacked
             while unacked and unacked[0][0] <= frame.seq:
                 done = unacked.popleft()[1]
-                if isinstance(done, Routed):
-                    self._unacked_bytes -= len(done.payload)
+                if isinstance(done, frames.Routed):
+                    self._unacked_bytes -= len(done.message.payload)
             self._acked.set()
-        elif isinstance(frame, Evict):
+        elif isinstance(frame, frames.Evict):
             host.evict(frame.client_id, frame.epoch, frame.detail)
-        elif isinstance(frame, RemoteFiltersChanged):
+        elif isinstance(frame, frames.RemoteFiltersChanged):
             self._remote.update(frame.added, frame.removed)
-        elif isinstance(frame, RemoteFilters):
+        elif isinstance(frame, frames.RemoteFilters):
             self._remote.replace(frame.filters)
-        elif isinstance(frame, Transmit):
+        elif isinstance(frame, frames.Transmit):
             host.transmit(frame.client_id, frame.epoch, frame.packets, frame.v5)
-        elif isinstance(frame, Probe):
-            self._send(Probed(frame.token))
-        elif isinstance(frame, Found | SessionOpened | RetainedPage | Settled | OverviewFound):
+        elif isinstance(frame, frames.Probe):
+            self._send(frames.Probed(frame.token))
+        elif isinstance(
+            frame, frames.Found | frames.SessionOpened | frames.RetainedPage | frames.Settled | frames.OverviewFound
+        ):
             pending = self._lookups.get(frame.request)
             if pending is not None:
                 pending.answer = frame
                 pending.done.set()
-        elif isinstance(frame, CloseSubscribers):
+        elif isinstance(frame, frames.CloseSubscribers):
             self._close_subscribers.set()
 
     # -- alone ---------------------------------------------------------------------------
@@ -484,17 +441,17 @@ class BusCoordinator(Coordinator):
         pending, self._unacked = list(self._unacked), collections.deque()
         self._unacked_bytes = 0
         for _seq, frame, _t in pending:
-            if isinstance(frame, Claimed | Ended):
+            if isinstance(frame, frames.Claimed | frames.Ended):
                 self._alone_apply(frame)
         self._acked.set()
         self._close_subscribers.set()
         for question in self._lookups.values():
             question.done.set()
 
-    def _alone_apply(self, frame: Claimed | Ended) -> None:
+    def _alone_apply(self, frame: frames.Claimed | frames.Ended) -> None:
         registry = self._alone
         assert registry is not None
-        if isinstance(frame, Claimed):
+        if isinstance(frame, frames.Claimed):
             emit = registry.online(frame.event).emit
         else:
             one = registry.offline(frame.event, forget=frame.forget)
@@ -504,4 +461,5 @@ class BusCoordinator(Coordinator):
             if self._host is not None and event.client_id is not None:
                 # The supervisor's offline TTL is not known here: no Message Expiry.
                 properties = presence_properties(event, None, 0.0)
-                self._host.deliver(self.presence_prefix + event.client_id, event.payload(), 0, properties)
+                topic = self.presence_prefix + event.client_id
+                self._host.deliver(Publication(topic, event.payload(), 0, False, properties))

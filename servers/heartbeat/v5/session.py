@@ -48,8 +48,8 @@ from ..session import (
     Effect,
     Goodbye,
     HoldInbound,
+    Publication,
     RemoveSubscription,
-    Route,
     Send,
     Session,
     State,
@@ -353,7 +353,7 @@ class Session5(Session):
                 inbound.add(packet_id)
                 effects.append(HoldInbound(packet_id))
         if not code:
-            effects.append(Route(topic, packet.payload, qos, packet.retain, outbound.forwarded(props)))
+            effects.append(Publication(topic, packet.payload, qos, packet.retain, outbound.forwarded(props)))
         if qos == 1 and packet_id is not None:
             effects.append(Send(pack(Ack(PUBACK, packet_id, code))))
         elif qos == 2 and packet_id is not None:

@@ -56,6 +56,7 @@ from ...persistent import (
 )
 from ...policy import DEFAULT_PRESENCE_PREFIX
 from ...presence import PresenceEvent, PresenceSink
+from ...publication import Publication
 from ...retained import DEFAULT_MAX_BYTES, DEFAULT_MAX_COUNT, DEFAULT_MAX_OWNER_BYTES, DEFAULT_MAX_OWNER_COUNT
 from .. import Coordinator, Health, Host, publish_to_sinks
 from ..retention import RetainedMessage
@@ -244,24 +245,15 @@ class RedisCoordinator(Coordinator, FleetCounts):
         """Sinks only: they are this process's own, so nothing goes through Redis."""
         publish_to_sinks(self.sinks, event)
 
-    def route(
-        self,
-        topic: str,
-        payload: bytes,
-        qos: int,
-        properties: bytes = b"",
-        retain: bool = False,
-        groups: Sequence[str] = (),
-        *,
-        origin: str = "",
-    ) -> Sequence[str]:
-        """Queue ``topic`` for the other nodes whose subscribers' filters match it, and (QoS 1
+    def route(self, message: Publication, groups: Sequence[str] = (), *, origin: str = "") -> Sequence[str]:
+        """Queue ``message`` for the other nodes whose subscribers' filters match it, and (QoS 1
         and 2) for the persistent sessions whose filters match it, if any. Each shared
         subscription the topic reaches goes to one node holding it, in turn (this node
         keeps those it serves itself: the return). ``origin``, the publisher's client
         id, is for the No Local of its own persistent session."""
+        topic = message.topic
         mine, shares = self.shares.pick(topic, groups)
-        persistent = qos > 0 and bool(self.persistent_filters.matching(topic))
+        persistent = message.qos > 0 and bool(self.persistent_filters.matching(topic))
         if (
             not persistent
             and not shares
@@ -269,40 +261,31 @@ class RedisCoordinator(Coordinator, FleetCounts):
         ):
             self.route_skipped += 1
             return mine
-        self._enqueue(self._route(topic, payload, qos, properties, retain, shares=shares, origin=origin))
+        self._enqueue(self._route(message, shares=shares, origin=origin))
         return mine
 
     @staticmethod
-    def _route(
-        topic: str,
-        payload: bytes,
-        qos: int,
-        properties: bytes,
-        retain: bool,
-        *,
-        shares: dict[str, list[str]],
-        origin: str = "",
-        plain: bool = True,
-    ) -> Queued:
+    def _route(message: Publication, *, shares: dict[str, list[str]], origin: str = "", plain: bool = True) -> Queued:
         """A "route" report of a message."""
+        m = message
         return Queued(
             "route",
-            topic=topic,
-            payload=payload,
-            qos=qos,
-            properties=properties,
-            retain=retain,
+            topic=m.topic,
+            payload=m.payload,
+            qos=m.qos,
+            properties=m.properties,
+            retain=m.retain,
             shares=shares,
             origin=origin,
             plain=plain,
         )
 
-    def pass_on(self, topic: str, payload: bytes, qos: int, properties: bytes, retain: bool, group: str) -> bool:
+    def pass_on(self, message: Publication, group: str) -> bool:
         """See :meth:`Coordinator.pass_on`: to another gateway holding the group, in turn."""
-        node = self.shares.elsewhere(topic, group)
+        node = self.shares.elsewhere(message.topic, group)
         if node is None:
             return False
-        return self._enqueue(self._route(topic, payload, qos, properties, retain, shares={node: [group]}, plain=False))
+        return self._enqueue(self._route(message, shares={node: [group]}, plain=False))
 
     async def open_session(
         self,

@@ -36,6 +36,7 @@ from typing import Any
 import trio
 
 from ...presence import PresenceEvent, PresenceSink
+from ...publication import Publication
 from .. import Host, publish_to_sinks
 from ..retention import presence_properties
 from .filters import Filters
@@ -237,7 +238,7 @@ class StreamReader:
                 # Every node reads every event: each serves the shared subscriptions it owns for it.
                 groups = self.filters.shares.owned(topic, f"{event.epoch}\0{event.status}")
                 properties = presence_properties(event, self.offline_ttl, time.time())
-                host.deliver(topic, event.payload(), 0, properties, groups=groups)
+                host.deliver(Publication(topic, event.payload(), 0, False, properties), groups=groups)
             except Exception:
                 logger.exception("node %s: deliver raised", self.node)
 
@@ -274,6 +275,6 @@ class StreamReader:
             group = message.group
             groups = (group,) if group else ()
             m = message
-            host.deliver(m.topic, m.payload, m.qos, m.properties, m.retain, groups, plain=not group)
+            host.deliver(Publication(m.topic, m.payload, m.qos, m.retain, m.properties), groups, plain=not group)
         except Exception:
             logger.exception("node %s: deliver raised", self.node)
