@@ -11,7 +11,7 @@ few topics are busy, most are quiet), from a fixed seed. Each subscriber counts 
 bytes its socket received and resolves the aliases as a client does; the report gives
 bytes per message and the ratio, and whether every topic was read right. Mosquitto
 assigns no aliases: its two rows are the reference. A second table times the
-rewrite itself (:class:`~servers.heartbeat.v5.aliases.OutboundAliases.apply`) beside
+rewrite itself (:class:`~servers.heartbeat.mqtt.v5.aliases.OutboundAliases.apply`) beside
 the encoding of the PUBLISH it rewrites, in this process. Loopback only; each server
 is stopped by its PID; each target is bounded by ``--timeout``.
 """
@@ -30,11 +30,11 @@ from dataclasses import dataclass
 from benchmarks.shared import read_forever
 from loadtest.mqtt_targets import PeerUnavailable, start_mosquitto
 from loadtest.processes import free_port, start_heartbeat, stop
-from servers.heartbeat.v5.aliases import OutboundAliases
-from servers.heartbeat.v5.codec import pack
-from servers.heartbeat.v5.outbound import publish
-from servers.heartbeat.v5.packets import Connect, Packet, Publish, Subscribe, Subscription
-from servers.heartbeat.v5.properties import Properties
+from servers.heartbeat.mqtt.v5.aliases import OutboundAliases
+from servers.heartbeat.mqtt.v5.codec import pack
+from servers.heartbeat.mqtt.v5.outbound import publish
+from servers.heartbeat.mqtt.v5.packets import Connect, Packet, Publish, Subscribe, Subscription
+from servers.heartbeat.mqtt.v5.properties import Properties
 
 
 def sensor_topics(count: int) -> list[str]:

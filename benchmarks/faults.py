@@ -38,8 +38,8 @@ from loadtest.history import check_history
 from loadtest.mqtt_frames import frames
 from loadtest.page import Watcher, fetch
 from loadtest.processes import free_port, start_heartbeat
-from servers.heartbeat import encoders
-from servers.heartbeat.policy import DEFAULT_PRESENCE_PREFIX
+from servers.heartbeat.mqtt import encoders
+from servers.heartbeat.mqtt.policy import DEFAULT_PRESENCE_PREFIX
 
 
 def _connect(port: int, client_id: str, keep_alive: int) -> socket.socket:

@@ -22,7 +22,7 @@ import trio
 
 from loadtest.processes import free_port, start_heartbeat, stop
 from loadtest.sampler import cpu_seconds, process_tree
-from servers.heartbeat import encoders
+from servers.heartbeat.mqtt import encoders
 
 from .topics_load import Client
 

@@ -17,8 +17,8 @@ import trio
 
 from loadtest.redis_server import running_redis
 from servers.heartbeat.coordination.fleet import RedisCoordinator
-from servers.heartbeat.presence import PresenceEvent
-from servers.heartbeat.publication import Publication
+from servers.heartbeat.mqtt.publication import Publication
+from servers.heartbeat.presence.event import PresenceEvent
 
 
 class _Host:

@@ -44,7 +44,7 @@ KINDS = ("asgi-ws", "mqtt-ws", "mqtt-tcp")
 # The client: connects when told, waits for every answer, holds until told again.
 _CLIENT = r"""
 import socket, sys
-from servers.heartbeat import encoders
+from servers.heartbeat.mqtt import encoders
 port, n, kind = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 sys.stdin.readline()
 path, proto = (b"/echo", b"") if kind == "asgi-ws" else (b"/mqtt", b"Sec-WebSocket-Protocol: mqtt\r\n")

@@ -49,7 +49,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from loadtest.processes import free_port
-from servers.heartbeat import encoders
+from servers.heartbeat.mqtt import encoders
 
 ROOT = Path(__file__).resolve().parent.parent
 SERVERS = ("http", "mqtt", "drain")

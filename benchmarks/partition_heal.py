@@ -37,7 +37,7 @@ from loadtest.device_results import read_presence_log
 from loadtest.partition import Island, partitions_possible
 from loadtest.processes import free_port, start_heartbeat, stop
 from loadtest.redis_server import RedisServer, redis_server_binary
-from servers.heartbeat import encoders
+from servers.heartbeat.mqtt import encoders
 
 __all__ = ["main"]
 

@@ -34,7 +34,7 @@ from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 
 from benchmarks.wakeups import measure_server
-from loadtest.generator.events import bind_source
+from loadtest.generator.source import bind_source
 from loadtest.mqtt_targets import PeerUnavailable
 from loadtest.stats import percentile
 

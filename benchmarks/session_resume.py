@@ -30,8 +30,8 @@ from pathlib import Path
 
 from loadtest.mqtt_targets import mosquitto_binary, start_mosquitto
 from loadtest.processes import free_port, start_heartbeat, stop
-from servers.heartbeat.v5.codec import pack, read_packet
-from servers.heartbeat.v5.packets import (
+from servers.heartbeat.mqtt.v5.codec import pack, read_packet
+from servers.heartbeat.mqtt.v5.packets import (
     PUBACK,
     Ack,
     Connack,
@@ -42,7 +42,7 @@ from servers.heartbeat.v5.packets import (
     Subscribe,
     Subscription,
 )
-from servers.heartbeat.v5.properties import Properties
+from servers.heartbeat.mqtt.v5.properties import Properties
 
 ROOT = Path(__file__).resolve().parent.parent
 WAYS = ("clean", "reconnect", "resume")

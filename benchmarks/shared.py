@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 
 from loadtest.mqtt_targets import MqttTarget, PeerUnavailable, start_mosquitto
 from loadtest.processes import free_port, start_heartbeat, stop
-from servers.heartbeat.v5.codec import pack, read_whole
-from servers.heartbeat.v5.packets import PUBACK, Ack, Connect, Packet, Publish, Subscribe, Subscription
+from servers.heartbeat.mqtt.v5.codec import pack, read_whole
+from servers.heartbeat.mqtt.v5.packets import PUBACK, Ack, Connect, Packet, Publish, Subscribe, Subscription
 
 GROUP = "$share/bench/load/#"
 

@@ -25,7 +25,7 @@ from pathlib import Path
 from loadtest.mqtt_frames import frames
 from loadtest.processes import free_port, start_heartbeat, stop
 from loadtest.redis_server import RedisServer, redis_server_binary
-from servers.heartbeat import encoders
+from servers.heartbeat.mqtt import encoders
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -241,7 +241,7 @@ def ratios(rows: Sequence[Row], peer: str = "mosquitto") -> str:
 
 _MEMORY = """
 import json, sys, tracemalloc
-from servers.heartbeat.broker import Subscriptions
+from servers.heartbeat.broker.subscriptions import Subscriptions
 n = int(sys.argv[1])
 filters = [f"zz/+/{i}" for i in range(n)]  # made before tracing: a packet brings them in
 tracemalloc.start()
@@ -251,7 +251,7 @@ for f in filters:
 out = {"subscriptions": tracemalloc.get_traced_memory()[0] / n}
 tracemalloc.stop()
 try:
-    from servers.heartbeat.topics import FilterIndex
+    from servers.heartbeat.broker.topics import FilterIndex
 except ImportError:
     pass
 else:

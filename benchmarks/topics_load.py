@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import trio
 
 from loadtest.mqtt_frames import frames
-from servers.heartbeat import encoders
+from servers.heartbeat.mqtt import encoders
 
 __all__ = ["Client", "Devices", "Window", "hold_filters", "percentile", "publish_window"]
 

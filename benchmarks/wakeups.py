@@ -35,10 +35,10 @@ from pathlib import Path
 import psutil
 import trio
 
-from loadtest.generator.events import bind_source
+from loadtest.generator.source import bind_source
 from loadtest.mqtt_targets import MqttTarget, PeerUnavailable, start_mosquitto
 from loadtest.processes import free_port, start_heartbeat, start_server
-from servers.heartbeat import encoders
+from servers.heartbeat.mqtt import encoders
 
 ROOT = Path(__file__).resolve().parent.parent
 

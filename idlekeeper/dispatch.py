@@ -14,7 +14,6 @@ without.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import select
 import socket
@@ -31,6 +30,7 @@ from .lost import EngineClosedError
 from .protocol import Protocol
 from .tls_transport import TLSSettings, TLSTransport
 from .transport import CANNED, CLOSED, EOF_SENT, GATHERING, NO_READ, PEER_EOF, REG_IN, REG_OUT, Transport
+from .wakeup import Wakeup
 from .watch import ExpireHook
 
 __all__ = ["Dispatcher"]
@@ -122,11 +122,8 @@ class Dispatcher:
         self._resumed: list[TLSTransport] = []
         # Wakes the engine when a connection is dropped from outside its pass (an
         # expiry in the reaper, a takeover in another task): its protocol must hear.
-        self._wake_r, self._wake_w = socket.socketpair()
-        self._wake_r.setblocking(False)
-        self._wake_w.setblocking(False)
-        self._urgent.register(self._wake_r.fileno(), _IN)
-        self._woken = False
+        self._wakeup = Wakeup()
+        self._urgent.register(self._wakeup.fd, _IN)
         self._backlog = False
         self._in_pass = False
         # Events the current pass polled (see Transport.alone_in_pass).
@@ -254,10 +251,10 @@ class Dispatcher:
     def _poll_urgent(self) -> list[Listener]:
         """Drain wake-ups and return the listeners with connections waiting."""
         ready: list[Listener] = []
-        wake = self._wake_r.fileno()
+        wake = self._wakeup.fd
         for fd, _events in self._urgent.poll(0):
             if fd == wake:
-                self._drain_wakeups()
+                self._wakeup.drain()
             else:
                 ready.extend(entry for entry in self._listeners if entry.sock.fileno() == fd)
         return ready
@@ -458,23 +455,14 @@ class Dispatcher:
 
     def _wake(self) -> None:
         """Make sure a pass comes soon, to tell what happened outside one."""
-        if self._in_pass or self._woken:
-            return
-        self._woken = True
-        with contextlib.suppress(BlockingIOError):  # already full of wake-ups
-            self._wake_w.send(b"\0")
+        if not self._in_pass:
+            self._wakeup.wake()
 
     def _release_resumed(self) -> None:
         while self._resumed:
             batch, self._resumed = self._resumed, []
             for t in batch:
                 t._release_held()
-
-    def _drain_wakeups(self) -> None:
-        self._woken = False
-        with contextlib.suppress(BlockingIOError):
-            while self._wake_r.recv(4096):
-                pass
 
     def _deliver_lost(self) -> None:
         while self._lost:
@@ -496,8 +484,7 @@ class Dispatcher:
         self._deliver_lost()
         self._epoll.close()
         self._urgent.close()
-        self._wake_r.close()
-        self._wake_w.close()
+        self._wakeup.close()
 
 
 def _mask(io: int) -> int:

@@ -3,7 +3,7 @@
     python -m loadtest.baseline --port 1883 [--host 127.0.0.1] [--connect-timeout 10]
 
 What a careful trio user writes without idlekeeper: the same sans-IO protocol code
-as ``servers.heartbeat`` (its packet reader and :class:`~servers.heartbeat.session.Session`),
+as ``servers.heartbeat`` (its packet reader and :class:`~servers.heartbeat.mqtt.session.Session`),
 a task per connection from ``trio.serve_tcp``, and one ``trio.move_on_after`` around
 every read: 1.5 x keep-alive once connected, ``--connect-timeout`` before. A new
 connection with a client id already online takes over (the old one is closed).
@@ -25,9 +25,10 @@ from functools import partial
 import trio
 
 from servers.gcpolicy import freeze_long_lived
-from servers.heartbeat.packets import ProtocolError
-from servers.heartbeat.reader import PacketReader
-from servers.heartbeat.session import Accept, Send, Session, State
+from servers.heartbeat.mqtt.effects import Accept, Send
+from servers.heartbeat.mqtt.packets import ProtocolError
+from servers.heartbeat.mqtt.reader import PacketReader
+from servers.heartbeat.mqtt.session import Session, State
 from servers.listeners import port_of
 from servers.readiness import Ready
 from servers.runner import serve_until_signal

@@ -104,8 +104,9 @@ def fetch(port: int, path: str) -> Any:
 def per_event_cost() -> float:
     """Seconds the registry's side of the page adds to one presence event (a ring append
     and two counts), measured here, for the "nobody watching" claim."""
-    from servers.heartbeat.overview import RecentEnds
-    from servers.heartbeat.presence import Offline, PresenceEvent
+    from servers.heartbeat.mqtt.endings import Offline
+    from servers.heartbeat.presence.event import PresenceEvent
+    from servers.heartbeat.presence.overview import RecentEnds
 
     recent = RecentEnds()
     event = PresenceEvent("offline", "sensor-0001", "127.0.0.1:1", Offline.KEEPALIVE_TIMEOUT, 1.5, time.time())

@@ -50,7 +50,7 @@ import psutil
 import trio
 import trustme
 
-from servers.heartbeat import encoders
+from servers.heartbeat.mqtt import encoders
 
 from .mqtt_targets import MqttTarget, PeerUnavailable, start_mosquitto
 from .options import add_json, add_quiet, add_targets, command_parser, fields_from

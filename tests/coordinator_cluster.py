@@ -18,9 +18,9 @@ from servers.bus import Hub
 from servers.heartbeat.coordination import Coordinator
 from servers.heartbeat.coordination.authority import Authority, epoch_of
 from servers.heartbeat.coordination.local import BusCoordinator
-from servers.heartbeat.policy import DEFAULT_PRESENCE_PREFIX as PRESENCE
-from servers.heartbeat.presence import PresenceEvent
-from servers.heartbeat.publication import Publication
+from servers.heartbeat.mqtt.policy import DEFAULT_PRESENCE_PREFIX as PRESENCE
+from servers.heartbeat.mqtt.publication import Publication
+from servers.heartbeat.presence.event import PresenceEvent
 
 from .redis_server import RedisServer, require_binary
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from servers.heartbeat.packets import Publish
-from servers.heartbeat.reader import PacketReader
+from servers.heartbeat.mqtt.packets import Publish
+from servers.heartbeat.mqtt.reader import PacketReader
 
 
 @dataclass(frozen=True)

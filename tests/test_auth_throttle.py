@@ -16,12 +16,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
-from servers.heartbeat import encoders
-from servers.heartbeat.auth import AuthResult, PasswordFile
 from servers.heartbeat.config import HeartbeatConfig
-from servers.heartbeat.presence import REFUSED, PresenceEvent
-from servers.heartbeat.server import HeartbeatServer
-from servers.heartbeat.throttle import Admission, AuthGate, Throttle, ThrottlePolicy, source_key
+from servers.heartbeat.mqtt import encoders
+from servers.heartbeat.presence.event import REFUSED, PresenceEvent
+from servers.heartbeat.security.passwords import AuthResult, PasswordFile
+from servers.heartbeat.security.throttle import Admission, AuthGate, Throttle, ThrottlePolicy, source_key
+from servers.heartbeat.server.lifecycle import HeartbeatServer
 from servers.heartbeat.worker import serve_heartbeat
 
 POLICY = ThrottlePolicy(free=5, base=1.0, cap=60.0, forget=900.0)

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from benchmarks.aliases import main, sensor_topics, skewed
-from servers.heartbeat.v5.codec import pack, read_whole
-from servers.heartbeat.v5.packets import Pingresp, Publish
+from servers.heartbeat.mqtt.v5.codec import pack, read_whole
+from servers.heartbeat.mqtt.v5.packets import Pingresp, Publish
 
 
 def test_read_whole_takes_whole_packets_and_leaves_the_rest() -> None:

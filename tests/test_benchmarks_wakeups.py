@@ -8,7 +8,7 @@ import socket
 
 from benchmarks.wakeups import ROOT, measure_server, wakeup_floor
 from loadtest.processes import free_port, start_server
-from servers.heartbeat import encoders
+from servers.heartbeat.mqtt import encoders
 
 
 def test_the_wakeup_floor_is_measured_for_both_loops() -> None:

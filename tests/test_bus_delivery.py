@@ -14,6 +14,7 @@ import socket
 import trio
 
 from servers.bus import Hub, Link
+from servers.heartbeat.broker.reports import Attach, Detach, Push, Subscribed
 from servers.heartbeat.coordination.authority import Authority
 from servers.heartbeat.coordination.frames import (
     Ack,
@@ -32,9 +33,8 @@ from servers.heartbeat.coordination.frames import (
     encode,
 )
 from servers.heartbeat.coordination.local import BusCoordinator
-from servers.heartbeat.persistent import Attach, Detach, Push, Subscribed
-from servers.heartbeat.presence import PresenceEvent
-from servers.heartbeat.publication import Publication
+from servers.heartbeat.mqtt.publication import Publication
+from servers.heartbeat.presence.event import PresenceEvent
 
 from .coordinator_cluster import local_cluster
 from .test_coordinators import until

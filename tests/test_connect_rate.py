@@ -7,9 +7,9 @@ import pytest
 import trio
 from trio.testing import MockClock
 
-from servers.heartbeat import encoders
 from servers.heartbeat.config import HeartbeatConfig
-from servers.heartbeat.connect_rate import ConnectRate
+from servers.heartbeat.mqtt import encoders
+from servers.heartbeat.security.connect_rate import ConnectRate
 
 from .test_heartbeat import Client, engine, running
 

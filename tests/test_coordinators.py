@@ -14,11 +14,11 @@ from functools import partial
 import pytest
 import trio
 
-from servers.heartbeat.policy import DEFAULT_PRESENCE_PREFIX as PRESENCE
-from servers.heartbeat.presence import Offline
-from servers.heartbeat.publication import Publication
-from servers.heartbeat.v5.outbound import forwarded
-from servers.heartbeat.v5.properties import Properties
+from servers.heartbeat.mqtt.endings import Offline
+from servers.heartbeat.mqtt.policy import DEFAULT_PRESENCE_PREFIX as PRESENCE
+from servers.heartbeat.mqtt.publication import Publication
+from servers.heartbeat.mqtt.v5.outbound import forwarded
+from servers.heartbeat.mqtt.v5.properties import Properties
 
 from .coordinator_cluster import Cluster, RecordingHost, local_cluster, redis_cluster
 

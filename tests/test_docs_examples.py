@@ -62,7 +62,8 @@ def test_every_command_is_in_the_command_reference() -> None:
 
 
 def test_every_presence_field_is_in_the_schema() -> None:
-    from servers.heartbeat.presence import Offline, PresenceEvent
+    from servers.heartbeat.mqtt.endings import Offline
+    from servers.heartbeat.presence.event import PresenceEvent
 
     full = PresenceEvent(
         status="online", client_id="x", peer="p", reason=Offline.DISCONNECT, silent_for=0.0, time=0.0,

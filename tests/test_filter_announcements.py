@@ -21,9 +21,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from servers.heartbeat.broker import Subscriptions
+from servers.heartbeat.broker.persistent import SessionStore
+from servers.heartbeat.broker.reports import Subscribed
+from servers.heartbeat.broker.subscriptions import Subscriptions
+from servers.heartbeat.broker.topics import FilterChanges
 from servers.heartbeat.config import HeartbeatConfig
-from servers.heartbeat.connection import Connection
 from servers.heartbeat.coordination.authority import Authority
 from servers.heartbeat.coordination.frames import (
     Filters,
@@ -37,10 +39,9 @@ from servers.heartbeat.coordination.holders import Holders
 from servers.heartbeat.coordination.inprocess import InProcessCoordinator
 from servers.heartbeat.coordination.local import BusCoordinator
 from servers.heartbeat.coordination.retention import MqttState
-from servers.heartbeat.fanout import FanOut
-from servers.heartbeat.persistent import SessionStore, Subscribed
-from servers.heartbeat.session import AddSubscription
-from servers.heartbeat.topics import FilterChanges
+from servers.heartbeat.mqtt.effects import AddSubscription
+from servers.heartbeat.server.connection import Connection
+from servers.heartbeat.server.fanout import FanOut
 
 from .coordinator_cluster import RecordingHost
 from .test_bus_delivery import FakeLink

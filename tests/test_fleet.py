@@ -25,9 +25,10 @@ from servers.heartbeat.coordination.fleet.claims import event_json
 from servers.heartbeat.coordination.fleet.filters import Filters
 from servers.heartbeat.coordination.fleet.keys import FleetKeys
 from servers.heartbeat.coordination.fleet.link import RedisLink
-from servers.heartbeat.policy import DEFAULT_PRESENCE_PREFIX as PRESENCE
-from servers.heartbeat.presence import Offline, PresenceEvent
-from servers.heartbeat.publication import Publication
+from servers.heartbeat.mqtt.endings import Offline
+from servers.heartbeat.mqtt.policy import DEFAULT_PRESENCE_PREFIX as PRESENCE
+from servers.heartbeat.mqtt.publication import Publication
+from servers.heartbeat.presence.event import PresenceEvent
 
 from .redis_server import RedisServer, require_binary
 

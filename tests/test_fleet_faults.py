@@ -19,8 +19,8 @@ import pytest
 from loadtest.device_results import read_presence_log
 from loadtest.history import check_history, merged_by_time
 from loadtest.processes import free_port, start_heartbeat
-from servers.heartbeat import encoders
-from servers.heartbeat.policy import DEFAULT_PRESENCE_PREFIX as PRESENCE
+from servers.heartbeat.mqtt import encoders
+from servers.heartbeat.mqtt.policy import DEFAULT_PRESENCE_PREFIX as PRESENCE
 
 from .conftest import wait_closed
 from .redis_server import RedisServer, require_binary

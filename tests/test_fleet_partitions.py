@@ -36,7 +36,7 @@ from loadtest.history import check_history, merged_by_time
 from loadtest.partition import Island, partitions_possible
 from loadtest.processes import free_port, start_heartbeat
 from loadtest.redis_server import RedisServer
-from servers.heartbeat import encoders
+from servers.heartbeat.mqtt import encoders
 
 from .redis_server import require_binary
 from .test_fleet_faults import ROOT, get

@@ -18,8 +18,8 @@ import pytest
 from loadtest.device_results import read_presence_log
 from loadtest.history import check_history, merged_by_time
 from loadtest.redis_sentinel import SentinelSet
-from servers.heartbeat import encoders
 from servers.heartbeat.coordination.fleet.target import parse_target
+from servers.heartbeat.mqtt import encoders
 
 from .conftest import wait_closed
 from .redis_server import require_binary

@@ -18,13 +18,13 @@ import pytest
 import trio
 
 from loadtest.processes import free_port, start_heartbeat
-from servers.heartbeat import encoders
+from servers.heartbeat.broker.reports import Acked, AckedTogether, Attach, Detach, Inbound, Opened, Push, Subscribed
 from servers.heartbeat.coordination.fleet import RedisCoordinator
-from servers.heartbeat.packets import Packet, Publish, Pubrel
-from servers.heartbeat.persistent import Acked, AckedTogether, Attach, Detach, Inbound, Opened, Push, Subscribed
-from servers.heartbeat.policy import DEFAULT_PRESENCE_PREFIX as PRESENCE
-from servers.heartbeat.publication import Publication
-from servers.heartbeat.reader import AnyPacket, PacketReader
+from servers.heartbeat.mqtt import encoders
+from servers.heartbeat.mqtt.packets import Packet, Publish, Pubrel
+from servers.heartbeat.mqtt.policy import DEFAULT_PRESENCE_PREFIX as PRESENCE
+from servers.heartbeat.mqtt.publication import Publication
+from servers.heartbeat.mqtt.reader import AnyPacket, PacketReader
 
 from .redis_server import RedisServer
 from .test_fleet import LEASE, PREFIX, RENEW, Node, RecordingHost, cut_off, drain, fleet, redis_server, until

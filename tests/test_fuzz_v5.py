@@ -38,11 +38,11 @@ from loadtest.fuzz.runner import FuzzOptions
 from loadtest.fuzz.segments import Mutator
 from loadtest.fuzz.targets import mqtt_spec
 from loadtest.mqtt_targets import mosquitto_binary
-from servers.heartbeat import encoders
-from servers.heartbeat.v5.codec import pack, read_packets
-from servers.heartbeat.v5.packets import Auth, Connack, Connect, Disconnect, Packet, Publish, Subscribe
-from servers.heartbeat.v5.properties import Carrier, Properties
-from servers.heartbeat.v5.reason_codes import PacketError, ReasonCode
+from servers.heartbeat.mqtt import encoders
+from servers.heartbeat.mqtt.v5.codec import pack, read_packets
+from servers.heartbeat.mqtt.v5.packets import Auth, Connack, Connect, Disconnect, Packet, Publish, Subscribe
+from servers.heartbeat.mqtt.v5.properties import Carrier, Properties
+from servers.heartbeat.mqtt.v5.reason_codes import PacketError, ReasonCode
 
 SEEDS = range(200)
 

@@ -27,13 +27,14 @@ from loadtest.fuzz.corpus import END_MODES
 from loadtest.fuzz.corpus_ws import echo_session, messages_of, mqtt_ws_session, served
 from loadtest.fuzz.faults import fault_summary, first_fault, log_faults
 from loadtest.fuzz.judge import Limits, judge
-from loadtest.fuzz.mutators_ws import ANY, MAX_SIZE, MQTT_WS_FAULTS, SERVED, WS_FAULTS, WS_SHAPES, WsFault
+from loadtest.fuzz.mutators_ws import ANY, MQTT_WS_FAULTS, SERVED, WS_FAULTS, WS_SHAPES, WsFault
+from loadtest.fuzz.mutators_ws_framing import MAX_SIZE
 from loadtest.fuzz.observation import CanaryReport, ConnRecord, Observation
 from loadtest.fuzz.replies import ws_reply
 from loadtest.fuzz.runner import FuzzOptions
 from loadtest.fuzz.targets import mqtt_ws_spec, ws_spec
 from loadtest.fuzz.ws_frames import BINARY, CLOSE, PING, RSV1, TEXT, Frame, deflate, encode, parse
-from servers.heartbeat.reader import PacketReader
+from servers.heartbeat.mqtt.reader import PacketReader
 
 SEEDS = range(40)
 CLOSE_CODES = {"close-1002", "close-1003", "close-1007", "close-1009"}

@@ -27,7 +27,7 @@ from loadtest.fuzz.replies import ws_reply
 from loadtest.fuzz.targets import ServerSpec, mqtt_ws_spec, start_server, ws_spec
 from loadtest.fuzz.ws_frames import BINARY, CLOSE, CONTINUATION, PING, RSV1, TEXT, Frame, deflate, encode
 from loadtest.processes import free_port, stop
-from servers.heartbeat import encoders
+from servers.heartbeat.mqtt import encoders
 from servers.ws.deflate import BoundedDeflate
 from servers.ws.handshake import WsPolicy
 from servers.ws.mqtt_transport import MqttOverWs

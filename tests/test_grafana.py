@@ -22,8 +22,8 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
-from servers.heartbeat.auth import hash_password
 from servers.heartbeat.coordination.fleet.coordinator import RedisCoordinator
+from servers.heartbeat.security.passwords import hash_password
 from servers.prometheus import LiveCollector, render
 
 from .test_heartbeat_clients import Server, raw_connect, start_server

@@ -17,17 +17,18 @@ import trio.testing
 from prometheus_client.parser import text_string_to_metric_families
 from trio.testing import MockClock
 
-from servers.heartbeat import encoders, packets
-from servers.heartbeat.auth import PasswordFile
 from servers.heartbeat.config import HeartbeatConfig
-from servers.heartbeat.connection import SUBSCRIBED
 from servers.heartbeat.coordination.inprocess import InProcessCoordinator
-from servers.heartbeat.dense import DenseConnection
-from servers.heartbeat.policy import DEFAULT_PRESENCE_PREFIX as PRESENCE
-from servers.heartbeat.policy import LEGACY_PRESENCE_PREFIX
-from servers.heartbeat.presence import Offline, PresenceEvent
-from servers.heartbeat.reader import PacketReader
-from servers.heartbeat.server import HeartbeatServer
+from servers.heartbeat.mqtt import encoders, packets
+from servers.heartbeat.mqtt.endings import Offline
+from servers.heartbeat.mqtt.policy import DEFAULT_PRESENCE_PREFIX as PRESENCE
+from servers.heartbeat.mqtt.policy import LEGACY_PRESENCE_PREFIX
+from servers.heartbeat.mqtt.reader import PacketReader
+from servers.heartbeat.presence.event import PresenceEvent
+from servers.heartbeat.security.passwords import PasswordFile
+from servers.heartbeat.server.connection import SUBSCRIBED
+from servers.heartbeat.server.lifecycle import HeartbeatServer
+from servers.heartbeat.transports.dense import DenseConnection
 from servers.heartbeat.worker import serve_heartbeat
 
 TICK = 0.1
@@ -792,7 +793,7 @@ async def test_a_takeover_during_the_connack_send_still_tells_both_sessions(
 
     if engine == "streams":
         # A send that takes a moment (a slow link, TLS): the takeover lands inside it.
-        from servers.heartbeat.streams import StreamConnection
+        from servers.heartbeat.transports.streams import StreamConnection
 
         send = StreamConnection._send
 
@@ -835,7 +836,7 @@ async def test_a_subscribe_read_before_a_takeover_does_not_outlive_the_session(
     over while it was sending went on with the rest of its read, and a SUBSCRIBE in it
     left a dead subscriber in the broker for good."""
     if engine == "streams":
-        from servers.heartbeat.streams import StreamConnection
+        from servers.heartbeat.transports.streams import StreamConnection
 
         send = StreamConnection._send
 

@@ -28,11 +28,11 @@ from paho.mqtt.enums import CallbackAPIVersion
 
 from loadtest.mqtt_frames import frames
 from loadtest.processes import free_port, start_heartbeat
-from servers.heartbeat import encoders, packets
-from servers.heartbeat.policy import DEFAULT_PRESENCE_PREFIX as PRESENCE
-from servers.heartbeat.reader import PacketReader
-from servers.heartbeat.v5 import codec as v5_codec
-from servers.heartbeat.v5 import packets as v5_packets
+from servers.heartbeat.mqtt import encoders, packets
+from servers.heartbeat.mqtt.policy import DEFAULT_PRESENCE_PREFIX as PRESENCE
+from servers.heartbeat.mqtt.reader import PacketReader
+from servers.heartbeat.mqtt.v5 import codec as v5_codec
+from servers.heartbeat.mqtt.v5 import packets as v5_packets
 from servers.listeners import check_port_free
 
 from .conftest import wait_closed

@@ -4,26 +4,24 @@ from __future__ import annotations
 
 import pytest
 
-from servers.heartbeat import encoders, packets
-from servers.heartbeat.packets import ProtocolError
-from servers.heartbeat.policy import DEFAULT_PRESENCE_PREFIX as PRESENCE
-from servers.heartbeat.policy import LEGACY_PRESENCE_PREFIX
-from servers.heartbeat.reader import PacketReader
-from servers.heartbeat.session import (
-    MAX_INBOUND_QOS2,
+from servers.heartbeat.mqtt import encoders, packets
+from servers.heartbeat.mqtt.effects import (
     Accept,
     Acknowledged,
     AddSubscription,
     Denied,
     Goodbye,
     HoldInbound,
-    Publication,
     ReleaseInbound,
     RemoveSubscription,
     Send,
-    Session,
-    State,
 )
+from servers.heartbeat.mqtt.packets import ProtocolError
+from servers.heartbeat.mqtt.policy import DEFAULT_PRESENCE_PREFIX as PRESENCE
+from servers.heartbeat.mqtt.policy import LEGACY_PRESENCE_PREFIX
+from servers.heartbeat.mqtt.publication import Publication
+from servers.heartbeat.mqtt.reader import PacketReader
+from servers.heartbeat.mqtt.session import MAX_INBOUND_QOS2, Session, State
 
 
 def connect(**kw: object) -> packets.Connect:

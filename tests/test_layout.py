@@ -1,7 +1,8 @@
 """The code's layout, held (issue 60): no import circle among the modules of
 ``idlekeeper``, ``servers``, ``loadtest`` and ``benchmarks`` (an import made only for
-the type checker counts too: it is still a circle to read); and what a newcomer reads
-first, the commands' help, says every form an option takes, unbroken."""
+the type checker counts too: it is still a circle to read); the heartbeat server's
+rooms import only downward; no file past the size one can read whole; and what a
+newcomer reads first, the commands' help, says every form an option takes, unbroken."""
 
 from __future__ import annotations
 
@@ -89,6 +90,74 @@ def test_no_module_imports_in_a_circle() -> None:
 
 def test_the_circle_finder_finds_one() -> None:
     assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+HEARTBEAT = "servers.heartbeat"
+RANKS: tuple[tuple[str, ...], ...] = (
+    ("mqtt",),
+    ("presence", "broker", "security"),
+    ("coordination",),
+    ("config", "cli_limits"),
+    ("server",),
+    ("transports",),
+    ("worker",),
+    ("auth", "__main__"),
+    ("",),
+)
+"""The heartbeat server's rooms, lowest first (the package's own docstring draws them):
+a module may import from its own room or a lower rank, never upward, and never from
+another room of its own rank, so the rooms of one rank stay apart. ``""`` is the
+package itself, the front door."""
+LONGEST = 500
+"""Lines a module of the packages may have (tests aside): one job, read in one sitting."""
+
+
+def room(module: str) -> str:
+    """The heartbeat room ``module`` sits in (its first name below the package)."""
+    return module.removeprefix(HEARTBEAT).lstrip(".").partition(".")[0]
+
+
+def upward(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
+    """Every import of the heartbeat package that goes to a higher room or a sibling one."""
+    rank = {name: level for level, names in enumerate(RANKS) for name in names}
+    out = []
+    for module, targets in graph.items():
+        if module != HEARTBEAT and not module.startswith(HEARTBEAT + "."):
+            continue
+        here = room(module)
+        for target in sorted(targets):
+            if target != HEARTBEAT and not target.startswith(HEARTBEAT + "."):
+                continue
+            there = room(target)
+            if there != here and rank[there] >= rank[here]:
+                out.append((module, target))
+    return out
+
+
+def test_every_heartbeat_module_sits_in_a_ranked_room() -> None:
+    rank = {name for names in RANKS for name in names}
+    assert sorted({room(m) for m in modules() if m.startswith(HEARTBEAT)} - rank) == []
+
+
+def test_the_heartbeat_rooms_import_only_downward() -> None:
+    assert upward(imports(modules())) == []
+
+
+def test_the_downward_check_finds_an_import_upward_and_one_across() -> None:
+    graph = {
+        "servers.heartbeat.mqtt.session": {"servers.heartbeat.mqtt.packets", "servers.heartbeat.server.connection"},
+        "servers.heartbeat.broker.routing": {"servers.heartbeat.mqtt.filters", "servers.heartbeat.presence.event"},
+        "servers.heartbeat.server.fanout": {"servers.heartbeat.broker.routing", "servers.heartbeat.config"},
+    }
+    assert upward(graph) == [
+        ("servers.heartbeat.mqtt.session", "servers.heartbeat.server.connection"),
+        ("servers.heartbeat.broker.routing", "servers.heartbeat.presence.event"),
+    ]
+
+
+def test_no_module_is_longer_than_one_can_read_whole() -> None:
+    long = {name: n for name, path in modules().items() if (n := len(path.read_text().splitlines())) > LONGEST}
+    assert long == {}
 
 
 def test_every_form_of_the_cluster_url_is_in_the_help_unbroken() -> None:

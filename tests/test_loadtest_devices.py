@@ -25,6 +25,7 @@ from loadtest.device_results import merge, passed
 from loadtest.generator.events import Generator
 from loadtest.generator.records import HANDSHAKE as _HANDSHAKE
 from loadtest.generator.records import Conn, Device
+from loadtest.generator.report import generator_results
 from loadtest.generator.spec import GeneratorSpec
 from loadtest.sampler import Sample, Sampler, histogram_quantile, parse_metrics
 from loadtest.workload import DeviceLoad, Timeline, plan, specs
@@ -95,7 +96,7 @@ def test_results_judge_false_expiries_lateness_and_generator_lag(tmp_path: Path)
     silent.acted_at = 105.0
     _closed(lagging, 100.0, 116.0, max_gap=16.0)  # our own ping was 16 s late: not the server's fault
     fine.connack_at = fine.connect_started = 0.0
-    r = g.results()
+    r = generator_results(g)
     assert [f["client_id"] for f in r["false_expiries"]] == ["dev-0"]
     assert r["generator_late"] == 1
     assert r["lateness"] == [115.05 - 115.0]
@@ -168,13 +169,13 @@ def test_a_connect_the_generator_itself_answered_late_is_counted_as_its_own(tmp_
             g.on_writable(conn, 60.0)  # 10 s after the first connect(), 20 s after the second
         for sock in socks:
             sock.close()
-    r = g.results()
+    r = generator_results(g)
     assert r["connect_sent_late"] == 1 and r["connect_send_max"] == 20.0
 
 
 def test_steady_state_cost_excludes_a_ramp_that_overran(tmp_path: Path) -> None:
     """CONNECTs cost far more than heartbeats: the steady window opens after the last one."""
-    r = _generator(tmp_path).results()
+    r = generator_results(_generator(tmp_path))
     r["connack_times"] = [float(t) for t in range(80)]  # planned by 60, last CONNACK at 79
     samples, cpu = [], 0.0
     for t in range(101):
@@ -196,7 +197,7 @@ def test_a_longer_steady_state_is_planned_and_read_whole(tmp_path: Path) -> None
     long = plan(DeviceLoad(devices=1000, keepalive=5, steady=30), 1)
     assert (long.acts - long.start) - (short.acts - short.start) == pytest.approx(25, abs=0.1)
     assert long.detect_by - long.acts == pytest.approx(short.detect_by - short.acts)
-    r = _generator(tmp_path).results()
+    r = generator_results(_generator(tmp_path))
     r["connack_times"] = [float(t) for t in range(10)]
     samples = [Sample(t=float(t), rss=1_000_000, cpu=0.1 * t, fds=10, processes=1) for t in range(101)]
     progress = [(float(t), {"pings": 10.0 * t, "online": 80.0, "started": 80.0, "detected": 0.0}) for t in range(101)]

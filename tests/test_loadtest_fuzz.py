@@ -41,9 +41,9 @@ from loadtest.fuzz.replies import http_statuses, mqtt_reply
 from loadtest.fuzz.runner import FuzzOptions
 from loadtest.fuzz.segments import Mutator
 from loadtest.fuzz.targets import MQTT_SERVER_ARGS, ServerSpec, http_spec, mqtt_spec
-from servers.heartbeat import encoders
-from servers.heartbeat.packets import ProtocolError
-from servers.heartbeat.reader import PacketReader
+from servers.heartbeat.mqtt import encoders
+from servers.heartbeat.mqtt.packets import ProtocolError
+from servers.heartbeat.mqtt.reader import PacketReader
 
 SEEDS = range(60)
 
@@ -636,7 +636,7 @@ def test_the_command_passes_against_our_servers(target: str, engine: str, tmp_pa
 
 BROKEN_MQTT = """\
 import os, sys
-from servers.heartbeat import reader
+from servers.heartbeat.mqtt import reader
 
 feed = reader.PacketReader.feed
 

@@ -24,7 +24,7 @@ from loadtest.mqtt_targets import mosquitto_binary
 from loadtest.qos import client as qos_client
 from loadtest.qos import load as qos_load
 from loadtest.qos import report as qos_report
-from servers.heartbeat.encoders import encode_puback, encode_publish
+from servers.heartbeat.mqtt.encoders import encode_puback, encode_publish
 
 from .redis_server import require_binary
 

@@ -24,6 +24,7 @@ from loadtest.devices import parser
 from loadtest.generator.events import Generator
 from loadtest.generator.mqtt5 import RECEIVE_MAXIMUM, disconnect_reasons, encode_connect, read_connack, reason_label
 from loadtest.generator.records import HANDSHAKE, ONLINE, Conn, Device
+from loadtest.generator.report import generator_results
 from loadtest.generator.results import judge_devices
 from loadtest.generator.spec import GeneratorSpec, write_spec
 from loadtest.mqtt_targets import MqttTarget, mosquitto_binary, start_mosquitto
@@ -32,10 +33,10 @@ from loadtest.processes import free_port
 from loadtest.report import table
 from loadtest.sampler import Sample
 from loadtest.workload import DeviceLoad, Timeline, plan, specs
-from servers.heartbeat import encoders
-from servers.heartbeat.v5.codec import pack, read_packet
-from servers.heartbeat.v5.packets import Connack, Connect, Disconnect
-from servers.heartbeat.v5.properties import Properties
+from servers.heartbeat.mqtt import encoders
+from servers.heartbeat.mqtt.v5.codec import pack, read_packet
+from servers.heartbeat.mqtt.v5.packets import Connack, Connect, Disconnect
+from servers.heartbeat.mqtt.v5.properties import Properties
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -198,7 +199,7 @@ def test_a_server_keep_alive_sets_the_ping_period(tmp_path: Path, pairs: list[_P
     assert told.timer is not None and 0.8 <= told.timer.when - told.last_sent <= 1.0
     assert own.keepalive == 10
     assert own.timer is not None and 8.0 <= own.timer.when - own.last_sent <= 10.0
-    r = g.results()
+    r = generator_results(g)
     assert r["server_keepalive"] == {"1": 1} and r["protocols"] == {"5.0": 2} and r["connected"] == 2
 
 
@@ -219,7 +220,7 @@ def test_a_5_0_device_pings_and_counts_the_server_s_disconnect(tmp_path: Path, p
     assert g.epoll.poll(2.0)
     g.on_readable(pair.conn, time.monotonic())
     assert g.online == 0 and v5.conn is None and v5.closed_at == v5.closed_at
-    r = g.results()
+    r = generator_results(g)
     assert r["disconnects"] == {"0x8D keep-alive-timeout": {"silent": 1}}
     assert r["protocols"] == {"3.1.1": 1, "5.0": 1}
 
@@ -237,7 +238,7 @@ def test_a_disconnect_read_by_a_ping_is_counted_too(tmp_path: Path, pairs: list[
     assert g.disconnects == {"0x98 administrative-action": {"healthy": 1}}
     g.on_readable(pair.conn, time.monotonic())  # then the loop hears the end
     assert device.conn is None and g.online == 0
-    assert g.results()["disconnects"] == {"0x98 administrative-action": {"healthy": 1}}
+    assert generator_results(g)["disconnects"] == {"0x98 administrative-action": {"healthy": 1}}
 
 
 def test_a_refusal_is_counted_by_its_answer(tmp_path: Path, pairs: list[_Pair]) -> None:
@@ -251,7 +252,7 @@ def test_a_refusal_is_counted_by_its_answer(tmp_path: Path, pairs: list[_Pair]) 
         pairs.append(pair)
         pair.answer(answer)
         assert device.conn is None
-    r = g.results()
+    r = generator_results(g)
     assert r["refused"] == 3 and r["connected"] == 0
     assert r["refusals"] == {"3.x CONNACK 1": 1, "3.x CONNACK 5": 1, "3.x CONNACK 2": 1}
 
@@ -279,7 +280,7 @@ def test_a_device_is_judged_by_the_keep_alive_it_was_told() -> None:
 
 def test_the_report_shows_the_mix_the_refusals_and_the_reason_codes(tmp_path: Path) -> None:
     g = _generator(tmp_path, "3455")
-    r = g.results()
+    r = generator_results(g)
     r["connack_times"] = [float(t) for t in range(4)]
     r["refusals"] = {"5.0 CONNACK 0x87 not-authorized": 2}
     r["disconnects"] = {"0x8E session-taken-over": {"taken over": 3}}

@@ -17,12 +17,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from servers.heartbeat.encoders import encode_pingresp
-from servers.heartbeat.v5.aliases import MIN_TOPIC, OutboundAliases
-from servers.heartbeat.v5.codec import read_packets
-from servers.heartbeat.v5.outbound import forwarded, publish, subscription_identifier
-from servers.heartbeat.v5.packets import PUBACK, Ack, Publish, Suback, Subscribe, Subscription
-from servers.heartbeat.v5.properties import Properties
+from servers.heartbeat.mqtt.encoders import encode_pingresp
+from servers.heartbeat.mqtt.v5.aliases import MIN_TOPIC, OutboundAliases
+from servers.heartbeat.mqtt.v5.codec import read_packets
+from servers.heartbeat.mqtt.v5.outbound import forwarded, publish, subscription_identifier
+from servers.heartbeat.mqtt.v5.packets import PUBACK, Ack, Publish, Suback, Subscribe, Subscription
+from servers.heartbeat.mqtt.v5.properties import Properties
 
 from .test_heartbeat_clients import Server
 from .test_heartbeat_clients import start_server as start_server  # the fixture, used by name

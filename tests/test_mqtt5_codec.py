@@ -18,12 +18,19 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties as _PahoProperties
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
-from servers.heartbeat.v5 import outbound
-from servers.heartbeat.v5 import packets as p
-from servers.heartbeat.v5.codec import pack, read_packet, read_packets
-from servers.heartbeat.v5.properties import EMPTY, Carrier, Properties, field_ident, pack_properties, read_properties
-from servers.heartbeat.v5.reason_codes import PacketError, ReasonCode
-from servers.heartbeat.v5.wire import read_varint
+from servers.heartbeat.mqtt.v5 import outbound
+from servers.heartbeat.mqtt.v5 import packets as p
+from servers.heartbeat.mqtt.v5.codec import pack, read_packet, read_packets
+from servers.heartbeat.mqtt.v5.properties import (
+    EMPTY,
+    Carrier,
+    Properties,
+    field_ident,
+    pack_properties,
+    read_properties,
+)
+from servers.heartbeat.mqtt.v5.reason_codes import PacketError, ReasonCode
+from servers.heartbeat.mqtt.v5.wire import read_varint
 
 from .test_mqtt_encoders import publish_by_the_spec, varint_by_the_spec
 

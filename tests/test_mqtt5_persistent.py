@@ -14,14 +14,15 @@ from typing import Any
 
 import pytest
 
-from servers.heartbeat.broker import pack_options
-from servers.heartbeat.outbox import Message
-from servers.heartbeat.persistent import TAKEOVER_GRACE, Opened, Push, SessionStore
-from servers.heartbeat.publication import Publication
-from servers.heartbeat.v5.codec import read_packets
-from servers.heartbeat.v5.outbound import forwarded, subscription_identifier
-from servers.heartbeat.v5.packets import PUBACK, Ack, Connect, Disconnect, Publish, Suback, Subscribe, Subscription
-from servers.heartbeat.v5.properties import Properties
+from servers.heartbeat.broker.outbox import Message
+from servers.heartbeat.broker.persistent import TAKEOVER_GRACE, SessionStore
+from servers.heartbeat.broker.reports import Opened, Push
+from servers.heartbeat.mqtt.filters import pack_options
+from servers.heartbeat.mqtt.publication import Publication
+from servers.heartbeat.mqtt.v5.codec import read_packets
+from servers.heartbeat.mqtt.v5.outbound import forwarded, subscription_identifier
+from servers.heartbeat.mqtt.v5.packets import PUBACK, Ack, Connect, Disconnect, Publish, Suback, Subscribe, Subscription
+from servers.heartbeat.mqtt.v5.properties import Properties
 
 from .redis_server import RedisServer
 from .test_fleet import redis_server as redis_server  # the fixture, used by name

@@ -17,15 +17,16 @@ import pytest
 import trio
 
 from loadtest.processes import free_port, start_heartbeat
+from servers.heartbeat.broker.retained import RetainedStore
 from servers.heartbeat.coordination.fleet.retained import retained_head, retained_message
 from servers.heartbeat.coordination.registry import Registry
 from servers.heartbeat.coordination.retention import Retention, presence_properties
-from servers.heartbeat.policy import DEFAULT_PRESENCE_PREFIX as PRESENCE
-from servers.heartbeat.presence import Offline, PresenceEvent
-from servers.heartbeat.retained import RetainedStore
-from servers.heartbeat.v5.outbound import forwarded, message_expiry
-from servers.heartbeat.v5.properties import Carrier, Properties, read_properties
-from servers.heartbeat.v5.wire import pack_varint
+from servers.heartbeat.mqtt.endings import Offline
+from servers.heartbeat.mqtt.policy import DEFAULT_PRESENCE_PREFIX as PRESENCE
+from servers.heartbeat.mqtt.v5.outbound import forwarded, message_expiry
+from servers.heartbeat.mqtt.v5.properties import Carrier, Properties, read_properties
+from servers.heartbeat.mqtt.v5.wire import pack_varint
+from servers.heartbeat.presence.event import PresenceEvent
 
 from .redis_server import RedisServer
 from .test_fleet import PREFIX, drain, fleet

@@ -24,10 +24,10 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties as PahoProperties
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
-from servers.heartbeat import encoders
-from servers.heartbeat.policy import DEFAULT_PRESENCE_PREFIX as PRESENCE
-from servers.heartbeat.v5.codec import pack, read_packet
-from servers.heartbeat.v5.packets import (
+from servers.heartbeat.mqtt import encoders
+from servers.heartbeat.mqtt.policy import DEFAULT_PRESENCE_PREFIX as PRESENCE
+from servers.heartbeat.mqtt.v5.codec import pack, read_packet
+from servers.heartbeat.mqtt.v5.packets import (
     PUBACK,
     Ack,
     Connack,
@@ -40,8 +40,8 @@ from servers.heartbeat.v5.packets import (
     Subscription,
     Will,
 )
-from servers.heartbeat.v5.properties import Properties
-from servers.heartbeat.v5.wire import pack_varint
+from servers.heartbeat.mqtt.v5.properties import Properties
+from servers.heartbeat.mqtt.v5.wire import pack_varint
 
 from .conftest import wait_closed
 from .test_heartbeat_clients import IN_CI, Server

@@ -10,29 +10,29 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from servers.heartbeat import encoders
-from servers.heartbeat.broker import pack_options
-from servers.heartbeat.outbox import Message, Outbox
-from servers.heartbeat.packets import Pingreq, ProtocolError
-from servers.heartbeat.policy import SessionPolicy
-from servers.heartbeat.presence import Offline
-from servers.heartbeat.reader import PacketReader
-from servers.heartbeat.session import (
+from servers.heartbeat.broker.outbox import Message, Outbox
+from servers.heartbeat.mqtt import encoders
+from servers.heartbeat.mqtt.effects import (
     Accept,
     Acknowledged,
     AddSubscription,
     Denied,
     Goodbye,
     HoldInbound,
-    Publication,
     RemoveSubscription,
     Send,
-    State,
     SubscriptionRefused,
 )
-from servers.heartbeat.v5 import outbound
-from servers.heartbeat.v5.codec import pack, read_packets
-from servers.heartbeat.v5.packets import (
+from servers.heartbeat.mqtt.endings import Offline
+from servers.heartbeat.mqtt.filters import pack_options
+from servers.heartbeat.mqtt.packets import Pingreq, ProtocolError
+from servers.heartbeat.mqtt.policy import SessionPolicy
+from servers.heartbeat.mqtt.publication import Publication
+from servers.heartbeat.mqtt.reader import PacketReader
+from servers.heartbeat.mqtt.session import State
+from servers.heartbeat.mqtt.v5 import outbound
+from servers.heartbeat.mqtt.v5.codec import pack, read_packets
+from servers.heartbeat.mqtt.v5.packets import (
     PUBACK,
     PUBREL,
     Ack,
@@ -47,10 +47,10 @@ from servers.heartbeat.v5.packets import (
     Unsubscribe,
     Will,
 )
-from servers.heartbeat.v5.packets import Suback as Suback5
-from servers.heartbeat.v5.properties import Properties
-from servers.heartbeat.v5.reason_codes import PacketError, ReasonCode
-from servers.heartbeat.v5.session import Session5, code_for
+from servers.heartbeat.mqtt.v5.packets import Suback as Suback5
+from servers.heartbeat.mqtt.v5.properties import Properties
+from servers.heartbeat.mqtt.v5.reason_codes import PacketError, ReasonCode
+from servers.heartbeat.mqtt.v5.session import Session5, code_for
 
 R = ReasonCode
 

@@ -37,8 +37,8 @@ import trio.testing
 from hypothesis import HealthCheck, assume, example, given, settings
 
 from servers.heartbeat.config import HeartbeatConfig
-from servers.heartbeat.v5.codec import pack, read_packet
-from servers.heartbeat.v5.packets import (
+from servers.heartbeat.mqtt.v5.codec import pack, read_packet
+from servers.heartbeat.mqtt.v5.packets import (
     PUBACK,
     Ack,
     Connack,
@@ -51,8 +51,8 @@ from servers.heartbeat.v5.packets import (
     Subscription,
     Will,
 )
-from servers.heartbeat.v5.properties import Properties
-from servers.heartbeat.v5.reason_codes import ReasonCode
+from servers.heartbeat.mqtt.v5.properties import Properties
+from servers.heartbeat.mqtt.v5.reason_codes import ReasonCode
 from servers.heartbeat.worker import serve_heartbeat
 
 CAP = 5

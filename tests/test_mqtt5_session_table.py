@@ -21,7 +21,7 @@ import pytest
 
 from loadtest.mqtt_targets import MqttTarget, mosquitto_binary, start_mosquitto
 from loadtest.processes import free_port, start_heartbeat, stop
-from servers.heartbeat.v5.packets import (
+from servers.heartbeat.mqtt.v5.packets import (
     PUBACK,
     PUBREC,
     PUBREL,
@@ -34,8 +34,8 @@ from servers.heartbeat.v5.packets import (
     Subscription,
     Will,
 )
-from servers.heartbeat.v5.properties import Properties
-from servers.heartbeat.v5.reason_codes import ReasonCode
+from servers.heartbeat.mqtt.v5.properties import Properties
+from servers.heartbeat.mqtt.v5.reason_codes import ReasonCode
 
 from .redis_server import RedisServer, require_binary
 from .test_mqtt5_server import Raw5

@@ -16,15 +16,15 @@ import paho.mqtt.client as mqtt
 import pytest
 
 from loadtest.processes import free_port, start_heartbeat
-from servers.heartbeat.broker import Broker
-from servers.heartbeat.budget import SendBudget
-from servers.heartbeat.outbox import Message
-from servers.heartbeat.policy import DEFAULT_PRESENCE_PREFIX as PRESENCE
-from servers.heartbeat.publication import Publication
-from servers.heartbeat.v5.aliases import OutboundAliases
-from servers.heartbeat.v5.codec import read_packets
-from servers.heartbeat.v5.packets import PUBACK, Ack, Connect, Publish, Suback, Subscribe, Subscription
-from servers.heartbeat.v5.properties import Properties
+from servers.heartbeat.broker.budget import SendBudget
+from servers.heartbeat.broker.outbox import Message
+from servers.heartbeat.broker.routing import Broker
+from servers.heartbeat.mqtt.policy import DEFAULT_PRESENCE_PREFIX as PRESENCE
+from servers.heartbeat.mqtt.publication import Publication
+from servers.heartbeat.mqtt.v5.aliases import OutboundAliases
+from servers.heartbeat.mqtt.v5.codec import read_packets
+from servers.heartbeat.mqtt.v5.packets import PUBACK, Ack, Connect, Publish, Suback, Subscribe, Subscription
+from servers.heartbeat.mqtt.v5.properties import Properties
 
 from .redis_server import RedisServer
 from .test_fleet import redis_server as redis_server  # the fixture, used by name

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from servers.heartbeat import acl as acl_module
-from servers.heartbeat.acl import Access, AclFile, AclFileError, Rule
+from servers.heartbeat.security import acl as acl_module
+from servers.heartbeat.security.acl import Access, AclFile, AclFileError, Rule
 
 
 def rules_of(text: str) -> list[tuple[bool, str | None, Access, str]]:
@@ -550,7 +550,7 @@ _level = st.sampled_from(["a", "b", "+"])
 def test_a_covered_filter_matches_nothing_its_grant_does_not(
     grant: list[str], grant_hash: bool, wanted: list[str], wanted_hash: bool, topic: list[str]
 ) -> None:
-    from servers.heartbeat.broker import topic_matches
+    from servers.heartbeat.mqtt.filters import topic_matches
 
     g = "/".join(grant + (["#"] if grant_hash else []))
     f = "/".join(wanted + (["#"] if wanted_hash else []))

@@ -26,10 +26,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from loadtest.mqtt_targets import mosquitto_binary, start_mosquitto
 from loadtest.processes import free_port
-from servers.heartbeat import auth, encoders
-from servers.heartbeat.auth import AuthFileError, AuthResult, PasswordFile
-from servers.heartbeat.authenticator import Authenticator
 from servers.heartbeat.config import HeartbeatConfig
+from servers.heartbeat.mqtt import encoders
+from servers.heartbeat.security import passwords
+from servers.heartbeat.security.passwords import AuthFileError, AuthResult, PasswordFile
+from servers.heartbeat.server.authenticator import Authenticator
 
 from .test_heartbeat_clients import IN_CI, Server, start_server
 
@@ -54,7 +55,7 @@ def test_check_outcomes() -> None:
 
 
 def test_hashes_are_salted_and_never_plain() -> None:
-    one, two = auth.hash_password(b"secret", iterations=1000), auth.hash_password(b"secret", iterations=1000)
+    one, two = passwords.hash_password(b"secret", iterations=1000), passwords.hash_password(b"secret", iterations=1000)
     assert one != two
     assert "secret" not in one
     assert one.startswith("pbkdf2_sha256$1000$")
@@ -62,11 +63,11 @@ def test_hashes_are_salted_and_never_plain() -> None:
 
 def test_the_default_cost_is_owasps() -> None:
     # OWASP's Password Storage Cheat Sheet (2023): PBKDF2-HMAC-SHA256, 600,000 rounds.
-    assert auth.DEFAULT_ITERATIONS >= 600_000
-    assert auth.hash_password(b"secret").startswith("pbkdf2_sha256$600000$")
+    assert passwords.DEFAULT_ITERATIONS >= 600_000
+    assert passwords.hash_password(b"secret").startswith("pbkdf2_sha256$600000$")
     users = PasswordFile()
     users.set("u", b"p")
-    assert PasswordFile.from_lines([f"u:{users._users['u'].line()}"])._users["u"].cost() == (auth.SCHEME, 600_000)
+    assert PasswordFile.from_lines([f"u:{users._users['u'].line()}"])._users["u"].cost() == (passwords.SCHEME, 600_000)
 
 
 def test_file_round_trip_and_mode(tmp_path: Path) -> None:

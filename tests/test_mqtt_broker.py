@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from servers.heartbeat import broker
-from servers.heartbeat.broker import Subscriptions, topic_matches
-from servers.heartbeat.policy import DEFAULT_PRESENCE_PREFIX as PRESENCE
+from servers.heartbeat.broker import subscriptions
+from servers.heartbeat.broker.subscriptions import Subscriptions
+from servers.heartbeat.mqtt.filters import topic_matches
+from servers.heartbeat.mqtt.policy import DEFAULT_PRESENCE_PREFIX as PRESENCE
 
 
 @pytest.mark.parametrize(
@@ -75,7 +76,7 @@ def test_granted_qos_is_capped_at_max_qos() -> None:
 
 
 def test_routes_are_remembered_within_a_bound_and_forgotten_on_any_change(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(broker, "_ROUTE_MEMO", 50)
+    monkeypatch.setattr(subscriptions, "_ROUTE_MEMO", 50)
     subs: Subscriptions[str] = Subscriptions(max_qos=2)
     subs.subscribe("a", "t/+", 1)
     first = subs.route("t/x")

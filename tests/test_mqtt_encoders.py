@@ -6,7 +6,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from servers.heartbeat.encoders import (
+from servers.heartbeat.mqtt.encoders import (
     encode_connack,
     encode_disconnect,
     encode_held,
@@ -23,8 +23,8 @@ from servers.heartbeat.encoders import (
     encode_unsuback,
     encode_unsubscribe,
 )
-from servers.heartbeat.packets import ProtocolError
-from servers.heartbeat.reader import PacketReader
+from servers.heartbeat.mqtt.packets import ProtocolError
+from servers.heartbeat.mqtt.reader import PacketReader
 
 # -- exact bytes ------------------------------------------------------------------------
 

@@ -11,10 +11,10 @@ import pytest
 import trio
 from trio.testing import MockClock
 
-from servers.heartbeat import encoders
-from servers.heartbeat.acl import AclFile
 from servers.heartbeat.config import HeartbeatConfig
-from servers.heartbeat.policy import DEFAULT_PRESENCE_PREFIX as PRESENCE
+from servers.heartbeat.mqtt import encoders
+from servers.heartbeat.mqtt.policy import DEFAULT_PRESENCE_PREFIX as PRESENCE
+from servers.heartbeat.security.acl import AclFile
 
 from .test_heartbeat import Client, engine, publish_topic, running
 

@@ -18,11 +18,12 @@ from pathlib import Path
 
 import pytest
 
-from servers.heartbeat import encoders
-from servers.heartbeat.packets import ProtocolError
-from servers.heartbeat.policy import DEFAULT_PRESENCE_PREFIX as PRESENCE
-from servers.heartbeat.presence import REFUSED, Offline, PresenceEvent
-from servers.heartbeat.reader import PacketReader
+from servers.heartbeat.mqtt import encoders
+from servers.heartbeat.mqtt.endings import Offline
+from servers.heartbeat.mqtt.packets import ProtocolError
+from servers.heartbeat.mqtt.policy import DEFAULT_PRESENCE_PREFIX as PRESENCE
+from servers.heartbeat.mqtt.reader import PacketReader
+from servers.heartbeat.presence.event import REFUSED, PresenceEvent
 
 from .conftest import wait_closed
 from .test_heartbeat_clients import IN_CI, ROOT, Server, start_server

@@ -10,10 +10,11 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from servers.heartbeat.encoders import encode_held
-from servers.heartbeat.outbox import Message, Outbox, Stage
-from servers.heartbeat.persistent import AckedTogether, Opened, SessionStore
-from servers.heartbeat.publication import Publication
+from servers.heartbeat.broker.outbox import Message, Outbox, Stage
+from servers.heartbeat.broker.persistent import SessionStore
+from servers.heartbeat.broker.reports import AckedTogether, Opened
+from servers.heartbeat.mqtt.encoders import encode_held
+from servers.heartbeat.mqtt.publication import Publication
 
 from .mqtt_wire import parse_server_packets
 

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from servers.heartbeat.encoders import (
+from servers.heartbeat.mqtt.encoders import (
     encode_connack,
     encode_connect,
     encode_disconnect,
@@ -25,7 +25,7 @@ from servers.heartbeat.encoders import (
     encode_unsuback,
     encode_unsubscribe,
 )
-from servers.heartbeat.packets import (
+from servers.heartbeat.mqtt.packets import (
     Connect,
     Disconnect,
     Packet,
@@ -39,10 +39,10 @@ from servers.heartbeat.packets import (
     Subscribe,
     Unsubscribe,
 )
-from servers.heartbeat.policy import DEFAULT_PRESENCE_PREFIX as PRESENCE
-from servers.heartbeat.reader import AnyPacket, PacketReader, idle_reader
-from servers.heartbeat.v5 import codec as v5_codec
-from servers.heartbeat.v5 import packets as v5_packets
+from servers.heartbeat.mqtt.policy import DEFAULT_PRESENCE_PREFIX as PRESENCE
+from servers.heartbeat.mqtt.reader import AnyPacket, PacketReader, idle_reader
+from servers.heartbeat.mqtt.v5 import codec as v5_codec
+from servers.heartbeat.mqtt.v5 import packets as v5_packets
 
 
 def parse(data: bytes, max_packet_size: int = 256 * 1024) -> list[AnyPacket]:
@@ -607,7 +607,7 @@ def test_connects_with_one_keep_alive_share_its_int() -> None:
 
 
 def test_devices_with_one_keep_alive_share_their_receive_timeout() -> None:
-    from servers.heartbeat.sharing import silence_allowed
+    from servers.heartbeat.mqtt.sharing import silence_allowed
 
     assert silence_allowed(600) == 900.0 and silence_allowed(600) is silence_allowed(int("600"))
     assert silence_allowed(7) == 10.5

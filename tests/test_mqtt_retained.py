@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from servers.heartbeat.broker import topic_matches
-from servers.heartbeat.retained import Page, Retained, RetainedStore, _SortedTopics
+from servers.heartbeat.broker.retained import Page, Retained, RetainedStore, _SortedTopics
+from servers.heartbeat.mqtt.filters import topic_matches
 
 
 def topics_of(messages: list[Retained]) -> list[str]:

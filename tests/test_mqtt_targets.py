@@ -13,7 +13,7 @@ import pytest
 
 from loadtest.mqtt_targets import AMQTT_VENV, MqttTarget, ensure_amqtt_venv, mosquitto_binary, start_mqtt_target
 from loadtest.processes import free_port
-from servers.heartbeat import encoders
+from servers.heartbeat.mqtt import encoders
 
 from .conftest import wait_closed
 

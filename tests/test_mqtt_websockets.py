@@ -18,10 +18,10 @@ from wsproto import ConnectionType, WSConnection
 from wsproto.events import AcceptConnection, BytesMessage, CloseConnection, Request, TextMessage
 
 from loadtest.processes import free_port
-from servers.heartbeat import encoders
-from servers.heartbeat.policy import DEFAULT_PRESENCE_PREFIX as PRESENCE
-from servers.heartbeat.v5 import codec as v5_codec
-from servers.heartbeat.v5 import packets as v5_packets
+from servers.heartbeat.mqtt import encoders
+from servers.heartbeat.mqtt.policy import DEFAULT_PRESENCE_PREFIX as PRESENCE
+from servers.heartbeat.mqtt.v5 import codec as v5_codec
+from servers.heartbeat.mqtt.v5 import packets as v5_packets
 
 from .test_heartbeat_clients import Server, stalled_while_pinging
 from .test_heartbeat_clients import start_server as start_server  # the fixture, used by name

@@ -15,10 +15,10 @@ import trio
 from trio.testing import MockClock
 from wsproto.events import BytesMessage
 
-from servers.heartbeat import encoders
 from servers.heartbeat.config import HeartbeatConfig
-from servers.heartbeat.presence import PresenceEvent
-from servers.heartbeat.server import HeartbeatServer
+from servers.heartbeat.mqtt import encoders
+from servers.heartbeat.presence.event import PresenceEvent
+from servers.heartbeat.server.lifecycle import HeartbeatServer
 from servers.heartbeat.worker import serve_heartbeat
 
 from .ws_client import WsClient

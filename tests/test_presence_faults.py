@@ -15,8 +15,8 @@ import urllib.request
 from collections.abc import Sequence
 
 from loadtest.history import check_history
-from servers.heartbeat import encoders
-from servers.heartbeat.policy import DEFAULT_PRESENCE_PREFIX as PRESENCE
+from servers.heartbeat.mqtt import encoders
+from servers.heartbeat.mqtt.policy import DEFAULT_PRESENCE_PREFIX as PRESENCE
 
 from .conftest import wait_closed
 from .test_heartbeat_clients import Server, raw_connect, start_server, subscriber

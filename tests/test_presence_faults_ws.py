@@ -14,9 +14,9 @@ import psutil
 
 from loadtest.history import check_history
 from loadtest.processes import free_port
-from servers.heartbeat import encoders
-from servers.heartbeat.v5 import codec as v5_codec
-from servers.heartbeat.v5 import packets as v5_packets
+from servers.heartbeat.mqtt import encoders
+from servers.heartbeat.mqtt.v5 import codec as v5_codec
+from servers.heartbeat.mqtt.v5 import packets as v5_packets
 
 from .test_heartbeat_clients import Server, start_server
 from .test_presence_faults import heard, is_v5, sessions, spread_subscribers, until, where, worker_pids

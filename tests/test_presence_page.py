@@ -1,4 +1,4 @@
-"""The operator's page: what it keeps of the registry (:mod:`servers.heartbeat.overview`),
+"""The operator's page: what it keeps of the registry (:mod:`servers.heartbeat.presence.overview`),
 how it serves snapshots (:mod:`servers.page`, under MockClock), and what it shows of a
 real server: one worker, and a box of two with a worker SIGKILLed.
 
@@ -20,8 +20,9 @@ import trio
 import trio.testing
 
 from servers.heartbeat.coordination.frames import Overview, OverviewFound, decode, encode
-from servers.heartbeat.overview import INITIATORS, SEARCH_LIMIT, RecentEnds, initiator_of
-from servers.heartbeat.presence import OFFLINE, ONLINE, REFUSED, Offline, PresenceEvent
+from servers.heartbeat.mqtt.endings import Offline
+from servers.heartbeat.presence.event import OFFLINE, ONLINE, REFUSED, PresenceEvent
+from servers.heartbeat.presence.overview import INITIATORS, SEARCH_LIMIT, RecentEnds, initiator_of
 from servers.http.app import Request
 from servers.page import Page
 

@@ -35,9 +35,8 @@ from hypothesis import strategies as st
 from trio.testing import MockClock
 
 from loadtest.processes import free_port, start_heartbeat
-from servers.heartbeat import encoders
-from servers.heartbeat.acl import AclFile
-from servers.heartbeat.broker import Subscriptions, topic_matches
+from servers.heartbeat.broker.subscriptions import Subscriptions
+from servers.heartbeat.broker.topics import FilterIndex, TopicTree
 from servers.heartbeat.config import HeartbeatConfig
 from servers.heartbeat.coordination import Coordinator
 from servers.heartbeat.coordination.authority import Authority
@@ -46,9 +45,11 @@ from servers.heartbeat.coordination.fleet.filters import FilterCache
 from servers.heartbeat.coordination.inprocess import InProcessCoordinator
 from servers.heartbeat.coordination.local import BusCoordinator
 from servers.heartbeat.coordination.retention import matches_every_presence_topic, presence_possible
-from servers.heartbeat.policy import DEFAULT_PRESENCE_PREFIX as PRESENCE
-from servers.heartbeat.policy import LEGACY_PRESENCE_PREFIX, SessionPolicy, check_presence_prefix
-from servers.heartbeat.topics import FilterIndex, TopicTree
+from servers.heartbeat.mqtt import encoders
+from servers.heartbeat.mqtt.filters import topic_matches
+from servers.heartbeat.mqtt.policy import DEFAULT_PRESENCE_PREFIX as PRESENCE
+from servers.heartbeat.mqtt.policy import LEGACY_PRESENCE_PREFIX, SessionPolicy, check_presence_prefix
+from servers.heartbeat.security.acl import AclFile
 
 from .redis_server import RedisServer, require_binary
 from .test_heartbeat import Client, publish_topic, running

@@ -13,8 +13,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from servers.heartbeat.coordination.registry import Registry
-from servers.heartbeat.policy import DEFAULT_PRESENCE_PREFIX as PRESENCE
-from servers.heartbeat.presence import Offline, PresenceEvent
+from servers.heartbeat.mqtt.endings import Offline
+from servers.heartbeat.mqtt.policy import DEFAULT_PRESENCE_PREFIX as PRESENCE
+from servers.heartbeat.presence.event import PresenceEvent
 
 
 def online(client: str, epoch: str, worker: int) -> PresenceEvent:
@@ -135,6 +136,7 @@ def test_frames_carry_an_event_s_exact_time_for_ordering_claims() -> None:
 
 
 def test_session_frames_cross_the_bus_whole_and_bad_fields_are_refused() -> None:
+    from servers.heartbeat.broker.reports import Acked, AckedTogether, Attach, Detach, Push, Subscribed
     from servers.heartbeat.coordination.frames import (
         FrameError,
         OpenSession,
@@ -146,7 +148,6 @@ def test_session_frames_cross_the_bus_whole_and_bad_fields_are_refused() -> None
         encode,
     )
     from servers.heartbeat.coordination.retention import RetainedMessage
-    from servers.heartbeat.persistent import Acked, AckedTogether, Attach, Detach, Push, Subscribed
 
     frames = [
         Reported(1, Acked("dev", "0.1.2", "pubrec", 7)),

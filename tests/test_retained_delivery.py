@@ -8,11 +8,11 @@ from functools import partial
 import trio
 from trio.testing import MockClock
 
-from servers.heartbeat import encoders
 from servers.heartbeat.config import HeartbeatConfig
 from servers.heartbeat.coordination.inprocess import InProcessCoordinator
 from servers.heartbeat.coordination.retention import RetainedMessage
-from servers.heartbeat.retained_delivery import READS_AT_ONCE
+from servers.heartbeat.mqtt import encoders
+from servers.heartbeat.server.retained_delivery import READS_AT_ONCE
 from servers.heartbeat.worker import serve_heartbeat
 
 from .test_heartbeat import Client, engine, publish_topic

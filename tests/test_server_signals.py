@@ -14,7 +14,7 @@ import httpx
 import trio
 
 from loadtest.processes import free_port, start_heartbeat, start_http
-from servers.heartbeat import encoders
+from servers.heartbeat.mqtt import encoders
 from servers.taskdump import task_tree
 
 HEADER = "tasks, each with where it waits (SIGUSR1)"

@@ -24,7 +24,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from servers.heartbeat import encoders
+from servers.heartbeat.mqtt import encoders
 
 from .test_heartbeat_clients import Server, start_server
 

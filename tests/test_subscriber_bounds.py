@@ -16,11 +16,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from servers.heartbeat import encoders
-from servers.heartbeat.broker import EXPIRED, MAX_QUEUED, TOO_LARGE, Broker, Limits5
-from servers.heartbeat.budget import SUBSCRIBER_BYTES, TOTAL_BYTES, Offer, SendBudget
-from servers.heartbeat.outbox import Outbox
-from servers.heartbeat.publication import Publication
+from servers.heartbeat.broker.budget import SUBSCRIBER_BYTES, TOTAL_BYTES, Offer, SendBudget
+from servers.heartbeat.broker.outbox import Outbox
+from servers.heartbeat.broker.routing import EXPIRED, MAX_QUEUED, TOO_LARGE, Broker, Limits5
+from servers.heartbeat.mqtt import encoders
+from servers.heartbeat.mqtt.publication import Publication
 
 from .conftest import wait_closed
 from .test_heartbeat_clients import Server, start_server

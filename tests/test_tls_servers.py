@@ -29,12 +29,12 @@ from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.reasoncodes import ReasonCode
 
 from loadtest.processes import free_port, start_heartbeat, start_http
-from servers.heartbeat import encoders
 from servers.heartbeat.__main__ import main as heartbeat_main
 from servers.heartbeat.config import HeartbeatConfig
-from servers.heartbeat.policy import DEFAULT_PRESENCE_PREFIX as PRESENCE
-from servers.heartbeat.v5 import codec as v5_codec
-from servers.heartbeat.v5 import packets as v5_packets
+from servers.heartbeat.mqtt import encoders
+from servers.heartbeat.mqtt.policy import DEFAULT_PRESENCE_PREFIX as PRESENCE
+from servers.heartbeat.mqtt.v5 import codec as v5_codec
+from servers.heartbeat.mqtt.v5 import packets as v5_packets
 from servers.http.builtin import builtin_app
 from servers.http.server import TIMEOUT_LINGER, HttpConfig, serve_http
 from servers.tls import TLSOptions

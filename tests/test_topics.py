@@ -1,4 +1,4 @@
-"""The tree of topic filters (servers.heartbeat.topics) against the reference rule,
+"""The tree of topic filters (servers.heartbeat.broker.topics) against the reference rule,
 ``topic_matches`` scanned over every filter: the tree itself, the broker's
 Subscriptions built on it, and the FilterIndex the coordinators route by."""
 
@@ -9,9 +9,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, invariant, rule
 
-from servers.heartbeat.broker import Subscriptions, topic_matches
-from servers.heartbeat.policy import DEFAULT_PRESENCE_PREFIX as PRESENCE
-from servers.heartbeat.topics import FilterIndex, TopicTree, is_wildcard
+from servers.heartbeat.broker.subscriptions import Subscriptions
+from servers.heartbeat.broker.topics import FilterIndex, TopicTree
+from servers.heartbeat.mqtt.filters import is_wildcard, topic_matches
+from servers.heartbeat.mqtt.policy import DEFAULT_PRESENCE_PREFIX as PRESENCE
 
 # Few level names, so that filters and topics share prefixes and collide; "" makes
 # empty levels (a//b) and leading or trailing slashes; "$SYS" and "$x" start $-topics.
@@ -246,17 +247,17 @@ def test_many_filters_of_one_client_share_their_prefix_nodes() -> None:
 def test_a_publish_does_not_look_at_every_wildcard_filter(monkeypatch: pytest.MonkeyPatch) -> None:
     # Issue 33: 20,000 filters `zz/+/N` of one client were each matched against every
     # publish, and other clients' round trips went from 0.3 ms to 780 ms.
-    from servers.heartbeat import broker
+    from servers.heartbeat.broker import subscriptions
+    from servers.heartbeat.mqtt.filters import topic_matches as reference_match
 
     looked = 0
-    reference_match = broker.topic_matches
 
     def counted(topic_filter: str, topic: str) -> bool:
         nonlocal looked
         looked += 1
         return reference_match(topic_filter, topic)
 
-    monkeypatch.setattr(broker, "topic_matches", counted)
+    monkeypatch.setattr(subscriptions, "topic_matches", counted)
     subs: Subscriptions[str] = Subscriptions(max_qos=0)
     for i in range(20_000):
         subs.subscribe("greedy", f"zz/+/{i}", 0)

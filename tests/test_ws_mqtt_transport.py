@@ -22,8 +22,8 @@ from wsproto.events import (
     TextMessage,
 )
 
-from servers.heartbeat import encoders
-from servers.heartbeat.reader import PacketReader
+from servers.heartbeat.mqtt import encoders
+from servers.heartbeat.mqtt.reader import PacketReader
 from servers.ws.handshake import WsPolicy
 from servers.ws.mqtt_transport import MAX_HEAD, MqttOverWs
 

@@ -143,8 +143,8 @@ def _families(text: bytes) -> list[Metric]:
 
 
 async def _heartbeat_exposition() -> bytes:
-    from servers.heartbeat.auth import PasswordFile
     from servers.heartbeat.config import HeartbeatConfig
+    from servers.heartbeat.security.passwords import PasswordFile
     from servers.heartbeat.worker import serve_heartbeat
 
     config = HeartbeatConfig(port=0, auth=PasswordFile())  # a password file: the auth_* figures too

@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import trio
 
-from servers.heartbeat import encoders
+from servers.heartbeat.mqtt import encoders
 
 from ..mqtt_frames import frames
 

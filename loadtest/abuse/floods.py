@@ -13,7 +13,7 @@ import math
 
 import trio
 
-from servers.heartbeat import encoders
+from servers.heartbeat.mqtt import encoders
 
 from .attack import ATTACKER, Attack, Inbox, Scene, bounded, connected
 

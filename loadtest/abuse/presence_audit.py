@@ -16,7 +16,7 @@ from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
-from servers.heartbeat.policy import DEFAULT_PRESENCE_PREFIX
+from servers.heartbeat.mqtt.policy import DEFAULT_PRESENCE_PREFIX
 
 from .observation import LogSummary, PresenceSeen
 

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from servers.heartbeat.policy import DEFAULT_PRESENCE_PREFIX
+from servers.heartbeat.mqtt.policy import DEFAULT_PRESENCE_PREFIX
 
 from ..mqtt_targets import MqttTarget, start_mosquitto
 from ..processes import free_port, start_heartbeat, stop

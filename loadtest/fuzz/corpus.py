@@ -30,7 +30,7 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from servers.heartbeat import encoders
+from servers.heartbeat.mqtt import encoders
 
 from .corpus_v5 import mqtt5_session
 from .mutators import HTTP_MUTATORS, MQTT5_MUTATORS, MQTT_MUTATORS

@@ -1,5 +1,5 @@
 """MQTT 5.0 sessions for the fuzz corpus (:mod:`.corpus`), written by the server's own 5.0
-codec (:func:`servers.heartbeat.v5.codec.pack`). Pure: no I/O.
+codec (:func:`servers.heartbeat.mqtt.v5.codec.pack`). Pure: no I/O.
 
 A session is a CONNECT with properties (Session Expiry, Receive Maximum, Maximum Packet
 Size, Topic Alias Maximum, problem and response information, User Properties, now and
@@ -22,8 +22,8 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from servers.heartbeat.v5.codec import pack
-from servers.heartbeat.v5.packets import (
+from servers.heartbeat.mqtt.v5.codec import pack
+from servers.heartbeat.mqtt.v5.packets import (
     PUBACK,
     PUBCOMP,
     PUBREC,
@@ -40,7 +40,7 @@ from servers.heartbeat.v5.packets import (
     Unsubscribe,
     Will,
 )
-from servers.heartbeat.v5.properties import EMPTY, Properties
+from servers.heartbeat.mqtt.v5.properties import EMPTY, Properties
 
 from .segments import Segments
 

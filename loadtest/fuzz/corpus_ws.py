@@ -33,7 +33,7 @@ import struct
 import zlib
 from collections.abc import Sequence
 
-from servers.heartbeat import encoders
+from servers.heartbeat.mqtt import encoders
 
 from .corpus import (
     END_MODES,
@@ -50,17 +50,9 @@ from .corpus import (
 )
 from .corpus_v5 import mqtt5_session
 from .mutators import MQTT5_MUTATORS, MQTT_MUTATORS
-from .mutators_ws import (
-    ALLOWED_ORIGIN,
-    ANY,
-    MAX_SIZE,
-    MQTT_WS_FAULTS,
-    MQTT_WS_SHAPES,
-    SERVED,
-    WS_FAULTS,
-    WS_SHAPES,
-    WsFault,
-)
+from .mutators_ws import ANY, MQTT_WS_FAULTS, MQTT_WS_SHAPES, SERVED, WS_FAULTS, WS_SHAPES, WsFault
+from .mutators_ws_framing import MAX_SIZE
+from .mutators_ws_handshake import ALLOWED_ORIGIN
 from .segments import Segments
 from .ws_frames import BINARY, CLOSE, CONTINUATION, CONTROL, RSV1, TEXT, Frame, deflate, encode, parse
 

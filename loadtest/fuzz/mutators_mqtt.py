@@ -8,8 +8,8 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 
-from servers.heartbeat.encoders import encode_remaining_length
-from servers.heartbeat.packets import MAX_REMAINING_LENGTH
+from servers.heartbeat.mqtt.encoders import encode_remaining_length
+from servers.heartbeat.mqtt.packets import MAX_REMAINING_LENGTH
 
 from .segments import Segments, replace_segment
 

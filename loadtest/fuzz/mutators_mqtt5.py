@@ -12,7 +12,7 @@ remaining length is kept true (but for an overlong one), so that the reader gets
 far as the properties.
 
 Which property a packet may carry is the server's own table, asked through its reader
-(:func:`servers.heartbeat.v5.properties.read_properties`) once, at import.
+(:func:`servers.heartbeat.mqtt.v5.properties.read_properties`) once, at import.
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Sequence
 
-from servers.heartbeat.encoders import encode_remaining_length
-from servers.heartbeat.v5.properties import Carrier, read_properties
-from servers.heartbeat.v5.reason_codes import PacketError
-from servers.heartbeat.v5.wire import pack_varint, read_varint
+from servers.heartbeat.mqtt.encoders import encode_remaining_length
+from servers.heartbeat.mqtt.v5.properties import Carrier, read_properties
+from servers.heartbeat.mqtt.v5.reason_codes import PacketError
+from servers.heartbeat.mqtt.v5.wire import pack_varint, read_varint
 
 from .mutators_mqtt import split_mqtt
 from .segments import Segments, replace_segment

@@ -12,9 +12,9 @@ import struct
 import zlib
 from dataclasses import dataclass
 
-from servers.heartbeat.v5.codec import read_packet
-from servers.heartbeat.v5.packets import Connack, Disconnect
-from servers.heartbeat.v5.reason_codes import PacketError
+from servers.heartbeat.mqtt.v5.codec import read_packet
+from servers.heartbeat.mqtt.v5.packets import Connack, Disconnect
+from servers.heartbeat.mqtt.v5.reason_codes import PacketError
 
 from ..mqtt_frames import frames
 

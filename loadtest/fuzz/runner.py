@@ -9,7 +9,7 @@ server answers until it closes or :attr:`~.targets.ServerSpec.wait` passes. Mean
 
 - a **watchdog** polls the server process; if it dies, the run stops at once and the
   inputs in flight are kept as reproducers;
-- a **canary** (:class:`~.canary.MqttCanary`, :class:`~.canary.HttpCanary`)
+- a **canary** (:class:`~.canary_mqtt.MqttCanary`, :class:`~.canary_http.HttpCanary`)
   behaves well throughout and must see nothing wrong;
 - after a **warm-up** (a tenth of the inputs) and after the run, the driver waits until
   the server's open files are back to where they were, and takes its RSS then, so

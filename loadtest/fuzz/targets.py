@@ -25,8 +25,11 @@ from servers.readiness import find_ready
 
 from ..mqtt_targets import mosquitto_binary
 from ..processes import stop, wait_listening
-from .canary import CANARY_KEEPALIVE, HTTP_KEEPALIVE_TIMEOUT, WS_PING_INTERVAL, WS_PING_TIMEOUT
-from .mutators_ws import ALLOWED_ORIGIN, MAX_SIZE
+from .canary_http import HTTP_KEEPALIVE_TIMEOUT
+from .canary_mqtt import CANARY_KEEPALIVE
+from .canary_ws import WS_PING_INTERVAL, WS_PING_TIMEOUT
+from .mutators_ws_framing import MAX_SIZE
+from .mutators_ws_handshake import ALLOWED_ORIGIN
 
 __all__ = [
     "HTTP_SERVER_ARGS",

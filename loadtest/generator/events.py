@@ -23,25 +23,23 @@ from typing import Any
 from idlekeeper.lookahead import LookaheadWheel
 from idlekeeper.timers import Timers
 
-from ..mqtt_versions import NAMES
 from . import mqtt5
+from .inbound import drain, drain_v5, read_v5
 from .records import (
     CONNACK_OK,
     HANDSHAKE,
     ONLINE,
     PINGREQ,
-    PINGRESP,
     SUPERSEDED,
     Conn,
     Device,
     encode_connect,
 )
-from .results import judge_devices
+from .source import bind_source
 from .spec import GeneratorSpec
 
-__all__ = ["Generator", "bind_source"]
+__all__ = ["Generator"]
 
-_IP_BIND_ADDRESS_NO_PORT = getattr(socket, "IP_BIND_ADDRESS_NO_PORT", 24)
 _IN = select.EPOLLIN | select.EPOLLRDHUP
 _OUT = select.EPOLLOUT
 # An online connection is watched for its end alone (the kernel always reports
@@ -57,17 +55,10 @@ _LINGER_RST = struct.pack("ii", 1, 0)  # close() then sends RST: a device that v
 _SERVER_CONNECT_TIMEOUT = 10.0
 
 
-def bind_source(sock: socket.socket, address: str) -> None:
-    """Bind ``sock`` to the loopback source ``address``, its port picked at connect():
-    a port is then needed only per 4-tuple, not per source address (so a source holds
-    more than the ephemeral range, and an earlier run's TIME_WAIT sockets are no obstacle)."""
-    sock.setsockopt(socket.IPPROTO_IP, _IP_BIND_ADDRESS_NO_PORT, 1)
-    sock.bind((address, 0))
-
-
 class Generator:
-    """A generator's devices: what each socket event, heartbeat and scenario does to them,
-    and what they add up to (:mod:`loadtest.generator.loop` runs the loop that calls these)."""
+    """A generator's devices: what each socket event, heartbeat and scenario does to them
+    (:mod:`loadtest.generator.loop` runs the loop that calls these; what they add up to is
+    :func:`loadtest.generator.report.generator_results`)."""
 
     def __init__(self, spec: GeneratorSpec) -> None:
         self.spec = spec
@@ -259,13 +250,13 @@ class Generator:
             return
         if conn.device.version == 5:
             # A 5.0 server may say why it closes: a DISCONNECT, read and counted.
-            if data and self.drain_v5(conn, data):
+            if data and drain_v5(self.disconnects, conn, data):
                 return
             self.on_closed(conn, now)
             return
         # Past the handshake only the end is reported (see _END): what came before it
         # is PINGRESPs, read and let go.
-        if data and self.drain(conn):
+        if data and drain(conn):
             return
         self.on_closed(conn, now)
 
@@ -294,61 +285,7 @@ class Generator:
         rest = conn.buf[answer.used :]
         self.on_connack(conn, now)
         if rest:
-            conn.buf = self.read_v5(conn, rest)
-
-    def drain_v5(self, conn: Conn, data: bytes = b"") -> bool:
-        """:meth:`drain` for a 5.0 connection (``data``: what was already read): what the server
-        sent is looked at, not let go, so that a DISCONNECT's reason code is counted. False
-        once it has closed."""
-        sock = conn.sock
-        chunks = [conn.buf, data]
-        alive = True
-        try:
-            while True:
-                more = sock.recv(4096)
-                if not more:
-                    alive = False
-                    break
-                chunks.append(more)
-                if len(more) < 4096:
-                    break
-        except BlockingIOError:
-            pass
-        except OSError:
-            alive = False
-        conn.buf = self.read_v5(conn, b"".join(chunks))
-        return alive
-
-    def read_v5(self, conn: Conn, buf: bytes) -> bytes:
-        """Count the DISCONNECTs among the whole packets in ``buf`` (by reason code, then by
-        the device's role); the unfinished rest, kept for the next read."""
-        if not buf or buf == PINGRESP:
-            return b""  # the usual read: nothing to look at
-        reasons, used = mqtt5.disconnect_reasons(buf)
-        role = conn.device.role if conn.phase != SUPERSEDED else "taken over"
-        for reason in reasons:
-            by_role = self.disconnects.setdefault(reason, {})
-            by_role[role] = by_role.get(role, 0) + 1
-        return buf[used:]
-
-    def drain(self, conn: Conn) -> bool:
-        """Read what the server sent (PINGRESPs) and let it go; False once it has closed.
-
-        A short read means nothing more was waiting; an end behind it is reported by
-        epoll, so one ``recv`` is the usual cost.
-        """
-        sock = conn.sock
-        try:
-            while True:
-                data = sock.recv(4096)
-                if not data:
-                    return False
-                if len(data) < 4096:
-                    return True
-        except BlockingIOError:
-            return True
-        except OSError:
-            return False
+            conn.buf = read_v5(self.disconnects, conn, rest)
 
     def on_connack(self, conn: Conn, now: float) -> None:
         """The server accepted the device: it is online and its heartbeats start."""
@@ -440,7 +377,7 @@ class Generator:
         now = time.monotonic()
         # The previous PINGRESP, read now rather than woken for (see _END). An end
         # found here is an end: it is handled as if reported.
-        if not self.drain(conn):
+        if not drain(conn):
             self.on_closed(conn, now)
             return
         if self.send(device, conn, PINGREQ, now):
@@ -453,7 +390,7 @@ class Generator:
         if conn is None or conn.phase != ONLINE:
             return
         now = time.monotonic()
-        if not self.drain_v5(conn):
+        if not drain_v5(self.disconnects, conn):
             self.on_closed(conn, now)
             return
         if self.send(device, conn, PINGREQ, now):
@@ -507,38 +444,3 @@ class Generator:
         device.acted_at = time.monotonic()
         device.old = conn
         self.open(device, self.pick_port(exclude=conn.port))
-
-    def protocols(self) -> dict[str, int]:
-        """The generator's devices by the MQTT version they speak."""
-        versions = self.spec.versions or "4" * len(self.devices)
-        return {NAMES[int(v)]: versions.count(v) for v in sorted(set(versions))}
-
-    def results(self) -> dict[str, Any]:
-        """Per-generator results; :mod:`loadtest.devices` merges them."""
-        spec = self.spec
-        judged = judge_devices(self.devices, self.window, spec.failover)
-        for conn in list(self.conns.values()):
-            self.drop(conn)
-        return {
-            "index": spec.index,
-            "devices": len(self.devices),
-            "silent": len(spec.silent),
-            "vanished": len(spec.vanish),
-            "reconnected": len(spec.reconnect),
-            **judged,
-            "connect_failed": self.connect_failed,
-            "connect_sent_late": self.connect_sent_late,
-            "connect_send_max": self.connect_send_max,
-            "refused": self.refused,
-            "refusals": self.refusals,
-            "protocols": self.protocols(),
-            "disconnects": self.disconnects,
-            "server_keepalive": self.server_keepalive,
-            "errors": self.errors,
-            "pings": self.pings,
-            "drops": self.drops,
-            "failovers": self.failovers,
-            "retries": self.retries,
-            "dead_ports": sorted(self.dead_ports),
-            "online_at_end": self.online,
-        }

@@ -9,7 +9,7 @@ thing to do: a socket event, a heartbeat, a connect of the ramp, a progress line
 the machine with the server it measures, so its own wake-ups are kept few.
 
 What it runs comes in a spec (:mod:`loadtest.generator.spec`). Progress goes to
-stdout as JSON lines; the full results (:mod:`loadtest.generator.results`) go to the
+stdout as JSON lines; the full results (:mod:`loadtest.generator.report`) go to the
 spec's ``results`` file when the run ends.
 """
 
@@ -24,6 +24,7 @@ from typing import Any
 
 from .events import Generator
 from .records import CONNECTING
+from .report import generator_results
 from .spec import GeneratorSpec, read_spec
 
 __all__ = ["main", "run"]
@@ -92,7 +93,7 @@ def run(spec: GeneratorSpec) -> dict[str, Any]:
                 gen.on_readable(conn, seen)
         gen.timers.run_due(time.monotonic())
     progress(gen, time.monotonic())
-    return gen.results()
+    return generator_results(gen)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,7 +1,7 @@
 """What an MQTT 5.0 device sends and how it reads the server's answers, sans-IO.
 
 The packets are written and read by the server's own 5.0 codec
-(:mod:`servers.heartbeat.v5.codec`), so that the load tools and the server speak one
+(:mod:`servers.heartbeat.mqtt.v5.codec`), so that the load tools and the server speak one
 reading of the spec. A device's CONNECT asks for no session after the connection
 (Session Expiry 0) and says how many QoS 1 and 2 messages it takes at once (Receive
 Maximum). The server's answer to it is one of:
@@ -20,10 +20,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from servers.heartbeat.v5.codec import pack, read_packet
-from servers.heartbeat.v5.packets import Connack, Connect, Disconnect
-from servers.heartbeat.v5.properties import Properties
-from servers.heartbeat.v5.reason_codes import PacketError, ReasonCode
+from servers.heartbeat.mqtt.v5.codec import pack, read_packet
+from servers.heartbeat.mqtt.v5.packets import Connack, Connect, Disconnect
+from servers.heartbeat.mqtt.v5.properties import Properties
+from servers.heartbeat.mqtt.v5.reason_codes import PacketError, ReasonCode
 
 from ..mqtt_frames import frames
 

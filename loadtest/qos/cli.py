@@ -18,7 +18,7 @@ rate x latency). A larger cap lets a server that takes PUBLISHes faster than it
 delivers them build a queue, and the latency grows with it.
 
 All clients run in this one process: raw non-blocking sockets on one ``epoll``,
-packets framed with :mod:`servers.heartbeat.encoders`, several packets per read
+packets framed with :mod:`servers.heartbeat.mqtt.encoders`, several packets per read
 and one write per batch of acknowledgements. Its CPU over the measured window is
 reported beside the server's: a client near 100% of a core is the bottleneck, and
 the rate is then a lower bound for that target.

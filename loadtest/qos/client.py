@@ -7,7 +7,7 @@ import contextlib
 import socket
 import time
 
-from servers.heartbeat.encoders import encode_connect, encode_disconnect, encode_publish, encode_subscribe
+from servers.heartbeat.mqtt.encoders import encode_connect, encode_disconnect, encode_publish, encode_subscribe
 
 __all__ = [
     "KEEP_ALIVE",

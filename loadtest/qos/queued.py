@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from servers.heartbeat.encoders import encode_puback
+from servers.heartbeat.mqtt.encoders import encode_puback
 
 from ..mqtt_frames import frames
 from ..sampler import cpu_seconds, processes, rss_bytes

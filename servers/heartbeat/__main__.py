@@ -19,19 +19,19 @@ from ..listeners import open_listeners
 from ..readiness import Ready
 from ..tls import add_tls_arguments, check_tls_arguments
 from ..workers import supervisor_pid
-from .access import acl_reader
-from .acl import AclFile
-from .auth import PasswordFile
 from .cli_limits import add_limit_arguments, limits_from
 from .config import ENGINES, KEEPALIVE_OVER_MAX, HeartbeatConfig
 from .coordination import Coordinator
 from .coordination.authority import Authority
 from .coordination.local import BusCoordinator
-from .policy import DEFAULT_PRESENCE_PREFIX, LEGACY_PRESENCE_PREFIX, check_presence_prefix
-from .presence import PresenceLog, PresenceSink
-from .server import DRAIN_CAP, HeartbeatServer
-from .stores import mqtt_state
-from .throttle import ThrottlePolicy
+from .mqtt.policy import DEFAULT_PRESENCE_PREFIX, LEGACY_PRESENCE_PREFIX, check_presence_prefix
+from .presence.event import PresenceLog, PresenceSink
+from .security.acl import AclFile
+from .security.passwords import PasswordFile
+from .security.throttle import ThrottlePolicy
+from .server.access import acl_reader
+from .server.lifecycle import DRAIN_CAP, HeartbeatServer
+from .server.stores import mqtt_state
 from .worker import serve_heartbeat
 
 DESCRIPTION = """\
@@ -291,7 +291,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def presence_prefix(text: str) -> str:
-    """``--presence-prefix``, checked (:func:`~.policy.check_presence_prefix`)."""
+    """``--presence-prefix``, checked (:func:`~.mqtt.policy.check_presence_prefix`)."""
     try:
         return check_presence_prefix(text)
     except ValueError as exc:

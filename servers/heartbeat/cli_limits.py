@@ -1,22 +1,22 @@
 """The command line's bounds on what one client may make a worker hold: the options,
-their defaults, and the configuration fields they fill (see :mod:`.policy` and
-:mod:`.retained` for why each default is what it is)."""
+their defaults, and the configuration fields they fill (see :mod:`.mqtt.policy` and
+:mod:`.broker.retained` for why each default is what it is)."""
 
 from __future__ import annotations
 
 import argparse
 from typing import Any
 
-from .connect_rate import DEFAULT_CONNECT_RATE
+from .broker.persistent import DEFAULT_MAX_SESSIONS
+from .broker.retained import DEFAULT_MAX_OWNER_BYTES, DEFAULT_MAX_OWNER_COUNT
 from .coordination.registry import DEFAULT_MAX_BYTES as DEFAULT_RECORD_BYTES
-from .persistent import DEFAULT_MAX_SESSIONS
-from .policy import (
+from .mqtt.policy import (
     DEFAULT_MAX_CLIENT_ID,
     DEFAULT_MAX_SUBSCRIPTION_BYTES,
     DEFAULT_MAX_SUBSCRIPTIONS,
     DEFAULT_MAX_USERNAME,
 )
-from .retained import DEFAULT_MAX_OWNER_BYTES, DEFAULT_MAX_OWNER_COUNT
+from .security.connect_rate import DEFAULT_CONNECT_RATE
 
 __all__ = ["add_limit_arguments", "limits_from"]
 

@@ -6,14 +6,12 @@ import logging
 from dataclasses import dataclass, field
 
 from ..config import WorkerConfig
-from .acl import AclFile
-from .auth import PasswordFile
-from .budget import DEFAULT_MAX_OUTBOX_BYTES, DEFAULT_MAX_SUBSCRIBER_BYTES
-from .connect_rate import DEFAULT_CONNECT_RATE
+from .broker.budget import DEFAULT_MAX_OUTBOX_BYTES, DEFAULT_MAX_SUBSCRIBER_BYTES
+from .broker.outbox import DEFAULT_MAX_QUEUED, DEFAULT_MAX_QUEUED_BYTES, DEFAULT_WINDOW
+from .broker.persistent import DEFAULT_EXPIRY, DEFAULT_MAX_SESSIONS
+from .broker.retained import DEFAULT_MAX_BYTES, DEFAULT_MAX_OWNER_BYTES, DEFAULT_MAX_OWNER_COUNT
 from .coordination.registry import DEFAULT_MAX_BYTES as DEFAULT_RECORD_BYTES
-from .outbox import DEFAULT_MAX_QUEUED, DEFAULT_MAX_QUEUED_BYTES, DEFAULT_WINDOW
-from .persistent import DEFAULT_EXPIRY, DEFAULT_MAX_SESSIONS
-from .policy import (
+from .mqtt.policy import (
     DEFAULT_MAX_CLIENT_ID,
     DEFAULT_MAX_QOS,
     DEFAULT_MAX_SUBSCRIPTION_BYTES,
@@ -22,9 +20,11 @@ from .policy import (
     DEFAULT_PRESENCE_PREFIX,
     check_presence_prefix,
 )
-from .presence import PresenceSink
-from .retained import DEFAULT_MAX_BYTES, DEFAULT_MAX_OWNER_BYTES, DEFAULT_MAX_OWNER_COUNT
-from .throttle import ThrottlePolicy
+from .presence.event import PresenceSink
+from .security.acl import AclFile
+from .security.connect_rate import DEFAULT_CONNECT_RATE
+from .security.passwords import PasswordFile
+from .security.throttle import ThrottlePolicy
 
 __all__ = ["ENGINES", "KEEPALIVE_OVER_MAX", "HeartbeatConfig"]
 
@@ -33,7 +33,7 @@ logger = logging.getLogger("servers.heartbeat")
 ENGINES = ("dense", "streams")
 KEEPALIVE_OVER_MAX = ("cap", "honour", "refuse")
 """The choices of :attr:`HeartbeatConfig.keepalive_over_max`."""
-"""How connections are served: see :mod:`.dense` and :mod:`.streams`."""
+"""How connections are served: see :mod:`.transports.dense` and :mod:`.transports.streams`."""
 
 
 @dataclass
@@ -53,11 +53,11 @@ class HeartbeatConfig(WorkerConfig):
     max_connections: int = 18_000
     presence_prefix: str = DEFAULT_PRESENCE_PREFIX
     """Topic prefix of presence events (``$SYS/presence/``); devices' own publishes under it
-    are dropped. Checked by :func:`~.policy.check_presence_prefix`."""
+    are dropped. Checked by :func:`~.mqtt.policy.check_presence_prefix`."""
     max_qos: int = DEFAULT_MAX_QOS
     """Highest QoS granted to subscribers and routed for publishers: 0, 1 or 2."""
     max_client_id: int = DEFAULT_MAX_CLIENT_ID
-    """Bytes of UTF-8 a client id may have; longer, CONNACK 2 (see :mod:`.policy`)."""
+    """Bytes of UTF-8 a client id may have; longer, CONNACK 2 (see :mod:`.mqtt.policy`)."""
     max_username: int = DEFAULT_MAX_USERNAME
     """Bytes of UTF-8 a username may have; longer, CONNACK 4."""
     max_subscriptions: int = DEFAULT_MAX_SUBSCRIPTIONS
@@ -75,7 +75,7 @@ class HeartbeatConfig(WorkerConfig):
     max_queued_bytes: int = DEFAULT_MAX_QUEUED_BYTES
     """Bytes queued per client behind those in flight."""
     max_subscriber_bytes: int = DEFAULT_MAX_SUBSCRIBER_BYTES
-    """Bytes queued for one subscriber's socket; beyond, its QoS 0 messages are dropped (see :mod:`.budget`)."""
+    """Bytes queued for one subscriber's socket; beyond, its QoS 0 messages are dropped (see :mod:`.broker.budget`)."""
     max_outbox_bytes: int = DEFAULT_MAX_OUTBOX_BYTES
     """Bytes queued for all subscribers' sockets in this worker; beyond, QoS 0 messages are dropped."""
     session_expiry: float = DEFAULT_EXPIRY
@@ -104,7 +104,7 @@ class HeartbeatConfig(WorkerConfig):
     epoll set (``--trio-waits`` turns it off); see :func:`idlekeeper.open_engine`'s ``direct_wait``."""
     max_connect_rate: float = DEFAULT_CONNECT_RATE
     """CONNECTs a second from one source address, after a burst of a minute's worth; past
-    it, CONNACK 3 (see :mod:`.connect_rate`). 0: unbounded."""
+    it, CONNACK 3 (see :mod:`.security.connect_rate`). 0: unbounded."""
     max_device_records: int = 1_000_000
     """Presence records kept for /devices; past it, offline ones are forgotten, ids seen once first."""
     max_device_record_bytes: int = DEFAULT_RECORD_BYTES
@@ -112,7 +112,7 @@ class HeartbeatConfig(WorkerConfig):
     auth: PasswordFile | None = None
     auth_throttle: ThrottlePolicy | None = field(default_factory=ThrottlePolicy)
     """How failed password checks are throttled per source address and per username
-    (see :mod:`.throttle`); None: not at all."""
+    (see :mod:`.security.throttle`); None: not at all."""
     auth_threads: int = 1
     """Password checks hashed at once, each in a worker thread (the event loop never hashes)."""
     acl: AclFile | None = None

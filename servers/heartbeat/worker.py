@@ -16,10 +16,10 @@ from ..page import Page
 from ..status import serve_status
 from .config import HeartbeatConfig
 from .coordination import Coordinator
-from .dense import serve_dense
-from .dense_ws import serve_websockets_dense
-from .server import HeartbeatServer
-from .streams import serve_streams, serve_websockets
+from .server.lifecycle import HeartbeatServer
+from .transports.dense import serve_dense
+from .transports.dense_ws import serve_websockets_dense
+from .transports.streams import serve_streams, serve_websockets
 
 __all__ = ["serve_heartbeat"]
 

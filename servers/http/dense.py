@@ -24,12 +24,12 @@ import trio
 import idlekeeper
 
 from ..ws.upgrade import is_upgrade
-from .core import BACKGROUND_PER_CONNECTION, TIMEOUT_LINGER, Phase, address
+from .core import BACKGROUND_PER_CONNECTION, Phase, address
 from .delivery import KERNEL_BACKLOG, DeliveryWatch, kernel_backlog
+from .dense_channel import LINGER_LIMIT, DenseChannel
 from .dense_server import DenseHttpServer, Runner
 from .dense_ws import open_websocket
-from .errors import error_response, log_refusal
-from .exchange import ClientGone, Exchange, Outcome
+from .exchange import Exchange, Outcome
 from .head import RequestHead, bad_head_status, head_refusal, header_list, make_scope
 from .quickhead import QuickHead, quick_head, replay
 from .websocket import WebSocketExchange
@@ -37,40 +37,25 @@ from .whole import HOOKS
 
 __all__ = ["HttpProtocol", "run_dense"]
 
-# Bytes a lingering close reads and drops before giving up on the client's EOF.
-_LINGER_LIMIT = 256 * 1024
-
-
-class HttpProtocol(idlekeeper.Protocol):
-    """One HTTP connection on the dense engine, and the :class:`~.exchange.Channel` of
-    its exchanges."""
+class HttpProtocol(DenseChannel):
+    """One HTTP connection on the dense engine: the engine's callbacks, its request
+    heads, and its exchanges, one after another (the exchange's side of it, and the
+    server's own answers, are :class:`~.dense_channel.DenseChannel`'s)."""
 
     __slots__ = (
-        "server",
-        "t",
         "h11",
         "inbuf",
-        "phase",
         "requests",
         "started",
-        "exchange",
         "runner",
-        "timer",
         "peer",
         "local",
         "delivery",
-        "written",
         "clear",
-        "lingered",
-        "gone",
-        "peer_eof",
         "cancel_armed",
         "background",
         "held",
         "ws",
-        "_readable",
-        "_writable",
-        "_gone_event",
     )
 
     def __init__(self, server: DenseHttpServer) -> None:
@@ -118,7 +103,7 @@ class HttpProtocol(idlekeeper.Protocol):
     def data_received(self, data: bytes) -> None:
         if self.lingered >= 0:
             self.lingered += len(data)
-            if self.lingered > _LINGER_LIMIT:
+            if self.lingered > LINGER_LIMIT:
                 self.t.abort()
             return
         ws = self.ws
@@ -406,50 +391,6 @@ class HttpProtocol(idlekeeper.Protocol):
             self.phase = Phase.DONE
             t.close()
 
-    # -- timeouts answered 408, and lingering closes ------------------------------------------
-
-    def _too_slow(self) -> None:
-        """The header or body timer: the client did not send its request in time."""
-        timer, self.timer = self.timer, None
-        keeper, sock = self.server.keeper, self.t.socket
-        if timer is not None and sock is not None and keeper.late_with_unread(sock, timer.when):
-            # We stalled past the deadline with the client's bytes unread: they may
-            # have come in time, so the reader gets a tick to take them first.
-            self.timer = keeper.call_later(keeper.tick, self._too_slow_after_all)
-            return
-        self._too_slow_after_all()
-
-    def _too_slow_after_all(self) -> None:
-        self.timer = None
-        if self.phase in (Phase.HEAD, Phase.BODY) and not self.gone and self.lingered < 0:
-            exchange = self.exchange
-            if exchange is not None and exchange.head_sent:
-                # The app's response has begun (it answers as the body comes): a 408
-                # now would land inside it. Cut, as the streams driver does.
-                log_refusal(408, "the request body stalled after the response began; cut")
-                self.t.abort()
-            else:
-                self.refuse(408, "", log=False, linger=TIMEOUT_LINGER)
-            self._wake_reader()
-
-    def refuse(
-        self, status: int, why: str, *, log: bool = True, linger: float = 1.0, response: bytes | None = None
-    ) -> None:
-        """Answer ``status`` past h11 and close, lingering so that the client reads the
-        answer rather than a reset; the connection's other work stops."""
-        if log:
-            log_refusal(status, why)
-        self._cancel_timer()
-        self.phase = Phase.DONE
-        self.lingered = 0
-        t = self.t
-        t.idle_timeout = None
-        t.receive_timeout = None
-        t.write(error_response(status) if response is None else response)
-        t.write_eof()
-        t.resume_reading()
-        t.deadline = trio.current_time() + linger  # the linger's end, if the client never closes
-
     # -- responses the kernel holds -----------------------------------------------------
 
     def _hold(self) -> bool:
@@ -477,59 +418,6 @@ class HttpProtocol(idlekeeper.Protocol):
             self.t.idle_timeout = self.server.config.keep_alive_timeout
             self.t.resume_reading()
             self._heads()
-
-    def _cancel_timer(self) -> None:
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
-
-    def _wake_reader(self) -> None:
-        if self._readable is not None:
-            self._readable.set()
-            self._readable = None
-
-    # -- the exchange's channel --------------------------------------------------------------
-
-    async def more(self) -> None:
-        """Wait for more of the request body, under the body timeout."""
-        if self.gone or self.lingered >= 0:
-            raise ClientGone("the connection is closed")
-        self.t.resume_reading()
-        self.phase = Phase.BODY
-        self.timer = self.server.keeper.call_later(self.server.config.body_timeout, self._too_slow)
-        event = self._readable = trio.Event()
-        try:
-            await event.wait()
-        finally:
-            self._cancel_timer()
-            if self.phase is Phase.BODY:
-                self.phase = Phase.APP
-        if self.gone or self.lingered >= 0:
-            raise ClientGone("the connection closed while the body was awaited")
-
-    async def write(self, data: bytes) -> None:
-        """Queue ``data``; wait while more than the high-water mark is queued."""
-        if self.gone or self.lingered >= 0:
-            raise ClientGone("the connection is closed")
-        self.t.write(data)
-        self.written += len(data)
-        await self.writable()
-
-    async def writable(self) -> None:
-        """Return once the transport's queue is below its high-water mark."""
-        writable = self._writable
-        if writable is not None:
-            await writable.wait()
-            if self.gone:
-                raise ClientGone("the connection closed while a response was queued")
-
-    async def disconnected(self) -> None:
-        if self.gone or self.peer_eof:
-            return
-        if self._gone_event is None:
-            self._gone_event = trio.Event()
-        await self._gone_event.wait()
-
 
 class _AfterResponse:
     """A connection's steps after a response whose app goes on, for a runner to take."""

@@ -18,7 +18,7 @@ it under a path prefix; one that sends ``X-Forwarded-Prefix`` also makes the pag
 work when opened without its trailing slash.
 
 What a snapshot holds is the :class:`PageSource`'s business (the heartbeat server's
-is :class:`servers.heartbeat.dashboard.Dashboard`).
+is :class:`servers.heartbeat.server.dashboard.Dashboard`).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """What the processes of a heartbeat server share: client-id ownership, the device
 registry, presence events and subscriptions beyond one process.
 
-A worker (:class:`~servers.heartbeat.server.HeartbeatServer`) reports sessions
+A worker (:class:`~servers.heartbeat.server.lifecycle.HeartbeatServer`) reports sessions
 starting and ending to its :class:`Coordinator`; the coordinator decides, with the
 rules of :mod:`.registry`, which presence events are published, and publishes each
 exactly once: to the presence sinks (the log) and, through every worker's
@@ -14,6 +14,9 @@ exactly once: to the presence sinks (the log) and, through every worker's
 
 Keep-alive detection never waits on a coordinator: every call a worker makes here
 returns at once (reports are queued), except :meth:`Coordinator.lookup`.
+
+May import: :mod:`..mqtt`, :mod:`..presence` and :mod:`..broker` (the stores it keeps);
+never the server that calls it (:mod:`..server`), which it reaches through :class:`Host`.
 """
 
 from __future__ import annotations
@@ -27,12 +30,13 @@ from typing import Any, Protocol
 
 import trio
 
+from ...logs import OncePer, shown
 from ...prometheus import Families, Metric
-from ..logs import OncePer, shown
-from ..persistent import Acked, AckedTogether, Opened, Report, SessionStore
-from ..policy import DEFAULT_PRESENCE_PREFIX
-from ..presence import PresenceEvent, PresenceSink
-from ..publication import Publication
+from ..broker.persistent import SessionStore
+from ..broker.reports import Acked, AckedTogether, Opened, Report
+from ..mqtt.policy import DEFAULT_PRESENCE_PREFIX
+from ..mqtt.publication import Publication
+from ..presence.event import PresenceEvent, PresenceSink
 from .retention import RetainedMessage, Retention
 
 __all__ = [
@@ -272,7 +276,7 @@ class Coordinator(abc.ABC):
     ) -> Opened | None:
         """A CONNECT with CleanSession=0 was accepted: the stored session to resume (or a
         new one, kept ``expiry`` seconds after its client leaves until its CONNACK's
-        :class:`~..persistent.Attach` says otherwise; none without ``create``), for an
+        :class:`~..broker.reports.Attach` says otherwise; none without ``create``), for an
         MQTT 5.0 client if ``v5``. Awaited before CONNACK, whose session-present flag it
         decides; None if the owner of the sessions cannot answer now (the CONNECT is
         refused, 3)."""

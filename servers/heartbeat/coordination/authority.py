@@ -19,13 +19,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from ...bus import Link
-from ..logs import OncePer
-from ..overview import RecentEnds, registry_overview
-from ..persistent import Attach, Delivery
-from ..policy import DEFAULT_PRESENCE_PREFIX
-from ..presence import Offline, PresenceEvent, PresenceSink
-from ..publication import Publication
-from ..topics import FilterIndex
+from ...logs import OncePer
+from ..broker.reports import Attach, Delivery
+from ..broker.topics import FilterIndex
+from ..mqtt.endings import Offline
+from ..mqtt.policy import DEFAULT_PRESENCE_PREFIX
+from ..mqtt.publication import Publication
+from ..presence.event import PresenceEvent, PresenceSink
+from ..presence.overview import RecentEnds, registry_overview
 from . import frames, log_session_drops, log_sessions_full, publish_to_sinks
 from .holders import Holders
 from .registry import DEFAULT_MAX_BYTES as DEFAULT_RECORD_BYTES

@@ -13,9 +13,9 @@ import dataclasses
 import json
 from dataclasses import dataclass
 
-from ..persistent import Acked, AckedTogether, Attach, Detach, Discard, Inbound, Push, Report, Subscribed
-from ..presence import PresenceEvent
-from ..publication import Publication
+from ..broker.reports import Acked, AckedTogether, Attach, Detach, Discard, Inbound, Push, Report, Subscribed
+from ..mqtt.publication import Publication
+from ..presence.event import PresenceEvent
 from .retention import RetainedMessage
 
 __all__ = [

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Hashable, Iterable, Iterator, Set
 from typing import Generic, TypeVar
 
-from ..topics import FilterChanges, FilterIndex
+from ..broker.topics import FilterChanges, FilterIndex
 
 __all__ = ["Holders"]
 

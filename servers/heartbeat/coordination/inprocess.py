@@ -9,13 +9,13 @@ from typing import Any
 
 import trio
 
+from ...logs import OncePer
 from ...prometheus import Families, Metric
-from ..logs import OncePer
-from ..overview import RecentEnds, registry_overview
-from ..persistent import Delivery, Opened, Report
-from ..policy import DEFAULT_PRESENCE_PREFIX
-from ..presence import PresenceEvent, PresenceSink
-from ..publication import Publication
+from ..broker.reports import Delivery, Opened, Report
+from ..mqtt.policy import DEFAULT_PRESENCE_PREFIX
+from ..mqtt.publication import Publication
+from ..presence.event import PresenceEvent, PresenceSink
+from ..presence.overview import RecentEnds, registry_overview
 from . import (
     Coordinator,
     Health,

@@ -34,11 +34,11 @@ from typing import Any
 import trio
 
 from ...prometheus import Families, Metric
-from ..persistent import Discard, Opened, Report
-from ..policy import DEFAULT_PRESENCE_PREFIX
-from ..presence import PresenceEvent, PresenceSink
-from ..publication import Publication
-from ..topics import FilterIndex
+from ..broker.reports import Discard, Opened, Report
+from ..broker.topics import FilterIndex
+from ..mqtt.policy import DEFAULT_PRESENCE_PREFIX
+from ..mqtt.publication import Publication
+from ..presence.event import PresenceEvent, PresenceSink
 from . import Coordinator, Health, Host, frames, publish_to_sinks
 from .registry import Registry
 from .retention import RetainedMessage, presence_properties

@@ -25,7 +25,8 @@ import itertools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from ..presence import Offline, PresenceEvent
+from ..mqtt.endings import Offline
+from ..presence.event import PresenceEvent
 
 __all__ = ["Claim", "Registry", "takeover_of"]
 

@@ -24,13 +24,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..broker import topic_matches
-from ..logs import OncePer, shown
-from ..persistent import SessionStore
-from ..presence import PresenceEvent
-from ..retained import RetainedStore
-from ..v5.outbound import expiring, forwarded, message_expiry
-from ..v5.properties import Properties
+from ...logs import OncePer, shown
+from ..broker.persistent import SessionStore
+from ..broker.retained import RetainedStore
+from ..mqtt.filters import topic_matches
+from ..mqtt.v5.outbound import expiring, forwarded, message_expiry
+from ..mqtt.v5.properties import Properties
+from ..presence.event import PresenceEvent
 from .registry import Registry
 
 __all__ = [

@@ -29,7 +29,8 @@ from typing import Any
 
 import trio
 
-from ...presence import Offline, PresenceEvent
+from ...mqtt.endings import Offline
+from ...presence.event import PresenceEvent
 from .. import Host
 from ..registry import takeover_of
 from .keys import FleetKeys

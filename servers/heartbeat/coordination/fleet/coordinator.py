@@ -1,7 +1,7 @@
 """The coordinator of a fleet of gateways sharing one Redis (≥ 7), through coredis.
 
 Every worker process of every gateway is one *node* of the fleet and talks to
-Redis itself. The registry's rules (:mod:`.registry`) are applied by Lua scripts,
+Redis itself. The registry's rules (:mod:`..registry`) are applied by Lua scripts,
 so each decision (claim, offline, loss) and the presence events it emits are one
 atomic step on the server, whichever node asks and however often it retries.
 
@@ -33,7 +33,6 @@ stored one.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Collection, Sequence
@@ -42,22 +41,14 @@ from typing import Any
 import trio
 
 from ....prometheus import Metric
-from ...outbox import DEFAULT_MAX_QUEUED, DEFAULT_MAX_QUEUED_BYTES, DEFAULT_WINDOW
-from ...overview import RecentEnds, registry_overview
-from ...persistent import (
-    DEFAULT_EXPIRY,
-    DEFAULT_MAX_SESSIONS,
-    DEFAULT_TOTAL_QUEUED_BYTES,
-    Attach,
-    Detach,
-    Discard,
-    Opened,
-    Report,
-)
-from ...policy import DEFAULT_PRESENCE_PREFIX
-from ...presence import PresenceEvent, PresenceSink
-from ...publication import Publication
-from ...retained import DEFAULT_MAX_BYTES, DEFAULT_MAX_COUNT, DEFAULT_MAX_OWNER_BYTES, DEFAULT_MAX_OWNER_COUNT
+from ...broker.outbox import DEFAULT_MAX_QUEUED, DEFAULT_MAX_QUEUED_BYTES, DEFAULT_WINDOW
+from ...broker.persistent import DEFAULT_EXPIRY, DEFAULT_MAX_SESSIONS, DEFAULT_TOTAL_QUEUED_BYTES
+from ...broker.reports import Attach, Detach, Discard, Opened, Report
+from ...broker.retained import DEFAULT_MAX_BYTES, DEFAULT_MAX_COUNT, DEFAULT_MAX_OWNER_BYTES, DEFAULT_MAX_OWNER_COUNT
+from ...mqtt.policy import DEFAULT_PRESENCE_PREFIX
+from ...mqtt.publication import Publication
+from ...presence.event import PresenceEvent, PresenceSink
+from ...presence.overview import RecentEnds
 from .. import Coordinator, Health, Host, publish_to_sinks
 from ..retention import RetainedMessage
 from .claims import Claims
@@ -66,6 +57,7 @@ from .flusher import Flusher
 from .keys import FleetKeys
 from .leases import LeaseKeeper
 from .link import RedisLink
+from .lookups import device_record, fleet_overview
 from .metrics import FleetCounts, fleet_families, read_fleet_figures
 from .queue import OpenQuestion, Queued, ReportQueue
 from .reader import StreamReader
@@ -92,7 +84,7 @@ class RedisCoordinator(Coordinator, FleetCounts):
     Redis full for a week; 0: as long as the others).
 
     Persistent sessions and retained messages take the options of
-    :class:`~.inprocess.InProcessCoordinator`'s store and retention: ``max_qos``,
+    :class:`~..inprocess.InProcessCoordinator`'s store and retention: ``max_qos``,
     ``max_inflight`` (the window), ``max_queued`` and ``max_queued_bytes`` per
     session, ``total_queued_bytes`` over all, ``session_expiry`` (seconds),
     ``may_read`` (the ACL per message, as :attr:`SessionStore.may_read`; None lets
@@ -369,39 +361,12 @@ class RedisCoordinator(Coordinator, FleetCounts):
 
     async def lookup(self, client_id: str) -> PresenceEvent | None:
         """The device's record, from Redis; None if unknown or Redis is unreachable."""
-        redis = self.link.client
-        if redis is None:
-            return None
-        try:
-            with trio.fail_after(self.timeout):
-                record = self.keys.shard(client_id).dev_prefix + client_id
-                status, raw = await redis.hmget(record, ["status", "event"])
-        except (Exception, trio.TooSlowError) as exc:
-            self.link.failed(exc)
-            return None
-        if raw is None or status == b"forgotten":
-            return None
-        return PresenceEvent.from_dict(json.loads(raw))
+        return await device_record(self.link, self.keys, client_id)
 
     async def overview(self, query: str = "", limit: int = 100) -> dict[str, Any] | None:
-        """See :meth:`Coordinator.overview`: online devices counted in Redis (each member
-        node's set of held devices, in every shard, in one pipeline; a node lost and not
-        yet swept still counts, as its devices' records still say online); the latest
-        ends as this node's reader read them, every node's. None if Redis does not answer."""
-        redis = self.link.client
-        if redis is None:
-            return None
-        try:
-            with trio.fail_after(self.timeout * 2):
-                members = sorted(await self.lease_keeper.members())
-                async with redis.pipeline(transaction=False) as pipe:
-                    requests = [pipe.scard(shard.owned_prefix + m) for shard in self.keys.shards for m in members]
-                online = sum([int(await request) for request in requests])
-        except (Exception, trio.TooSlowError) as exc:
-            self.link.failed(exc)
-            return None
-        # Counting offline records would take a scan of every device's: not for a page.
-        return registry_overview("fleet", online, None, self.recent, query, limit) | {"nodes": members}
+        """See :meth:`Coordinator.overview` and :func:`.lookups.fleet_overview`."""
+        members = self.lease_keeper.members
+        return await fleet_overview(self.link, self.keys, members, self.recent, query, limit)
 
     async def drain(self) -> None:
         """Wait until every queued report was applied and this node read back what it emitted."""

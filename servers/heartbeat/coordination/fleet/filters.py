@@ -16,7 +16,7 @@ from typing import Any
 
 import trio
 
-from ...topics import FilterIndex, TopicTree
+from ...broker.topics import FilterIndex, TopicTree
 from .keys import ROUTE_TTL_MS, TRIM_NOTICES, TRIM_ROUTES, FleetKeys
 from .link import RedisLink
 from .shares import SharePicker

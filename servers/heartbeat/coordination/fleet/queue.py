@@ -15,8 +15,8 @@ from typing import Any
 
 import trio
 
-from ...persistent import Opened, Report
-from ...presence import PresenceEvent
+from ...broker.reports import Opened, Report
+from ...presence.event import PresenceEvent
 from .metrics import FleetCounts
 
 __all__ = ["OpenQuestion", "Queued", "ReportQueue", "Request"]

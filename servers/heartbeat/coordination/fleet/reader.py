@@ -35,8 +35,8 @@ from typing import Any
 
 import trio
 
-from ...presence import PresenceEvent, PresenceSink
-from ...publication import Publication
+from ...mqtt.publication import Publication
+from ...presence.event import PresenceEvent, PresenceSink
 from .. import Host, publish_to_sinks
 from ..retention import presence_properties
 from .filters import Filters

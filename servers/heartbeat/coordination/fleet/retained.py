@@ -3,7 +3,7 @@ read back a page at a time with the devices' retained presence.
 
 The store is ``retained`` and its sorted index (``lua/retain_message.lua`` keeps
 both); retained presence is read from the ``dev:`` records (SCAN), offline ones older
-than ``offline_ttl`` skipped. The semantics are those of :class:`~.retention.Retention`.
+than ``offline_ttl`` skipped. The semantics are those of :class:`~..retention.Retention`.
 
 A stored value is a head, then the payload. The head of a message without MQTT 5
 properties or expiry is its QoS digit (``0``-``2``), as it always was; otherwise it is
@@ -23,10 +23,10 @@ from typing import Any
 import coredis
 import trio
 
-from ...broker import topic_matches
-from ...logs import OncePer, shown
-from ...presence import PresenceEvent
-from ...v5.outbound import expiring, message_expiry
+from ....logs import OncePer, shown
+from ...mqtt.filters import topic_matches
+from ...mqtt.v5.outbound import expiring, message_expiry
+from ...presence.event import PresenceEvent
 from ..retention import (
     RETAINED_PAGE,
     RetainedMessage,
@@ -95,7 +95,7 @@ def live_messages(stored: list[tuple[str, bytes | None]], now: float) -> list[Re
 class FleetRetained:
     """How retained messages are stored, and read back with retained presence, a page at a time.
 
-    Cursors are strings, as :class:`~.retention.Retention`'s: ``s:<topic>`` continues the
+    Cursors are strings, as :class:`~..retention.Retention`'s: ``s:<topic>`` continues the
     retained store after that topic (its index is sorted), ``p:<n>`` continues a SCAN of
     the device records at SCAN cursor ``n`` (a SCAN may return a device twice when Redis
     rehashes meanwhile; a subscriber then gets its presence twice, which MQTT allows).

@@ -1,6 +1,6 @@
 """The fleet's Lua scripts: read once from ``lua/`` and registered with each connection.
 
-The registry's rules (:mod:`.registry`) and every change to a persistent session or
+The registry's rules (:mod:`..registry`) and every change to a persistent session or
 a retained message are applied by these scripts, so each decision and the presence
 events it emits are one atomic step on the server, whichever node asks and however
 often it retries. coredis runs a registered script by EVALSHA and loads it again

@@ -1,7 +1,7 @@
 """Persistent sessions (CleanSession=0) of a fleet on Redis: the calls of the session
 script (``lua/persistent_session.lua``) and what its replies mean.
 
-The semantics are those of :class:`~..persistent.SessionStore` (the lone worker's and
+The semantics are those of :class:`~...broker.persistent.SessionStore` (the lone worker's and
 the supervisor's); only the place differs. Every change to a session is one call of
 the script, so it is atomic whichever node makes it, and the script writes the
 packets a connected client is owed straight into the route stream of the node
@@ -35,21 +35,9 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from ...logs import OncePer, shown
-from ...persistent import (
-    DEFAULT_MAX_SESSIONS,
-    TAKEOVER_GRACE,
-    Acked,
-    AckedTogether,
-    Attach,
-    Detach,
-    Discard,
-    Inbound,
-    Opened,
-    Push,
-    Report,
-    Subscribed,
-)
+from ....logs import OncePer, shown
+from ...broker.persistent import DEFAULT_MAX_SESSIONS, TAKEOVER_GRACE
+from ...broker.reports import Acked, AckedTogether, Attach, Detach, Discard, Inbound, Opened, Push, Report, Subscribed
 from .. import Host
 from .keys import NOTICE_MAXLEN, ROUTE_MAXLEN, ROUTE_TTL_MS, FleetKeys
 from .link import RedisLink

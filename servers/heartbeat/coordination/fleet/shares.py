@@ -19,7 +19,7 @@ from __future__ import annotations
 import zlib
 from collections.abc import Collection, Sequence
 
-from ...topics import FilterIndex, SharedFilters
+from ...broker.topics import FilterIndex, SharedFilters
 
 __all__ = ["SharePicker"]
 

@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Callable
 import coredis
 import trio
 
-from ...presence import Offline
+from ...mqtt.endings import Offline
 from .claims import Claims
 from .filters import Filters
 from .keys import FleetKeys

@@ -1,0 +1,39 @@
+"""The MQTT state a coordinator keeps for a worker (persistent sessions, retained
+messages), made as the worker's configuration bounds it."""
+
+from __future__ import annotations
+
+from ..broker.persistent import SessionStore
+from ..broker.retained import RetainedStore
+from ..config import HeartbeatConfig
+from ..coordination.retention import MqttState
+from .access import acl_reader
+
+__all__ = ["mqtt_state", "session_store"]
+
+
+def mqtt_state(config: HeartbeatConfig) -> MqttState:
+    """The sessions and retained messages a coordinator keeps, bounded as ``config`` says."""
+    return MqttState(
+        session_store(config),
+        RetainedStore(
+            max_bytes=config.max_retained_bytes,
+            max_owner_count=config.max_retained_per_client,
+            max_owner_bytes=config.max_retained_bytes_per_client,
+        ),
+        retain_presence=config.retain_presence,
+        presence_offline_ttl=config.presence_offline_ttl,
+    )
+
+
+def session_store(config: HeartbeatConfig) -> SessionStore:
+    """The persistent sessions' store, bounded as ``config`` says, reading the ACL in force."""
+    return SessionStore(
+        max_qos=config.max_qos,
+        window=config.max_inflight,
+        max_queued=config.max_queued,
+        max_queued_bytes=config.max_queued_bytes,
+        expiry=config.session_expiry,
+        max_sessions=config.max_persistent_sessions,
+        may_read=acl_reader(config),
+    )
