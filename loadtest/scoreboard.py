@@ -111,6 +111,28 @@ def machine() -> str:
     return f"{os.cpu_count()} cores ({model or platform.machine()}){memory}, Python {platform.python_version()}{trio}"
 
 
+_UNMEASURED = {"--out": True, "--board": True, "--quiet": False}
+"""The scorecard's options that change where its results go or how much it prints, not
+what it measures (whether each takes a value): the board's command leaves them out."""
+
+
+def measured_by(args: Sequence[str]) -> str:
+    """The scorecard command of ``args`` as the board shows it: without :data:`_UNMEASURED`
+    options, so the line reads the same wherever its results were written."""
+    kept: list[str] = []
+    skip = False
+    for arg in args:
+        if skip:
+            skip = False
+            continue
+        name, eq, _ = arg.partition("=")
+        if name in _UNMEASURED:
+            skip = _UNMEASURED[name] and not eq
+            continue
+        kept.append(arg)
+    return " ".join(["python -m loadtest scorecard", *kept])
+
+
 def record(path: Path) -> dict[str, Any]:
     """The board's record (empty if there is none yet)."""
     try:

@@ -364,7 +364,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     text = render(rounds)
     show_table(path, text)
     if args.board:
-        shown = " ".join(["python -m loadtest scorecard", *(sys.argv[1:] if argv is None else argv)])
+        shown = scoreboard.measured_by(sys.argv[1:] if argv is None else argv)
         scoreboard.update(Path(args.board), GOALS, [judge(r) for r in rounds], command=shown)
         print(f"scoreboard             {args.board}")
     return 0

@@ -222,3 +222,11 @@ def test_the_scoreboard_keeps_each_targets_latest_reading(tmp_path: Path) -> Non
     # A target no run has measured says so.
     empty = scoreboard.render({"targets": {}}, GOALS)
     assert empty.count("not measured yet") == len(GOALS)
+
+
+def test_the_scoreboards_command_leaves_out_where_the_results_went() -> None:
+    from loadtest.scoreboard import measured_by
+
+    run = ["--only", "mqtt,qos", "--quiet", "--out", "/tmp/x/run.json", "--board=docs/p.md", "--rounds", "2"]
+    assert measured_by(run) == "python -m loadtest scorecard --only mqtt,qos --rounds 2"
+    assert measured_by([]) == "python -m loadtest scorecard"
