@@ -21,6 +21,10 @@ import importlib
 import sys
 from collections.abc import Sequence
 
+from servers.extras import MissingExtra, require
+
+from .options import MODULE, program, version_line
+
 COMMANDS = {
     "devices": "loadtest.devices",
     "http": "loadtest.http.load",
@@ -39,11 +43,30 @@ COMMANDS = {
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Dispatch to a command's ``main``."""
+    """Dispatch to a command's ``main``; its exit code (the console script ``idlekeeper-loadtest``).
+
+    Usage errors raise :class:`SystemExit` (2) from the command's parser, as argparse does.
+    """
     args = list(sys.argv[1:] if argv is None else argv)
-    if not args or args[0] not in COMMANDS:
-        print(__doc__, file=sys.stderr)
-        return 0 if args[:1] in (["-h"], ["--help"]) else 2
+    prog = program()
+    if args[:1] == ["--version"]:
+        print(version_line())
+        return 0
+    if args[:1] in (["-h"], ["--help"]):
+        print((__doc__ or "").replace(MODULE, prog))
+        return 0
+    if not args:
+        print((__doc__ or "").replace(MODULE, prog), file=sys.stderr)
+        return 2
+    if args[0] not in COMMANDS:
+        print(f"{prog}: error: no command {args[0]!r} (commands: {', '.join(COMMANDS)}; see --help)", file=sys.stderr)
+        return 2
+    # Before the command's import: without the extra, that import (or the plots at the
+    # end of a long run) would die on a module the operator never asked for.
+    try:
+        require(f"{prog} {args[0]}", "loadtest")
+    except MissingExtra as exc:
+        return int(exc.code or 2)
     module = importlib.import_module(COMMANDS[args[0]])
     code: int = module.main(args[1:])
     return code

@@ -33,6 +33,8 @@ from servers.listeners import port_of
 from servers.readiness import Ready
 from servers.runner import serve_until_signal
 
+from .options import command_parser
+
 __all__ = ["BaselineServer", "main"]
 
 
@@ -100,7 +102,7 @@ async def serve(args: argparse.Namespace) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point."""
-    p = argparse.ArgumentParser(prog="python -m loadtest.baseline", description=__doc__.split("\n\n")[0])
+    p = command_parser("python -m loadtest.baseline", __doc__)
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
     p.add_argument("--port", type=int, default=1883, help="TCP port (default: 1883)")
     p.add_argument("--connect-timeout", type=float, default=10.0, help="seconds to send CONNECT (default: 10)")

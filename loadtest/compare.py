@@ -63,7 +63,7 @@ from .processes import free_port, load_side, split_cpus, stop
 from .qos import QOS_TARGETS, run_qos
 from .qos.load import QosLoad
 from .qos.report import headline, qos_row, qos_table
-from .report import Column, number, show_table, skip_reason, table, write_json
+from .report import Column, number, plural, show_table, skip_reason, table, write_json
 from .workload import DeviceLoad
 
 __all__ = ["compare_devices", "compare_http", "main"]
@@ -390,7 +390,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if "http" in out:
         tables.append(
             f"HTTP: {args.http_connections} keep-alive connections for {args.http_duration:g} s "
-            f"(the median of {args.http_rounds} interleaved rounds"
+            f"(the median of {plural(args.http_rounds, 'interleaved round')}"
             + ("" if args.no_pin else ", each server pinned to a core of its own and the load to the others")
             + f"), then the same with {args.slowloris} slowloris and {args.slow_readers} slow readers\n\n"
             + out["http"]["table"]

@@ -13,7 +13,7 @@ from typing import Any
 
 from .generator.spec import GeneratorSpec
 from .mqtt_versions import NAMES
-from .report import verdict, write_json
+from .report import figure, number, plural, verdict, write_json
 from .sampler import Sample
 from .stats import summary_ms
 from .workload import DeviceLoad, Timeline, steady_seconds
@@ -21,6 +21,7 @@ from .workload import DeviceLoad, Timeline, steady_seconds
 __all__ = [
     "Arrived",
     "connect_rate",
+    "connect_rate_text",
     "devices_passed",
     "merge",
     "passed",
@@ -257,7 +258,7 @@ def report(r: dict[str, Any]) -> str:
     lines = [
         f"target                 {r['target']}",
         f"devices connected      {r['connected']:,} of {r['devices']:,} "
-        f"({r['connect_rate_per_s']:,.0f}/s; failed {r['connect_failed']}, refused {r['refused']})",
+        f"({connect_rate_text(r)}; failed {r['connect_failed']}, refused {r['refused']})",
         f"silent devices found   {r['detected']:,} of {r['silent']:,}",
     ]
     lines += protocol_lines(r)
@@ -283,7 +284,7 @@ def report(r: dict[str, Any]) -> str:
             f"generator behind       {r['connect_sent_late']} CONNECTs sent over 10 s after their connect() "
             f"by the generator itself (the longest {r['connect_send_max_s']:.1f} s): the server closes those"
         )
-    lines.append(f"false expiries         {r['false_expiries']} healthy devices dropped")
+    lines.append(f"false expiries         {plural(r['false_expiries'], 'healthy device')} dropped")
     if r["generator_late"]:
         lines.append(
             f"generator overloaded   {r['generator_late']} devices pinged late by the generator itself "
@@ -294,28 +295,36 @@ def report(r: dict[str, Any]) -> str:
         lines.append(f"vanished (RST)         {r['vanished']:,}" + (f"; server saw {seen}" if seen else ""))
     if r["reconnected"]:
         t = r["takeover_ms"]
+        timed = f"(p50 {t['p50']:.0f} / max {t['max']:.0f} ms), " if t.get("n") else ""
         lines.append(
             f"takeovers              {t.get('n', 0):,} of {r['reconnected']:,} old connections closed "
-            f"(p50 {t.get('p50', math.nan):.0f} / max {t.get('max', math.nan):.0f} ms), missed {r['takeover_missed']}"
+            f"{timed}missed {r['takeover_missed']}"
         )
     if r["stall"]:
         saves = r.get("server_metrics", {}).get("stall_saves")
         lines.append(
-            f"stall                  SIGSTOP {r['stall']['to'] - r['stall']['from']:.1f} s; "
+            "stall                  SIGSTOP "
+            + figure(r["stall"]["to"] - r["stall"]["from"], ".1f", " s", why="never resumed")
+            + "; "
             + ("" if saves is None else f"stall saves {saves:,.0f}; ")
             + f"healthy dropped: {r['false_expiries']}"
         )
     s = r["steady"]
     if s:
+        per_device = number(s["rss_per_device_bytes"]) / 1024
         lines.append(
-            f"server at steady state {s['rss_mb']:,.0f} MB RSS, {s['rss_per_device_bytes'] / 1024:.2f} KiB per device, "
-            f"{s['open_files']:,} open files, {s['cpu_cores'] * 100:.0f}% CPU for {s['heartbeats_per_s']:,.0f} "
-            f"heartbeats/s ({s['cpu_pct_per_1k_heartbeats_per_s']:.1f}% per 1k/s, "
-            f"over {s.get('window_s', math.nan):.0f} s"
+            f"server at steady state {s['rss_mb']:,.0f} MB RSS, "
+            f"{figure(per_device, '.2f', ' KiB', why='no device connected')} per device, "
+            f"{figure(s['open_files'], ',.0f')} open files, {s['cpu_cores'] * 100:.0f}% CPU for "
+            f"{figure(s['heartbeats_per_s'], ',.0f', why='under two readings')} heartbeats/s "
+            f"({figure(s['cpu_pct_per_1k_heartbeats_per_s'], '.1f', '%')} per 1k/s, "
+            f"over {figure(s.get('window_s'), '.0f', ' s')}"
             + (f" after the ramp overran by {s['ramp_overran_s']:.0f} s)" if s.get("ramp_overran_s", 0) > 0 else ")")
         )
     m = r.get("server_metrics")
-    if m:
+    if m and not m["expiries"]:
+        lines.append("reaper lag (/metrics)  n/a (no expiries to time)")
+    elif m:
         lines.append(
             f"reaper lag (/metrics)  p50 <= {m['reaper_lag_p50_ms']:.0f} ms, p99 <= {m['reaper_lag_p99_ms']:.0f} ms "
             f"over {m['expiries']:,.0f} expiries"
@@ -326,6 +335,11 @@ def report(r: dict[str, Any]) -> str:
 
 def _counts(counts: dict[str, int]) -> str:
     return ", ".join(f"{name} {n:,}" for name, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
+def connect_rate_text(r: dict[str, Any]) -> str:
+    """The run's connect rate for a report line (a rate needs two CONNACKs at least)."""
+    return figure(r["connect_rate_per_s"], ",.0f", "/s", why="fewer than two CONNACKs")
 
 
 def protocol_lines(r: dict[str, Any]) -> list[str]:

@@ -141,8 +141,8 @@ def run_devices(
                     last = sampler.samples[-1] if sampler.samples else base
                     show(
                         run_progress(
-                            timeline.phase(now),
-                            now - timeline.start,
+                            timeline,
+                            now,
                             load.devices,
                             load.silent,
                             totals,

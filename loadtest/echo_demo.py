@@ -35,6 +35,7 @@ import psutil
 import trio
 
 from .options import command_parser
+from .report import figure, plural
 from .stats import percentile
 
 HOST = "127.0.0.1"
@@ -161,7 +162,8 @@ async def demo(args: argparse.Namespace) -> dict[str, Any]:
             start = trio.current_time()
             until = start + args.duration
             print(
-                f"idlekeeper demo: {len(clients)} clients against servers.echo (pid {proc.pid}, port {port}); "
+                f"idlekeeper demo: {plural(len(clients), 'client')} against servers.echo "
+                f"(pid {proc.pid}, port {port}); "
                 f"idle={args.idle}s line={args.line_timeout}s send={args.send_timeout}s tick={args.tick * 1000:.0f}ms",
                 flush=True,
             )
@@ -258,7 +260,8 @@ def print_report(result: dict[str, Any], args: argparse.Namespace) -> None:
     print()
     print(f"false expiries (healthy clients dropped): {result['false_expiries']}")
     print(
-        f"server: peak RSS {result['server_rss_peak_mb']:.1f} MB; keeper woke {keeper.get('wakeups', '?')} times, "
+        f"server: peak RSS {figure(result['server_rss_peak_mb'], '.1f', ' MB', why='never sampled')}; "
+        f"keeper woke {keeper.get('wakeups', '?')} times, "
         f"re-filed {keeper.get('refiles', '?')} entries, max reaper lag {lag.get('max', 0) * 1000:.1f} ms"
     )
     print(f"JSON: {args.json}")

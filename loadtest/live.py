@@ -5,13 +5,37 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Any
+from typing import Any, Protocol
 
 from rich.console import Console
 from rich.live import Live as RichLive
 from rich.table import Table
 
-__all__ = ["Live", "run_progress"]
+__all__ = ["Live", "Phases", "elapsed", "run_progress"]
+
+
+class Phases(Protocol):
+    """A run's timeline as its progress reads it (:class:`~loadtest.workload.Timeline`, the fleet's)."""
+
+    @property
+    def start(self) -> float:
+        """When the first device connects (``CLOCK_MONOTONIC``): the results' time zero."""
+        ...
+
+    def phase(self, now: float) -> str:
+        """The phase the run is in at ``now``."""
+        ...
+
+
+def elapsed(start: float, now: float) -> float:
+    """Seconds of the run at ``now``, counted from ``start`` as the results and plots count
+    them; 0 before it.
+
+    The timeline is laid out a couple of seconds ahead, for the generator processes to
+    start and import, so the first progress comes before ``start``: those seconds are the
+    "starting" phase, not a negative time.
+    """
+    return max(0.0, now - start)
 
 
 def _fmt(value: Any) -> str:
@@ -23,8 +47,8 @@ def _fmt(value: Any) -> str:
 
 
 def run_progress(
-    phase: str,
-    elapsed: float,
+    timeline: Phases,
+    now: float,
     devices: int,
     silent_share: float,
     totals: dict[str, float],
@@ -33,11 +57,12 @@ def run_progress(
     rss_mb: float,
     fds: float,
 ) -> dict[str, Any]:
-    """A device run's state as :meth:`Live.update` shows it: its phase, the generators'
-    summed progress (``totals``), and what is known of the server (NaN: nothing)."""
+    """A device run's state at ``now`` as :meth:`Live.update` shows it: its phase and
+    :func:`elapsed` time on ``timeline``, the generators' summed progress (``totals``),
+    and what is known of the server (NaN: nothing)."""
     return {
-        "phase": phase,
-        "elapsed": elapsed,
+        "phase": timeline.phase(now),
+        "elapsed": elapsed(timeline.start, now),
         "devices": devices,
         "silent": round(devices * silent_share),
         **totals,

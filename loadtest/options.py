@@ -4,8 +4,12 @@ fields read back from the parsed flags."""
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 from typing import Any
+
+from servers.extras import version
 
 from .mqtt_versions import protocol_option
 
@@ -23,12 +27,42 @@ __all__ = [
     "add_tick",
     "command_parser",
     "fields_from",
+    "program",
+    "version_line",
 ]
+
+NAME = "idlekeeper-loadtest"
+"""The console script's name, which ``--version`` gives whichever way the load tester was started."""
+MODULE = "python -m loadtest"
+
+
+def program() -> str:
+    """How the operator started the load tester, for usage lines and errors:
+    ``python -m loadtest``, or else (the console script ``idlekeeper-loadtest``, or a
+    program calling its ``main``) the script's name; as :func:`servers.settings.program`."""
+    return MODULE if Path(sys.argv[0]).as_posix().endswith("/loadtest/__main__.py") else NAME
+
+
+def version_line() -> str:
+    """What ``--version`` prints: ``idlekeeper-loadtest <version>``."""
+    return f"{NAME} {version()}"
 
 
 def command_parser(prog: str, doc: str | None) -> argparse.ArgumentParser:
-    """A load test's parser, described by the first paragraph of its module's docstring."""
-    return argparse.ArgumentParser(prog=prog, description=doc.split("\n\n")[0] if doc else None)
+    """A load test's parser, described by the first paragraph of its module's docstring.
+
+    ``prog`` is spelled ``python -m loadtest <command>``; run as the console script, its
+    usage and errors name ``idlekeeper-loadtest <command>`` instead. Options must be
+    spelled out: a prefix (``--dev``) could silently become another option as options
+    are added, and a long load run started with the wrong one costs minutes.
+    """
+    if prog.startswith(MODULE + " "):
+        prog = program() + prog[len(MODULE) :]
+    parser = argparse.ArgumentParser(
+        prog=prog, description=doc.split("\n\n")[0] if doc else None, allow_abbrev=False
+    )
+    parser.add_argument("--version", action="version", version=version_line())
+    return parser
 
 
 def fields_from(args: argparse.Namespace, names: Iterable[str], prefix: str = "") -> dict[str, Any]:

@@ -30,6 +30,8 @@ from typing import Any
 
 from .devices import run_devices
 from .mqtt_targets import HeartbeatTarget
+from .options import command_parser
+from .report import plural
 from .sampler import cpu_seconds, processes
 from .stats import percentile
 from .workload import DeviceLoad
@@ -253,7 +255,7 @@ def _screenshot(status: int, path: Path) -> None:
 def report(result: dict[str, Any]) -> str:
     """The figures, as the BENCHMARKS.md table has them."""
     lines = [
-        f"devices                {result['devices']:,} on {result['workers']} workers",
+        f"devices                {result['devices']:,} on {plural(result['workers'], 'worker')}",
         f"pages                  {result['watchers']} live streams on the first worker's status port, "
         f"phases of {result['phase_s']:.0f} s in turn",
     ]
@@ -287,7 +289,7 @@ def report(result: dict[str, Any]) -> str:
 
 def parser(prog: str = "python -m loadtest page") -> argparse.ArgumentParser:
     """The command's options."""
-    p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0] if __doc__ else None)
+    p = command_parser(prog, __doc__)
     p.add_argument("--devices", type=int, default=20_000, help="MQTT devices (default: 20,000)")
     p.add_argument("--keepalive", type=int, default=60, help="their keep-alive, seconds (default: 60)")
     p.add_argument(

@@ -8,13 +8,15 @@ import queue
 import random
 import socket
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
 from servers.readiness import find_ready
+from servers.workers import module_command
+
+from .report import plural
 
 __all__ = [
     "CpuSplit",
@@ -135,7 +137,7 @@ def start_server(
     Stop it with ``send_signal(SIGTERM)`` on the returned process (by PID).
     """
     module = module or f"servers.{name}"
-    cmd = [*prefix, sys.executable, "-m", module, "--port", str(port), "--workers", str(workers), *extra]
+    cmd = [*prefix, *module_command(module), "--port", str(port), "--workers", str(workers), *extra]
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, cwd=cwd)
     assert proc.stderr is not None
     # One thread reads stderr for the server's whole life (so it never blocks on a full
@@ -172,7 +174,7 @@ def start_server(
         proc.kill()
         proc.wait()
         tail = "\n".join(seen[-10:])
-        raise RuntimeError(f"{module} did not start ({ready} of {workers} workers listening; {why}):\n{tail}")
+        raise RuntimeError(f"{module} did not start ({ready} of {plural(workers, 'worker')} listening; {why}):\n{tail}")
     return proc
 
 

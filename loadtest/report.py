@@ -11,7 +11,9 @@ from typing import Any
 
 __all__ = [
     "Column",
+    "figure",
     "number",
+    "plural",
     "ratio",
     "show_table",
     "skip_reason",
@@ -32,6 +34,21 @@ def number(value: Any) -> float:
         return float(value)
     except (TypeError, ValueError):
         return math.nan
+
+
+def figure(value: Any, spec: str = ".1f", unit: str = "", *, why: str = "", missing: str = "n/a") -> str:
+    """``value`` formatted by ``spec``, then ``unit`` as it is (``" s"``, ``"/s"``); ``missing``
+    (and ``why``, in brackets) for a figure a run has no samples of (NaN or missing), where
+    a format would print ``nan``. Tables pass ``missing="—"``, as their other cells have it."""
+    v = number(value)
+    if math.isnan(v):
+        return f"{missing} ({why})" if why else missing
+    return f"{v:{spec}}{unit}"
+
+
+def plural(n: int, one: str, many: str | None = None) -> str:
+    """``n`` and what it counts, in the singular for one: ``1 worker``, ``3 workers``."""
+    return f"{n:,} {one if n == 1 else many or one + 's'}"
 
 
 def _cell(value: float, ours: float, unit: str) -> str:

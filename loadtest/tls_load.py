@@ -55,7 +55,7 @@ from servers.heartbeat.mqtt import encoders
 from .mqtt_targets import MqttTarget, PeerUnavailable, start_mosquitto
 from .options import add_json, add_quiet, add_targets, command_parser, fields_from
 from .processes import free_port, start_heartbeat
-from .report import ratio, write_json, write_table
+from .report import figure, plural, ratio, write_json, write_table
 from .sampler import cpu_seconds, processes, rss_bytes
 
 __all__ = ["CertFiles", "TlsLoad", "TlsResult", "main", "make_certs", "report", "run_target", "run_targets"]
@@ -295,7 +295,7 @@ def run_target(name: str, load: TlsLoad, certs: CertFiles, say: Callable[[str], 
         say(
             f"{name}: {len(held)} idle TLS connections ({result.open_errors} failed) in {result.open_seconds:.1f} s, "
             f"RSS {result.rss_before / 2**20:.1f} -> {result.rss_after / 2**20:.1f} MiB, "
-            f"{result.rss_per_connection / 1024:.2f} KiB each"
+            f"{figure(result.rss_per_connection / 1024, '.2f', ' KiB', why='none held')} each"
         )
         trio.run(_close_all, held)
         time.sleep(0.5)
@@ -308,8 +308,9 @@ def run_target(name: str, load: TlsLoad, certs: CertFiles, say: Callable[[str], 
             result.handshakes_per_s = handshakes / elapsed
             result.handshake_cpu_ms = (server_cpu(pids) - server_before) / handshakes * 1000
         say(
-            f"{name}: openssl s_time -new x{load.concurrency}: {result.handshakes_per_s:.0f} full handshakes/s, "
-            f"{result.handshake_cpu_ms:.2f} ms of server CPU each"
+            f"{name}: openssl s_time -new x{load.concurrency}: "
+            f"{figure(result.handshakes_per_s, '.0f', why='; '.join(result.notes))} full handshakes/s, "
+            f"{figure(result.handshake_cpu_ms, '.2f', ' ms')} of server CPU each"
         )
         me = psutil.Process()
         client_before = sum(me.cpu_times()[:2])
@@ -354,7 +355,7 @@ def report(results: dict[str, TlsResult], load: TlsLoad) -> str:
     """A Markdown table of the figures, and ours over Mosquitto's as ratios."""
     lines = [
         f"MQTT over TLS, {load.connections} idle connections; rates over {load.seconds:g} s "
-        f"({load.concurrency} concurrent clients for connects/s)",
+        f"({plural(load.concurrency, 'concurrent client')} for connects/s)",
         "",
         "| target | idle TLS conns | RSS per conn (KiB) | full handshakes/s (s_time) | server CPU per handshake (ms) "
         "| MQTT connects/s | client CPU | server CPU |",
@@ -362,8 +363,10 @@ def report(results: dict[str, TlsResult], load: TlsLoad) -> str:
     ]
     for r in results.values():
         lines.append(
-            f"| {r.name} | {r.connections} | {r.rss_per_connection / 1024:.2f} | {r.handshakes_per_s:.0f} "
-            f"| {r.handshake_cpu_ms:.2f} | {r.connects_per_s:.0f} | {r.client_cpu:.0%} | {r.server_cpu:.0%} |"
+            f"| {r.name} | {r.connections} | {figure(r.rss_per_connection / 1024, '.2f', missing='—')} "
+            f"| {figure(r.handshakes_per_s, '.0f', missing='—')} | {figure(r.handshake_cpu_ms, '.2f', missing='—')} "
+            f"| {figure(r.connects_per_s, '.0f', missing='—')} | {figure(r.client_cpu, '.0%', missing='—')} "
+            f"| {figure(r.server_cpu, '.0%', missing='—')} |"
         )
     theirs = results.get("mosquitto")
     mine = [r for name, r in results.items() if name in OURS]

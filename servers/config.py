@@ -4,22 +4,21 @@ from __future__ import annotations
 
 import argparse
 import logging
-import textwrap
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from .settings import Choice, Host, Setting, count, seconds
+from .settings import port as port_kind
 from .tls import TLSOptions, tls_options
 
-__all__ = ["LOG_FORMAT", "HelpFormatter", "WorkerConfig", "add_log_level", "add_worker_arguments", "configure_logging"]
-
-
-class HelpFormatter(argparse.HelpFormatter):
-    """argparse's own, but a word is never cut: a URL form such as
-    ``redis+sentinel://HOST:PORT[,HOST:PORT...]/SERVICE`` stays on one line, to be copied."""
-
-    def _split_lines(self, text: str, width: int) -> list[str]:
-        text = " ".join(text.split())
-        return textwrap.wrap(text, width, break_long_words=False, break_on_hyphens=False)
+__all__ = [
+    "LOG_FORMAT",
+    "LOG_LEVEL",
+    "LOG_LEVELS",
+    "WorkerConfig",
+    "configure_logging",
+    "worker_settings",
+]
 
 
 C = TypeVar("C", bound="WorkerConfig")
@@ -46,7 +45,7 @@ class WorkerConfig:
     @classmethod
     def from_args(cls: type[C], args: argparse.Namespace, worker: int, **own: Any) -> C:
         """A worker's configuration: the shared settings from a command line parsed
-        with :func:`add_worker_arguments` (and :func:`~servers.tls.add_tls_arguments`),
+        with :func:`worker_settings` (and :func:`~servers.tls.tls_settings`),
         and the server's ``own`` settings."""
         return cls(
             host=args.host,
@@ -63,12 +62,15 @@ LOG_FORMAT = "%(asctime)s %(name)s %(levelname)s %(message)s"
 """Every server's log line: the time (to the millisecond), the logger, the level.
 ``loadtest fuzz`` reads the time to match a fault with the inputs then in flight."""
 
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
-def add_log_level(parser: argparse.ArgumentParser) -> None:
-    """Add ``--log-level`` to a server's command line."""
-    parser.add_argument(
-        "--log-level", default="WARNING", help="logging level for protocol errors and the like (default: WARNING)"
-    )
+LOG_LEVEL = Setting(
+    "--log-level",
+    Choice(LOG_LEVELS),
+    "WARNING",
+    "logging level for protocol errors and the like (default: WARNING)",
+)
+"""``--log-level``: one of :data:`LOG_LEVELS`, in any case."""
 
 
 def configure_logging(level: str) -> None:
@@ -76,25 +78,31 @@ def configure_logging(level: str) -> None:
     logging.basicConfig(level=level.upper(), format=LOG_FORMAT)
 
 
-def add_worker_arguments(parser: argparse.ArgumentParser, *, port: int, tick_help: str = "") -> None:
-    """Add ``--host``, ``--port``, ``--workers``, ``--tick`` and the supervisor's
-    hidden ``--worker-index`` to a server's command line."""
-    a = parser.add_argument
-    a("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1; 0.0.0.0 for all)")
-    a("--port", type=int, default=port, help=f"TCP port; 0 picks a free one (default: {port})")
-    a("--workers", type=int, default=1, help="worker processes sharing the port with SO_REUSEPORT (default: 1)")
-    a(
-        "--tick",
-        type=float,
-        default=0.1,
-        help=f"keeper tick in seconds: expiries run at most this late{tick_help} (default: 0.1)",
+def worker_settings(*, port: int, tick_help: str = "") -> tuple[Setting, ...]:
+    """``--host``, ``--port``, ``--workers``, ``--tick``, ``--lookahead`` and the
+    supervisor's hidden ``--worker-index``: what every server's command line has."""
+    return (
+        Setting("--host", Host(), "127.0.0.1", "address to listen on (default: 127.0.0.1; 0.0.0.0 for all)"),
+        Setting("--port", port_kind(), port, f"TCP port; 0 picks a free one (default: {port})"),
+        Setting(
+            "--workers",
+            count(least=1),
+            1,
+            "worker processes sharing the port with SO_REUSEPORT (default: 1)",
+        ),
+        Setting(
+            "--tick",
+            seconds(),
+            0.1,
+            f"keeper tick in seconds: expiries run at most this late{tick_help} (default: 0.1)",
+        ),
+        Setting(
+            "--lookahead",
+            seconds(least=0),
+            None,
+            "seconds ahead the keeper's reaper visits when it wakes, so that re-filing live"
+            " connections costs a wake-up a lookahead rather than one a tick; 0 visits each at its"
+            " own tick (default: the larger of 1 s and the tick)",
+        ),
+        Setting("--worker-index", count(least=0), None, "", hidden=True),
     )
-    a(
-        "--lookahead",
-        type=float,
-        default=None,
-        help="seconds ahead the keeper's reaper visits when it wakes, so that re-filing live"
-        " connections costs a wake-up a lookahead rather than one a tick; 0 visits each at its"
-        " own tick (default: the larger of 1 s and the tick)",
-    )
-    a("--worker-index", type=int, default=None, help=argparse.SUPPRESS)

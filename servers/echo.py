@@ -30,6 +30,7 @@ import trio
 import idlekeeper
 
 from .listeners import port_of
+from .settings import CommandLine, Host, Setting, port, seconds
 
 MAX_LINE = 64 * 1024
 
@@ -154,18 +155,20 @@ async def respond(stream: trio.abc.SendStream, line: bytes) -> None:
         await stream.send_all(line + b"\n")
 
 
-def parser() -> argparse.ArgumentParser:
+SETTINGS = (
+    Setting("--host", Host(), "127.0.0.1", "address to listen on (default: 127.0.0.1)"),
+    Setting("--port", port(), 7000, "TCP port; 0 picks a free one (default: 7000)"),
+    Setting("--idle", seconds(), 3.0, "idle timeout in seconds (default: 3)"),
+    Setting("--line-timeout", seconds(), 5.0, "a line must be complete this long after its first byte (default: 5)"),
+    Setting("--send-timeout", seconds(), 3.0, "a reply may stall this long (default: 3)"),
+    Setting("--tick", seconds(), 0.05, "keeper tick in seconds (default: 0.05)"),
+)
+"""The echo server's options (:mod:`servers.settings`)."""
+
+
+def parser() -> CommandLine:
     """The command line."""
-    p = argparse.ArgumentParser(prog="python -m servers.echo", description=__doc__.split("\n\n")[0])
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
-    p.add_argument("--port", type=int, default=7000, help="TCP port; 0 picks a free one (default: 7000)")
-    p.add_argument("--idle", type=float, default=3.0, help="idle timeout in seconds (default: 3)")
-    p.add_argument(
-        "--line-timeout", type=float, default=5.0, help="a line must be complete this long after its first byte"
-    )
-    p.add_argument("--send-timeout", type=float, default=3.0, help="a reply may stall this long (default: 3)")
-    p.add_argument("--tick", type=float, default=0.05, help="keeper tick in seconds (default: 0.05)")
-    return p
+    return CommandLine(SETTINGS, prog="python -m servers.echo", description=(__doc__ or "").split("\n\n")[0])
 
 
 def main(argv: list[str] | None = None) -> None:

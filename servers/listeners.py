@@ -9,16 +9,22 @@ their listening sockets.
 from __future__ import annotations
 
 import errno
+import os
 import socket
 from collections.abc import Sequence
 
 import trio
 
-__all__ = ["PortInUse", "check_port_free", "open_listeners", "port_of", "reserve_port"]
+__all__ = ["CannotListen", "PortInUse", "check_port_free", "open_listeners", "port_of", "reserve_port"]
 
 
 class PortInUse(OSError):
     """Another process is already listening on the port a server was asked to take."""
+
+
+class CannotListen(OSError):
+    """A listening socket could not be opened; the message names the address and why,
+    in the one line a server prints for it."""
 
 
 def _bound_socket(host: str, port: int, reuse_port: bool) -> socket.socket:
@@ -38,8 +44,19 @@ def _bound_socket(host: str, port: int, reuse_port: bool) -> socket.socket:
 
 
 def open_listeners(host: str, port: int, *, reuse_port: bool = False, backlog: int = 4096) -> list[trio.SocketListener]:
-    """A listening TCP socket on ``host:port`` as a trio listener (SO_REUSEPORT if asked)."""
-    sock = _bound_socket(host, port, reuse_port)
+    """A listening TCP socket on ``host:port`` as a trio listener (SO_REUSEPORT if asked).
+
+    Raises :class:`CannotListen` (an OSError) naming the address if it cannot be bound.
+    """
+    try:
+        sock = _bound_socket(host, port, reuse_port)
+    except OSError as exc:
+        if isinstance(exc, socket.gaierror):
+            reason = exc.strerror or str(exc)
+        else:
+            reason = os.strerror(exc.errno) if exc.errno else str(exc)
+        where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        raise CannotListen(exc.errno or 0, f"cannot listen on {where}: {reason}") from exc
     sock.listen(backlog)
     return [trio.SocketListener(trio.socket.from_stdlib_socket(sock))]
 
@@ -78,7 +95,7 @@ def check_port_free(host: str, port: int) -> None:
                 errno.EADDRINUSE,
                 f"port {port} on {host} is already in use: another server is listening there, or "
                 "a connection holds it as its own port (stop the server by its PID, or "
-                "choose another --port)",
+                "choose another port)",
             ) from exc
         raise
     probe.close()

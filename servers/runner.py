@@ -21,10 +21,10 @@ if sys.version_info < (3, 11):  # pragma: no cover - trio brings the backport th
     from exceptiongroup import BaseExceptionGroup
 
 from .bus import Hub
-from .listeners import PortInUse, check_port_free
+from .listeners import CannotListen, PortInUse, check_port_free
 from .readiness import Ready, announce_ready
 from .taskdump import dump_tasks_on_signal
-from .workers import die_with_supervisor, run_supervised
+from .workers import CANNOT_START, die_with_supervisor, run_supervised
 
 __all__ = ["WorkerExit", "main", "raised", "serve_until_signal"]
 
@@ -71,6 +71,8 @@ def main(
     *,
     grace: float = 10.0,
     hub: Callable[[], Hub] | None = None,
+    extra_ports: Sequence[tuple[str, str, int]] = (),
+    prog: str | None = None,
 ) -> int:
     """Run ``args.workers`` workers of ``python -m <module>`` on one port, or be one.
 
@@ -79,17 +81,22 @@ def main(
     which restarts workers that die and stops them all on a signal, waiting
     ``grace`` seconds for their shutdown. With ``hub`` (a factory, called in the
     supervisor only), the workers are linked to the supervisor's hub and each gets
-    ``--bus <path>``. Returns 2, with a message on
-    stderr, if another process already listens on the port.
+    ``--bus <path>``. Returns 2, with one line on stderr, if another process already
+    listens on the port or on one of ``extra_ports`` (``(option, host, port)``: the
+    other ports the server's workers will take). A worker that cannot listen, or
+    raises :class:`WorkerExit`, says why in one line and exits
+    :data:`~servers.workers.CANNOT_START` (or the WorkerExit's code).
     """
+    name = prog or module
     if args.worker_index is None:
-        # A lone server or a supervisor: the port must be ours alone. (Workers skip
+        # A lone server or a supervisor: the ports must be ours alone. (Workers skip
         # this: their siblings already hold the port, by design.)
-        try:
-            check_port_free(args.host, args.port)
-        except PortInUse as exc:
-            print(f"{module}: {exc.strerror}", file=sys.stderr)
-            return 2
+        for option, host, port in (("--port", args.host, args.port), *extra_ports):
+            try:
+                check_port_free(host, port)
+            except PortInUse as exc:
+                print(f"{name}: error: {option}: {exc.strerror}", file=sys.stderr)
+                return 2
     else:
         die_with_supervisor()  # a supervised worker: never outlive the supervisor
     if args.workers <= 1 or args.worker_index is not None:
@@ -97,11 +104,16 @@ def main(
             trio.run(run_worker, args, args.worker_index or 0, args.worker_index is not None)
         except BaseException as exc:
             fatal = raised(exc, WorkerExit)
-            if fatal is None:
+            if fatal is not None:
+                for line in fatal.lines:
+                    logger.error("%s", line)
+                return fatal.code
+            # A port taken since the check above (or a status port by another program).
+            unbound = raised(exc, CannotListen)
+            if unbound is None:
                 raise
-            for line in fatal.lines:
-                logger.error("%s", line)
-            return fatal.code
+            print(f"{name}: error: {unbound.strerror}", file=sys.stderr)
+            return CANNOT_START
         return 0
     links = hub() if hub is not None else None
     try:

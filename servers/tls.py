@@ -27,7 +27,9 @@ from dataclasses import dataclass
 
 import idlekeeper
 
-__all__ = ["TLSOptions", "add_tls_arguments", "check_tls_arguments", "tls_options"]
+from .settings import CommandLine, Flag, Path, Setting, seconds
+
+__all__ = ["TLS_GROUP", "TLSOptions", "check_tls_arguments", "tls_options", "tls_settings"]
 
 
 @dataclass(frozen=True)
@@ -68,39 +70,53 @@ class TLSOptions:
         return ctx
 
 
-def add_tls_arguments(parser: argparse.ArgumentParser, *, client_certificates: bool) -> None:
-    """Add ``--tls-cert``, ``--tls-key`` and ``--tls-handshake-timeout`` to a server's
-    command line; with ``client_certificates``, also ``--tls-ca-file``,
-    ``--tls-require-certificate`` and ``--use-identity-as-username``."""
-    a = parser.add_argument
-    a("--tls-cert", default=None, metavar="FILE", help="serve TLS with this PEM certificate (chain)")
-    a("--tls-key", default=None, metavar="FILE", help="the certificate's PEM private key (with --tls-cert)")
-    a(
-        "--tls-handshake-timeout",
-        type=float,
-        default=idlekeeper.DEFAULT_HANDSHAKE_TIMEOUT,
-        help="seconds from accept to a complete TLS handshake; a client that stalls mid-handshake "
-        f"is cut then (default: {idlekeeper.DEFAULT_HANDSHAKE_TIMEOUT:g})",
+TLS_GROUP = "TLS (Mosquitto's listener options)"
+
+
+def tls_settings(*, client_certificates: bool) -> tuple[Setting, ...]:
+    """``--tls-cert``, ``--tls-key`` and ``--tls-handshake-timeout``; with
+    ``client_certificates``, also ``--tls-ca-file``, ``--tls-require-certificate`` and
+    ``--use-identity-as-username``. A file that does not exist or cannot be read is
+    refused naming the option, before anything is bound."""
+    group = TLS_GROUP
+    common = (
+        Setting("--tls-cert", Path(), None, "serve TLS with this PEM certificate (chain)", group=group),
+        Setting("--tls-key", Path(), None, "the certificate's PEM private key (with --tls-cert)", group=group),
+        Setting(
+            "--tls-handshake-timeout",
+            seconds(),
+            idlekeeper.DEFAULT_HANDSHAKE_TIMEOUT,
+            "seconds from accept to a complete TLS handshake; a client that stalls mid-handshake "
+            f"is cut then (default: {idlekeeper.DEFAULT_HANDSHAKE_TIMEOUT:g})",
+            group=group,
+        ),
     )
     if not client_certificates:
-        return
-    a("--tls-ca-file", default=None, metavar="FILE", help="PEM file of CAs trusted for client certificates")
-    a(
-        "--tls-require-certificate",
-        action="store_true",
-        help="refuse, at the handshake, a client without a certificate signed by --tls-ca-file "
-        "(Mosquitto's require_certificate)",
-    )
-    a(
-        "--use-identity-as-username",
-        action="store_true",
-        help="the client certificate's CN is the username for ACLs and presence; the password file is "
-        "not used (Mosquitto's use_identity_as_username; needs --tls-require-certificate)",
+        return common
+    return (
+        *common,
+        Setting("--tls-ca-file", Path(), None, "PEM file of CAs trusted for client certificates", group=group),
+        Setting(
+            "--tls-require-certificate",
+            Flag(),
+            False,
+            "refuse, at the handshake, a client without a certificate signed by --tls-ca-file "
+            "(Mosquitto's require_certificate)",
+            group=group,
+        ),
+        Setting(
+            "--use-identity-as-username",
+            Flag(),
+            False,
+            "the client certificate's CN is the username for ACLs and presence; the password file is "
+            "not used (Mosquitto's use_identity_as_username; needs --tls-require-certificate)",
+            group=group,
+        ),
     )
 
 
 def tls_options(args: argparse.Namespace) -> TLSOptions | None:
-    """The TLS settings of a command line parsed with :func:`add_tls_arguments`; None
+    """The TLS settings of a command line parsed with :func:`tls_settings`; None
     without ``--tls-cert``. Raises ValueError for a combination that cannot work."""
     cert = getattr(args, "tls_cert", None)
     key = getattr(args, "tls_key", None)
@@ -120,12 +136,21 @@ def tls_options(args: argparse.Namespace) -> TLSOptions | None:
     )
 
 
-def check_tls_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """Fail at start-up, with the parser's usage message, on TLS options that cannot
-    work: a bad combination, or files that do not load as a certificate and its key."""
+def check_tls_arguments(parser: CommandLine, args: argparse.Namespace) -> None:
+    """Refuse, in one line, TLS options that cannot work: a bad combination, or files
+    that do not load as a certificate and its key."""
     try:
         options = tls_options(args)
-        if options is not None:
-            options.context()
-    except (ValueError, OSError, ssl.SSLError) as exc:
+    except ValueError as exc:
         parser.error(str(exc))
+    if options is None:
+        return
+    try:
+        options.context()
+    except ssl.SSLError as exc:
+        files = f"--tls-cert {options.cert} and --tls-key {options.key}"
+        if options.ca_file:
+            files += f" (or --tls-ca-file {options.ca_file})"
+        parser.error(f"{files} do not load as a PEM certificate and its key ({exc.reason or exc})")
+    except OSError as exc:
+        parser.error(f"the TLS files do not load: {exc.strerror or exc} ({exc.filename})")

@@ -5,7 +5,9 @@ more connections than one process's open-file limit allows, and how it uses ever
 core (see :mod:`servers.listeners`).
 
 The supervisor is plain blocking Python (no trio): it starts the workers, restarts
-any that dies (with a back-off, so a worker that crashes at start-up cannot spin),
+any that dies (with a back-off, so a worker that crashes at start-up cannot spin; and
+it gives up, stopping them all, on a worker that cannot start: at once if it exits
+with :data:`CANNOT_START`, after :data:`START_TRIES` failed starts in a row otherwise),
 passes SIGHUP on to every worker (each reloads its files), and SIGUSR1 (each logs its
 tasks, :mod:`servers.taskdump`), and on SIGINT or SIGTERM
 stops them all by PID, waits for their clean shutdown, and kills whatever is left
@@ -29,7 +31,31 @@ from collections.abc import Callable, Sequence
 from .bus import Hub
 from .listeners import reserve_port
 
-__all__ = ["SUPERVISOR_PID_ENV", "die_with_supervisor", "run_supervised", "supervise", "supervisor_pid"]
+__all__ = [
+    "CANNOT_START",
+    "as_typed",
+    "START_TRIES",
+    "START_WINDOW",
+    "SUPERVISOR_PID_ENV",
+    "die_with_supervisor",
+    "module_command",
+    "run_supervised",
+    "supervise",
+    "supervisor_pid",
+]
+
+CANNOT_START = 3
+"""A worker's exit code for "I cannot start, and trying again will not help" (a taken
+port, an app whose start-up failed: uvicorn's code for that). The supervisor stops
+every worker and exits with it."""
+
+START_TRIES = 5
+START_WINDOW = 10.0
+"""Failed starts in a row (exits on their own within :data:`START_WINDOW` seconds of
+starting) after which the supervisor stops trying, stops every worker, and exits 1:
+systemd's default limit (``StartLimitBurst=5`` in ``StartLimitIntervalSec=10s``). A
+worker killed by a signal (``kill -9``, the OOM killer) is always restarted: its next
+start may well work."""
 
 SUPERVISOR_PID_ENV = "IDLEKEEPER_SUPERVISOR_PID"
 """Set in each worker's environment: the PID of the supervisor that started it."""
@@ -52,9 +78,13 @@ def supervise(
 
     Returns 0 after a clean stop. A worker that exits is restarted, no sooner than
     ``restart_backoff`` seconds after its previous start (doubling while it keeps
-    dying young, up to a minute).
+    dying young, up to a minute). A worker that cannot start ends the supervisor: one
+    that exits with :data:`CANNOT_START` at once (returns it), one that exits on its
+    own soon after its start :data:`START_TRIES` times in a row after that
+    many tries (returns 1). The worker has said why on stderr.
     """
     stopping = False
+    gave_up = 0
 
     def stop(signum: int, frame: object) -> None:
         nonlocal stopping
@@ -75,6 +105,7 @@ def supervise(
     started: dict[int, float] = {}
     backoff = dict.fromkeys(range(workers), restart_backoff)
     restart_at: dict[int, float] = {}
+    failures = dict.fromkeys(range(workers), 0)
 
     waiter = _Waiter(hub)
 
@@ -110,11 +141,23 @@ def supervise(
                     young = now - started[index] < 60
                     backoff[index] = min(backoff[index] * 2, 60.0) if young else restart_backoff
                     restart_at[index] = started[index] + backoff[index]
+                    # Killed by a signal (negative code): not the worker's own failure to start.
+                    failed = code > 0 and now - started[index] < START_WINDOW
+                    failures[index] = failures[index] + 1 if failed else 0
+                    if code == CANNOT_START or failures[index] >= START_TRIES:
+                        gave_up = code if code == CANNOT_START else 1
+                        why = "cannot start" if code == CANNOT_START else f"failed {failures[index]} starts in a row"
+                        print(
+                            f"supervisor: worker {index} (pid {proc.pid}) {why} (exit {code}); stopping every worker",
+                            file=sys.stderr,
+                        )
+                        stopping = True
+                        break
                     print(f"supervisor: worker {index} (pid {proc.pid}) exited with {code}", file=sys.stderr)
                 if now >= restart_at[index]:
                     del restart_at[index]
                     start(index)
-        return 0
+        return gave_up
     finally:
         for proc in procs.values():
             if proc.poll() is None:
@@ -240,7 +283,8 @@ def run_supervised(
     worker_args: Callable[[int], Sequence[str]] = lambda index: (),
     hub: Hub | None = None,
 ) -> int:
-    """Run ``python -m <module> <argv>`` as ``workers`` processes on one port, supervised.
+    """Run ``python -m <module> <argv>`` as ``workers`` processes on one port, supervised
+    (each imports the module from where this process did, whatever its working directory holds).
 
     Each worker gets ``--port`` (a reserved one if ``port`` is 0), ``--worker-index``
     and ``worker_args(index)`` appended to the parent's own arguments.
@@ -248,7 +292,7 @@ def run_supervised(
     holder = None
     if port == 0:
         port, holder = reserve_port(host)
-    base = [sys.executable, "-m", module, *argv]
+    base = [*module_command(module), *argv]
 
     def command(index: int) -> list[str]:
         return [*base, "--port", str(port), "--worker-index", str(index), *worker_args(index)]
@@ -262,6 +306,30 @@ def run_supervised(
     finally:
         if holder is not None:
             holder.close()
+
+
+# ``python -m`` puts the working directory first on sys.path, so an operator's own
+# ``servers/`` folder there would stand in for ours. A worker is started with the
+# directory our package was imported from in its place, then runs the module as -m would.
+_WORKER_BOOT = (
+    "import runpy, sys; sys.path[0] = sys.argv[1]; module = sys.argv[2]; del sys.argv[1:3]; "
+    "runpy.run_module(module, run_name='__main__', alter_sys=True)"
+)
+
+
+def module_command(module: str) -> list[str]:
+    """``python -m module`` as a child process's argv, with ``module`` imported from where
+    our packages were (the directory ``servers`` came from), not from the working directory."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    return [sys.executable, "-c", _WORKER_BOOT, root, module]
+
+
+def as_typed(argv: Sequence[str]) -> list[str]:
+    """A child's argv as an operator would type it: ``python -m module ...`` for one made
+    with :func:`module_command` (for reports and reproducers)."""
+    if len(argv) >= 5 and argv[1:3] == ["-c", _WORKER_BOOT]:
+        return ["python", "-m", *argv[4:]]
+    return ["python", *argv[1:]]
 
 
 def supervisor_pid() -> int | None:

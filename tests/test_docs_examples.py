@@ -56,9 +56,10 @@ def test_every_command_is_in_the_command_reference() -> None:
 
     cli = (DOCS / "reference" / "cli.md").read_text()
     for command in COMMANDS:
-        assert f"### `python -m loadtest {command}`" in cli, command
-    for server in ("servers.heartbeat", "servers.heartbeat.auth", "servers.http", "servers.echo"):
-        assert f"### `python -m {server}`" in cli, server
+        assert f"### `idlekeeper-loadtest {command}`" in cli, command
+    for script in ("idlekeeper-heartbeat", "idlekeeper-passwd", "idlekeeper-http"):
+        assert f"### `{script}`" in cli, script
+    assert "### `python -m servers.echo`" in cli  # the demo's server, not installed as a script
 
 
 def test_every_presence_field_is_in_the_schema() -> None:

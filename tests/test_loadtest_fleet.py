@@ -1,22 +1,32 @@
 """The fleet load test: its judging of the presence feed (pure), and a CI-sized run of
 real gateways on a real redis-server (3 gateways, 600 devices, a killed gateway,
 a Redis restart): no event lost or duplicated, no false expiry, every session of
-the killed gateway ended, cross-node takeovers fast."""
+the killed gateway ended, cross-node takeovers fast. On Redis Cluster: which primary
+a failover kills, and the stream reader's view of who serves a shard, through a
+real primary's loss."""
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+from coredis.response.types import ClusterNodeDetail
 
 from loadtest.fleet import run_fleet
 from loadtest.fleet.cli import load_from, parser
 from loadtest.fleet.judge import classify_drops, judge_sessions, killed_node_view, node_of, sessions_of
 from loadtest.fleet.load import FleetLoad, fleet_specs, plan_fleet
+from loadtest.fleet.redis import KEY_PREFIX, ClusterPresenceReader, slot_owners
 from loadtest.fleet.results import passed, report
-from loadtest.redis_server import redis_server_binary
+from loadtest.redis_cluster import ClusterNode, RedisClusterSet, busiest_primary
+from loadtest.redis_server import ask, redis_server_binary
+from servers.heartbeat.coordination.fleet.keys import FleetKeys
+from servers.heartbeat.coordination.fleet.shards import hash_slot
 
 
 def _ev(status: str, epoch: str, reason: str | None = None, node: str = "gw0/w0/1", t: float = 100.0) -> dict[str, Any]:
@@ -125,6 +135,48 @@ def test_the_fleets_devices_speak_the_protocol_asked(tmp_path: Path) -> None:
     assert all(not s.versions for s in fleet_specs(plain, plan_fleet(plain, 1), [7000], tmp_path))
 
 
+def test_a_cluster_failover_kills_the_primary_of_the_most_shards_but_not_the_hubs() -> None:
+    def primary(name: str, first: int, last: int) -> ClusterNode:
+        return ClusterNode(name, 0, frozenset({"master"}), "-", ((first, last),))
+
+    nodes = [
+        primary("a", 0, 5460),
+        primary("b", 5461, 10922),
+        primary("c", 10923, 16383),
+        ClusterNode("r", 0, frozenset({"slave"}), "a", ()),
+    ]
+    shards = [1, 2, 3, 6000, 6001, 12000]
+    assert busiest_primary(nodes, shards).id == "a"
+    assert busiest_primary(nodes, shards, spare=100).id == "b"  # a holds the hub: the next busiest
+    assert busiest_primary(nodes, [1, 2], spare=100).id == "a"  # only the hub's primary serves any
+
+
+def _node(node_id: str, flags: str, slots: list[int]) -> ClusterNodeDetail:
+    return {
+        "id": node_id,
+        "flags": tuple(flags.split(",")),
+        "host": "127.0.0.1",
+        "port": 0,
+        "master": None,
+        "ping_sent": 0,
+        "pong_recv": 0,
+        "link_state": "connected",
+        "slots": slots,
+        "migrations": [],
+    }
+
+
+def test_a_shards_server_is_the_primary_every_view_names_and_none_suspects() -> None:
+    before = [_node("a", "master", [1]), _node("r", "slave", [])]
+    assert slot_owners([before, before], [1, 2]) == ({1: "a", 2: None}, frozenset({"a"}))
+    suspected = [_node("a", "master,fail?", [1]), _node("r", "slave", [])]
+    assert slot_owners([before, suspected], [1])[0] == {1: None}  # lost, maybe: read nothing yet
+    after = [_node("a", "master,fail", []), _node("r", "master", [1])]
+    assert slot_owners([after, after], [1]) == ({1: "r"}, frozenset({"r"}))
+    assert slot_owners([before, after], [1])[0] == {1: None}  # the servers do not agree yet
+    assert slot_owners([], [1]) == ({1: None}, frozenset())
+
+
 needs_redis = pytest.mark.skipif(
     redis_server_binary() is None and os.environ.get("CI") != "true",
     reason="redis-server is not installed (apt-get install redis-server); CI installs it",
@@ -216,3 +268,45 @@ def test_ci_fleet_run_on_a_redis_cluster_through_a_slot_migration_and_a_killed_g
     assert migration["migrated_slots"] == 4 and migration["migrated_keys"] > 0, text  # shards 0, 3, 6 and the hub
     assert r["redis"]["ops_per_s_run"] > 0, text  # summed over the three primaries
     assert passed(r), text
+
+
+@pytest.mark.slow
+@needs_redis
+def test_the_cluster_reader_starts_a_run_for_the_shards_a_promoted_replica_took_over() -> None:
+    if shutil.which("redis-cli") is None and not Path("/usr/bin/redis-cli").exists() and os.environ.get("CI") != "true":
+        pytest.skip("redis-cli is not installed (apt-get install redis-tools); CI installs it")
+    keys = FleetKeys(KEY_PREFIX, "-", 8)
+    streams = [shard.stream for shard in keys.shards]
+    cluster = RedisClusterSet(primaries=3, replicas=1)
+    cluster.start()
+    reader = ClusterPresenceReader([server.port for server in cluster.servers], streams)
+    try:
+
+        def write(stream: str, epoch: str) -> None:
+            event = {"status": "online", "epoch": epoch, "client_id": epoch, "time": time.time()}
+            ask(cluster.owner_of(hash_slot(stream)).port, "XADD", stream, "*", "event", json.dumps(event))
+
+        reader.start()
+        for stream in streams:
+            write(stream, f"before-{stream}")
+        victim = cluster.busiest([hash_slot(s) for s in streams], spare=hash_slot(keys.members))
+        lost = [s for s in streams if cluster.owner_of(hash_slot(s)) is victim]
+        deadline = time.monotonic() + 10
+        while reader.count() < len(streams) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        cluster.kill(victim)  # by PID
+        cluster.wait_failover(hash_slot(lost[0]), victim, timeout=20)
+        for stream in streams:
+            write(stream, f"after-{stream}")
+        deadline = time.monotonic() + 15
+        while reader.count() < 2 * len(streams) and time.monotonic() < deadline:
+            time.sleep(0.1)
+    finally:
+        reader.stop()
+        cluster.stop()
+    runs = {e.event["epoch"]: e.incarnation for e in reader.events}
+    assert len(runs) == 2 * len(streams), runs
+    assert reader.incarnation == 1 and reader.count(lost) == 2 * len(lost), runs
+    # The promoted replica's copy of a lost shard is a run of its own; the others go on.
+    assert all(runs[f"after-{s}"] == (1 if s in lost else 0) for s in streams), runs
+    assert all(runs[f"before-{s}"] == 0 for s in streams), runs

@@ -44,6 +44,7 @@ from loadtest.fuzz.targets import MQTT_SERVER_ARGS, ServerSpec, http_spec, mqtt_
 from servers.heartbeat.mqtt import encoders
 from servers.heartbeat.mqtt.packets import ProtocolError
 from servers.heartbeat.mqtt.reader import PacketReader
+from servers.workers import module_command
 
 SEEDS = range(60)
 
@@ -656,7 +657,8 @@ def broken_mqtt(tmp_path: Path, action: str) -> ServerSpec:
     script = tmp_path / "broken_mqtt.py"
     script.write_text(BROKEN_MQTT.replace("{action}", action))
     good = mqtt_spec("dense")
-    command = [sys.executable, str(script), *good.command[3:]]  # the same options, another entry point
+    skip = len(module_command("servers.heartbeat"))
+    command = [sys.executable, str(script), *good.command[skip:]]  # the same options, another entry point
     return ServerSpec("broken-mqtt", "mqtt", command, "heartbeat", good.longest, presence_log=True)
 
 

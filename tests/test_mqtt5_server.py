@@ -341,6 +341,37 @@ def test_a_malformed_5_0_connect_gets_a_5_0_connack_refusal(start_server: Any) -
 
 
 @pytest.mark.parametrize("engine", ENGINES)
+def test_a_violation_behind_the_connect_is_told_in_a_connack_the_client_can_parse(
+    start_server: Any, engine: str
+) -> None:
+    """A PUBLISH with Topic Alias 0 sent with its CONNECT, before the CONNACK: found by
+    ``loadtest fuzz`` (seed 1135353186, input 12250), the server once answered CONNACK
+    0x94, a DISCONNECT's code that no CONNACK may carry. Before the CONNACK it is 0x82."""
+    server: Server = start_server("--engine", engine)
+    sock = socket.create_connection(("127.0.0.1", server.port))
+    sock.settimeout(5)
+    sock.sendall(pack(Connect("early", 30)) + pack(Publish("t", b"x", properties=Properties(topic_alias=0))))
+    data = b""
+    while chunk := sock.recv(4096):
+        data += chunk
+    replies = []
+    pos = 0
+    while pos < len(data):
+        length, at = 0, pos + 1
+        for shift in range(0, 28, 7):
+            length |= (data[at] & 0x7F) << shift
+            at += 1
+            if data[at - 1] < 0x80:
+                break
+        replies.append(read_packet(data[pos], data[at : at + length]))  # raises if it does not parse
+        pos = at + length
+    # Either the CONNACK went first and the DISCONNECT says 0x94, or the CONNACK says 0x82.
+    codes = [(type(r).__name__, r.reason_code) for r in replies if isinstance(r, (Connack, Disconnect))]
+    assert len(codes) == len(replies)
+    assert codes in ([("Connack", 0x82)], [("Connack", 0), ("Disconnect", 0x94)]), replies
+
+
+@pytest.mark.parametrize("engine", ENGINES)
 def test_a_subscriber_gets_only_what_its_maximum_packet_size_and_receive_maximum_allow(
     start_server: Any, engine: str
 ) -> None:

@@ -128,7 +128,7 @@ def test_the_cli_refuses_a_bad_prefix_at_startup(prefix: str, why: str) -> None:
     )
     assert done.returncode == 2, done.stderr
     last = done.stderr.strip().splitlines()[-1]
-    assert last.startswith("python -m servers.heartbeat: error: argument --presence-prefix: the presence prefix")
+    assert last.startswith("python -m servers.heartbeat: error: --presence-prefix: the presence prefix")
     assert why in last
 
 

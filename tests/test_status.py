@@ -259,7 +259,7 @@ def test_the_command_line_refuses_a_token_file_it_cannot_use(
     path.write_text("secret with spaces\n")
     for argv, told in (
         (["--status-port", "0", "--status-token-file", str(path)], "tokens:1: not a bearer token"),
-        (["--status-token-file", str(path)], "--status-token-file needs --status-port"),
+        (["--status-token-file", str(path)], "--status-token-file: needs --status-port"),
     ):
         with pytest.raises(SystemExit) as exited:
             heartbeat_main(argv)

@@ -138,3 +138,26 @@ def test_without_pidfds_it_polls_and_still_restarts(monkeypatch: pytest.MonkeyPa
         raise failure
     assert code == 0
     assert seen["restart"] < 1.0
+
+
+def test_a_worker_that_cannot_start_stops_the_supervisor_at_once() -> None:
+    """Exit 3 (a taken port, an app whose start-up failed) cannot pass with a retry:
+    the supervisor stops every worker and exits 3, not restart it for ever."""
+    failing = [sys.executable, "-c", f"import sys; sys.exit({workers.CANNOT_START})"]
+    started = time.monotonic()
+    code = supervise(lambda index: failing if index == 1 else SLEEPER, 2, grace=5.0, restart_backoff=0.0)
+    assert code == workers.CANNOT_START
+    assert time.monotonic() - started < 10
+    assert not _children()  # the healthy worker was stopped too
+
+
+def test_a_worker_that_keeps_failing_at_start_is_given_up_after_a_bounded_number_of_tries() -> None:
+    starts: list[int] = []
+
+    def command(index: int) -> list[str]:
+        starts.append(index)
+        return [sys.executable, "-c", "import sys; sys.exit(1)"]
+
+    code = supervise(command, 1, grace=5.0, restart_backoff=0.0)
+    assert code == 1
+    assert len(starts) == workers.START_TRIES

@@ -34,6 +34,7 @@ from collections.abc import Sequence
 
 import trio
 
+from ..options import command_parser
 from .client import Client, open_socket
 from .observation import FleetReport
 from .presence_audit import PRESENCE_PREFIX, seen
@@ -266,7 +267,7 @@ async def run(args: argparse.Namespace) -> FleetReport:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m loadtest.abuse.fleet``."""
-    p = argparse.ArgumentParser(prog="python -m loadtest.abuse.fleet", description=__doc__.split("\n\n")[0])
+    p = command_parser("python -m loadtest.abuse.fleet", __doc__)
     a = p.add_argument
     a("--port", type=int, required=True, help="the MQTT server's port on 127.0.0.1")
     a("--source", default="127.0.0.1", help="the fleet's loopback source address (default: 127.0.0.1)")

@@ -9,9 +9,10 @@ import contextlib
 import json
 import select
 import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
+
+from servers.workers import module_command
 
 from ..processes import stop
 from .observation import FleetReport
@@ -48,7 +49,7 @@ def _line(proc: subprocess.Popen[str], timeout: float) -> dict[str, object] | No
 
 
 def _start(args: list[str]) -> subprocess.Popen[str]:
-    cmd = [sys.executable, "-m", "loadtest.abuse.fleet", *args]
+    cmd = [*module_command("loadtest.abuse.fleet"), *args]
     proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT)
     first = _line(proc, READY_TIMEOUT)
     if not first or not first.get("ready"):

@@ -27,6 +27,7 @@ import collections
 import math
 from dataclasses import dataclass, field
 
+from ..report import plural
 from ..stats import percentile
 from .observation import FleetReport, LogSummary, Observation
 
@@ -144,7 +145,7 @@ def _connects(obs: Observation) -> Check:
 def _online(obs: Observation) -> Check:
     trouble = obs.fleet.dropped + obs.fleet.problems
     if trouble:
-        return _check("online", False, f"{len(trouble)} healthy clients hurt: {'; '.join(trouble[:3])}")
+        return _check("online", False, f"{plural(len(trouble), 'healthy client')} hurt: {'; '.join(trouble[:3])}")
     return _check("online", True, f"all {len(obs.fleet.devices)} healthy devices stayed connected")
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ..report import number, ratio
+from ..report import figure, number, ratio
 from .attack import Attack
 from .judge import Verdict, figures
 from .observation import Observation
@@ -65,8 +65,9 @@ def render(rec: dict[str, Any]) -> str:
     f = rec["figures"]
     lines = [
         head,
-        f"    healthy round trip   p50 {f['p50_ms']:.2f} ms, p99 {f['p99_ms']:.2f} ms, max {f['max_ms']:.1f} ms "
-        f"over {f['pings']:,} pings (baseline p50 {f['baseline_p50_ms']:.2f} ms, p99 {f['baseline_p99_ms']:.2f} ms)",
+        f"    healthy round trip   p50 {figure(f['p50_ms'], '.2f', ' ms')}, p99 {figure(f['p99_ms'], '.2f', ' ms')}, "
+        f"max {figure(f['max_ms'], '.1f', ' ms')} over {f['pings']:,} pings (baseline p50 "
+        f"{figure(f['baseline_p50_ms'], '.2f', ' ms')}, p99 {figure(f['baseline_p99_ms'], '.2f', ' ms')})",
         f"    server RSS           {f['rss_before_mib']:.1f} MiB before, {f['rss_growth_mib']:+.1f} MiB at the peak, "
         + (f"{f['bytes_per_unit']:+,.0f} B per {rec['unit']} ({f['units']:,})" if f["units"] else "no hostile units"),
         f"    attacker was told    {_answers(rec['answers'])}",
@@ -81,7 +82,7 @@ def _p99(rec: dict[str, Any] | None) -> str:
     if rec is None or "figures" not in rec:
         return "—"
     f = rec["figures"]
-    return f"{number(f['p99_ms']):.2f} ms ({number(f['baseline_p99_ms']):.2f})"
+    return f"{figure(f['p99_ms'], '.2f', ' ms', missing='—')} ({figure(f['baseline_p99_ms'], '.2f', missing='—')})"
 
 
 def _per_unit(rec: dict[str, Any] | None) -> str:

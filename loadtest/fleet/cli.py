@@ -17,7 +17,9 @@ connect to a gateway at random. The run has phases:
    device's back-off (``--failover-delay``), and its sessions must end once each:
    ``node-lost`` (swept by a survivor when its lease lapses) or ``takeover``;
 5. **Redis restart** (``--redis-restart``): redis-server is SIGTERMed for
-   ``--outage`` seconds and started again, empty, on the same port;
+   ``--outage`` seconds and started again, empty, on the same port; or a
+   **failover** (``--failover``): the primary (``--sentinel``), or the primary serving
+   the most presence shards (``--redis-cluster``), is SIGKILLed and a replica promoted;
 6. **second wave**: the other half of the reconnects, after the faults;
 7. **end**: the generators close every connection; the gateways are SIGTERMed.
 
@@ -69,7 +71,7 @@ from ..processes import stop
 from ..redis_cluster import RedisClusterSet
 from ..redis_sentinel import SentinelSet
 from ..redis_server import RedisServer
-from ..report import write_json, written
+from ..report import plural, write_json, written
 from ..workload import generator_count
 from .gateways import Gateway, start_gateways
 from .load import FleetLoad, fleet_specs, plan_fleet
@@ -109,7 +111,7 @@ def run_fleet(
     keeps its scratch directory (presence logs, the stream read, generator results)."""
     workdir = Path(tempfile.mkdtemp(prefix="ik-fleet-"))
     group = SentinelSet(replicas=2, sentinels=3, quorum=2, down_after=2000) if load.sentinel else None
-    cluster = RedisClusterSet(primaries=3) if load.redis_cluster else None
+    cluster = RedisClusterSet(primaries=3, replicas=int(load.failover)) if load.redis_cluster else None
     redis = RedisServer() if group is None else group.primary
     if cluster is not None:
         cluster.start()
@@ -121,7 +123,7 @@ def run_fleet(
         group.start()
         url = group.url
     servers = [redis] if group is None and cluster is None else (group or cluster).servers  # type: ignore[union-attr]
-    mover: threading.Thread | None = None
+    fault: threading.Thread | None = None  # a slot migration, or a wait for a promotion
 
     def primary() -> int:
         """Where the primary is now (a failover moves it)."""
@@ -158,8 +160,11 @@ def run_fleet(
                 kill["gateway"] = victim.name
                 kill["port"] = victim.port
             fault_due = timeline.redis_down is not None and now >= timeline.redis_down
-            if cluster is not None and fault_due and mover is None:
-                mover = start_migration(cluster, load.shards, outage)
+            if cluster is not None and fault_due and fault is None:
+                if load.failover:
+                    fault = start_cluster_failover(cluster, load.shards, reader, outage)
+                else:
+                    fault = start_migration(cluster, load.shards, outage)
             elif cluster is None and fault_due and "down" not in outage:
                 # What the old Redis holds and what the reader has of it: the difference
                 # is what nobody reading the stream will see.
@@ -189,8 +194,8 @@ def run_fleet(
                 rss = sum(g.rss[-1][1] for g in gateways if g.rss and g.killed_at is None)
                 show(
                     run_progress(
-                        timeline.phase(now),
-                        now - timeline.start,
+                        timeline,
+                        now,
                         load.devices,
                         load.silent,
                         pool.totals(),
@@ -223,8 +228,8 @@ def run_fleet(
             stop(gw.proc, timeout=10)
         if reader is not None:
             reader.stop()
-        if mover is not None:
-            mover.join(120)
+        if fault is not None:
+            fault.join(120)
         if cluster is not None:
             cluster.stop()
         elif group is None:
@@ -263,6 +268,34 @@ def start_migration(cluster: RedisClusterSet, shards: int, outage: dict[str, Any
     return thread
 
 
+def start_cluster_failover(
+    cluster: RedisClusterSet, shards: int, reader: PresenceReader, outage: dict[str, Any]
+) -> threading.Thread:
+    """SIGKILL (by its PID) the primary serving the most presence shards, not the hub's if
+    another serves any, so that what is lost is presence; wait on a thread until the
+    cluster is ok with its replica serving them. ``outage`` gets when it was killed, what
+    its shards' streams held and the reader had of them, and when the replica took over."""
+    keys = FleetKeys(KEY_PREFIX, "-", shards)
+    victim = cluster.busiest([hash_slot(s.stream) for s in keys.shards], spare=hash_slot(keys.members))
+    held = cluster.slots_of(victim)
+    lost = [s.stream for s in keys.shards if any(low <= hash_slot(s.stream) <= high for low, high in held)]
+    # What it holds and what the reader has of it: the difference is what nobody
+    # reading the streams will see.
+    outage["stream_length"] = sum(stream_length(victim.port, stream=stream) for stream in lost)
+    outage["read"] = reader.count(lost)
+    outage.update(lost_shards=len(lost), old_port=victim.port, down=time.monotonic())
+    cluster.kill(victim)
+
+    def wait() -> None:
+        with contextlib.suppress(RuntimeError):  # none promoted in time: the report says so
+            promoted, _ = cluster.wait_failover(hash_slot(lost[0]), victim, timeout=30.0)
+            outage.update(up=time.monotonic(), new_port=promoted.port)
+
+    thread = threading.Thread(target=wait, name="cluster-failover", daemon=True)
+    thread.start()
+    return thread
+
+
 def parser(prog: str = "python -m loadtest fleet") -> argparse.ArgumentParser:
     """The command line."""
     d = FleetLoad()
@@ -285,11 +318,17 @@ def parser(prog: str = "python -m loadtest fleet") -> argparse.ArgumentParser:
         help="Redis as a primary, two replicas and three Sentinels (redis-server --sentinel); the gateways are "
         "given redis+sentinel://...",
     )
-    a("--failover", action="store_true", help="with --sentinel: SIGKILL the primary mid-run (a replica is promoted)")
+    a(
+        "--failover",
+        action="store_true",
+        help="with --sentinel: SIGKILL the primary mid-run (a replica is promoted); with --redis-cluster: each "
+        "primary gets a replica, and the one serving the most presence shards is SIGKILLed mid-run",
+    )
     a(
         "--redis-cluster",
         action="store_true",
-        help="Redis as a Redis Cluster of three primaries; the gateways are given redis+cluster://...",
+        help="Redis as a Redis Cluster of three primaries (a replica each with --failover); the gateways are "
+        "given redis+cluster://...",
     )
     a("--shards", type=int, default=d.shards, help=f"with --redis-cluster: presence shards (default: {d.shards})")
     a(
@@ -326,8 +365,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if load.kill_node and load.nodes < 2:
         print("--kill-node needs at least 2 gateways", flush=True)
         return 2
-    if load.failover and (not load.sentinel or load.redis_restart):
-        print("--failover needs --sentinel, and not --redis-restart (the primary is killed, not restarted)", flush=True)
+    if load.failover and (not (load.sentinel or load.redis_cluster) or load.redis_restart or load.migrate):
+        print(
+            "--failover needs --sentinel or --redis-cluster, and neither --redis-restart (the primary is killed, "
+            "not restarted) nor --migrate (one fault to Redis a run)",
+            flush=True,
+        )
         return 2
     if load.migrate and not load.redis_cluster:
         print("--migrate needs --redis-cluster", flush=True)
@@ -337,7 +380,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     if not args.quiet:
         print(
-            f"starting redis-server and {load.nodes} gateways x {load.workers()} workers "
+            f"starting redis-server and {plural(load.nodes, 'gateway')} x {plural(load.workers(), 'worker')} "
             f"for {load.devices:,} devices ...",
             flush=True,
         )

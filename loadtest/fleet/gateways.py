@@ -95,7 +95,8 @@ def start_gateways(load: FleetLoad, url: str, workdir: Path) -> list[Gateway]:
             extra += ["--status-port", str(status), "--tick", str(load.tick), "--lease", str(load.lease)]
             for attempt in range(3):
                 try:
-                    proc = start_heartbeat(port, workers, extra, timeout=30.0)
+                    # Its stderr is kept with the presence logs: what a failed run is read by.
+                    proc = start_heartbeat(port, workers, extra, timeout=30.0, log=workdir / f"{name}.stderr")
                     break
                 except RuntimeError:
                     # A free port may be taken before the gateway binds it: the running

@@ -93,8 +93,9 @@ def judge_sessions(sessions: dict[str, Session], examples: int = 10) -> dict[str
     """Lost and duplicated offline events, duplicated online events, and the offline reasons.
 
     An online event may legitimately come twice, in different runs of Redis: a node
-    whose registry was lost with Redis announces its sessions again. Twice in one
-    run is a duplicate.
+    whose registry was lost with Redis announces its sessions again (after a restart,
+    or a failover whose promoted replica lacks the lost primary's last writes: a
+    re-claim). Twice in one run is a duplicate.
     """
     lost = [s for s in sessions.values() if s.seen_online and not s.offline_stream and not s.offline_log]
     duplicated = [s for s in sessions.values() if len(s.offline_stream) > 1 or len(s.offline_log) > 1]

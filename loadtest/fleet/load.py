@@ -33,9 +33,12 @@ class FleetLoad:
     sentinel: bool = False
     """Redis as a primary, two replicas and three Sentinels; the gateways find the primary through them."""
     failover: bool = False
-    """With ``sentinel``: SIGKILL the primary mid-run, and the Sentinels promote a replica."""
+    """With ``sentinel``: SIGKILL the primary mid-run, and the Sentinels promote a replica.
+    With ``redis_cluster``: each primary has a replica; SIGKILL the one serving the most
+    presence shards mid-run, and the cluster promotes its replica."""
     redis_cluster: bool = False
-    """Redis as a Redis Cluster of three primaries; the gateways are given redis+cluster://..."""
+    """Redis as a Redis Cluster of three primaries (a replica each with ``failover``);
+    the gateways are given redis+cluster://..."""
     shards: int = 16
     """With ``redis_cluster``: the presence shards (``?shards=``)."""
     migrate: bool = False
@@ -111,7 +114,8 @@ class FleetTimeline:
 
 
 FAILOVER_ALLOWANCE = 6.0
-"""Seconds a Sentinel failover is given in the plan (``down-after-milliseconds`` 2000, then the election)."""
+"""Seconds a failover is given in the plan (the Sentinels' ``down-after-milliseconds``, or the
+cluster's ``cluster-node-timeout``, 2000, then the election)."""
 
 
 MIGRATION_ALLOWANCE = 5.0
@@ -137,7 +141,7 @@ def plan_fleet(load: FleetLoad, generators: int) -> FleetTimeline:
         redis_down = t  # the slots start moving; the run goes on while they do
         t += MIGRATION_ALLOWANCE + load.devices / 20_000
     elif load.failover:
-        redis_down = t  # the primary is killed; the Sentinels promote the replica a few seconds on
+        redis_down = t  # the primary is killed; a replica is promoted a few seconds on
         t += FAILOVER_ALLOWANCE + load.lease + 3.0
     wave2 = t
     end = wave2 + k / 2 + 3.0

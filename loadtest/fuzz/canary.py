@@ -33,7 +33,6 @@ its report. What the canaries share is :mod:`.canary_base`.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import sys
@@ -41,6 +40,7 @@ from collections.abc import Sequence
 
 import trio
 
+from ..options import command_parser
 from .canary_http import HttpCanary
 from .canary_mqtt import MqttCanary
 from .canary_ws import WsCanary
@@ -71,7 +71,7 @@ async def serve(protocol: str, port: int, tag: str, presence: bool = True) -> No
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m loadtest.fuzz.canary``."""
-    p = argparse.ArgumentParser(prog="python -m loadtest.fuzz.canary", description=__doc__.split("\n\n")[0])
+    p = command_parser("python -m loadtest.fuzz.canary", __doc__)
     p.add_argument("--protocol", choices=("mqtt", "http", "ws", "mqtt-ws"), required=True)
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--tag", required=True, help="makes the canary's client ids unique to the run")

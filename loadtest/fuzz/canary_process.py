@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 
 import trio
+
+from servers.workers import module_command
 
 from ..processes import stop
 from .observation import CanaryReport
@@ -26,7 +27,7 @@ class CanaryProcess:
     def __init__(self, protocol: str, port: int, tag: str, presence: bool = True) -> None:
         self.protocol = protocol
         self.tag = tag
-        cmd = [sys.executable, "-m", "loadtest.fuzz.canary", "--protocol", protocol, "--port", str(port)]
+        cmd = [*module_command("loadtest.fuzz.canary"), "--protocol", protocol, "--port", str(port)]
         if protocol in ("mqtt", "mqtt-ws") and not presence:
             cmd.append("--no-presence")
         self.proc = subprocess.Popen(

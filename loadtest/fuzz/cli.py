@@ -39,7 +39,6 @@ fault, with their bytes.
 
 from __future__ import annotations
 
-import argparse
 import collections
 import datetime
 import json
@@ -55,6 +54,10 @@ from typing import Any
 
 import psutil
 
+from servers.workers import as_typed
+
+from ..options import command_parser
+from ..report import plural
 from ..sampler import cpu_model
 from .corpus import V5_SHARE
 from .faults import first_fault
@@ -123,7 +126,7 @@ def render(run: dict[str, Any]) -> str:
         )
     if canary["kind"] == "mqtt":
         lines.append(
-            f"canary                 {canary['clients']} clients, {canary['exchanges']:,} pings answered "
+            f"canary                 {plural(canary['clients'], 'client')}, {canary['exchanges']:,} pings answered "
             f"(slowest {canary['max_latency'] * 1000:,.0f} ms), {len(canary['false_offline'])} false offline, "
             f"{canary['probes']} accept probes, {len(canary['problems'])} problems"
         )
@@ -206,7 +209,7 @@ def _record(spec: ServerSpec, options: FuzzOptions, obs: Observation, verdict: V
         "rss": obs.rss,
         "exit_code": obs.exit_code,
         "died": obs.died,
-        "server_command": " ".join(["python", *spec.command[1:]]),
+        "server_command": shlex.join(as_typed(spec.command)),
         "wait_limit": spec.wait,
         "holds": spec.holds,
         "mqtt5_share": options.mqtt5 if spec.protocol in ("mqtt", "mqtt-ws") else 0.0,
@@ -243,7 +246,7 @@ def specs(target: str, engine: str, server_args: Sequence[str] = ()) -> list[Ser
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m loadtest fuzz``; exit 0 only if every run passed."""
-    p = argparse.ArgumentParser(prog="python -m loadtest fuzz", description=__doc__.split("\n\n")[0])
+    p = command_parser("python -m loadtest fuzz", __doc__)
     a = p.add_argument
     a(
         "--target",

@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from servers.readiness import find_ready
+from servers.workers import module_command
 
 from ..mqtt_targets import mosquitto_binary
 from ..processes import stop, wait_listening
@@ -172,7 +172,7 @@ class ServerSpec:
 
 def mqtt_spec(engine: str) -> ServerSpec:
     """``python -m servers.heartbeat`` on ``engine``, one worker, with a presence log."""
-    cmd = [sys.executable, "-m", "servers.heartbeat", "--workers", "1", "--engine", engine, *MQTT_SERVER_ARGS]
+    cmd = [*module_command("servers.heartbeat"), "--workers", "1", "--engine", engine, *MQTT_SERVER_ARGS]
     return ServerSpec(f"mqtt-{engine}", "mqtt", cmd, "heartbeat", MQTT_LONGEST, presence_log=True)
 
 
@@ -194,13 +194,13 @@ def mosquitto_spec() -> ServerSpec:
 
 def http_spec() -> ServerSpec:
     """``python -m servers.http``, one worker."""
-    cmd = [sys.executable, "-m", "servers.http", "--workers", "1", *HTTP_SERVER_ARGS]
+    cmd = [*module_command("servers.http"), "--workers", "1", *HTTP_SERVER_ARGS]
     return ServerSpec("http", "http", cmd, "http", HTTP_LONGEST)
 
 
 def ws_spec(engine: str) -> ServerSpec:
     """``python -m servers.http`` on ``engine``, one worker, serving the echo app's WebSockets."""
-    cmd = [sys.executable, "-m", "servers.http", "--workers", "1", "--engine", engine, *WS_SERVER_ARGS, WS_APP]
+    cmd = [*module_command("servers.http"), "--workers", "1", "--engine", engine, *WS_SERVER_ARGS, WS_APP]
     return ServerSpec(f"ws-{engine}", "ws", cmd, "http", WS_LONGEST)
 
 

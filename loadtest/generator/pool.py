@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import threading
 from pathlib import Path
 from typing import Any
+
+from servers.workers import module_command
 
 from ..processes import stop
 from .spec import GeneratorSpec, write_spec
@@ -28,7 +29,7 @@ class GeneratorPool:
             path = workdir / f"spec-{spec.index}.json"
             write_spec(spec, path)
             proc = subprocess.Popen(
-                [sys.executable, "-m", "loadtest.generator", str(path)],
+                [*module_command("loadtest.generator"), str(path)],
                 stdout=subprocess.PIPE,
                 text=True,
                 cwd=str(Path(__file__).resolve().parents[2]),

@@ -34,11 +34,11 @@ from typing import Any
 
 from ..options import add_json, add_running_server, command_parser
 from ..processes import CpuSplit, free_port, load_side, pin, split_cpus, stop
-from ..report import number, write_json, written
+from ..report import figure, number, plural, write_json, written
 from ..sampler import process_tree
 from .attack import Attack, idle_memory, watch_attack
 from .loadgen import run_load
-from .targets import ALL_HTTP_TARGETS, start_http_target
+from .targets import ALL_HTTP_TARGETS, bench_missing, start_http_target
 from .workload import HttpLoad, HttpResult, LoadFigures
 
 __all__ = ["describe", "main", "run_http", "start_target"]
@@ -147,33 +147,41 @@ def describe(r: dict[str, Any]) -> str:
         f = r[key]
         if f:
             lines.append(
-                f"{label:<22} {f['rps']:,.0f} req/s, p50 {f['p50_ms']:.1f} ms, p99 {f['p99_ms']:.1f} ms "
+                f"{label:<22} {figure(f['rps'], ',.0f', ' req/s')}, p50 {figure(f['p50_ms'], '.1f', ' ms')}, "
+                f"p99 {figure(f['p99_ms'], '.1f', ' ms')} "
                 f"({f['tool']}, {f['requests']:,} requests, {f['errors']} errors)"
             )
             user, kernel = number(f.get("user_us")), number(f.get("kernel_us"))
             if user == user:  # measured: the server's PIDs were known
                 lines.append(f"{'':<22} server CPU a request: {user:.1f} µs user + {kernel:.1f} µs kernel")
     if r.get("alone_rounds"):
-        rates = ", ".join(f"{f['rps']:,.0f}" for f in r["alone_rounds"])
+        rates = ", ".join(figure(f["rps"], ",.0f") for f in r["alone_rounds"])
         lines.append(f"{'rounds alone':<22} {rates} req/s (the median is the figure)")
     if r.get("beside"):
-        rates = ", ".join(f"{f['rps']:,.0f} req/s (p99 {f['p99_ms']:.1f} ms)" for f in r["beside"])
+        rates = ", ".join(
+            f"{figure(f['rps'], ',.0f', ' req/s')} (p99 {figure(f['p99_ms'], '.1f', ' ms')})" for f in r["beside"]
+        )
         lines.append(f"{'beside the attack':<22} {rates}: unattacked, right before and after it")
     if r.get("cpus"):
         lines.append(f"{'pinned':<22} {r['cpus']}")
-    lines.append(
-        f"slowloris held         p50 {r['slowloris_hold_p50_s']:.2f} s, max {r['slowloris_hold_max_s']:.2f} s; "
-        f"{r['slowloris_still_held']} of {r['slowloris']} never released in {r['window_s']:.0f} s "
-        f"(header timeout {r['header_timeout']:g} s)"
-    )
-    lines.append(
-        f"slow readers held      p50 {r['slow_reader_hold_p50_s']:.2f} s, max {r['slow_reader_hold_max_s']:.2f} s; "
-        f"{r['slow_readers_still_held']} of {r['slow_readers']} never released"
-    )
+    # With no attacker of a kind (--slowloris 0) there is no hold to give a percentile of.
+    if r["slowloris"]:
+        lines.append(
+            f"slowloris held         p50 {figure(r['slowloris_hold_p50_s'], '.2f', ' s')}, "
+            f"max {figure(r['slowloris_hold_max_s'], '.2f', ' s')}; "
+            f"{r['slowloris_still_held']} of {r['slowloris']} never released in {r['window_s']:.0f} s "
+            f"(header timeout {r['header_timeout']:g} s)"
+        )
+    if r["slow_readers"]:
+        lines.append(
+            f"slow readers held      p50 {figure(r['slow_reader_hold_p50_s'], '.2f', ' s')}, "
+            f"max {figure(r['slow_reader_hold_max_s'], '.2f', ' s')}; "
+            f"{r['slow_readers_still_held']} of {r['slow_readers']} never released"
+        )
     if r["idle_connections"]:
         lines.append(
-            f"idle connections       {r['idle_rss_per_conn'] / 1024:.2f} KiB of server RSS each "
-            f"({r['idle_connections']:,} keep-alive connections after one request)"
+            f"idle connections       {figure(number(r['idle_rss_per_conn']) / 1024, '.2f', ' KiB')} of server RSS each "
+            f"({plural(r['idle_connections'], 'keep-alive connection')} after one request)"
         )
     return "\n".join(lines)
 
@@ -208,6 +216,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     add_json(p, "results/http.json")
     args = p.parse_args(argv)
+    why = None if args.port else bench_missing(args.target)
+    if why is not None:
+        print(f"{p.prog}: --target {args.target} {why}", file=sys.stderr)
+        return 2
     pids = [q.pid for pid in args.pid for q in process_tree(pid)] if args.port else None
     r = run_http(
         args.target,

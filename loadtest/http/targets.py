@@ -29,14 +29,24 @@ peers issue 30's targets are set against. Each is one worker process, as every r
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import subprocess
 import sys
 from collections.abc import Sequence
 
+from ..mqtt_targets import PeerUnavailable
 from ..processes import start_http, wait_listening
 
-__all__ = ["ALL_HTTP_TARGETS", "ASGI_APP", "HTTP_TARGETS", "UVICORN_IMPLEMENTATIONS", "start_http_target"]
+__all__ = [
+    "ALL_HTTP_TARGETS",
+    "ASGI_APP",
+    "BENCH_MODULES",
+    "HTTP_TARGETS",
+    "UVICORN_IMPLEMENTATIONS",
+    "bench_missing",
+    "start_http_target",
+]
 
 HTTP_TARGETS = ("idlekeeper", "idlekeeper-native", "uvicorn-standard", "granian", "hypercorn", "uvicorn")
 """What ``compare`` runs by default."""
@@ -51,6 +61,22 @@ UVICORN_IMPLEMENTATIONS = {
 }
 """What each uvicorn row runs on."""
 
+BENCH_MODULES = {
+    "hypercorn": ("hypercorn",),
+    "uvicorn": ("uvicorn",),
+    "uvicorn-standard": ("uvicorn", "httptools", "uvloop", "websockets"),
+    "granian": ("granian",),
+}
+"""The modules each peer runs on, all from the 'bench' extra (ours need none of them)."""
+
+
+def bench_missing(name: str) -> str | None:
+    """Why peer ``name`` cannot start here, in one line naming the 'bench' extra; None if it can."""
+    absent = [module for module in BENCH_MODULES.get(name, ()) if importlib.util.find_spec(module) is None]
+    if not absent:
+        return None
+    return f"needs the 'bench' extra (missing: {', '.join(absent)}): pip install 'idlekeeper[bench]'"
+
 
 def start_http_target(
     name: str,
@@ -62,6 +88,7 @@ def start_http_target(
     extra: Sequence[str] = (),
 ) -> subprocess.Popen[str]:
     """Start ``name`` on ``127.0.0.1:port``; return once it accepts connections. Stop it by PID.
+    A peer whose modules are not installed raises :class:`PeerUnavailable` (:func:`bench_missing`).
 
     ``extra`` goes on the server's command line as it is (each server spells its own flags).
     """
@@ -73,6 +100,11 @@ def start_http_target(
         args += ["--tick", str(tick), "--header-timeout", str(header_timeout)]
         args += ["--keep-alive-timeout", str(keep_alive), "--send-timeout", str(header_timeout), *extra]
         return start_http(port, 1, args)
+    # Checked first: a peer that is not installed would otherwise show only as a process
+    # that exited before listening, with no word of what to install.
+    why = bench_missing(name)
+    if why is not None:
+        raise PeerUnavailable(why)
     if name == "hypercorn":
         cmd = [sys.executable, "-m", "hypercorn", "--worker-class", "trio", "--workers", "1"]
         cmd += ["--bind", f"127.0.0.1:{port}", "--keep-alive", str(math.ceil(keep_alive)), "loadtest.asgi_app:app"]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ..report import Column, number, ratio, table
+from ..report import Column, figure, number, plural, ratio, table
 from .load import QosLoad
 from .throughput import CLIENT_SATURATED_PCT
 
@@ -76,8 +76,9 @@ def describe(r: dict[str, Any]) -> str:
     if t:
         late = t["latency_ms"]
         lines.append(
-            f"QoS 1 throughput       {t['msgs_per_s']:,.0f} msg/s delivered over {t['window_s']:.1f} s "
-            f"({t['publishers']} publishers x {t['window']} unacknowledged, {t['payload_bytes']} B payloads, "
+            f"QoS 1 throughput       {figure(t['msgs_per_s'], ',.0f', ' msg/s', why='no time measured')} delivered "
+            f"over {t['window_s']:.1f} s "
+            f"({plural(t['publishers'], 'publisher')} x {t['window']} unacknowledged, {t['payload_bytes']} B payloads, "
             f"at most {t['outstanding']} undelivered)"
         )
         if late.get("n"):
@@ -91,10 +92,11 @@ def describe(r: dict[str, Any]) -> str:
         )
         bound = "client-bound: a lower bound" if t["client_saturated"] else "the client is not the bottleneck"
         if t["machine_cpu_pct"] >= CLIENT_SATURATED_PCT:
-            bound += f"; all {t['cores']} cores busy"
+            bound += f"; all {plural(t['cores'], 'core')} busy"
         lines.append(
-            f"CPU                    server {t['server_cpu_pct']:.0f}% of a core, client {t['client_cpu_pct']:.0f}%, "
-            f"machine {t['machine_cpu_pct']:.0f}% of {t['cores']} cores "
+            f"CPU                    server {figure(t['server_cpu_pct'], '.0f', '%')} of a core, "
+            f"client {figure(t['client_cpu_pct'], '.0f', '%')}, "
+            f"machine {figure(t['machine_cpu_pct'], '.0f', '%')} of {plural(t['cores'], 'core')} "
             f"({bound})"
         )
         for error in t["errors"]:
@@ -107,8 +109,8 @@ def describe(r: dict[str, Any]) -> str:
         )
         lines.append(
             f"on return              session present {int(q['session_present'])}, {q['unique']:,} delivered "
-            f"in {q['drain_s']:.2f} s ({q['drain_msgs_per_s']:,.0f} msg/s, server CPU "
-            f"{q.get('drain_cpu_us_per_msg', math.nan):.1f} µs each), {q['lost']} lost, "
+            f"in {q['drain_s']:.2f} s ({figure(q['drain_msgs_per_s'], ',.0f', ' msg/s')}, server CPU "
+            f"{figure(q.get('drain_cpu_us_per_msg'), '.1f', ' µs each', why='none delivered')}), {q['lost']} lost, "
             f"{q['duplicates']} duplicated, {q['out_of_order']} out of order"
         )
         if q.get("connects_refused"):
@@ -122,7 +124,7 @@ def describe(r: dict[str, Any]) -> str:
 def headline(load: QosLoad) -> str:
     """The line above the table: what the workload was."""
     return (
-        f"QoS 1: {load.publishers} publishers x {load.window} unacknowledged, {load.payload} B payloads, "
+        f"QoS 1: {plural(load.publishers, 'publisher')} x {load.window} unacknowledged, {load.payload} B payloads, "
         f"{load.duration:g} s ({load.warmup:g} s warm-up), at most {load.cap} undelivered; "
         f"{load.queued:,} messages queued for an absent persistent session"
         + (f"; ours with --workers {load.workers} (sessions in its supervisor)" if load.workers > 1 else "")

@@ -42,7 +42,7 @@ from ..http.loadgen import median_round, rounds_in_turn
 from ..mqtt_targets import PeerUnavailable, mosquitto_binary
 from ..options import add_json, add_quiet, add_targets, command_parser
 from ..processes import CpuSplit, load_side, split_cpus, stop
-from ..report import skip_reason, write_json, write_table, written
+from ..report import figure, skip_reason, write_json, write_table, written
 from ..sampler import cpu_model
 from .dead import dead_peers
 from .echo import EchoFigures, run_echo
@@ -90,7 +90,7 @@ def run_ws(
                     runs[name]["idle"] = dataclasses.asdict(idle)
                     say(
                         f"   {name:<20} {idle.connections:,} idle ({idle.errors} failed): "
-                        f"{idle.per_connection:,.0f} B of RSS each"
+                        f"{figure(idle.per_connection, ',.0f', ' B')} of RSS each"
                     )
                 if "echo" in parts:
 
@@ -123,7 +123,8 @@ def run_ws(
                         runs[name]["dead"] = dataclasses.asdict(dead)
                         say(
                             f"   {name:<20} closed {dead.dead_closed}/{dead.dead} dead peers "
-                            f"(p50 {dead.close_p50_s:.2f} s, max {dead.close_max_s:.2f} s after their last byte), "
+                            f"(p50 {figure(dead.close_p50_s, '.2f', ' s')}, "
+                            f"max {figure(dead.close_max_s, '.2f', ' s')} after their last byte), "
                             f"{dead.healthy_closed}/{dead.healthy} healthy"
                         )
                     else:
@@ -131,7 +132,8 @@ def run_ws(
                         runs[name]["slow"] = dataclasses.asdict(slow)
                         say(
                             f"   {name:<20} cut {slow.cut}/{slow.readers} slow readers "
-                            f"(p50 {slow.cut_p50_s:.2f} s), peak {slow.per_reader / 1024:,.0f} KiB of RSS each"
+                            f"(p50 {figure(slow.cut_p50_s, '.2f', ' s')}), "
+                            f"peak {figure(slow.per_reader / 1024, ',.0f', ' KiB')} of RSS each"
                         )
             finally:
                 stop(server.proc)
@@ -165,8 +167,9 @@ def run_mqtt(load: WsLoad, targets: Sequence[str], pinned: bool = True, say: Say
         late = r["lateness_ms"]
         say(
             f"   {name:<20} {r['connected']}/{r['devices']} connected, {r['detected']}/{r['silent']} silent closed "
-            f"(lateness p50 {late.get('p50', float('nan')):.0f} / max {late.get('max', float('nan')):.0f} ms), "
-            f"{r['false_expiries']} false; {r['steady']['rss_per_device_bytes']:,.0f} B of RSS per device"
+            f"(lateness p50 {figure(late.get('p50'), '.0f')} / max {figure(late.get('max'), '.0f')} ms), "
+            f"{r['false_expiries']} false; "
+            f"{figure(r['steady']['rss_per_device_bytes'], ',.0f', ' B')} of RSS per device"
             + (f"; {r['generator_late']} closed after the client itself pinged late" if r["generator_late"] else "")
         )
     return {"runs": runs, "missing": missing}

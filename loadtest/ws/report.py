@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..compare import DEVICE_COLUMNS, device_row
-from ..report import Column, number, table
+from ..report import Column, number, plural, table
 from ..stats import percentile
 from .workload import PARTS, WsLoad
 
@@ -69,8 +69,9 @@ def headlines(load: WsLoad, pinned: bool, parts: Sequence[str] = PARTS) -> tuple
     """What each table measured (the parts run), in a line each."""
     said = {
         "idle": f"{load.connections:,} idle connections",
-        "echo": f"echo of {load.echo_size} B messages by {load.echo_clients} clients, {load.echo_duration:g} s x "
-        f"{load.rounds} rounds taken in turn (median)"
+        "echo": f"echo of {load.echo_size} B messages by {plural(load.echo_clients, 'client')}, "
+        f"{load.echo_duration:g} s x "
+        f"{plural(load.rounds, 'round')} taken in turn (median)"
         + (", each server pinned to a core of its own and the load to the others" if pinned else ""),
         "dead": f"{load.dead} dead + {load.dead} healthy peers with pings every {load.ping_interval:g} s "
         f"and a {load.ping_timeout:g} s pong timeout, watched {load.dead_window:g} s",

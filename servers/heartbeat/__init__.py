@@ -8,8 +8,8 @@ them to it)::
     __main__.py auth.py            the commands
     worker.py                      one worker, its parts started in the order they need
     transports/                    the engines that carry a connection's bytes
-    server/                        a connection's life, on trio, and its parts
-    config.py cli_limits.py        the settings
+    settings.py server/            every option, declared once; a connection's life, on trio
+    config.py                      the settings as a worker takes them
     coordination/                  what workers and gateways share (fleet/: on Redis)
     presence/ broker/ security/    presence events; routing and stored state; the rules
     mqtt/                          the protocol, sans-IO

@@ -1,6 +1,10 @@
-"""``python -m servers.heartbeat``: the MQTT 3.1.1 keep-alive presence server."""
+"""``idlekeeper-heartbeat`` (``python -m servers.heartbeat``): the MQTT keep-alive presence server."""
 
 from __future__ import annotations
+
+from ..extras import require
+
+require("idlekeeper-heartbeat", "servers")  # before the imports that need it
 
 import argparse
 import logging
@@ -13,29 +17,30 @@ import trio
 from .. import runner
 from ..bearer import TokenFile, TokenFileError
 from ..bus import Hub
-from ..config import HelpFormatter, add_log_level, add_worker_arguments, configure_logging
+from ..config import configure_logging
 from ..gcpolicy import freeze_on_keeper
 from ..listeners import open_listeners
 from ..readiness import Ready
-from ..tls import add_tls_arguments, check_tls_arguments
+from ..settings import CommandLine, command_line
+from ..tls import check_tls_arguments
 from ..workers import supervisor_pid
-from .cli_limits import add_limit_arguments, limits_from
-from .config import ENGINES, KEEPALIVE_OVER_MAX, HeartbeatConfig
+from .config import HeartbeatConfig
 from .coordination import Coordinator
 from .coordination.authority import Authority
 from .coordination.local import BusCoordinator
-from .mqtt.policy import DEFAULT_PRESENCE_PREFIX, LEGACY_PRESENCE_PREFIX, check_presence_prefix
+from .mqtt.policy import DEFAULT_PRESENCE_PREFIX
 from .presence.event import PresenceLog, PresenceSink
-from .security.acl import AclFile
-from .security.passwords import PasswordFile
+from .security.acl import AclFile, AclFileError
+from .security.passwords import AuthFileError, PasswordFile
 from .security.throttle import ThrottlePolicy
 from .server.access import acl_reader
 from .server.lifecycle import DRAIN_CAP, HeartbeatServer
 from .server.stores import mqtt_state
+from .settings import SETTINGS, limits_from
 from .worker import serve_heartbeat
 
 DESCRIPTION = """\
-MQTT 3.1.1 keep-alive presence server. Devices connect with any MQTT client;
+MQTT 3.1, 3.1.1 and 5.0 keep-alive presence server. Devices connect with any MQTT client;
 a device silent for 1.5 x its keep-alive is declared dead, its Will is published,
 and an offline event goes to subscribers of $SYS/presence/<client-id> (which '#'
 does not match: subscribe to $SYS/presence/#), to the presence log and to the
@@ -43,259 +48,9 @@ status endpoint. Built on idlekeeper: one timing wheel and one
 reaper task per worker process."""
 
 
-def parser() -> argparse.ArgumentParser:
-    """The command line, documented in --help and docs/reference/cli.md."""
-    p = argparse.ArgumentParser(
-        prog="python -m servers.heartbeat", description=DESCRIPTION, formatter_class=HelpFormatter
-    )
-    add_worker_arguments(p, port=1883)
-    a = p.add_argument
-    a(
-        "--connect-timeout",
-        type=float,
-        default=10.0,
-        help="seconds a new socket has to complete CONNECT (default: 10)",
-    )
-    a(
-        "--max-idle",
-        type=float,
-        default=3600.0,
-        help="idle cap in seconds for clients with keep-alive 0; 0 disables it (default: 3600)",
-    )
-    a(
-        "--max-keepalive",
-        type=int,
-        default=3600,
-        help="server-side cap on a client's keep-alive, in seconds: an MQTT 5 client asking more, or 0, "
-        "is told this one (Server Keep Alive); a 3.1.1 client is held to it untold (default: 3600)",
-    )
-    a(
-        "--keepalive-over-max",
-        choices=KEEPALIVE_OVER_MAX,
-        default="cap",
-        help="a 3.1.1/3.1 client asking more than --max-keepalive cannot be told: cap holds it to 1.5 x the "
-        "maximum (dead devices are found in time; one that pings slower is cut and reconnects), honour "
-        "keeps its own, refuse answers CONNACK 2 as Mosquitto 2.0.12+ (default: cap)",
-    )
-    a(
-        "--max-topic-alias",
-        type=int,
-        default=10,
-        help="topic aliases an MQTT 5 client may set towards the server; 0: none (default: 10, as Mosquitto)",
-    )
-    a(
-        "--ws-port",
-        type=int,
-        default=None,
-        help="also serve MQTT over WebSockets on this port (browsers' only way in: MQTT.js, Paho JavaScript);"
-        " wss with --tls-cert; a task per connection whatever --engine (default: none)",
-    )
-    a("--ws-path", default="/mqtt", help="the request path the WebSocket listener serves (default: /mqtt)")
-    a(
-        "--ws-allowed-origins",
-        default=None,
-        help="comma-separated browser origins let in (https://dash.example.com): a page from any other is"
-        " refused 403 (cross-site WebSocket hijacking); clients that send no Origin are not browsers"
-        " (default: any origin)",
-    )
-    a(
-        "--outbound-topic-aliases",
-        choices=("on", "off"),
-        default="on",
-        help="on: name a topic once, then by alias, to an MQTT 5 client whose CONNECT allows aliases"
-        " (its Topic Alias Maximum); off: always the whole topic, as Mosquitto (default: on)",
-    )
-    a(
-        "--engine",
-        choices=ENGINES,
-        default="dense",
-        help="dense: one task serves every connection (the default, ~1 KiB per device); "
-        "streams: a trio task per connection (default: dense)",
-    )
-    a(
-        "--coalesce",
-        type=float,
-        default=0.0,
-        help="dense engine: while packets keep coming, serve them in one pass every this many seconds "
-        "instead of one wake-up each (less CPU per heartbeat, replies up to that much later; default: 0)",
-    )
-    a(
-        "--coalesce-pings",
-        type=float,
-        default=0.0,
-        help="dense engine: while nothing but PINGREQs comes, serve them in one pass every this many seconds "
-        "(a fleet's heartbeats cost a wake-up a window; a packet that arrives meanwhile waits up to that "
-        "long; any other traffic is served at once; default: 0)",
-    )
-    a(
-        "--trio-waits",
-        action="store_true",
-        help="dense engine: always wait for the sockets through trio's loop, never on the engine's own "
-        "epoll set while trio is idle (more CPU a wake-up; for comparison; see idlekeeper.open_engine)",
-    )
-    a("--send-timeout", type=float, default=30.0, help="seconds a subscriber may stall our sends (default: 30)")
-    a("--max-packet-size", type=int, default=256 * 1024, help="largest accepted packet in bytes (default: 262144)")
-    a(
-        "--max-connections",
-        type=int,
-        default=18_000,
-        help="devices per worker; beyond it CONNECT gets CONNACK 3 (default: 18000, under the 20,000-file limit)",
-    )
-    a(
-        "--status-port",
-        type=int,
-        default=None,
-        help="HTTP status port (/healthz, /metrics, /devices/<id>); worker i serves on this port + i",
-    )
-    a("--status-host", default="127.0.0.1", help="status endpoint address (default: loopback only)")
-    a(
-        "--status-token-file",
-        default=None,
-        metavar="PATH",
-        help="bearer tokens, one a line (# comments), one of which /metrics and /devices then need in "
-        "'Authorization: Bearer <token>' (401 otherwise); /healthz stays open; reloaded on SIGHUP "
-        "(default: no authentication)",
-    )
-    a(
-        "--auth-file",
-        default=None,
-        help="password file: our PBKDF2 entries (python -m servers.heartbeat.auth add ...) and Mosquitto's "
-        "$7$ and $6$ (mosquitto_passwd), mixed as you like",
-    )
-    a(
-        "--auth-free-failures",
-        type=int,
-        default=5,
-        help="failed password checks a source address, or a username, may make before its checks are "
-        "delayed (default: 5)",
-    )
-    a(
-        "--auth-max-delay",
-        type=float,
-        default=60.0,
-        help="longest delay, in seconds, between checks of a source address or username that keeps failing "
-        "(1 s after the last free failure, doubling); meanwhile its CONNECTs are refused unchecked; "
-        "0 disables throttling (default: 60)",
-    )
-    a("--auth-threads", type=int, default=1, help="passwords hashed at once, each in a thread (default: 1)")
-    a(
-        "--acl-file",
-        default=None,
-        help="access rules in Mosquitto's acl_file format (user, topic, pattern with %%c and %%u); "
-        "reloaded on SIGHUP (default: any client may subscribe and publish anywhere)",
-    )
-    a("--presence-log", default=None, help="write presence events as JSON lines to this file, or - for stdout")
-    a(
-        "--presence-prefix",
-        type=presence_prefix,
-        default=DEFAULT_PRESENCE_PREFIX,
-        metavar="PREFIX",
-        help="topic prefix of presence events: each device's is PREFIX<client-id>, and no client may publish "
-        "there; it must end with '/' and hold no +, # or NUL. Under $ (the default), subscribers to '#' or "
-        f"'+/...' do not get presence; {LEGACY_PRESENCE_PREFIX} keeps the topics of earlier versions "
-        "(default: %(default)s)",
-    )
-    a(
-        "--gc-freeze",
-        type=float,
-        default=2.0,
-        help="seconds between freezing long-lived objects out of the garbage collector's scans; 0: never (default: 2)",
-    )
-    add_log_level(p)
-    a(
-        "--cluster",
-        default=None,
-        metavar="URL",
-        help="share presence with a fleet of gateways on Redis >= 7: one server, redis://HOST:PORT/DB "
-        "(rediss:// for TLS); through Sentinels, following a failover, "
-        "redis+sentinel://HOST:PORT[,HOST:PORT...]/SERVICE[/DB]; or a Redis Cluster, "
-        "redis+cluster://HOST:PORT[,HOST:PORT...][/?shards=N]; credentials as USER:PASSWORD@ before the "
-        "first HOST (default: this machine only, no external service)",
-    )
-    a("--node", default=None, help="this gateway's name in the fleet (default: HOST:PORT); each worker is NODE/wI")
-    a(
-        "--lease",
-        type=float,
-        default=10.0,
-        help="seconds a fleet node's lease lives without renewal (renewed every second); a gateway that "
-        "dies is declared lost this long after (default: 10; shorter finds dead gateways sooner, but a "
-        "gateway too busy to renew in time is declared lost while alive)",
-    )
-    a("--max-qos", type=int, choices=(0, 1, 2), default=2, help="highest QoS granted and routed (default: 2)")
-    a(
-        "--max-inflight",
-        type=int,
-        default=20,
-        help="QoS 1 and 2 messages sent to a client and not yet acknowledged, at most (default: 20)",
-    )
-    a(
-        "--max-queued",
-        type=int,
-        default=1000,
-        help="QoS 1 and 2 messages queued per client behind those in flight, and while a persistent "
-        "session's client is away; beyond it new ones are dropped and counted (default: 1000)",
-    )
-    a(
-        "--max-queued-bytes",
-        type=int,
-        default=16 * 1024 * 1024,
-        help="bytes queued per client likewise (default: 16 MiB)",
-    )
-    a(
-        "--max-subscriber-bytes",
-        type=int,
-        default=16 * 1024 * 1024,
-        help="bytes queued for one subscriber's socket; beyond, its QoS 0 messages are dropped and counted, "
-        "and a subscriber that stays beyond for --send-timeout or falls behind by twice this is "
-        "disconnected (send-overflow) (default: 16 MiB)",
-    )
-    a(
-        "--max-outbox-bytes",
-        type=int,
-        default=256 * 1024 * 1024,
-        help="bytes queued for all subscribers' sockets in one worker; beyond, QoS 0 messages are dropped "
-        "and counted, and the subscriber holding the most is disconnected if it is behind by more than "
-        "its own bound (default: 256 MiB)",
-    )
-    a(
-        "--session-expiry",
-        type=float,
-        default=86400.0,
-        help="seconds a 3.1.1 persistent session (CleanSession=0) is kept after its client left, and the most an"
-        " MQTT 5 client's Session Expiry Interval is granted (default: 86400)",
-    )
-    a(
-        "--no-retain-presence",
-        action="store_true",
-        help="do not retain presence events (by default a new subscription to $SYS/presence/# first gets "
-        "every device's last event, then the live stream)",
-    )
-    a(
-        "--presence-offline-ttl",
-        type=float,
-        default=7 * 24 * 3600.0,
-        help="seconds an offline device's presence stays retained; 0: as long as its record is kept (default: 604800)",
-    )
-    a(
-        "--max-retained-bytes",
-        type=int,
-        default=512 * 1024 * 1024,
-        help="bytes of retained topics and payloads kept (presence not included); beyond, new ones are "
-        "refused and counted (default: 512 MiB)",
-    )
-    add_limit_arguments(p)
-    add_tls_arguments(p, client_certificates=True)
-    a("--bus", default=None, help=argparse.SUPPRESS)
-    a("--bus-buffer", type=int, default=64 * 1024 * 1024, help=argparse.SUPPRESS)
-    return p
-
-
-def presence_prefix(text: str) -> str:
-    """``--presence-prefix``, checked (:func:`~.mqtt.policy.check_presence_prefix`)."""
-    try:
-        return check_presence_prefix(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+def parser() -> CommandLine:
+    """The command line (:data:`.settings.SETTINGS`), documented in --help and docs/reference/cli.md."""
+    return command_line("idlekeeper-heartbeat", "servers.heartbeat", DESCRIPTION, SETTINGS)
 
 
 def config_from(args: argparse.Namespace, worker: int) -> HeartbeatConfig:
@@ -418,8 +173,6 @@ async def run_worker(args: argparse.Namespace, worker: int, reuse_port: bool) ->
     config = config_from(args, worker)
     coordinator, sinks = coordinator_for(args, config)
     listeners = open_listeners(args.host, args.port, reuse_port=reuse_port)
-    if reuse_port and args.ws_port == 0:
-        raise SystemExit("--ws-port 0 (any free port) needs --workers 1: the workers share one port")
     ws_listeners = None if args.ws_port is None else open_listeners(args.host, args.ws_port, reuse_port=reuse_port)
     status_port = None if args.status_port is None else args.status_port + worker
     # The box's other workers, whose figures this worker's page shows beside its own.
@@ -449,7 +202,7 @@ async def run_worker(args: argparse.Namespace, worker: int, reuse_port: bool) ->
         return Ready("heartbeat", worker, args.host, server.port, status_host, status_port)
 
     def reload(server: HeartbeatServer) -> None:
-        server.reload_acl()
+        server.reload_files()
         if status_tokens is not None:
             status_tokens.reload()
 
@@ -465,21 +218,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point: a single worker, or a supervisor of ``--workers`` workers."""
     cli = parser()
     args = cli.parse_args(argv)
-    check_tls_arguments(cli, args)
-    if args.status_token_file:
-        if args.status_port is None:
-            cli.error("--status-token-file needs --status-port")
-        try:
-            TokenFile.load(args.status_token_file)  # a bad file is told here, once, not by every worker
-        except TokenFileError as exc:
-            cli.error(str(exc))
-    if args.cluster:
-        from .coordination.fleet.target import parse_target
-
-        try:
-            parse_target(args.cluster)  # told here, once, not by every worker
-        except ValueError as exc:
-            cli.error(f"--cluster: {exc}")
+    check_arguments(cli, args)
     configure_logging(args.log_level)
     if not args.presence_prefix.startswith("$") and args.worker_index is None:
         logging.getLogger("servers.heartbeat").warning(
@@ -492,7 +231,65 @@ def main(argv: Sequence[str] | None = None) -> int:
     hub = None if args.cluster else (lambda: authority_hub(args))
     # A worker's shutdown may wait up to DRAIN_CAP for a fleet reader a backlog behind,
     # within its own bounds: the supervisor waits as long before it kills.
-    return runner.main("servers.heartbeat", args, argv, run_worker, hub=hub, grace=DRAIN_CAP + 15.0)
+    return runner.main(
+        "servers.heartbeat", args, argv, run_worker, hub=hub, grace=DRAIN_CAP + 15.0,
+        extra_ports=extra_ports(args),
+        prog=cli.prog,
+    )
+
+
+def check_arguments(cli: CommandLine, args: argparse.Namespace) -> None:
+    """Refuse, in one line and before anything is bound, options that parsed alone but
+    cannot work together, and files that do not load (each is told here, once, not by
+    every worker)."""
+    check_tls_arguments(cli, args)
+    several = args.workers > 1 and args.worker_index is None
+    if several and args.ws_port == 0:
+        cli.refuse("--ws-port 0", "any free port needs --workers 1: the workers share one port")
+    if several and args.status_port == 0:
+        cli.refuse("--status-port 0", "any free port needs --workers 1: worker i serves on --status-port + i")
+    last = args.workers - 1
+    if args.status_port is not None and args.status_port + last > 65535:
+        cli.refuse("--status-port", f"worker {last} would serve on port {args.status_port + last}, past 65535")
+    if args.status_token_file:
+        if args.status_port is None:
+            cli.refuse("--status-token-file", "needs --status-port")
+        try:
+            TokenFile.load(args.status_token_file)
+        except TokenFileError as exc:
+            cli.refuse("--status-token-file", str(exc))
+    try:
+        if args.auth_file:
+            PasswordFile.load(args.auth_file)
+    except AuthFileError as exc:
+        cli.refuse("--auth-file", str(exc))
+    try:
+        if args.acl_file:
+            AclFile.load(args.acl_file)
+    except AclFileError as exc:
+        cli.refuse("--acl-file", str(exc))
+    if args.cluster:
+        from .coordination.fleet.target import parse_target
+
+        try:
+            parse_target(args.cluster)
+        except ValueError as exc:
+            cli.refuse("--cluster", str(exc))
+    try:
+        config_from(argparse.Namespace(**{**vars(args), "presence_log": None}), 0)
+    except ValueError as exc:
+        cli.error(str(exc))
+
+
+def extra_ports(args: argparse.Namespace) -> list[tuple[str, str, int]]:
+    """The ports besides MQTT's that this server (all its workers) will listen on."""
+    ports = []
+    if args.ws_port:
+        ports.append(("--ws-port", args.host, args.ws_port))
+    if args.status_port:
+        first = args.status_port
+        ports += [("--status-port", args.status_host, first + i) for i in range(args.workers)]
+    return ports
 
 
 if __name__ == "__main__":

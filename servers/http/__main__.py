@@ -1,6 +1,10 @@
-"""``python -m servers.http``: the HTTP/1.1 server with nginx/HAProxy-grade timeouts."""
+"""``idlekeeper-http`` (``python -m servers.http``): the HTTP/1.1 server with nginx/HAProxy-grade timeouts."""
 
 from __future__ import annotations
+
+from ..extras import require
+
+require("idlekeeper-http", "servers")  # before the imports that need it
 
 import argparse
 import logging
@@ -10,11 +14,12 @@ from collections.abc import Sequence
 import trio
 
 from .. import runner
-from ..config import HelpFormatter, add_log_level, add_worker_arguments, configure_logging
+from ..config import LOG_LEVEL, configure_logging, worker_settings
 from ..listeners import open_listeners
 from ..prometheus import render, worker_registry
 from ..readiness import Ready
-from ..tls import add_tls_arguments, check_tls_arguments
+from ..settings import Choice, CommandLine, Flag, Setting, Text, count, program, seconds
+from ..tls import check_tls_arguments, tls_settings
 from .asgi import ASGIApp, load_app, native_asgi
 from .builtin import builtin_app
 from .lifespan import LifespanFailed
@@ -29,86 +34,126 @@ per request. Without an app it serves the built-in one: /, /healthz, /metrics,
 /echo (POST a body), /download?size=N. With --tls-cert and --tls-key it serves HTTPS."""
 
 
-def parser() -> argparse.ArgumentParser:
-    """The command line, documented in --help and docs/reference/cli.md."""
-    p = argparse.ArgumentParser(prog="python -m servers.http", description=DESCRIPTION, formatter_class=HelpFormatter)
-    a = p.add_argument
-    a("app", nargs="?", default=None, metavar="MODULE:APP", help="the ASGI app to serve, e.g. myproject.web:app")
-    add_worker_arguments(p, port=8080)
-    a(
+_WS = "WebSockets (uvicorn's names and defaults)"
+
+SETTINGS: tuple[Setting, ...] = (
+    *worker_settings(port=8080),
+    Setting(
         "--engine",
-        choices=ENGINES,
-        default="dense",
-        help="dense: no task per connection (default); streams: a task each",
-    )
-    a(
+        Choice(ENGINES),
+        "dense",
+        "dense: no task per connection (default); streams: a task each",
+    ),
+    Setting(
         "--lifespan",
-        choices=("auto", "off"),
-        default="auto",
-        help="run the app's lifespan protocol (auto: if it has one)",
-    )
-    a("--keep-alive-timeout", type=float, default=15.0, help="idle seconds between requests, and before the first")
-    a("--header-timeout", type=float, default=10.0, help="seconds from a request's first byte to its complete head")
-    a("--body-timeout", type=float, default=30.0, help="seconds allowed between two reads of a request body")
-    a("--send-timeout", type=float, default=30.0, help="seconds a response may go without write progress")
-    a("--max-connection-age", type=float, default=None, help="seconds after which a connection is closed politely")
-    a("--max-requests", type=int, default=None, help="requests per connection before it is closed politely")
-    a("--max-header-size", type=int, default=16 * 1024, help="bytes of request head (431 beyond; default 16 KiB)")
-    a("--max-body-size", type=int, default=16 * 1024 * 1024, help="bytes of request body (413 beyond; 16 MiB)")
-    a("--max-connections", type=int, default=16_000, help="connections per worker; beyond it 503 (default 16000)")
-    a(
+        Choice(("auto", "off")),
+        "auto",
+        "run the app's lifespan protocol (auto: if it has one)",
+    ),
+    Setting(
+        "--keep-alive-timeout",
+        seconds(),
+        15.0,
+        "idle seconds between requests, and before the first (default: 15; to close after each response, "
+        "--max-requests 1)",
+    ),
+    Setting(
+        "--header-timeout",
+        seconds(),
+        10.0,
+        "seconds from a request's first byte to its complete head (default: 10)",
+    ),
+    Setting("--body-timeout", seconds(), 30.0, "seconds allowed between two reads of a request body (default: 30)"),
+    Setting("--send-timeout", seconds(), 30.0, "seconds a response may go without write progress (default: 30)"),
+    Setting(
+        "--max-connection-age",
+        seconds(),
+        None,
+        "seconds after which a connection is closed politely (default: none)",
+    ),
+    Setting(
+        "--max-requests",
+        count("requests"),
+        None,
+        "requests per connection before it is closed politely (default: none)",
+    ),
+    Setting(
+        "--max-header-size",
+        count("bytes", least=256),
+        16 * 1024,
+        "bytes of request head (431 beyond; default 16 KiB)",
+    ),
+    Setting(
+        "--max-body-size",
+        count("bytes", least=0),
+        16 * 1024 * 1024,
+        "bytes of request body (413 beyond; 16 MiB)",
+    ),
+    Setting(
+        "--max-connections",
+        count("connections"),
+        16_000,
+        "connections per worker; beyond it 503 (default 16000)",
+    ),
+    Setting(
         "--grace",
-        type=float,
-        default=10.0,
-        help="seconds requests in flight (and background work) get at shutdown, and an app whose client left"
+        seconds(least=0),
+        10.0,
+        "seconds requests in flight (and background work) get at shutdown, and an app whose client left"
         " mid-request before it is cancelled (default: 10)",
-    )
-    a(
+    ),
+    Setting(
         "--max-background",
-        type=_count,
-        default=1000,
-        help="app calls per worker that run on after their response (background tasks) while their connections"
+        count("app calls", least=0),
+        1000,
+        "app calls per worker that run on after their response (background tasks) while their connections"
         " take the next request; past it a connection waits for its app (default: 1000)",
-    )
-    ws = p.add_argument_group("WebSockets (uvicorn's names and defaults)")
-    w = ws.add_argument
-    w("--ws", choices=("wsproto", "none"), default="wsproto", help="serve WebSocket upgrades (none: 404)")
-    w("--ws-max-size", type=int, default=16 * 1024 * 1024, help="bytes of one message, inflated (1009 beyond)")
-    w("--ws-ping-interval", type=_seconds_or_none, default=20.0, help="seconds between pings (0: none)")
-    w("--ws-ping-timeout", type=_seconds_or_none, default=20.0, help="seconds a pong may take (1011 beyond)")
-    w(
+    ),
+    Setting("--ws", Choice(("wsproto", "none")), "wsproto", "serve WebSocket upgrades (none: 404)", group=_WS),
+    Setting(
+        "--ws-max-size",
+        count("bytes"),
+        16 * 1024 * 1024,
+        "bytes of one message, inflated (1009 beyond)",
+        group=_WS,
+    ),
+    Setting(
+        "--ws-ping-interval",
+        seconds(least=0),
+        20.0,
+        "seconds between pings (0: none)",
+        group=_WS,
+    ),
+    Setting(
+        "--ws-ping-timeout",
+        seconds(least=0),
+        20.0,
+        "seconds a pong may take (1011 beyond; 0: no limit)",
+        group=_WS,
+    ),
+    Setting(
         "--ws-per-message-deflate",
-        type=_on_off,
-        default=True,
+        Text(Flag().parse),
+        True,
+        "take permessage-deflate offers (default: true)",
+        group=_WS,
         metavar="{true,false}",
-        help="take permessage-deflate offers (default: true)",
+    ),
+    Setting("--ws-close-timeout", seconds(), 10.0, "seconds for the client's answer to a close", group=_WS),
+    *tls_settings(client_certificates=False),
+    LOG_LEVEL,
+)
+"""The HTTP server's options, in the order --help lists them."""
+
+
+def parser() -> CommandLine:
+    """The command line (:data:`SETTINGS`), documented in --help and docs/reference/cli.md."""
+    cli = CommandLine(prog=program("idlekeeper-http", "servers.http"), description=DESCRIPTION)
+    cli.add_argument(
+        "app", nargs="?", default=None, metavar="MODULE:APP", help="the ASGI app to serve, e.g. myproject.web:app"
     )
-    w("--ws-close-timeout", type=float, default=10.0, help="seconds for the client's answer to a close")
-    add_tls_arguments(p, client_certificates=False)
-    add_log_level(p)
-    return p
-
-
-def _count(value: str) -> int:
-    count = int(value)
-    if count < 0:
-        raise argparse.ArgumentTypeError("must be 0 or more")
-    return count
-
-
-def _seconds_or_none(value: str) -> float | None:
-    seconds = float(value)
-    if seconds < 0:
-        raise argparse.ArgumentTypeError("must be 0 or more")
-    return seconds or None
-
-
-def _on_off(value: str) -> bool:
-    if value.lower() in ("true", "1", "on", "yes"):
-        return True
-    if value.lower() in ("false", "0", "off", "no"):
-        return False
-    raise argparse.ArgumentTypeError("true or false")
+    cli.add_settings(SETTINGS)
+    return cli
 
 
 def config_from(args: argparse.Namespace, worker: int) -> HttpConfig:
@@ -130,8 +175,8 @@ def config_from(args: argparse.Namespace, worker: int) -> HttpConfig:
         engine=args.engine,
         websockets=args.ws != "none",
         ws_max_size=args.ws_max_size,
-        ws_ping_interval=args.ws_ping_interval,
-        ws_ping_timeout=args.ws_ping_timeout,
+        ws_ping_interval=args.ws_ping_interval or None,
+        ws_ping_timeout=args.ws_ping_timeout or None,
         ws_per_message_deflate=args.ws_per_message_deflate,
         ws_close_timeout=args.ws_close_timeout,
     )
@@ -180,7 +225,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             load_app(args.app)  # a wrong name is told here, once, not by every worker
         except ValueError as exc:
             cli.error(str(exc))
-    return runner.main("servers.http", args, argv, run_worker, grace=args.grace + 5)
+    try:
+        config_from(args, 0)
+    except ValueError as exc:
+        cli.error(str(exc))
+    return runner.main("servers.http", args, argv, run_worker, grace=args.grace + 5, prog=cli.prog)
 
 
 if __name__ == "__main__":

@@ -40,6 +40,7 @@ from ..presence.event import PresenceEvent, PresenceSink
 from .retention import RetainedMessage, Retention
 
 __all__ = [
+    "LEAVE_TIMEOUT",
     "Coordinator",
     "Health",
     "Host",
@@ -51,6 +52,13 @@ __all__ = [
 ]
 
 logger = logging.getLogger("servers.heartbeat.coordination")
+
+LEAVE_TIMEOUT = 3.0
+"""Seconds :meth:`Coordinator.leave` takes at most. A stopping worker has already given
+its coordinator the shutdown's grace to drain, so this is a last try, not a wait: long
+enough for one call that hangs (a fleet's call times out after 2 s) and a try on a new
+connection after it. A coordinator that cannot finish within it gives up by itself and
+says what it left undone, rather than be cancelled from outside without a word."""
 
 
 class Host(Protocol):
@@ -255,8 +263,10 @@ class Coordinator(abc.ABC):
     async def leave(self) -> None:
         """The worker is stopping and has ended its sessions: settle any whose report did
         not get through (reason ``shutdown``) and leave, rather than wait to be declared
-        lost. Callers bound it with a cancel scope. Nothing to do where the holder's
-        own process keeps the registry or reports reach it in order (the default)."""
+        lost. Returns within :data:`LEAVE_TIMEOUT` and raises nothing: a stop is a stop
+        whatever the store does (callers still bound it, against one that does not keep
+        to this). Nothing to do where the holder's own process keeps the registry or
+        reports reach it in order (the default)."""
         return
 
     async def flush(self) -> None:

@@ -71,7 +71,8 @@ class PresenceEvent:
     node: str = ""
     """The gateway that held the connection (empty on a lone machine)."""
     keep_alive: int = 0
-    """The keep-alive the device asked for (after the server's cap), in seconds."""
+    """The keep-alive the device asked for (after the server's cap), in seconds; an
+    offline event carries its session's (0 for a socket that never identified itself)."""
     claimed_client_id: str = ""
     """A refusal's client id, as the refused CONNECT asked for it: a claim, not the device."""
     username: str = ""
@@ -101,7 +102,9 @@ class PresenceEvent:
             out["epoch"] = self.epoch
         if self.node:
             out["node"] = self.node
-        if self.status == ONLINE:
+        if self.status != REFUSED:
+            # Offline events too: a supervisor's authority or a fleet's Redis knows a
+            # device only by the events it was sent, and /devices/<id> shows its last.
             out["keep_alive"] = self.keep_alive
         if self.claimed_client_id:
             out["claimed_client_id"] = self.claimed_client_id

@@ -46,6 +46,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from ..mqtt.filters import topic_matches
+from .files import read_utf8
 
 __all__ = ["Access", "AclFile", "AclFileError", "Rule"]
 
@@ -238,17 +239,7 @@ class AclFile:
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> AclFile:
         """Read an ACL file; :class:`AclFileError` if it is unreadable or malformed."""
-        name = os.fspath(path)
-        try:
-            with open(name, "rb") as f:
-                data = f.read()
-        except OSError as exc:
-            raise AclFileError(f"{name}: cannot read ({exc.strerror or exc})") from None
-        try:
-            text = data.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            line = data.count(b"\n", 0, exc.start) + 1
-            raise AclFileError(f"{name}:{line}: not UTF-8") from None
+        name, text = read_utf8(path, AclFileError)
         return cls.parse(text, name, path=name)
 
     @classmethod

@@ -24,8 +24,9 @@ The default cost of a new entry is OWASP's for PBKDF2-HMAC-SHA256 (600,000 round
 which makes each check take a good fraction of a second of CPU. A device that has
 connected is remembered (its username with a keyed digest of the password it proved,
 one per user), so a reconnect storm after a network outage costs no hashing; after a
-restart every device is hashed once. Fleets of devices with random tokens, which need
-no stretching, can choose fewer rounds with ``--iterations``.
+restart every device is hashed once, and after a reload (SIGHUP) only the users whose
+entry changed. Fleets of devices with random tokens, which need no stretching, can
+choose fewer rounds with ``--iterations``.
 
 The command :mod:`servers.heartbeat.auth` writes and checks these files.
 """
@@ -38,10 +39,13 @@ import collections
 import enum
 import hashlib
 import hmac
+import io
 import os
 import secrets
 import tempfile
 from collections.abc import Iterable, Sequence
+
+from .files import read_utf8
 
 __all__ = ["DEFAULT_ITERATIONS", "SCHEME", "AuthFileError", "AuthResult", "PasswordFile", "hash_password"]
 
@@ -53,7 +57,7 @@ _MOSQUITTO_SALTS = (12, 64)  # what Mosquitto 2.0 writes, and what 2.1 writes fo
 
 
 class AuthFileError(Exception):
-    """The password file is malformed (the message names the file and line)."""
+    """The password file is unreadable or malformed (the message names the file, and the line)."""
 
 
 class AuthResult(enum.IntEnum):
@@ -210,10 +214,13 @@ class PasswordFile:
 
     :meth:`check` is :meth:`cached` (fast), else :meth:`verify` (slow: the server runs
     it in a worker thread). Both are safe to call from another thread while the file
-    is read: each cache entry is one dict item, written and read whole.
+    is read or reloaded: each cache entry is one dict item, written and read whole,
+    and :meth:`reload` replaces the users' dict whole.
     """
 
     def __init__(self) -> None:
+        self.path: str | None = None
+        """The file :meth:`load` read, which :meth:`reload` reads again (None: not from a file)."""
         self._users: dict[str, _Hash] = {}
         # username -> (the entry it was verified against, keyed digest of the password).
         # Keyed with a secret of this process, so a memory dump shows no fast hash of a
@@ -224,9 +231,33 @@ class PasswordFile:
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> PasswordFile:
-        """Read a password file."""
-        with open(path, encoding="utf-8") as f:
-            return cls.from_lines(f, source=os.fspath(path))
+        """Read a password file; :class:`AuthFileError` if it is unreadable or malformed."""
+        name, text = read_utf8(path, AuthFileError)
+        # newline=None: lines end where a file opened in text mode would end them.
+        users = cls.from_lines(io.StringIO(text, newline=None), source=name)
+        users.path = name
+        return users
+
+    def reload(self) -> int:
+        """Read :attr:`path` again and serve its users instead; returns how many there are.
+
+        All or nothing: a file that cannot be read or has a bad line raises
+        :class:`AuthFileError` and leaves the users as they were. A user whose entry did
+        not change keeps the password it proved, so a reload costs no hashing storm when
+        the devices next reconnect; a changed or removed user's does not survive.
+        """
+        if self.path is None:
+            raise ValueError("this PasswordFile was not loaded from a file")
+        fresh = PasswordFile.load(self.path)._users
+        for name, entry in fresh.items():
+            old = self._users.get(name)
+            if old is not None and old.line() == entry.line():
+                fresh[name] = old  # the cache names its entry: the same object keeps it valid
+        # One assignment each: a check in a worker thread sees the old users or the new.
+        self._users = fresh
+        self._cache = {name: hit for name, hit in self._cache.copy().items() if fresh.get(name) is hit[0]}
+        self._decoy = None
+        return len(fresh)
 
     @classmethod
     def from_lines(cls, lines: Iterable[str], source: str = "<lines>") -> PasswordFile:

@@ -16,7 +16,7 @@ from ...logs import shown
 from ..config import HeartbeatConfig
 from ..mqtt.effects import Accept
 from ..mqtt.policy import utf8_length
-from ..security.passwords import AuthResult
+from ..security.passwords import AuthFileError, AuthResult
 from ..security.throttle import Admission, AuthGate, Hold, source_key
 from .connection import Connection, peer_closed, peer_of
 
@@ -71,6 +71,26 @@ class Authenticator:
         if not name or _UNFIT_NAME.search(name) is not None or utf8_length(name) > self.config.max_username:
             return 4
         return 0
+
+    def reload(self) -> bool:
+        """Re-read the password file (SIGHUP), as Mosquitto re-reads its password_file;
+        returns whether its users replaced those in force (counted in ``auth_reloads``).
+
+        A file that cannot be read or has a bad line keeps the users in force, logged in
+        one line naming the file and the line. Only CONNECTs from now on see the change:
+        a connection already accepted stays, whatever happened to its user.
+        """
+        auth = self.config.auth
+        if auth is None or auth.path is None:
+            return False
+        try:
+            users = auth.reload()
+        except AuthFileError as exc:
+            logger.error("password file not reloaded, the old users stay: %s", exc)
+            return False
+        self.counters["auth_reloads"] += 1
+        logger.warning("password file reloaded: %d users", users)
+        return True
 
     async def check(self, conn: Connection, request: Accept) -> int:
         """The password check; 0 if accepted, else the CONNACK refusal code.

@@ -35,7 +35,7 @@ from ...logs import OncePer, shown
 from ...prometheus import Metric, render, worker_registry
 from ..broker.reports import Opened
 from ..config import HeartbeatConfig
-from ..coordination import Coordinator
+from ..coordination import LEAVE_TIMEOUT, Coordinator
 from ..coordination.inprocess import InProcessCoordinator
 from ..mqtt.effects import Accept
 from ..mqtt.endings import Offline
@@ -311,9 +311,19 @@ class HeartbeatServer:
         subscriptions = self.broker.subscriptions
         return subscriptions.held(conn), subscriptions.held_bytes(conn)
 
+    def reload_files(self) -> bool:
+        """Re-read the ACL file and the password file (SIGHUP), each on its own: one that
+        cannot be read or has a bad line keeps what it gave in force (logged). Sessions
+        already accepted stay. Returns whether every file the server was given was re-read."""
+        config = self.config
+        acl = config.acl is None or reload_acl(config, self.counters)
+        users = config.auth is None or config.auth.path is None or self.authenticator.reload()
+        return acl and users
+
     def reload_acl(self) -> bool:
-        """Re-read the ACL file (SIGHUP); a broken file keeps the rules in force (logged)."""
-        return reload_acl(self.config, self.counters)
+        """SIGHUP's call (``__main__``): :meth:`reload_files`, the password file included,
+        which an operator edits live as much as the ACL (Mosquitto reloads both)."""
+        return self.reload_files()
 
     # -- the coordinator's host -------------------------------------------------------------
 
@@ -362,7 +372,10 @@ class HeartbeatServer:
         subscribers' queues are flushed, so that a dashboard hears every device go
         offline before its own connection closes; last, the subscribers are closed.
         Every connection gets its TCP close. Cancelling the server instead ends
-        everything at once (the presence log still gets every event).
+        everything at once (the presence log still gets every event). A coordinator
+        stuck (a fleet's Redis down or stalled) is waited for ``grace`` seconds without
+        progress, 1 s more for the subscribers' reports, then :data:`LEAVE_TIMEOUT`, and
+        the worker leaves without it (its one line says what was left undone).
         """
         self.stop_accepting()
         with trio.move_on_after(grace):
@@ -385,14 +398,16 @@ class HeartbeatServer:
             while self.connections:  # noqa: ASYNC110
                 await trio.sleep(0.01)
             await self.coordinator.flush()
-        with trio.move_on_after(2.0):
+        # The coordinator keeps to LEAVE_TIMEOUT and says itself what it could not do
+        # (Redis down: one line, exit 0); this bound is for one that does not.
+        with trio.move_on_after(LEAVE_TIMEOUT + 1.0):
             await self.coordinator.leave()
 
     async def _drain(self, idle: float, cap: float = DRAIN_CAP) -> None:
         """The coordinator drained: for ``idle`` seconds, and again while it keeps moving,
         up to ``cap``. A fleet node's reader may be a backlog behind after a mass
         disconnect (measured: 30 s at 100,000 devices on 2 cores), and its own events
-        reach its presence log as it reads them back; a node stuck (Redis down) stops at once."""
+        reach its presence log as it reads them back; a node stuck (Redis down) stops after ``idle``."""
         with trio.move_on_after(cap):
             while True:
                 before = self.coordinator.progress()

@@ -28,6 +28,7 @@ COUNTERS: Iterable[tuple[str, str]] = (
     ("messages_in", "PUBLISH messages received and routed."),
     ("protocol_errors", "Connections closed for violating MQTT (3.1, 3.1.1 or 5.0)."),
     ("auth_failures", "CONNECTs refused for bad or missing credentials (after a check)."),
+    ("auth_reloads", "Password file reloads (SIGHUP)."),
     ("auth_throttled", "CONNECTs refused unchecked: their source address or username failed too often."),
     ("auth_checks", "Passwords hashed (each in a worker thread)."),
     ("auth_cache_hits", "CONNECTs accepted without hashing: credentials verified before."),

@@ -413,8 +413,9 @@ class RedisCoordinator(Coordinator, FleetCounts):
 
     async def leave(self) -> None:
         """End what this node still holds in Redis (``shutdown``) and drop its lease
-        (see :meth:`.Sweeper.leave`)."""
-        await self.sweeper.leave()
+        (see :meth:`.Sweeper.leave`); with Redis down, leave without it, in one WARNING
+        (see :meth:`.Sweeper.leave_within`)."""
+        await self.sweeper.leave_within(self.reports)
 
     # -------------------------------------------------------------------- run
 
@@ -468,7 +469,7 @@ class RedisCoordinator(Coordinator, FleetCounts):
 
     def progress(self) -> int:
         """See :meth:`Coordinator.progress`: reports applied and events read."""
-        return self.reports.applied + self.delivered + self.repeated_ends
+        return self.reports.applied + self.delivered + self.repeated_ends + self.repeated_onlines
 
     def _moved_on(self) -> None:
         self._progress.set()

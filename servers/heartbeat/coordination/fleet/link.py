@@ -18,13 +18,38 @@ from .pools import SlotKeepingClusterPool, SlotKeepingPool, SlotKeepingSentinelP
 from .scripts import FleetScripts
 from .target import RedisTarget, parse_target
 
-__all__ = ["Client", "RedisLink"]
+__all__ = ["CALLS_IN_FLIGHT", "Client", "RedisLink", "cluster_connections"]
 
 Client: TypeAlias = "coredis.Redis[bytes] | coredis.RedisCluster[bytes]"
 """What a node talks to Redis through: one server's client or a cluster's."""
 
 # One logger for the whole fleet coordinator, whichever of its modules logs.
 logger = logging.getLogger("servers.heartbeat.coordination.fleet")
+
+
+class _CutHandshakes(logging.Filter):
+    """Drops coredis's ERROR, with a traceback, for a connection whose handshake did not
+    finish: Redis stalled (or a partition) and our call's timeout cancelled it. Every
+    try logged one, a hundred lines of traceback each, several a second through a stall
+    (measured: 1,300 lines in 8 s); the call fails with a ConnectionError all the same,
+    which :meth:`RedisLink.failed` reports once an outage."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.msg != "Connection attempt failed unexpectedly!"
+
+
+_CUT_HANDSHAKES = _CutHandshakes()
+
+
+def cluster_connections(shards: int) -> int:
+    """Connections a gateway may hold to one node of a Redis Cluster: a blocking read per
+    presence shard (all of them, were every shard's slot on that node), the hub's, and
+    room for the calls made meanwhile (claims, renewals, pipelines)."""
+    return shards + 1 + CALLS_IN_FLIGHT
+
+
+CALLS_IN_FLIGHT = 16
+"""Connections a gateway's calls (besides its blocking reads) may hold to one node at once."""
 
 
 class RedisLink:
@@ -35,6 +60,7 @@ class RedisLink:
     """
 
     def __init__(self, url: str, node: str, *, timeout: float, renew: float) -> None:
+        logging.getLogger("coredis").addFilter(_CUT_HANDSHAKES)  # once: the same filter object
         self.url = url
         self.target: RedisTarget = parse_target(url)
         """One Redis, or the primary of a Sentinel-monitored service."""
@@ -66,6 +92,12 @@ class RedisLink:
                 username=target.username,
                 password=target.password,
                 connection_pool_cls=SlotKeepingClusterPool,
+                # Per node, not coredis's 32 shared out over every node it knows, replicas
+                # included: with a replica a primary, a primary had 5, fewer than the
+                # blocking reads it serves, and every other call waited a read's second
+                # (a lease renewed 9.8 s apart against 10 s, a resync of 18 s).
+                max_connections=cluster_connections(target.shards),
+                max_connections_per_node=True,
                 **timeouts,
             )
             self.client = cluster

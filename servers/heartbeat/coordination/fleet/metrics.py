@@ -34,6 +34,11 @@ class FleetCounts:
         self.resyncs = 0
         self.repeated_ends = 0
         """Session ends read a second time and passed over (a failover's gap, see :mod:`.reader`)."""
+        self.repeated_onlines = 0
+        """Session starts (online events) read a second time and passed over, likewise."""
+        self.reclaimed_onlines = 0
+        """Online events a re-claim wrote (the store had lost the session: a failover, an
+        empty restart) that this reader did not remember, and delivered (see :mod:`.reader`)."""
         self.fenced = 0
         """Connections closed at a resynchronisation because the fleet had ended their
         session meanwhile (this node was declared lost while cut off from Redis)."""
@@ -97,6 +102,17 @@ def fleet_families(
         "heartbeat_fleet_repeated_ends_total",
         "Session ends read a second time (re-written after a failover) and passed over.",
         counts.repeated_ends,
+    )
+    f.counter(
+        "heartbeat_fleet_repeated_onlines_total",
+        "Online events read a second time (re-claimed after a failover lost them) and passed over.",
+        counts.repeated_onlines,
+    )
+    f.counter(
+        "heartbeat_fleet_reclaimed_onlines_total",
+        "Online events re-written by a re-claim (the store had lost the session) that this node did not "
+        "remember reading, delivered.",
+        counts.reclaimed_onlines,
     )
     f.counter(
         "heartbeat_fleet_fenced_total",

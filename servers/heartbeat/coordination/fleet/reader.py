@@ -3,15 +3,19 @@ and filters notice, in order, once each, with one blocking XREAD.
 
 **The presence stream** ``<prefix>presence`` is the fleet's presence feed. Each entry
 has the fields ``event`` (the event's JSON, as :meth:`PresenceEvent.to_dict`),
-``origin`` (the node that emitted it) and ``evict`` (for a takeover: the node that must
-close the displaced session, else empty). Every node reads the whole stream with
-``XREAD`` and delivers each event to its own MQTT subscribers; external consumers read
-it with a consumer group of their own (``XGROUP CREATE idlekeeper:presence mine $
-MKSTREAM``, then ``XREADGROUP``). Telling the previous owner of a taken-over session
-through the same stream (rather than a Pub/Sub message) means the eviction is never
-lost by a node that was briefly disconnected, and it is ordered with the events its
-subscribers see. The same goes for routed messages: a node reads the presence
-stream, its own route stream and the filters notices in one blocking ``XREAD``.
+``origin`` (the node that emitted it), ``evict`` (for a takeover: the node that must
+close the displaced session, else empty) and, on an online a gateway's re-claim wrote
+again because the store had lost the session, ``reclaim`` (``1``). A reader passes
+over a session's second online or second end (a failover's: the old primary took the
+first unreplicated, and this node had read it), so subscribers and logs have each once.
+Every node reads the whole stream with ``XREAD`` and delivers each event to its own
+MQTT subscribers; external consumers read it with a consumer group of their own
+(``XGROUP CREATE idlekeeper:presence mine $ MKSTREAM``, then ``XREADGROUP``).
+Telling the previous owner of a taken-over session through the same stream (rather
+than a Pub/Sub message) means the eviction is never lost by a node that was briefly
+disconnected, and it is ordered with the events its subscribers see. The same goes
+for routed messages: a node reads the presence stream, its own route stream and the
+filters notices in one blocking ``XREAD``.
 
 On Redis Cluster there is a presence stream per shard (:mod:`.shards`), in its own
 slot, and one ``XREAD`` may only name keys of one slot: a task reads each shard's
@@ -46,7 +50,7 @@ from .metrics import FleetCounts
 from .routes import decode_route
 from .values import as_bytes, stream_id, text
 
-__all__ = ["ENDS_REMEMBERED", "READ_WINDOW_PER_SHARD", "StreamReader"]
+__all__ = ["ENDS_REMEMBERED", "READ_WINDOW_PER_SHARD", "STARTS_REMEMBERED", "StreamReader"]
 
 READ_WINDOW_PER_SHARD = 0.001
 """Seconds a busy shard's reader waits before reading again, per shard: with 16 shards,
@@ -54,6 +58,9 @@ READ_WINDOW_PER_SHARD = 0.001
 ENDS_REMEMBERED = 16_384
 """Session ends a reader remembers, to pass over a second one: a failover's gap is the
 last second or so of writes, far fewer ends than this at any rate a node can read."""
+STARTS_REMEMBERED = 16_384
+"""Session starts (online events) a reader remembers, likewise: an online re-written
+after a failover is one the old primary took in its last moments, unreplicated."""
 
 logger = logging.getLogger("servers.heartbeat.coordination.fleet")
 
@@ -97,6 +104,9 @@ class StreamReader:
         """How far each presence stream was read."""
         self.ended: OrderedDict[tuple[str, str], None] = OrderedDict()
         """The sessions whose end was read lately (client id, epoch), newest last."""
+        self.started: OrderedDict[tuple[str, str], None] = OrderedDict()
+        """The sessions whose online event was read lately and whose end was not (client
+        id, epoch), newest last."""
 
     def groups(self) -> list[list[str]]:
         """The streams each task reads with one ``XREAD``: the first holds the hub's."""
@@ -160,6 +170,12 @@ class StreamReader:
             top = stream_id(last[0].identifier) if last else None
             if not before:
                 positions[key] = top or (0, 0)
+            elif top is not None and top < positions[key] and self._read_already(key, last[0].field_values):
+                # A replica promoted (or a restart from a snapshot) without the old
+                # primary's last writes: its stream is a first part of what was read, so
+                # what comes after its top is new. Read from 0, every session in it
+                # would be announced again to this node's subscribers and log.
+                positions[key] = top
             elif top is None or top < positions[key]:
                 # The stream is gone or younger than what was read: Redis came
                 # back empty. Everything in the new stream is new to us.
@@ -213,12 +229,16 @@ class StreamReader:
         except (KeyError, ValueError, TypeError):
             logger.exception("node %s: unreadable presence stream entry %r", self.node, fields)
             return
-        ended = event.status == "offline" and event.client_id is not None
-        if ended and self._ended_before(event.client_id or "", event.epoch):
-            # A session ends once. A second end is a failover's: the old primary took the
-            # first in its last moments and this node read it, the new primary never had
-            # it, and the reconcile wrote it again. Subscribers and the log had it.
-            self.counts.repeated_ends += 1
+        reclaimed = fields.get(b"reclaim") == b"1"
+        if event.client_id is not None and self._read_before(event.client_id, event.epoch, event.status, reclaimed):
+            # A session starts once and ends once. A second copy is a failover's: the old
+            # primary took the first in its last moments and this node read it, the new
+            # primary never had it, and the gateway's re-claim (an online) or reconcile
+            # (an end) wrote it again for the fleet. Subscribers and the log had it.
+            if event.status == "offline":
+                self.counts.repeated_ends += 1
+            else:
+                self.counts.repeated_onlines += 1
             return
         self.counts.delivered += 1
         if self.seen is not None:
@@ -242,15 +262,41 @@ class StreamReader:
             except Exception:
                 logger.exception("node %s: deliver raised", self.node)
 
-    def _ended_before(self, client_id: str, epoch: str) -> bool:
-        """Whether the end of session ``epoch`` was read already; notes it if not."""
+    def _read_before(self, client_id: str, epoch: str, status: str, reclaimed: bool) -> bool:
+        """Whether session ``epoch``'s online (or, ``status`` "offline", its end) was read
+        already; notes it if not. An online written by a re-claim (``reclaimed``: the
+        store had lost the session) that this reader does not remember is delivered, and
+        counted: it was forgotten (a fleet of more sessions than :data:`STARTS_REMEMBERED`
+        starting meanwhile, or this gateway restarted), or never read."""
         key = (client_id, epoch)
-        if key in self.ended:
+        if status == "offline":
+            self.started.pop(key, None)  # its end is remembered instead, longer
+            if key in self.ended:
+                return True
+            self.ended[key] = None
+            if len(self.ended) > ENDS_REMEMBERED:
+                self.ended.popitem(last=False)
+            return False
+        if key in self.started or key in self.ended:
             return True
-        self.ended[key] = None
-        if len(self.ended) > ENDS_REMEMBERED:
-            self.ended.popitem(last=False)
+        if reclaimed:
+            self.counts.reclaimed_onlines += 1
+        self.started[key] = None
+        if len(self.started) > STARTS_REMEMBERED:
+            self.started.popitem(last=False)
         return False
+
+    def _read_already(self, stream: str, fields: Any) -> bool:
+        """Whether the entry ``fields`` of presence stream ``stream`` is one this reader
+        read (its session's online or end is remembered), without noting it."""
+        if stream not in self.presence_streams:
+            return False
+        try:
+            event = json.loads(fields[b"event"])
+            key = (str(event["client_id"]), str(event["epoch"]))
+        except (KeyError, ValueError, TypeError):
+            return False
+        return key in self.ended or (event.get("status") != "offline" and key in self.started)
 
     def _transmit(self, host: Host, fields: Any) -> None:
         """A persistent session's packets for the connection this node holds (if it still does)."""

@@ -11,10 +11,15 @@ sweep resumed after its sweeper died never emits twice; the membership goes only
 once the owned sets are empty. A node that renews again stops the sweep (each call
 checks its lease, or on Redis Cluster the copy of it in that shard). No node sweeps for a lease after Redis
 failed it or changed under it (see :mod:`.leases`).
+
+A node leaving while Redis is down or stalled leaves without it
+(:meth:`Sweeper.leave_within`): what it could not settle, its sessions still owned there,
+is what a survivor's sweep is for, once its lease lapses, as if it had died.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Awaitable, Callable
 
@@ -22,16 +27,20 @@ import coredis
 import trio
 
 from ...mqtt.endings import Offline
+from .. import LEAVE_TIMEOUT
 from .claims import Claims
 from .filters import Filters
 from .keys import FleetKeys
 from .leases import LeaseKeeper
 from .link import RedisLink
 from .metrics import STATS_EVERY
+from .queue import ReportQueue
 from .sessions import PersistentSessions
 from .values import text
 
 __all__ = ["Sweeper"]
+
+logger = logging.getLogger("servers.heartbeat.coordination.fleet")
 
 
 class Sweeper:
@@ -143,3 +152,42 @@ class Sweeper:
         # shard's copy of the lease is in its own slot.
         for key in [self.keys.lease, *(shard.lease for shard in self.keys.shards if self.keys.sharded)]:
             await call(redis.delete([key]))
+
+    async def leave_within(self, queue: ReportQueue, seconds: float = LEAVE_TIMEOUT) -> bool:
+        """:meth:`leave`, tried again after failures for up to ``seconds``; False if Redis
+        did not let it finish. Then the node leaves without Redis, and says so in one
+        WARNING (what failed, and who ends its sessions instead); never raises, so a
+        stop ends the process with 0 whatever Redis does (issue 61).
+
+        Redis silent for ``seconds`` already (the stop's drain waited for it meanwhile)
+        gets one try, not ``seconds`` more of them."""
+        link = self.link
+        retry = link.connected or link.down_since is None or time.monotonic() - link.down_since < seconds
+        attempt = 0
+        error = ""
+        with trio.move_on_after(seconds):
+            while True:
+                try:
+                    await self.leave()
+                    return True
+                except (Exception, trio.TooSlowError) as exc:
+                    attempt += 1
+                    error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+                    if not retry:
+                        link.failed(exc)
+                        break
+                    await link.failed_attempt(exc, attempt)
+        if error:
+            silent = 0.0 if link.down_since is None else time.monotonic() - link.down_since
+            why = f"silent for {silent:.1f} s: {error[:200]}"  # a client may quote a call's arguments
+        else:
+            why = f"no answer within {seconds:.1f} s"  # a call still waiting (a stall) when time ran out
+        logger.warning(
+            "node %s: could not reach Redis at shutdown (%s): leaving without it, %d reports unsent; "
+            "its devices' offline events are left to the fleet's sweeper, which ends what Redis "
+            "still has this node holding (node-lost) once its lease lapses",
+            self.node,
+            why,
+            len(queue.items),
+        )
+        return False

@@ -47,10 +47,10 @@ from .packets import (
     Will,
 )
 from .properties import EMPTY, Carrier, Properties, pack_properties, read_properties
-from .reason_codes import malformed, protocol_error
+from .reason_codes import ReasonCode, malformed, protocol_error
 from .wire import pack_binary, pack_string, read_binary, read_string, read_u8, read_u16, read_varint
 
-__all__ = ["pack", "read_packet", "read_packets", "read_whole"]
+__all__ = ["fit_reason", "pack", "read_packet", "read_packets", "read_whole"]
 
 _PINGREQ, _PINGRESP = Pingreq(), Pingresp()
 _Reader = Callable[[int, bytes, int, int], Packet]
@@ -92,6 +92,13 @@ _NAMES = {
     DISCONNECT: "DISCONNECT",
     AUTH: "AUTH",
 }
+
+
+def fit_reason(kind: int, code: int) -> int:
+    """``code`` if packet ``kind`` (CONNACK, DISCONNECT...) may carry it, else 0x82 (Protocol
+    Error): a packet refused before CONNACK for a DISCONNECT's reason (a Topic Alias of
+    0 behind the CONNECT, 0x94) is told in a CONNACK the client can parse."""
+    return code if code in _ALLOWED[kind] else int(ReasonCode.PROTOCOL_ERROR)
 
 
 def _reason(kind: int, src: bytes, pos: int, end: int) -> tuple[int, int]:

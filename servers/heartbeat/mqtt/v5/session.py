@@ -57,8 +57,10 @@ from ..publication import Publication
 from ..session import Session, State, Verdict, assign_client_id
 from . import outbound
 from .aliases import OutboundAliases
-from .codec import pack
+from .codec import fit_reason, pack
 from .packets import (
+    CONNACK,
+    DISCONNECT,
     PUBACK,
     PUBCOMP,
     PUBREC,
@@ -176,8 +178,8 @@ class Session5(Session):
         """The CONNACK refusing the CONNECT: ``return_code`` is 3.1.1's (1 to 5, what
         the server's admission says) or already 5.0's (0x80 and up)."""
         super().refused(return_code)
-        code = _REFUSALS.get(return_code, return_code)
-        self._code = int(code)
+        code = fit_reason(CONNACK, _REFUSALS.get(return_code, return_code))
+        self._code = code
         return pack(Connack(False, code))
 
     def goodbye(self, reason: Offline) -> bytes | None:
@@ -199,10 +201,11 @@ class Session5(Session):
         if self.state is not State.CONNECTED:
             return None
         self.state = State.CLOSED
-        self._code = int(code)
+        told = fit_reason(DISCONNECT, code)
+        self._code = told
         if not self.problem_information:
-            return pack(Disconnect(code))
-        return pack(Disconnect(code, Properties(reason_string=f"{exc.reason}: {exc.detail}"[:_MAX_REASON_STRING])))
+            return pack(Disconnect(told))
+        return pack(Disconnect(told, Properties(reason_string=f"{exc.reason}: {exc.detail}"[:_MAX_REASON_STRING])))
 
     # -- the client's packets ------------------------------------------------------------
 

@@ -52,7 +52,6 @@ if newer and (status == 'online' or mode == 'reclaim') then
     ended['time'] = tonumber(cur[5])
     ended['silent_for'] = 0
     ended['detail'] = detail
-    ended['keep_alive'] = nil
     displace(epoch)
     return {'stale', redis.call('XADD', stream, 'MAXLEN', '~', maxlen, '*',
       'event', cjson.encode(ended), 'origin', me, 'evict', '')}
@@ -66,7 +65,6 @@ if status == 'online' then
   old['time'] = tonumber(now)
   old['silent_for'] = 0
   old['detail'] = detail
-  old['keep_alive'] = nil
   out[#out + 1] = redis.call('XADD', stream, 'MAXLEN', '~', maxlen, '*',
     'event', cjson.encode(old), 'origin', me, 'evict', cur_owner)
   displace(cur_epoch)
@@ -77,5 +75,12 @@ redis.call('HSET', dev, unpack(ARGV, 10))
 redis.call('HINCRBY', dev, 'sessions', 1)
 redis.call('PERSIST', dev)
 redis.call('SADD', owned, cid)
-out[#out + 1] = redis.call('XADD', stream, 'MAXLEN', '~', maxlen, '*', 'event', ev, 'origin', me, 'evict', '')
+if mode == 'reclaim' then
+  -- Written again for a store that lost the session (a failover, an empty restart):
+  -- readers that read the first copy pass over this one.
+  out[#out + 1] = redis.call('XADD', stream, 'MAXLEN', '~', maxlen, '*',
+    'event', ev, 'origin', me, 'evict', '', 'reclaim', '1')
+else
+  out[#out + 1] = redis.call('XADD', stream, 'MAXLEN', '~', maxlen, '*', 'event', ev, 'origin', me, 'evict', '')
+end
 return out

@@ -18,7 +18,6 @@ for i = 10, #ARGV do
     e['time'] = tonumber(now)
     e['silent_for'] = 0
     e['detail'] = detail
-    e['keep_alive'] = nil
     local js = cjson.encode(e)
     redis.call('XADD', stream, 'MAXLEN', '~', maxlen, '*', 'event', js, 'origin', me, 'evict', '')
     redis.call('HSET', dev, 'status', 'offline', 'owner', '', 'event', js, 'reason', reason, 'time', now)
