@@ -4,11 +4,10 @@ fields read back from the parsed flags."""
 from __future__ import annotations
 
 import argparse
-import sys
 from collections.abc import Iterable, Sequence
-from pathlib import Path
 from typing import Any
 
+from servers import settings
 from servers.extras import version
 
 from .mqtt_versions import protocol_option
@@ -40,7 +39,7 @@ def program() -> str:
     """How the operator started the load tester, for usage lines and errors:
     ``python -m loadtest``, or else (the console script ``idlekeeper-loadtest``, or a
     program calling its ``main``) the script's name; as :func:`servers.settings.program`."""
-    return MODULE if Path(sys.argv[0]).as_posix().endswith("/loadtest/__main__.py") else NAME
+    return settings.program(NAME, MODULE.removeprefix("python -m "))
 
 
 def version_line() -> str:

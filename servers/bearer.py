@@ -14,6 +14,8 @@ import logging
 import os
 import re
 
+from .textfiles import read_utf8
+
 __all__ = ["TokenFile", "TokenFileError"]
 
 logger = logging.getLogger("servers.status")
@@ -48,13 +50,7 @@ class TokenFile:
         return len(self._digests)
 
     def _read(self) -> list[bytes]:
-        try:
-            with open(self.path, encoding="utf-8") as f:
-                lines = f.read().splitlines()
-        except OSError as exc:
-            raise TokenFileError(f"{self.path}: cannot read ({exc.strerror or exc})") from None
-        except UnicodeDecodeError:
-            raise TokenFileError(f"{self.path}: not UTF-8") from None
+        lines = read_utf8(self.path, TokenFileError)[1].splitlines()
         digests = []
         for number, line in enumerate(lines, 1):
             token = line.partition("#")[0].strip()

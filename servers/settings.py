@@ -113,10 +113,10 @@ def seconds(*, least: float | None = None, above: float | None = 0.0, zero: str 
     return Number(unit="seconds", least=least, above=above, zero=zero, metavar="SECONDS")
 
 
-def count(unit: str = "", *, least: int = 1, most: int | None = None, zero: str | None = None) -> Number:
+def count(unit: str = "", *, least: int = 1, most: int | None = None) -> Number:
     """A whole number of ``unit`` (bytes, connections...), at least ``least`` (1 by default)."""
     metavar = "BYTES" if unit == "bytes" else "N"
-    return Number(unit=unit, integer=True, least=least, most=most, zero=zero, metavar=metavar)
+    return Number(unit=unit, integer=True, least=least, most=most, metavar=metavar)
 
 
 def port(*, zero: str = "any free port") -> Number:
@@ -126,15 +126,14 @@ def port(*, zero: str = "any free port") -> Number:
 
 @dataclass(frozen=True)
 class Choice(Kind):
-    """One of a few words (case-insensitive unless ``exact``)."""
+    """One of a few words, in any case."""
 
     values: tuple[str, ...]
-    exact: bool = False
 
     def parse(self, text: str) -> str:
         """The word, as declared."""
         for value in self.values:
-            if text == value or (not self.exact and text.lower() == value.lower()):
+            if text.lower() == value.lower():
                 return value
         raise SettingError(f"must be one of {', '.join(self.values)}, not {text!r}")
 

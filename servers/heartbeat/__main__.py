@@ -258,16 +258,6 @@ def check_arguments(cli: CommandLine, args: argparse.Namespace) -> None:
             TokenFile.load(args.status_token_file)
         except TokenFileError as exc:
             cli.refuse("--status-token-file", str(exc))
-    try:
-        if args.auth_file:
-            PasswordFile.load(args.auth_file)
-    except AuthFileError as exc:
-        cli.refuse("--auth-file", str(exc))
-    try:
-        if args.acl_file:
-            AclFile.load(args.acl_file)
-    except AclFileError as exc:
-        cli.refuse("--acl-file", str(exc))
     if args.cluster:
         from .coordination.fleet.target import parse_target
 
@@ -276,7 +266,12 @@ def check_arguments(cli: CommandLine, args: argparse.Namespace) -> None:
         except ValueError as exc:
             cli.refuse("--cluster", str(exc))
     try:
+        # Loads the password file and the ACL as a worker will, and checks the settings together.
         config_from(argparse.Namespace(**{**vars(args), "presence_log": None}), 0)
+    except AuthFileError as exc:
+        cli.refuse("--auth-file", str(exc))
+    except AclFileError as exc:
+        cli.refuse("--acl-file", str(exc))
     except ValueError as exc:
         cli.error(str(exc))
 

@@ -16,6 +16,7 @@ from .broker.persistent import DEFAULT_MAX_SESSIONS
 from .broker.retained import DEFAULT_MAX_OWNER_BYTES, DEFAULT_MAX_OWNER_COUNT
 from .config import ENGINES, KEEPALIVE_OVER_MAX
 from .coordination.registry import DEFAULT_MAX_BYTES as DEFAULT_RECORD_BYTES
+from .mqtt.packets import MAX_REMAINING_LENGTH
 from .mqtt.policy import (
     DEFAULT_MAX_CLIENT_ID,
     DEFAULT_MAX_SUBSCRIPTION_BYTES,
@@ -28,9 +29,6 @@ from .mqtt.policy import (
 from .security.connect_rate import DEFAULT_CONNECT_RATE
 
 __all__ = ["LIMITS", "SETTINGS", "limits_from"]
-
-MQTT_PACKET_MAX = 268_435_455
-"""The largest Remaining Length MQTT can encode (four bytes of varint)."""
 
 _MIB = 1024 * 1024
 
@@ -167,7 +165,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("--send-timeout", seconds(), 30.0, "seconds a subscriber may stall our sends (default: 30)"),
     Setting(
         "--max-packet-size",
-        count("bytes", least=64, most=MQTT_PACKET_MAX),
+        count("bytes", least=64, most=MAX_REMAINING_LENGTH),
         256 * 1024,
         "largest accepted packet in bytes (default: 262144)",
     ),

@@ -13,6 +13,7 @@ from .records import record
 
 __all__ = [
     "MAX_REMAINING_LENGTH",
+    "TYPE_NAMES",
     "PINGREQ_WIRE",
     "Connect",
     "Disconnect",
@@ -31,6 +32,26 @@ __all__ = [
 # Control packet types (2.1.2): the fixed header's high nibble. MQTT 5 keeps them and adds AUTH.
 CONNECT, CONNACK, PUBLISH, PUBACK, PUBREC, PUBREL, PUBCOMP = 1, 2, 3, 4, 5, 6, 7
 SUBSCRIBE, SUBACK, UNSUBSCRIBE, UNSUBACK, PINGREQ, PINGRESP, DISCONNECT = 8, 9, 10, 11, 12, 13, 14
+
+TYPE_NAMES = {
+    0: "reserved type 0",
+    CONNECT: "CONNECT",
+    CONNACK: "CONNACK",
+    PUBLISH: "PUBLISH",
+    PUBACK: "PUBACK",
+    PUBREC: "PUBREC",
+    PUBREL: "PUBREL",
+    PUBCOMP: "PUBCOMP",
+    SUBSCRIBE: "SUBSCRIBE",
+    SUBACK: "SUBACK",
+    UNSUBSCRIBE: "UNSUBSCRIBE",
+    UNSUBACK: "UNSUBACK",
+    PINGREQ: "PINGREQ",
+    PINGRESP: "PINGRESP",
+    DISCONNECT: "DISCONNECT",
+    15: "reserved type 15",
+}
+"""Each packet type's name, as log lines and errors write it (15 is MQTT 5.0's AUTH)."""
 
 MAX_REMAINING_LENGTH = 268_435_455
 """The largest remaining length four varint bytes can carry."""

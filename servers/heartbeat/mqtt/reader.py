@@ -25,6 +25,7 @@ from .packets import (
     PUBREC,
     PUBREL,
     SUBSCRIBE,
+    TYPE_NAMES,
     UNSUBSCRIBE,
     ProtocolError,
 )
@@ -45,31 +46,13 @@ _REQUIRED_FLAGS = {
     PINGREQ: 0,
     DISCONNECT: 0,
 }
-_TYPE_NAMES = {
-    0: "reserved type 0",
-    1: "CONNECT",
-    2: "CONNACK",
-    3: "PUBLISH",
-    4: "PUBACK",
-    5: "PUBREC",
-    6: "PUBREL",
-    7: "PUBCOMP",
-    8: "SUBSCRIBE",
-    9: "SUBACK",
-    10: "UNSUBSCRIBE",
-    11: "UNSUBACK",
-    12: "PINGREQ",
-    13: "PINGRESP",
-    14: "DISCONNECT",
-    15: "reserved type 15",
-}
 # Remaining lengths fixed by the spec, so a lie is caught before its body is waited for.
 _FIXED_LENGTHS = {PUBACK: 2, PUBREC: 2, PUBREL: 2, PUBCOMP: 2, PINGREQ: 0, DISCONNECT: 0}
 
 
 def _first_byte_problem(first: int) -> tuple[str, str] | None:
     kind, flags = first >> 4, first & 0x0F
-    name = _TYPE_NAMES[kind]
+    name = TYPE_NAMES[kind]
     if kind == PUBLISH:
         qos = (flags >> 1) & 0x03
         if qos == 3:
@@ -262,7 +245,7 @@ class PacketReader:
                     raise ProtocolError("packet-too-large", detail=f"{total} bytes, more than {limit}")
                 fixed = lengths.get(kind)
                 if fixed is not None and fixed != length:
-                    raise ProtocolError("bad-length", detail=f"{_TYPE_NAMES[kind]} with remaining length {length}")
+                    raise ProtocolError("bad-length", detail=f"{TYPE_NAMES[kind]} with remaining length {length}")
                 stop = pos + total
                 if stop > end:
                     self._need = total

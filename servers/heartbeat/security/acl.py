@@ -45,8 +45,8 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from ...textfiles import read_utf8
 from ..mqtt.filters import topic_matches
-from .files import read_utf8
 
 __all__ = ["Access", "AclFile", "AclFileError", "Rule"]
 

@@ -45,7 +45,7 @@ import secrets
 import tempfile
 from collections.abc import Iterable, Sequence
 
-from .files import read_utf8
+from ...textfiles import read_utf8
 
 __all__ = ["DEFAULT_ITERATIONS", "SCHEME", "AuthFileError", "AuthResult", "PasswordFile", "hash_password"]
 

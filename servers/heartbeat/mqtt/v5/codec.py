@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 from .. import sharing
 from ..encoders import encode_frame as _frame
+from ..packets import TYPE_NAMES
 from .packets import (
     AUTH,
     CONNACK,
@@ -75,23 +76,7 @@ _ALLOWED: dict[int, frozenset[int]] = {
     ),
     AUTH: frozenset({0x00, 0x18, 0x19}),
 }
-_NAMES = {
-    CONNECT: "CONNECT",
-    CONNACK: "CONNACK",
-    PUBLISH: "PUBLISH",
-    PUBACK: "PUBACK",
-    PUBREC: "PUBREC",
-    PUBREL: "PUBREL",
-    PUBCOMP: "PUBCOMP",
-    SUBSCRIBE: "SUBSCRIBE",
-    SUBACK: "SUBACK",
-    UNSUBSCRIBE: "UNSUBSCRIBE",
-    UNSUBACK: "UNSUBACK",
-    PINGREQ: "PINGREQ",
-    PINGRESP: "PINGRESP",
-    DISCONNECT: "DISCONNECT",
-    AUTH: "AUTH",
-}
+_NAMES = {**TYPE_NAMES, AUTH: "AUTH"}
 
 
 def fit_reason(kind: int, code: int) -> int:

@@ -1,5 +1,5 @@
-"""Reading an operator's rule file (passwords, ACL): its text, or one error naming the
-file, and the line, that could not be read."""
+"""Reading a file an operator wrote (passwords, ACL, bearer tokens): its text, or one
+error naming the file, and the line, that could not be read."""
 
 from __future__ import annotations
 
