@@ -68,6 +68,10 @@ class LinkHandler(Protocol):
         """Everything ``link`` sent in one read has been handed to :meth:`received`."""
         ...
 
+    # Optional: round_done() after each poll (see Hub.poll), wake_in() -> seconds until
+    # it is due again (None: never), stop() when the supervisor stops the workers, and
+    # close() when the hub closes.
+
     def process_exited(self, pid: int, code: int | None) -> object:
         """A worker process is gone, and everything its links held has been received."""
         ...
@@ -129,6 +133,25 @@ class Hub:
                 self._read(link)
             if events & selectors.EVENT_WRITE and link.open:
                 self._flush(link)
+        self.tick()
+
+    def tick(self) -> None:
+        """Tell the handler a round of moving lines is done (its ``round_done``, if it
+        has one: the heartbeat's authority commits its durable store there)."""
+        round_done = getattr(self.handler, "round_done", None)
+        if round_done is not None:
+            round_done()
+
+    def wake_in(self) -> float | None:
+        """Seconds until the handler wants :meth:`tick` again without any line (None: never)."""
+        wake_in = getattr(self.handler, "wake_in", None)
+        return None if wake_in is None else wake_in()
+
+    def stopping(self) -> None:
+        """The supervisor is stopping its workers (tells the handler's ``stop``, if any)."""
+        stop = getattr(self.handler, "stop", None)
+        if stop is not None:
+            stop()
 
     def process_exited(self, pid: int, code: int | None = None) -> None:
         """Read what a dead process's links still hold, close them, and tell the handler.
@@ -248,9 +271,12 @@ class Hub:
             self._want_write(link)
 
     def close(self) -> None:
-        """Close every link and remove the socket file."""
+        """Close every link, remove the socket file, and tell the handler (its ``close``, if any)."""
         for link in list(self._links.values()):
             self._drop(link)
+        close = getattr(self.handler, "close", None)
+        if close is not None:
+            close()
         self._sel.close()
         self._listener.close()
         try:

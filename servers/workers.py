@@ -127,7 +127,10 @@ def supervise(
             # Sleeps until a worker exits, a worker's line needs relaying, a signal comes
             # or a restart is due: no periodic wake-up to look for any of them.
             soonest = min(restart_at.values(), default=math.inf) - time.monotonic()
-            waiter.wait(max(0.0, min(soonest, _LONGEST_SLEEP)))
+            due = None if hub is None else hub.wake_in()
+            waiter.wait(max(0.0, min(soonest, _LONGEST_SLEEP, math.inf if due is None else due)))
+            if due is not None and hub is not None:
+                hub.tick()  # a timed commit of the hub's handler (a durable store's)
             now = time.monotonic()
             for index, proc in list(procs.items()):
                 code = proc.poll()
@@ -159,6 +162,8 @@ def supervise(
                     start(index)
         return gave_up
     finally:
+        if hub is not None:
+            hub.stopping()
         for proc in procs.values():
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)  # by PID, never by name

@@ -182,6 +182,24 @@ def _bus_families() -> list[Metric]:
     return BusCoordinator.figures(idle)  # type: ignore[arg-type]
 
 
+def _durable_families() -> list[Metric]:
+    import tempfile
+    import time
+
+    from servers.heartbeat.broker.persistent import SessionStore
+    from servers.heartbeat.coordination.durable import Durability
+    from servers.heartbeat.coordination.durable.driver import durability_figures
+    from servers.heartbeat.coordination.registry import Registry
+    from servers.heartbeat.coordination.retention import Retention
+
+    with tempfile.TemporaryDirectory() as folder:
+        durability = Durability(f"{folder}/state.db", store_clock=time.time)
+        retention = Retention(Registry(), presence_prefix="$SYS/presence/", clock=time.time)
+        families = durability_figures(durability, SessionStore(), retention)
+        durability.close(clean=True)
+    return families
+
+
 def _fleet_families() -> list[Metric]:
     from servers.heartbeat.coordination.fleet.metrics import FleetCounts, fleet_families
 
@@ -206,6 +224,8 @@ def metric_source(name: str) -> tuple[Metric, ...]:
         return tuple(_bus_families())
     if name == "fleet":
         return tuple(_fleet_families())
+    if name == "durable":
+        return tuple(_durable_families())
     raise ValueError(f"unknown metrics source {name!r}")
 
 

@@ -10,6 +10,7 @@ import argparse
 import logging
 import os
 import sys
+import time
 from collections.abc import Sequence
 
 import trio
@@ -27,6 +28,7 @@ from ..workers import supervisor_pid
 from .config import HeartbeatConfig
 from .coordination import Coordinator
 from .coordination.authority import Authority
+from .coordination.durable import StoreFileError, open_database
 from .coordination.local import BusCoordinator
 from .mqtt.policy import DEFAULT_PRESENCE_PREFIX
 from .presence.event import PresenceLog, PresenceSink
@@ -35,7 +37,7 @@ from .security.passwords import AuthFileError, PasswordFile
 from .security.throttle import ThrottlePolicy
 from .server.access import acl_reader
 from .server.lifecycle import DRAIN_CAP, HeartbeatServer
-from .server.stores import mqtt_state
+from .server.stores import durability_for, mqtt_state
 from .settings import SETTINGS, limits_from
 from .worker import serve_heartbeat
 
@@ -93,6 +95,11 @@ def config_from(args: argparse.Namespace, worker: int) -> HeartbeatConfig:
         presence_offline_ttl=args.presence_offline_ttl or None,
         presence_prefix=args.presence_prefix,
         max_retained_bytes=args.max_retained_bytes,
+        persistence=args.persistence,
+        persistence_sync=args.persistence_sync,
+        persistence_interval=args.persistence_interval,
+        autosave_interval=args.autosave_interval,
+        persistence_check=False,  # check_arguments read it through, before anything started
         **limits_from(args),
     )
     if args.cluster:
@@ -149,6 +156,8 @@ def coordinator_for(args: argparse.Namespace, config: HeartbeatConfig) -> tuple[
         supervisor_pid=supervisor_pid(),
         sinks=sinks,
         presence_prefix=config.presence_prefix,
+        durable=config.persistence is not None and config.persistence_sync == "always",
+        keeps_wills=config.persistence is not None,
     )
     return bus, sinks
 
@@ -164,6 +173,7 @@ def authority_hub(args: argparse.Namespace) -> Hub:
         max_records=config.max_device_records,
         max_record_bytes=config.max_device_record_bytes,
         state=mqtt_state(config),
+        durability=durability_for(config, time.time),
     )
     return Hub(authority, max_buffer=args.bus_buffer)
 
@@ -232,7 +242,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     # A worker's shutdown may wait up to DRAIN_CAP for a fleet reader a backlog behind,
     # within its own bounds: the supervisor waits as long before it kills.
     return runner.main(
-        "servers.heartbeat", args, argv, run_worker, hub=hub, grace=DRAIN_CAP + 15.0,
+        "servers.heartbeat",
+        args,
+        argv,
+        run_worker,
+        hub=hub,
+        grace=DRAIN_CAP + 15.0,
         extra_ports=extra_ports(args),
         prog=cli.prog,
     )
@@ -258,6 +273,13 @@ def check_arguments(cli: CommandLine, args: argparse.Namespace) -> None:
             TokenFile.load(args.status_token_file)
         except TokenFileError as exc:
             cli.refuse("--status-token-file", str(exc))
+    if args.persistence is not None and args.worker_index is None:  # the supervisor's, not its workers'
+        if args.cluster:
+            cli.refuse("--persistence", "a fleet keeps its state in Redis (see docs/how-to/durability.md), not a file")
+        try:
+            open_database(args.persistence).close()
+        except StoreFileError as exc:
+            cli.refuse("--persistence", str(exc))
     if args.cluster:
         from .coordination.fleet.target import parse_target
 

@@ -88,6 +88,17 @@ class HeartbeatConfig(WorkerConfig):
     """Seconds an offline device's presence stays retained (None: as long as its record is kept)."""
     max_retained_bytes: int = DEFAULT_MAX_BYTES
     """Bytes of retained topics and payloads kept, presence not included; beyond, new ones are refused."""
+    persistence: str | None = None
+    """The SQLite file the state is kept in durably (None: in memory only); see :mod:`.coordination.durable`."""
+    persistence_sync: str = "always"
+    """``always``, ``interval`` or ``off`` (:data:`.coordination.durable.SYNC_MODES`)."""
+    persistence_interval: float = 0.1
+    """Seconds between commits with ``persistence_sync="interval"``."""
+    autosave_interval: float = 1800.0
+    """Seconds between commits with ``persistence_sync="off"``."""
+    persistence_check: bool = True
+    """Read the whole file through (``PRAGMA quick_check``) when it is opened; the command
+    line has done so before it starts anything, and turns it off."""
     max_retained_per_client: int = DEFAULT_MAX_OWNER_COUNT
     """Retained messages one client (the one that last set each) may hold; beyond, refused (the old one stays)."""
     max_retained_bytes_per_client: int = DEFAULT_MAX_OWNER_BYTES

@@ -15,6 +15,7 @@ from ..tls import tls_settings
 from .broker.persistent import DEFAULT_MAX_SESSIONS
 from .broker.retained import DEFAULT_MAX_OWNER_BYTES, DEFAULT_MAX_OWNER_COUNT
 from .config import ENGINES, KEEPALIVE_OVER_MAX
+from .coordination.durable import SYNC_MODES
 from .coordination.registry import DEFAULT_MAX_BYTES as DEFAULT_RECORD_BYTES
 from .mqtt.packets import MAX_REMAINING_LENGTH
 from .mqtt.policy import (
@@ -40,6 +41,7 @@ def _ws_path(text: str) -> str:
 
 
 _LIMIT = "what one client may make the server hold"
+_DURABLE = "durable state (one box)"
 
 LIMITS: tuple[Setting, ...] = (
     Setting(
@@ -262,8 +264,7 @@ SETTINGS: tuple[Setting, ...] = (
         "--auth-free-failures",
         count("failures", least=0),
         5,
-        "failed password checks a source address, or a username, may make before its checks are "
-        "delayed (default: 5)",
+        "failed password checks a source address, or a username, may make before its checks are delayed (default: 5)",
         group=_AUTH,
     ),
     Setting(
@@ -357,6 +358,42 @@ SETTINGS: tuple[Setting, ...] = (
         "bytes of retained topics and payloads kept (presence not included); beyond, new ones are "
         "refused and counted (default: 512 MiB)",
         group=_QUEUES,
+    ),
+    # Durable state.
+    Setting(
+        "--persistence",
+        Text(metavar="FILE"),
+        None,
+        "keep retained messages, persistent sessions and every device's last presence in this SQLite file "
+        "(made if absent), so a restart or a crash loses none of them; devices online when the server "
+        "stopped get one offline event at the next start (server-shutdown, or server-lost after a crash). "
+        "A file that is not this server's, is corrupt or cannot be written is refused "
+        "(default: none, the state lives in memory; a fleet keeps it in Redis)",
+        group=_DURABLE,
+    ),
+    Setting(
+        "--persistence-sync",
+        Choice(SYNC_MODES),
+        "always",
+        "always: a PUBACK for a message retained or queued for a session waits for its group's commit "
+        "(nothing acknowledged is lost, even to a crash); interval: a commit every "
+        "--persistence-interval, PUBACKs do not wait (a crash may lose that much); off: at shutdown "
+        "and every --autosave-interval, as Mosquitto's persistence (default: always)",
+        group=_DURABLE,
+    ),
+    Setting(
+        "--persistence-interval",
+        seconds(),
+        0.1,
+        "seconds between commits with --persistence-sync interval (default: 0.1)",
+        group=_DURABLE,
+    ),
+    Setting(
+        "--autosave-interval",
+        seconds(),
+        1800.0,
+        "seconds between commits with --persistence-sync off, Mosquitto's autosave_interval (default: 1800)",
+        group=_DURABLE,
     ),
     # A fleet.
     Setting(

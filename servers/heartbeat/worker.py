@@ -58,6 +58,8 @@ async def serve_heartbeat(
         server = HeartbeatServer(config, keeper, nursery, coordinator)
         # Started before the first connection, so that no report finds it unattached.
         await nursery.start(partial(server.coordinator.run, server))
+        for held in await server.coordinator.pending_wills():  # kept across a restart
+            server.wills.restore(held)
         if listeners is None:
             listeners = open_listeners(config.host, config.port)
         server.port = port_of(listeners)

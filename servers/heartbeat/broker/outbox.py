@@ -21,11 +21,20 @@ import collections
 import enum
 import time
 from collections.abc import Callable, Iterable
+from typing import Protocol
 
 from ..mqtt.encoders import PUBLISH_HEAD, U16, encode_held, encode_pubrel
 from ..mqtt.v5 import outbound
 
-__all__ = ["DEFAULT_MAX_QUEUED", "DEFAULT_MAX_QUEUED_BYTES", "DEFAULT_WINDOW", "Message", "Outbox", "Stage"]
+__all__ = [
+    "DEFAULT_MAX_QUEUED",
+    "DEFAULT_MAX_QUEUED_BYTES",
+    "DEFAULT_WINDOW",
+    "Message",
+    "MessageJournal",
+    "Outbox",
+    "Stage",
+]
 
 DEFAULT_WINDOW = 20
 """Messages in flight (sent, not yet acknowledged) per client."""
@@ -51,7 +60,9 @@ class Message:
     """One outbound message: what to publish, and (once in flight) its packet id and stage."""
 
     # A persistent session of a vanished device may hold a thousand of these.
-    __slots__ = ("topic", "payload", "qos", "retain", "properties", "group", "packet_id", "stage", "sent", "born")
+    __slots__ = (
+        "topic", "payload", "qos", "retain", "properties", "group", "packet_id", "stage", "sent", "born", "seq"
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -78,6 +89,8 @@ class Message:
         """Whether it was ever written: a resend then carries DUP (MQTT-3.3.1-1)."""
         self.born = 0.0
         """When its outbox took it (its clock), if it has an MQTT 5 Message Expiry to count down."""
+        self.seq = 0
+        """Its number in a durable store (0: not kept in one)."""
 
     @property
     def size(self) -> int:
@@ -112,6 +125,23 @@ class Message:
         return f"Message({self.topic!r}, qos={self.qos}, id={self.packet_id}, {self.stage.value})"
 
 
+class MessageJournal(Protocol):
+    """Who is told of every change to a persistent session's messages, so that a durable
+    store writes only what changed (:mod:`..coordination.durable`)."""
+
+    def kept(self, message: Message) -> None:
+        """``message`` was taken (queued, or sent at once)."""
+        ...
+
+    def changed(self, message: Message) -> None:
+        """``message`` was sent (given its packet id), released (PUBREC came) or rewritten."""
+        ...
+
+    def gone(self, message: Message) -> None:
+        """``message`` left: acknowledged to the end, or expired unsent."""
+        ...
+
+
 class Outbox:
     """The in-flight window and the queue of one client's QoS 1 and 2 messages.
 
@@ -128,6 +158,7 @@ class Outbox:
         "dropped",
         "expired",
         "clock",
+        "journal",
         "_inflight",
         "_queue",
         "_bytes",
@@ -154,6 +185,8 @@ class Outbox:
         """MQTT 5 messages dropped from the queue: their Message Expiry ran out first."""
         self.clock = clock
         """What an MQTT 5 Message Expiry is counted down by."""
+        self.journal: MessageJournal | None = None
+        """Told of every change to the messages, where they are kept durably."""
         # Insertion order is send order, which is the order resends must keep (4.6).
         self._inflight: dict[int, Message] = {}
         self._queue: collections.deque[Message] = collections.deque()
@@ -183,14 +216,20 @@ class Outbox:
             raise ValueError("only QoS 1 and 2 messages are held")
         if message.properties and outbound.message_expiry(message.properties) is not None:
             message.born = self.clock()
+        journal = self.journal
         if self.attached and not self._queue and len(self._inflight) < self.window:
-            return [self._launch(message, message.born)]  # taken now: none of its lifetime has gone
+            data = self._launch(message, message.born)  # taken now: none of its lifetime has gone
+            if journal is not None:
+                journal.kept(message)
+            return [data]
         size = message.size
         if len(self._queue) >= self.max_queued or self._bytes + size > self.max_queued_bytes:
             self.dropped += 1
             return []
         self._queue.append(message)
         self._bytes += size
+        if journal is not None:
+            journal.kept(message)
         return []
 
     def puback(self, packet_id: int) -> list[bytes]:
@@ -215,6 +254,7 @@ class Outbox:
         The window is refilled once, after all of them, not once per acknowledgement:
         the same messages go out in the same order, in one write instead of many."""
         inflight = self._inflight
+        journal = self.journal
         out: list[bytes] = []
         freed = False
         for kind, packet_id in acks:
@@ -225,20 +265,37 @@ class Outbox:
                 if message.qos == 1:
                     del inflight[packet_id]
                     freed = True
+                    if journal is not None:
+                        journal.gone(message)
             elif kind == "pubrec":
                 if message.qos == 2:
                     message.stage = Stage.RELEASED
+                    if journal is not None:
+                        journal.changed(message)
                     if self.attached:
                         out.append(encode_pubrel(packet_id))
             elif kind == "pubcomp":
                 if message.stage is Stage.RELEASED:
                     del inflight[packet_id]
                     freed = True
+                    if journal is not None:
+                        journal.gone(message)
             else:
                 raise ValueError(f"not an acknowledgement: {kind!r}")
         if freed:
             out += self._fill()
         return out
+
+    def restore(self, inflight: Iterable[Message], queued: Iterable[Message]) -> None:
+        """Take back what a durable store kept: the messages in flight, in the order they
+        were sent, with their packet ids and stages (each counts as sent: a resend
+        carries DUP), then the queue behind them. Nothing is written until :meth:`attach`."""
+        for message in inflight:
+            message.sent = True
+            self._inflight[message.packet_id] = message
+        for message in queued:
+            self._queue.append(message)
+            self._bytes += message.size
 
     def attach(self) -> list[bytes]:
         """The client (re)connected: resend everything in flight, in order, then fill the window."""
@@ -269,12 +326,15 @@ class Outbox:
         topic: str | None = None
         name = b""
         fixed = 0
+        journal = self.journal
         while queue and room:
             message = queue.popleft()
             payload = message.payload
             taken += len(message.topic) + len(payload)  # Message.size, without its call
             if message.born and message.expired(now):
                 self.expired += 1  # §3.3.2.3.3: not yet sent, and past its lifetime: deleted
+                if journal is not None:
+                    journal.gone(message)
                 continue
             last = last % 65535 + 1
             while last in inflight:
@@ -282,6 +342,8 @@ class Outbox:
             message.packet_id = last
             inflight[last] = message
             room -= 1
+            if journal is not None:
+                journal.changed(message)
             if message.properties is not None or message.stage is not _PUBLISHED:
                 append(message.wire(now))
                 continue

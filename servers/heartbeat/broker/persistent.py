@@ -41,9 +41,10 @@ from __future__ import annotations
 import collections
 import heapq
 from collections.abc import Callable, Hashable, Iterable
+from typing import Protocol
 
 from ..mqtt.publication import Publication
-from .outbox import DEFAULT_MAX_QUEUED, DEFAULT_MAX_QUEUED_BYTES, DEFAULT_WINDOW, Message, Outbox
+from .outbox import DEFAULT_MAX_QUEUED, DEFAULT_MAX_QUEUED_BYTES, DEFAULT_WINDOW, Message, MessageJournal, Outbox
 from .reports import Acked, AckedTogether, Attach, Delivery, Detach, Discard, Opened, Push, Report, Subscribed
 from .subscriptions import Subscriptions
 
@@ -52,6 +53,7 @@ __all__ = [
     "DEFAULT_MAX_SESSIONS",
     "DEFAULT_TOTAL_QUEUED_BYTES",
     "TAKEOVER_GRACE",
+    "SessionJournal",
     "SessionStore",
     "StoredSession",
 ]
@@ -66,6 +68,23 @@ TAKEOVER_GRACE = 60
 """Seconds a session resumed from a connection that still holds it (a takeover) is kept
 at least, whatever its expiry, should that connection end before the new one's
 CONNACK: the old expiry (0, say) must not end a session the new connection resumed."""
+
+
+class SessionJournal(Protocol):
+    """Who is told of every change to the sessions, so that a durable store writes only
+    the sessions that changed (:mod:`..coordination.durable`)."""
+
+    def session(self, client_id: str) -> None:
+        """The session of ``client_id`` changed (or is gone): its record is written again."""
+        ...
+
+    def opened(self, stored: StoredSession) -> MessageJournal:
+        """A new session: the journal of its messages."""
+        ...
+
+    def discarded(self, stored: StoredSession) -> None:
+        """``stored`` is gone, and every message it held."""
+        ...
 
 
 class StoredSession:
@@ -114,8 +133,11 @@ class StoredSession:
         if v5 == self.v5:
             return
         self.v5 = v5
+        journal = self.outbox.journal
         for message in (*self.outbox.inflight(), *self.outbox.queued()):
             message.properties = (message.properties or b"") if v5 else None
+            if journal is not None:
+                journal.changed(message)
 
 
 class SessionStore:
@@ -156,6 +178,32 @@ class SessionStore:
         """Messages (in flight or queued) that went with an expired session."""
         self.newly_dropping: collections.deque[str] = collections.deque(maxlen=1000)
         """Client ids whose first drop has not been logged yet (the server logs once per session)."""
+        self.journal: SessionJournal | None = None
+        """Told of every change, where the sessions are kept durably."""
+        self.keeps_absent = True
+        """Whether messages are queued for absent clients: False while a durable store
+        cannot write (a full disk), so nothing is taken that would be lost."""
+        self.unkept = 0
+        """Messages for absent clients not queued: the durable store could not write."""
+
+    def _touched(self, client_id: str) -> None:
+        journal = self.journal
+        if journal is not None:
+            journal.session(client_id)
+
+    def adopt(self, stored: StoredSession, options: dict[str, int]) -> None:
+        """Take back a session a durable store kept (its client away; ``left_at`` on
+        this store's clock), messages included; ``options``: its subscriptions' MQTT 5
+        options, packed, for those that have any."""
+        self._sessions[stored.client_id] = stored
+        for topic_filter, qos in stored.subscriptions.items():
+            stored.subscriptions[topic_filter] = self.subscriptions.subscribe(
+                stored.client_id, topic_filter, qos, options.get(topic_filter, 0)
+            )
+        self.queued_bytes += stored.outbox.queued_bytes
+        heapq.heappush(self._expiries, (stored.left_at + stored.expiry, stored.client_id))
+        if self.journal is not None:
+            stored.outbox.journal = self.journal.opened(stored)
 
     def __len__(self) -> int:
         return len(self._sessions)
@@ -227,6 +275,7 @@ class SessionStore:
                 stored.reopened = True
             stored.username = username
             stored.speak(v5)
+            self._touched(client_id)
             options = dict(self.subscriptions.options(client_id) or {})
             return Opened(True, dict(stored.subscriptions), frozenset(stored.inbound), options)
         if not create:
@@ -237,6 +286,9 @@ class SessionStore:
         outbox = Outbox(self.window, self.max_queued, self.max_queued_bytes, attached=False)
         stored = StoredSession(client_id, outbox, username, v5, self.expiry if expiry is None else expiry)
         self._sessions[client_id] = stored
+        if self.journal is not None:
+            outbox.journal = self.journal.opened(stored)
+            self.journal.session(client_id)
         # Counted as left now: a connection that dies before its CONNACK never attaches.
         stored.left_at = now
         heapq.heappush(self._expiries, (now + stored.expiry, client_id))
@@ -253,6 +305,7 @@ class SessionStore:
         stored.reopened = False
         if expiry is not None:
             stored.expiry = expiry
+        self._touched(client_id)
         before = stored.outbox.queued_bytes
         packets = stored.outbox.attach()
         self.queued_bytes -= before - stored.outbox.queued_bytes
@@ -275,6 +328,7 @@ class SessionStore:
             return
         stored.outbox.detach()
         stored.left_at = now
+        self._touched(client_id)
         heapq.heappush(self._expiries, (now + stored.expiry, client_id))
 
     def detach_held(self, held: Callable[[Hashable], bool], now: float) -> int:
@@ -293,6 +347,8 @@ class SessionStore:
             return False
         self.subscriptions.drop(client_id)
         self.queued_bytes -= stored.outbox.queued_bytes
+        if self.journal is not None:
+            self.journal.discarded(stored)
         return True
 
     def expire(self, now: float) -> list[str]:
@@ -322,12 +378,14 @@ class SessionStore:
         if stored is not None:
             granted = self.subscriptions.subscribe(client_id, topic_filter, qos, options)
             stored.subscriptions[topic_filter] = granted
+            self._touched(client_id)
 
     def unsubscribe(self, client_id: str, topic_filter: str) -> None:
         """The client unsubscribed."""
         stored = self._sessions.get(client_id)
         if stored is not None and stored.subscriptions.pop(topic_filter, None) is not None:
             self.subscriptions.unsubscribe(client_id, topic_filter)
+            self._touched(client_id)
 
     def acknowledge(self, client_id: str, holder: Hashable, kind: str, packet_id: int) -> Delivery | None:
         """PUBACK, PUBREC or PUBCOMP (``kind``) from the client's connection ``holder``."""
@@ -350,12 +408,14 @@ class SessionStore:
         stored = self._sessions.get(client_id)
         if stored is not None:
             stored.inbound.add(packet_id)
+            self._touched(client_id)
 
     def release_inbound(self, client_id: str, packet_id: int) -> None:
         """PUBREL came for a QoS 2 packet id."""
         stored = self._sessions.get(client_id)
-        if stored is not None:
+        if stored is not None and packet_id in stored.inbound:
             stored.inbound.discard(packet_id)
+            self._touched(client_id)
 
     # -- messages -------------------------------------------------------------------------
 
@@ -392,9 +452,13 @@ class SessionStore:
                 message = Message(topic, payload, level, flag, properties + extra)
             else:
                 message = Message(topic, payload, level)
-            if stored.holder is None and self.queued_bytes + message.size > self.total_queued_bytes:
-                self._dropped(stored)
-                continue
+            if stored.holder is None:
+                if not self.keeps_absent:
+                    self.unkept += 1
+                    continue
+                if self.queued_bytes + message.size > self.total_queued_bytes:
+                    self._dropped(stored)
+                    continue
             delivery = self.push(client_id, message)
             if delivery is not None:
                 out.append(delivery)

@@ -37,6 +37,7 @@ from ..broker.reports import Acked, AckedTogether, Opened, Report
 from ..mqtt.policy import DEFAULT_PRESENCE_PREFIX
 from ..mqtt.publication import Publication
 from ..presence.event import PresenceEvent, PresenceSink
+from .durable.wills import HeldWill
 from .retention import RetainedMessage, Retention
 
 __all__ = [
@@ -272,6 +273,36 @@ class Coordinator(abc.ABC):
     async def flush(self) -> None:
         """Wait until every report made so far has been published (no barrier with others)."""
         await self.drain()
+
+    # -- durability (--persistence); by default nothing waits -----------------------------
+
+    def commit_mark(self) -> int | None:
+        """A mark of the changes reported so far, if some wait to be made durable and an
+        acknowledgement must wait for them (``--persistence-sync always``); None if none
+        wait. Taken after a PUBLISH's retain and route: its PUBACK waits for :meth:`committed`."""
+        return None
+
+    async def committed(self, mark: int) -> bool:
+        """Wait until the changes up to ``mark`` are durable; False if they could not be
+        made so (the store cannot write, or its owner is gone)."""
+        return True
+
+    #: Whether delayed Wills are kept across a restart: a stopping worker then leaves
+    #: them waiting (the next start waits out the rest) instead of sending them.
+    keeps_wills: bool = False
+
+    def will_held(self, held: HeldWill) -> None:
+        """A Will waits out its delay on this worker (kept, where the state is durable)."""
+        return
+
+    def will_done(self, client_id: str, epoch: str) -> None:
+        """The Will session ``epoch`` of ``client_id`` left was sent or dropped."""
+        return
+
+    async def pending_wills(self) -> list[HeldWill]:
+        """The delayed Wills a restart found still waiting, for this worker to wait out
+        (one worker of a box gets them: the first)."""
+        return []
 
     # -- persistent sessions (CleanSession=0); by default none is kept -------------------
 

@@ -11,12 +11,12 @@ last reports, still in the socket, are applied first.
 
 from __future__ import annotations
 
-import itertools
 import json
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
+from functools import partial
 
 from ...bus import Link
 from ...logs import OncePer
@@ -25,13 +25,18 @@ from ..broker.topics import FilterIndex
 from ..mqtt.endings import Offline
 from ..mqtt.policy import DEFAULT_PRESENCE_PREFIX
 from ..mqtt.publication import Publication
-from ..presence.event import PresenceEvent, PresenceSink
+from ..presence.event import PresenceEvent, PresenceLog, PresenceSink
 from ..presence.overview import RecentEnds, registry_overview
 from . import frames, log_session_drops, log_sessions_full, publish_to_sinks
+from .durable import Durability
+from .durable.box import BoxCommits
+from .durable.driver import restored
 from .holders import Holders
+from .probes import Probes
 from .registry import DEFAULT_MAX_BYTES as DEFAULT_RECORD_BYTES
 from .registry import Registry
 from .retention import MqttState
+from .spread import Spread
 
 __all__ = ["Authority", "epoch_of"]
 
@@ -55,16 +60,6 @@ def _held_by(worker: int, pid: int) -> Callable[[PresenceEvent], bool]:
 _SWEEP_EVERY = 60.0
 # The persistent sessions' filters, as a holder beside the links (numbered from 1).
 _SESSIONS = -1
-
-
-@dataclass
-class _Settling:
-    """Probes out: the links whose :class:`Probed` is awaited, and what to do then (answer
-    a :class:`Settle`, or an :class:`OpenSession` that had to wait)."""
-
-    requester: int
-    waiting: set[int]
-    then: Callable[[_Peer], None]
 
 
 @dataclass
@@ -92,6 +87,7 @@ class Authority:
         max_record_bytes: int = DEFAULT_RECORD_BYTES,
         clock: Callable[[], float] = time.time,
         state: MqttState | None = None,
+        durability: Durability | None = None,
     ) -> None:
         self.sinks = list(sinks)
         self.presence_prefix = presence_prefix
@@ -107,8 +103,7 @@ class Authority:
         self.retention = state.retention(self.registry, presence_prefix, clock)
         self._swept = clock()
         self._peers: dict[int, _Peer] = {}
-        self._turns: dict[str, int] = {}
-        """Whose turn it is, per shared subscription held on several workers."""
+        self._spread: Spread[_Peer] = Spread(self._peers)
         self._holders: Holders[int] = Holders()
         """Every link's filters and the persistent sessions', and what each worker routes by."""
         self._persistent = self.store.subscriptions.track()
@@ -118,8 +113,7 @@ class Authority:
         # incarnation): a frame resent after a dropped link is acknowledged, not applied again.
         self._applied: dict[str, int] = {}
         self._incarnations: dict[int, set[str]] = {}  # pid -> its incarnations, forgotten when it exits
-        self._settling: dict[int, _Settling] = {}  # by probe token
-        self._tokens = itertools.count(1)
+        self._probes: Probes[_Peer] = Probes(self._peers)
         self.published = 0
         self.lost = 0
         self.dropped_links = 0
@@ -127,8 +121,22 @@ class Authority:
         """Numbered frames that came again after a dropped link and were not applied twice."""
         self.stale_attaches = 0
         """Persistent sessions' attaches refused: their connection had already lost the client id."""
-        self.shared_lost = 0
+        self.durability = durability
+        """Where the box's state is kept across restarts (None: in memory only). The
+        authority commits on its own thread: it serves no socket a slow disk could hold up."""
+        self.stopping = False
+        """The box is stopping: sessions ended by it stay online in a durable record
+        (the next start ends them, ``server-shutdown``)."""
+        self._commits = None if durability is None else BoxCommits(durability)
+        if durability is not None:
+            durability.telling.log = next((s for s in self.sinks if isinstance(s, PresenceLog)), None)
+            for event in restored(durability, self.registry, self.retention, self.store, self.recent):
+                self._publish(event)
+
+    @property
+    def shared_lost(self) -> int:
         """Shared subscriptions' unacknowledged messages passed on with no member left to take them."""
+        return self._spread.shared_lost
 
     # -- LinkHandler ---------------------------------------------------------------
 
@@ -149,11 +157,37 @@ class Authority:
         self._apply(peer, frame)
 
     def batch_done(self, link: Link) -> None:
-        """Acknowledge every numbered report of the batch at once."""
+        """Acknowledge every numbered report of the batch at once (with a durable store
+        in sync ``always``, once the round's commit has them: :meth:`round_done`)."""
         peer = self._peers.get(link.number)
-        if peer is not None and peer.seq > peer.acked:
+        if peer is None or peer.seq <= peer.acked:
+            return
+        if self._commits is None or not self._commits.defer(link.number, lambda ok: self._ack(peer, ok)):
+            self._ack(peer, True)
+
+    def _ack(self, peer: _Peer, durable: bool) -> None:
+        if self._peers.get(peer.link.number) is peer and peer.seq > peer.acked:
             peer.acked = peer.seq
-            link.send(frames.encode(frames.Ack(peer.seq)))
+            peer.link.send(frames.encode(frames.Ack(peer.seq, durable=durable)))
+
+    def round_done(self) -> None:
+        """The hub moved what was ready: the durable store's group commit (:class:`.BoxCommits`)."""
+        if self._commits is not None:
+            self._commits.round_done()
+
+    def wake_in(self) -> float | None:
+        """Seconds until a timed commit is due (None: none is)."""
+        return None if self._commits is None else self._commits.wake_in()
+
+    def stop(self) -> None:
+        """The supervisor is stopping the box (a signal): the sessions its workers end
+        from now on for the shutdown stay online in a durable record."""
+        self.stopping = True
+
+    def close(self) -> None:
+        """The supervisor is done: the last commit, and the durable file marked stopped."""
+        if self.durability is not None:
+            self.durability.close(clean=True)
 
     def disconnected(self, link: Link, overflowed: bool) -> None:
         """A link is gone. Its sessions stay: the worker may be alive (see :meth:`process_exited`)."""
@@ -170,11 +204,7 @@ class Authority:
         self._holders.leave(link.number)
         self._filters_changed()
         self._check_drained()
-        for token, settling in list(self._settling.items()):
-            if settling.requester == link.number:
-                del self._settling[token]
-            else:
-                self._probe_answered(token, link.number)  # a gone worker routes nothing
+        self._probes.gone(link.number)
 
     def worker_of(self, link: Link) -> int | None:
         """The index of the worker at the other end of ``link``, once it has said hello."""
@@ -192,7 +222,11 @@ class Authority:
         return self.worker_lost(worker, pid, detail)
 
     def worker_lost(self, worker: int, pid: int, detail: str) -> list[PresenceEvent]:
-        """Every session worker ``worker`` (process ``pid``) held goes offline, ``worker-lost``."""
+        """Every session worker ``worker`` (process ``pid``) held goes offline, ``worker-lost``
+        (unless the box is stopping with a durable store: the next start ends them)."""
+        if self.durability is not None and self.stopping:
+            self.store.detach_held(lambda holder: str(holder).startswith(f"{worker}.{pid}."), self._clock())
+            return []
         lost = self.registry.lose(_held_by(worker, pid), Offline.WORKER_LOST, detail, self._clock())
         for event in lost:
             self._publish(event)
@@ -223,11 +257,7 @@ class Authority:
         return True
 
     def _apply(self, peer: _Peer, frame: frames.Frame) -> None:
-        seq = (
-            frame.seq
-            if isinstance(frame, frames.Reported | frames.Kept | frames.Claimed | frames.Ended | frames.Routed)
-            else 0
-        )
+        seq = frame.seq if isinstance(frame, frames.Numbered) else 0
         if seq and not self._first_time(peer, seq):
             return
         if isinstance(frame, frames.Reported):
@@ -251,7 +281,7 @@ class Authority:
                 # way (a DISCONNECT that set the expiry to 0, and a reconnect that landed
                 # here): links deliver in order, so once that worker answers a probe,
                 # whatever it reported before has been applied.
-                self._probe(peer, lambda requester: self._open(requester, frame))
+                self._probes.probe(peer, lambda requester: self._open(requester, frame))
             else:
                 self._open(peer, frame)
         elif isinstance(frame, frames.RetainedQuery):
@@ -260,15 +290,21 @@ class Authority:
         elif isinstance(frame, frames.Claimed):
             self._online(frame.event)
         elif isinstance(frame, frames.Ended):
-            if self.registry.offline(frame.event, forget=frame.forget) is not None:
+            if self.durability is not None and self.stopping and frame.event.reason is Offline.SHUTDOWN:
+                pass  # the box is stopping: the next start ends it (server-shutdown)
+            elif self.registry.offline(frame.event, forget=frame.forget) is not None:
                 self._publish(frame.event)
         elif isinstance(frame, frames.Routed) and frame.group:
-            self._pass_on(frames.Deliver(frame.message, frame.group), skip=peer)
+            self._spread.pass_on(frames.Deliver(frame.message, frame.group), skip=peer)
         elif isinstance(frame, frames.Routed):
-            self._deliver(frames.Deliver(frame.message), skip=peer)
+            self._spread.deliver(frames.Deliver(frame.message), skip=peer)
             for delivery in self.store.route(frame.message, frame.origin):
                 self._transmit(delivery)
             log_session_drops(self.store)
+        elif isinstance(frame, frames.WillHeld | frames.WillDone | frames.WillsQuery):
+            answer = None if self._commits is None else self._commits.wills(frame, first=peer.worker == 0)
+            if isinstance(frame, frames.WillsQuery):
+                peer.link.send(frames.encode(answer or frames.WillsFound(frame.request, [])))
         elif isinstance(frame, frames.Noted):
             publish_to_sinks(self.sinks, frame.event)
         elif isinstance(frame, frames.FiltersChanged):
@@ -292,7 +328,7 @@ class Authority:
         elif isinstance(frame, frames.Settle):
             self._settle(peer, frame.request)
         elif isinstance(frame, frames.Probed):
-            self._probe_answered(frame.token, peer.link.number)
+            self._probes.answered(frame.token, peer.link.number)
         elif isinstance(frame, frames.Drained):
             peer.drained = True
             self._check_drained()
@@ -339,36 +375,14 @@ class Authority:
         """Probe every other worker: links deliver in order, so once each has answered,
         each has applied the filters this peer's earlier frames changed (they were sent
         to it before the probe, as those frames were applied before this one)."""
-        self._probe(peer, lambda requester: requester.link.send(frames.encode(frames.Settled(request))))
-
-    def _probe(self, peer: _Peer, then: Callable[[_Peer], None]) -> None:
-        """Probe every worker but ``peer``'s; ``then(peer)`` once all have answered."""
-        others = [p for p in self._peers.values() if p is not peer and p.worker >= 0]
-        token = next(self._tokens)
-        self._settling[token] = _Settling(peer.link.number, {p.link.number for p in others}, then)
-        if not others:
-            self._settled(token)
-            return
-        line = frames.encode(frames.Probe(token))
-        for other in others:
-            other.link.send(line)
-
-    def _probe_answered(self, token: int, number: int) -> None:
-        settling = self._settling.get(token)
-        if settling is not None:
-            settling.waiting.discard(number)
-            if not settling.waiting:
-                self._settled(token)
-
-    def _settled(self, token: int) -> None:
-        settling = self._settling.pop(token)
-        requester = self._peers.get(settling.requester)
-        if requester is not None:
-            settling.then(requester)
+        self._probes.probe(peer, lambda requester: requester.link.send(frames.encode(frames.Settled(request))))
 
     def _transmit(self, delivery: Delivery | None) -> None:
-        """Send a persistent session's packets to the worker that holds its connection."""
+        """Send a persistent session's packets to the worker that holds its connection
+        (with a durable store in sync ``always``, once what they change is on disk)."""
         if delivery is None:
+            return
+        if self.durability is not None and self.durability.later(partial(self._transmit, delivery), ("always",)):
             return
         epoch = str(delivery.holder)
         for peer in list(self._peers.values()):
@@ -426,53 +440,17 @@ class Authority:
     # -- publishing --------------------------------------------------------------------
 
     def _publish(self, event: PresenceEvent) -> None:
+        if self.durability is not None and self.durability.tell_later(event, partial(self._tell, event)):
+            return  # told once its record is on disk
+        self._tell(event)
+
+    def _tell(self, event: PresenceEvent) -> None:
         self.published += 1
         self.recent(event)
         publish_to_sinks(self.sinks, event)
         if event.client_id is not None:
             topic, properties = self.presence_prefix + event.client_id, self.retention.presence_properties(event)
-            self._deliver(frames.Deliver(Publication(topic, event.payload(), 0, False, properties)))
-
-    def _deliver(self, frame: frames.Deliver, skip: _Peer | None = None) -> None:
-        """``frame`` to every worker with a matching subscriber but ``skip`` (the one that
-        published it); and, for each shared subscription the topic reaches, to one of
-        the workers holding it, in turn (not at all if only ``skip`` holds it: it served
-        it itself)."""
-        line = b""
-        topic = frame.message.topic
-        holders: dict[str, list[_Peer]] = {}
-        for peer in list(self._peers.values()):
-            index = peer.index
-            if not index:
-                continue
-            if peer is not skip and index.matches_plain(topic):
-                line = line or frames.encode(frame)
-                peer.link.send(line)
-            if index.shared:
-                for group in index.shared.matching(topic):
-                    holders.setdefault(group, []).append(peer)
-        for group, peers in holders.items():
-            if peers == [skip]:
-                continue
-            turn = self._turns.get(group, 0)
-            self._turns[group] = turn + 1
-            peers[turn % len(peers)].link.send(frames.encode(replace(frame, group=group)))
-
-    def _pass_on(self, frame: frames.Deliver, skip: _Peer) -> None:
-        """A shared subscription's message a member of ``skip`` left unacknowledged: to
-        another worker holding the group, in turn (lost if none does now)."""
-        topic = frame.message.topic
-        peers = [
-            p
-            for p in list(self._peers.values())
-            if p is not skip and p.index and p.index.shared and frame.group in p.index.shared.matching(topic)
-        ]
-        if not peers:
-            self.shared_lost += 1
-            return
-        turn = self._turns.get(frame.group, 0)
-        self._turns[frame.group] = turn + 1
-        peers[turn % len(peers)].link.send(frames.encode(frame))
+            self._spread.deliver(frames.Deliver(Publication(topic, event.payload(), 0, False, properties)))
 
     def _filters_changed(self) -> None:
         """Send each worker what changed in the filters held by others than it (the

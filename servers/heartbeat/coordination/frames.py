@@ -14,8 +14,10 @@ import json
 from dataclasses import dataclass
 
 from ..broker.reports import Acked, AckedTogether, Attach, Detach, Discard, Inbound, Push, Report, Subscribed
+from ..mqtt.effects import Will
 from ..mqtt.publication import Publication
 from ..presence.event import PresenceEvent
+from .durable.wills import HeldWill
 from .retention import RetainedMessage
 
 __all__ = [
@@ -27,6 +29,10 @@ __all__ = [
     "Reported",
     "RetainedPage",
     "RetainedQuery",
+    "WillDone",
+    "WillHeld",
+    "WillsFound",
+    "WillsQuery",
     "SessionOpened",
     "Transmit",
     "Claimed",
@@ -43,6 +49,7 @@ __all__ = [
     "Hello",
     "Lookup",
     "Noted",
+    "Numbered",
     "RemoteFilters",
     "RemoteFiltersChanged",
     "Probe",
@@ -219,6 +226,38 @@ class Kept(Frame):
 
 
 @dataclass(frozen=True, slots=True)
+class WillHeld(Frame):
+    """A delayed Will waits on the sending worker (kept by a durable store); numbered."""
+
+    seq: int
+    held: HeldWill
+
+
+@dataclass(frozen=True, slots=True)
+class WillDone(Frame):
+    """The delayed Will session ``epoch`` of ``client_id`` left was sent or dropped; numbered."""
+
+    seq: int
+    client_id: str
+    epoch: str
+
+
+@dataclass(frozen=True, slots=True)
+class WillsQuery(Frame):
+    """Which delayed Wills a restart found waiting (answered by :class:`WillsFound`)."""
+
+    request: int
+
+
+@dataclass(frozen=True, slots=True)
+class WillsFound(Frame):
+    """The delayed Wills for the asking worker to wait out (the first worker gets them all)."""
+
+    request: int
+    wills: list[HeldWill]
+
+
+@dataclass(frozen=True, slots=True)
 class RetainedQuery(Frame):
     """A page of the retained messages a new subscription matches (answered by :class:`RetainedPage`)."""
 
@@ -232,9 +271,12 @@ class RetainedQuery(Frame):
 
 @dataclass(frozen=True, slots=True)
 class Ack(Frame):
-    """Every numbered frame up to ``seq`` has been applied (and its events published)."""
+    """Every numbered frame up to ``seq`` has been applied (and its events published);
+    with a durable store in sync ``always``, committed too, unless ``durable`` is False
+    (the commit failed: what they changed is kept in memory and retried)."""
 
     seq: int
+    durable: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -346,20 +388,26 @@ class RetainedPage(Frame):
     cursor: str | None
 
 
+Numbered = Claimed | Ended | Reported | Kept | Routed | WillHeld | WillDone
+"""Frames a worker numbers, keeps until acknowledged and resends after a dropped link."""
+
 _TYPES: dict[str, type[Frame]] = {
     cls.__name__: cls
     for cls in (
         *(Hello, Claimed, Ended, Noted, Routed, Filters, FiltersChanged, Resync, Lookup, Drained),
         *(OpenSession, Reported, Kept, RetainedQuery, Settle, Probed, Overview, OverviewFound),
         *(Ack, Deliver, Evict, Found, RemoteFilters, RemoteFiltersChanged, CloseSubscribers),
-        *(SessionOpened, Transmit, RetainedPage, Probe, Settled),
+        *(SessionOpened, Transmit, RetainedPage, Probe, Settled, WillHeld, WillDone, WillsQuery, WillsFound),
     )
 }
 
 # Records carried inside frames, tagged by class name; their fields are checked on the way in.
 _RECORDS: dict[str, type] = {
     cls.__name__: cls
-    for cls in (Attach, Detach, Subscribed, Acked, AckedTogether, Inbound, Push, Discard, RetainedMessage, Publication)
+    for cls in (
+        *(Attach, Detach, Subscribed, Acked, AckedTogether, Inbound, Push, Discard, RetainedMessage, Publication),
+        *(HeldWill, Will),
+    )
 }
 _SCALARS = {"str": str, "int": int, "bytes": bytes, "bool": bool}
 

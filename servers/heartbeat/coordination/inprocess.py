@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Collection, Sequence
+from functools import partial
 from typing import Any
 
 import trio
@@ -12,9 +13,10 @@ import trio
 from ...logs import OncePer
 from ...prometheus import Families, Metric
 from ..broker.reports import Delivery, Opened, Report
+from ..mqtt.endings import Offline
 from ..mqtt.policy import DEFAULT_PRESENCE_PREFIX
 from ..mqtt.publication import Publication
-from ..presence.event import PresenceEvent, PresenceSink
+from ..presence.event import PresenceEvent, PresenceLog, PresenceSink
 from ..presence.overview import RecentEnds, registry_overview
 from . import (
     Coordinator,
@@ -26,6 +28,9 @@ from . import (
     retained_figures,
     session_figures,
 )
+from .durable import Durability
+from .durable.driver import Committer, durability_figures, restored
+from .durable.wills import HeldWill
 from .registry import DEFAULT_MAX_BYTES as DEFAULT_RECORD_BYTES
 from .registry import Registry
 from .retention import MqttState, RetainedMessage
@@ -51,6 +56,7 @@ class InProcessCoordinator(Coordinator):
         max_records: int = 1_000_000,
         max_record_bytes: int = DEFAULT_RECORD_BYTES,
         state: MqttState | None = None,
+        durability: Durability | None = None,
     ) -> None:
         self.sinks = list(sinks)
         self.presence_prefix = presence_prefix
@@ -62,17 +68,30 @@ class InProcessCoordinator(Coordinator):
         self._logged = OncePer()
         self.retention = state.retention(self.registry, presence_prefix, time.time)
         self._host: Host | None = None
+        self.durability = durability
+        """Where the state is kept across restarts (None: in memory only)."""
+        self.keeps_wills = durability is not None
+        self.committer = None if durability is None else Committer(durability)
+        """Commits ``durability`` (None without it)."""
+        if durability is not None:
+            durability.telling.log = next((s for s in self.sinks if isinstance(s, PresenceLog)), None)
+            for event in restored(durability, self.registry, self.retention, self.store, self.recent):
+                self._publish(event)
 
     async def run(self, host: Host, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Attach to ``host``; then expire persistent sessions whose clients stay away."""
+        """Attach to ``host``; then expire persistent sessions whose clients stay away
+        (and commit the state, if it is kept durably)."""
         self._host = host
-        task_status.started()
-        while True:
-            await trio.sleep(EXPIRY_SWEEP)
-            expired = self.store.expire(trio.current_time())
-            if expired:
-                logger.info("%d persistent sessions expired (their clients stayed away)", len(expired))
-            self.retention.store.prune(time.time())
+        async with trio.open_nursery() as nursery:
+            if self.committer is not None:
+                nursery.start_soon(self.committer.run)
+            task_status.started()
+            while True:
+                await trio.sleep(EXPIRY_SWEEP)
+                expired = self.store.expire(trio.current_time())
+                if expired:
+                    logger.info("%d persistent sessions expired (their clients stayed away)", len(expired))
+                self.retention.store.prune(time.time())
 
     def attach(self, host: Host) -> None:
         """Attach without a task (for embedding where nothing must run)."""
@@ -88,7 +107,11 @@ class InProcessCoordinator(Coordinator):
             self._host.evict(claim.evict.client_id, claim.evict.epoch, "reconnected")
 
     def offline(self, event: PresenceEvent, *, forget: bool = False) -> None:
-        """See :meth:`Coordinator.offline`."""
+        """See :meth:`Coordinator.offline`. Kept durably, a session the server's stop
+        ends stays online in the record: the next start ends it (``server-shutdown``)."""
+        if self.committer is not None and event.reason is Offline.SHUTDOWN:
+            self.committer.stopping = True
+            return
         if self.registry.offline(event, forget=forget) is not None:
             self._publish(event)
 
@@ -145,6 +168,12 @@ class InProcessCoordinator(Coordinator):
         return self.retention.page(topic_filter, cursor)
 
     def _transmit(self, delivery: Delivery) -> None:
+        durability = self.durability
+        if durability is not None and durability.later(partial(self._send, delivery), ("always",)):
+            return  # a packet id or a PUBREL goes once it is on disk: exactly once through a crash
+        self._send(delivery)
+
+    def _send(self, delivery: Delivery) -> None:
         if self._host is not None:
             self._host.transmit(delivery.client_id, str(delivery.holder), delivery.packets, delivery.v5)
 
@@ -161,19 +190,50 @@ class InProcessCoordinator(Coordinator):
         return registry_overview("worker", registry.online_count, len(registry), self.recent, query, limit)
 
     async def drain(self) -> None:
-        """Everything is published synchronously."""
+        """Everything is published synchronously (and the server is stopping)."""
+        if self.committer is not None:
+            self.committer.stopping = True
+
+    def will_held(self, held: HeldWill) -> None:
+        """See :meth:`Coordinator.will_held`."""
+        if self.durability is not None:
+            self.durability.will_held(held)
+
+    def will_done(self, client_id: str, epoch: str) -> None:
+        """See :meth:`Coordinator.will_done`."""
+        if self.durability is not None:
+            self.durability.will_done(client_id, epoch)
+
+    async def pending_wills(self) -> list[HeldWill]:
+        """See :meth:`Coordinator.pending_wills`."""
+        return [] if self.durability is None else list(self.durability.wills.values())
+
+    def commit_mark(self) -> int | None:
+        """See :meth:`Coordinator.commit_mark`."""
+        return None if self.committer is None else self.committer.mark()
+
+    async def committed(self, mark: int) -> bool:
+        """See :meth:`Coordinator.committed`."""
+        return True if self.committer is None else await self.committer.committed(mark)
 
     def health(self) -> Health:
-        """Always fine: there is nothing to fall behind."""
+        """Fine unless the durable store cannot write."""
+        if self.durability is not None and self.durability.failure is not None:
+            return Health(False, f"the durable store cannot write: {self.durability.failure}")
         return Health(True)
 
     def figures(self) -> list[Metric]:
         """The registry's size."""
         f = Families({})
         f.gauge("heartbeat_registry_records", "Device records kept for /devices.", len(self.registry))
-        return f.families + session_figures(self.store) + retained_figures(self.retention)
+        durable = [] if self.durability is None else durability_figures(self.durability, self.store, self.retention)
+        return f.families + session_figures(self.store) + retained_figures(self.retention) + durable
 
     def _publish(self, event: PresenceEvent) -> None:
+        if self.durability is None or not self.durability.tell_later(event, partial(self._tell, event)):
+            self._tell(event)  # else once its record is on disk
+
+    def _tell(self, event: PresenceEvent) -> None:
         self.recent(event)
         publish_to_sinks(self.sinks, event)
         if self._host is not None and event.client_id is not None:

@@ -33,15 +33,17 @@ from typing import Any
 
 import trio
 
-from ...prometheus import Families, Metric
+from ...prometheus import Metric
 from ..broker.reports import Discard, Opened, Report
 from ..broker.topics import FilterIndex
 from ..mqtt.policy import DEFAULT_PRESENCE_PREFIX
 from ..mqtt.publication import Publication
 from ..presence.event import PresenceEvent, PresenceSink
 from . import Coordinator, Health, Host, frames, publish_to_sinks
-from .registry import Registry
-from .retention import RetainedMessage, presence_properties
+from .alone import Alone
+from .bus_figures import bus_figures
+from .durable.wills import HeldWill
+from .retention import RetainedMessage
 
 __all__ = ["BusCoordinator"]
 
@@ -74,8 +76,16 @@ class BusCoordinator(Coordinator):
         sinks: Sequence[PresenceSink] = (),
         presence_prefix: str = DEFAULT_PRESENCE_PREFIX,
         lookup_timeout: float = 1.0,
+        durable: bool = False,
+        keeps_wills: bool = False,
     ) -> None:
         self.path = path
+        self.durable = durable
+        """The supervisor keeps the box's state durably in sync ``always``: see :meth:`committed`."""
+        self.keeps_wills = keeps_wills
+        """The supervisor keeps the box's state durably (delayed Wills too; alone, see :mod:`.alone`)."""
+        self._acked_seq = 0
+        self._ack_durable = True
         self.worker = worker
         self.supervisor_pid = supervisor_pid
         self.sinks = list(sinks)
@@ -96,7 +106,7 @@ class BusCoordinator(Coordinator):
         self._close_subscribers = trio.Event()
         self.connected = False
         self.orphaned = False
-        self._alone: Registry | None = None
+        self._alone: Alone | None = None
         self._incarnation = secrets.token_hex(8)
         self._unacked_bytes = 0
         """Payload bytes of the routed messages in ``_unacked``."""
@@ -210,10 +220,27 @@ class BusCoordinator(Coordinator):
             return [], None
         return answer.messages, answer.cursor
 
-    def _numbered(self, frame: frames.Claimed | frames.Ended | frames.Reported | frames.Kept | frames.Routed) -> None:
+    def will_held(self, held: HeldWill) -> None:
+        """See :meth:`Coordinator.will_held`: numbered, for the supervisor's durable store."""
+        if self.keeps_wills and not self.orphaned:
+            self._numbered(frames.WillHeld(self._next(), held))
+
+    def will_done(self, client_id: str, epoch: str) -> None:
+        """See :meth:`Coordinator.will_done`."""
+        if self.keeps_wills and not self.orphaned:
+            self._numbered(frames.WillDone(self._next(), client_id, epoch))
+
+    async def pending_wills(self) -> list[HeldWill]:
+        """See :meth:`Coordinator.pending_wills`: asks the authority (worker 0 gets them)."""
+        if not self.keeps_wills or self.orphaned:
+            return []
+        answer = await self._ask(frames.WillsQuery)
+        return list(answer.wills) if isinstance(answer, frames.WillsFound) else []
+
+    def _numbered(self, frame: frames.Numbered) -> None:
         if self.orphaned:
-            if isinstance(frame, frames.Claimed | frames.Ended):
-                self._alone_apply(frame)
+            if self._alone is not None and isinstance(frame, frames.Claimed | frames.Ended):
+                self._alone.apply(frame)
             return
         self._unacked.append((frame.seq, frame, time.monotonic()))
         self._send(frame)
@@ -228,7 +255,7 @@ class BusCoordinator(Coordinator):
     async def lookup(self, client_id: str) -> PresenceEvent | None:
         """Asks the authority (None if it does not answer within ``lookup_timeout``)."""
         if self._alone is not None:
-            return self._alone.get(client_id)
+            return self._alone.registry.get(client_id)
         answer = await self._ask(lambda request: frames.Lookup(request, client_id))
         return answer.event if isinstance(answer, frames.Found) else None
 
@@ -267,8 +294,26 @@ class BusCoordinator(Coordinator):
     async def flush(self) -> None:
         """Wait until every report is acknowledged (or the supervisor is gone)."""
         while self._unacked and not self.orphaned:
-            self._acked = trio.Event()
+            if self._acked.is_set():
+                self._acked = trio.Event()
             await self._acked.wait()
+
+    def commit_mark(self) -> int | None:
+        """See :meth:`Coordinator.commit_mark`: the last numbered frame, while unacknowledged."""
+        if not self.durable or self.orphaned or not self._unacked:
+            return None
+        return self._seq
+
+    async def committed(self, mark: int) -> bool:
+        """See :meth:`Coordinator.committed`: the authority acknowledges after its commit
+        (False if that commit failed, or the supervisor is gone)."""
+        while self._acked_seq < mark:
+            if self.orphaned:
+                return False
+            if self._acked.is_set():
+                self._acked = trio.Event()
+            await self._acked.wait()
+        return self._ack_durable
 
     async def drain(self) -> None:
         """Wait until every report is acknowledged, then until every worker has drained."""
@@ -284,25 +329,16 @@ class BusCoordinator(Coordinator):
             return Health(False, "the supervisor is gone")
         if not self.connected:
             return Health(False, "not connected to the supervisor")
+        if not self._ack_durable:
+            return Health(False, "the durable store cannot write (the supervisor's log says why)")
         if self._unacked and time.monotonic() - self._unacked[0][2] > _BEHIND:
             age = time.monotonic() - self._unacked[0][2]
             return Health(False, f"{len(self._unacked)} reports unacknowledged for {age:.1f} s")
         return Health(True)
 
     def figures(self) -> list[Metric]:
-        """Link state and traffic."""
-        f = Families({"worker": str(self.worker)})
-        f.gauge("heartbeat_bus_connected", "1 while linked to the supervisor's authority.", int(self.connected))
-        f.gauge("heartbeat_bus_unacked", "Reports and QoS 1/2 messages waiting for the authority.", len(self._unacked))
-        f.counter("heartbeat_bus_reconnects_total", "Links to the authority re-established.", self.reconnects)
-        f.counter("heartbeat_bus_resent_total", "Session reports sent again after a reconnection.", self.resent)
-        f.counter("heartbeat_bus_routed_total", "Messages routed to other workers' subscribers.", self.routed)
-        f.counter(
-            "heartbeat_bus_routed_unkept_total",
-            "QoS 1 and 2 messages routed without a copy kept for a resend (too many bytes awaited acknowledgement).",
-            self.routed_unkept,
-        )
-        return f.families
+        """Link state and traffic (:func:`.bus_figures.bus_figures`)."""
+        return bus_figures(self)
 
     # -- the link ----------------------------------------------------------------------
 
@@ -402,6 +438,7 @@ class BusCoordinator(Coordinator):
             groups = (group,) if group else ()
             host.deliver(frame.message, groups, not group)
         elif isinstance(frame, frames.Ack):
+            self._acked_seq, self._ack_durable = frame.seq, frame.durable
             unacked = self._unacked
             while unacked and unacked[0][0] <= frame.seq:
                 done = unacked.popleft()[1]
@@ -419,8 +456,10 @@ class BusCoordinator(Coordinator):
         elif isinstance(frame, frames.Probe):
             self._send(frames.Probed(frame.token))
         elif isinstance(
-            frame, frames.Found | frames.SessionOpened | frames.RetainedPage | frames.Settled | frames.OverviewFound
-        ):
+            frame,
+            frames.Found | frames.SessionOpened | frames.RetainedPage | frames.Settled | frames.OverviewFound
+            | frames.WillsFound,
+        ):  # fmt: skip
             pending = self._lookups.get(frame.request)
             if pending is not None:
                 pending.answer = frame
@@ -437,29 +476,13 @@ class BusCoordinator(Coordinator):
         logger.warning("bus: the supervisor is gone; worker %d publishes its own presence events", self.worker)
         self.orphaned = True
         self.connected = False
-        self._alone = Registry()
+        self._alone = Alone(self.sinks, lambda: self._host, self.presence_prefix, self.keeps_wills)
         pending, self._unacked = list(self._unacked), collections.deque()
         self._unacked_bytes = 0
         for _seq, frame, _t in pending:
             if isinstance(frame, frames.Claimed | frames.Ended):
-                self._alone_apply(frame)
+                self._alone.apply(frame)
         self._acked.set()
         self._close_subscribers.set()
         for question in self._lookups.values():
             question.done.set()
-
-    def _alone_apply(self, frame: frames.Claimed | frames.Ended) -> None:
-        registry = self._alone
-        assert registry is not None
-        if isinstance(frame, frames.Claimed):
-            emit = registry.online(frame.event).emit
-        else:
-            one = registry.offline(frame.event, forget=frame.forget)
-            emit = [] if one is None else [one]
-        for event in emit:
-            publish_to_sinks(self.sinks, event)
-            if self._host is not None and event.client_id is not None:
-                # The supervisor's offline TTL is not known here: no Message Expiry.
-                properties = presence_properties(event, None, 0.0)
-                topic = self.presence_prefix + event.client_id
-                self._host.deliver(Publication(topic, event.payload(), 0, False, properties))

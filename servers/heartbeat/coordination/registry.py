@@ -85,6 +85,26 @@ class Registry:
         self._once: dict[str, None] = {}
         """Client ids with one session so far, in the order they first came."""
         self.online_count = 0
+        self.changed: Callable[[str], None] | None = None
+        """Told the client id of every record written or forgotten (a durable store's journal)."""
+
+    def restore(self, event: PresenceEvent, once: bool) -> None:
+        """Take back a record a durable store kept (``once``: its id had one session),
+        oldest first, as if it had just been written; nothing is told to :attr:`changed`."""
+        assert event.client_id is not None
+        changed, self.changed = self.changed, None
+        try:
+            self._store(event)
+        finally:
+            self.changed = changed
+        if event.status == "online":
+            self.online_count += 1
+        if once:
+            self._once[event.client_id] = None
+
+    def seen_once(self, client_id: str) -> bool:
+        """Whether ``client_id`` has had one session so far (shed first past a bound)."""
+        return client_id in self._once
 
     def __len__(self) -> int:
         return len(self._records)
@@ -156,6 +176,8 @@ class Registry:
         if self._records.pop(client_id, None) is None:
             self.bytes += record_size(client_id)
         self._records[client_id] = event
+        if self.changed is not None:
+            self.changed(client_id)
         excess = len(self._records) - self.max_records
         if excess > 0 or self.bytes > self.max_bytes:
             self._shed(max(excess, 1))
@@ -179,4 +201,6 @@ class Registry:
     def _forget(self, client_id: str) -> None:
         if self._records.pop(client_id, None) is not None:
             self.bytes -= record_size(client_id)
+            if self.changed is not None:
+                self.changed(client_id)
         self._once.pop(client_id, None)

@@ -176,16 +176,34 @@ class Retention:
         self._snapshots: dict[int, list[str]] = {}
         self._numbers = itertools.count(1)
         self._logged = OncePer()
+        self.changed: Callable[[str], None] | None = None
+        """Told every topic whose retained message may have changed (a durable store's journal)."""
+        self.writable = True
+        """False while a durable store cannot write (a full disk): updates are refused."""
+        self.unkept = 0
+        """Retained updates refused because the durable store could not write."""
 
     def retain(self, topic: str, payload: bytes, qos: int, owner: str = "", properties: bytes = b"") -> bool:
         """A PUBLISH with RETAIN=1 from ``owner``: stored, or cleared by an empty payload.
         False if the store's bounds or the owner's share refused it (counted there, and
         logged once per owner per spell). An MQTT 5 publisher's ``properties`` are kept
         with it; a Message Expiry Interval among them ends its retention (§3.3.2.3.3)."""
+        if not self.writable:
+            self.unkept += 1
+            if self._logged.due("unwritable", time.monotonic()):
+                logger.warning(
+                    "retained message on %s from %s refused: the durable store cannot write (see /healthz);"
+                    " the topic keeps its message; more are counted, not logged",
+                    shown(topic),
+                    shown(owner),
+                )
+            return False
         now = self._clock()
         expiry = message_expiry(properties) if properties else None
         expires_at = None if expiry is None else now + expiry
         stored = self.store.store(topic, payload, qos, now, expires_at, owner, properties)
+        if self.changed is not None:
+            self.changed(topic)
         if not stored and self._logged.due(owner, time.monotonic()):
             count, size = self.store.held_by(owner)
             logger.warning(

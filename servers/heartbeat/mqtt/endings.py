@@ -38,6 +38,12 @@ class Offline(str, enum.Enum):
     """The worker process that held it died; its supervisor declared it offline."""
     NODE_LOST = "node-lost"
     """The gateway (node) that held it stopped renewing its lease; another node declared it offline."""
+    SERVER_SHUTDOWN = "server-shutdown"
+    """The server was stopped (SIGTERM) while it was online; told when the server, keeping
+    its state durably (``--persistence``), started again."""
+    SERVER_LOST = "server-lost"
+    """The server died (a crash, ``kill -9``, a power cut) while it was online; told when
+    the server, keeping its state durably, started again."""
 
     def __str__(self) -> str:
         return self.value

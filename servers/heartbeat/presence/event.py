@@ -27,6 +27,7 @@ An event's ``status`` is one of:
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -169,6 +170,13 @@ class PresenceLog:
     def __init__(self, target: str) -> None:
         self._stream: IO[str] = sys.stdout if target == "-" else open(target, "a", buffering=1)  # noqa: SIM115
         self._owned = target != "-"
+        self.path = None if target == "-" else target
+        """The file's path (None: stdout)."""
+
+    def size(self) -> int:
+        """Bytes in the file so far (0 for stdout): a durable store reads the log from
+        there after a crash, to tell nothing twice (:mod:`..coordination.durable.telling`)."""
+        return 0 if self.path is None else os.fstat(self._stream.fileno()).st_size
 
     def __call__(self, event: PresenceEvent) -> None:
         self._stream.write(json.dumps(event.to_dict()) + "\n")

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import collections
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from ..mqtt.endings import Offline
@@ -56,11 +56,14 @@ INITIATORS: dict[Offline, str] = {
     Offline.TAKEOVER: "new-connection",
     Offline.WORKER_LOST: "supervisor",
     Offline.NODE_LOST: "fleet",
+    Offline.SERVER_SHUTDOWN: "server",
+    Offline.SERVER_LOST: "restart",
 }
 """Who ended a session, by its reason: the device (it said goodbye or its TCP ended),
 the server (a deadline, a violation, a shutdown), the device's next connection (a
-takeover), the supervisor (the worker that held it died) or another gateway of the
-fleet (the node that held it stopped renewing its lease)."""
+takeover), the supervisor (the worker that held it died), another gateway of the
+fleet (the node that held it stopped renewing its lease) or the server's restart
+from its durable store (it died while the device was online)."""
 
 
 def initiator_of(reason: Offline | None) -> str:
@@ -115,6 +118,12 @@ class RecentEnds:
             self.recent.append(event)
             self.ends[event.reason.value if event.reason is not None else "unknown"] += 1
             self._count(2)
+
+    def restore(self, ends: Iterable[PresenceEvent]) -> None:
+        """Take back the latest of ``ends`` (offline events kept by a durable store, in any
+        order) as the recent ones, without counting them as ends of this process's."""
+        latest = sorted(ends, key=lambda e: e.time)[-self.kept :] if self.kept else []
+        self.recent.extend(latest)
 
     def _count(self, column: int) -> None:
         second = int(self._clock())

@@ -70,8 +70,11 @@ class FanOut:
         self.broker.unserved = self._elsewhere
         self.retained = RetainedDelivery(coordinator, self.broker, nursery, lambda conn: conn in self.unsettled)
         self.unsettled: dict[Connection, list[AddSubscription]] = {}
-        """Connections whose next reply (the SUBACK) waits for :meth:`settle`, with the
-        subscriptions whose retained messages follow it."""
+        """Connections whose next reply (the SUBACK, or a PUBACK waiting for a commit)
+        waits for :meth:`settle`, with the subscriptions whose retained messages follow it."""
+        self.commits: dict[Connection, int] = {}
+        """Connections whose next reply waits for the durable store to commit this change
+        count (the changes their PUBLISH or SUBSCRIBE made), then :meth:`settle` sends it."""
         self._settle_failing = False
         self._filter_changes = self.broker.subscriptions.track()
         self._logged = OncePer()
@@ -86,6 +89,15 @@ class FanOut:
                 message.topic, message.payload, message.qos, conn.session.client_id or "", message.properties
             )
         self.route(message, conn)
+        if message.qos:
+            self._hold_for_commit(conn)
+
+    def _hold_for_commit(self, conn: Connection) -> None:
+        """Hold ``conn``'s next replies until what it changed so far is durable (if
+        anything waits to be): the engines gather them and call :meth:`committed`."""
+        mark = self.coordinator.commit_mark()
+        if mark is not None:
+            self.commits[conn] = mark
 
     def publish_will(self, client_id: str, will: Will) -> None:
         """A device died: its Will goes out like its own PUBLISH would have."""
@@ -117,6 +129,8 @@ class FanOut:
         if conn.persistent:
             client_id = conn.session.client_id or ""
             self.coordinator.session(Subscribed(client_id, effect.topic_filter, effect.qos, effect.options))
+            if effect.suback:
+                self._hold_for_commit(conn)
         changed = self.announce_filters()
         if effect.suback and (conn in self.unsettled or ((changed or conn.persistent) and self.coordinator.settles())):
             self.unsettled.setdefault(conn, []).append(effect)  # retained ones go after the SUBACK
@@ -124,14 +138,48 @@ class FanOut:
             # After the SUBACK, which the session's effects put after this one.
             self.retained.start(conn, effect)
 
-    async def settle(self, conn: Connection) -> None:
-        """Hold the SUBACK of a subscription others did not route to yet until they do.
+    async def settle(self, conn: Connection, reply: bytes = b"") -> bytes:
+        """Hold ``reply`` (a PUBACK or PUBREC, a SUBACK) until what the client changed is
+        durable, and the SUBACK of a subscription others did not route to yet until they
+        do; returns what to send in its place (the same, but for a refusal).
 
-        Without it a message published on another worker just after the SUBACK could
+        A message retained or queued for a persistent session is acknowledged once it
+        is committed (``--persistence-sync always``); a commit that fails (a full disk)
+        turns an MQTT 5 PUBACK into 0x97 (the message may still be kept: it is retried).
+
+        Without the settling, a message published on another worker just after the SUBACK could
         miss the subscriber: filters reach other workers a few milliseconds later. Costs
         a round trip to every worker, only when a filter is new here or the session
         persistent; a stalled worker holds it up for at most the lookup timeout."""
+        (reply,) = await self.committed(conn, [reply])
         subscriptions = self.unsettled.pop(conn, [])
+        await self._settle(conn, subscriptions)
+        return reply
+
+    async def committed(self, conn: Connection, replies: list[bytes]) -> list[bytes]:
+        """Wait until what ``conn`` changed is durable (see :meth:`settle`); returns the
+        replies to send then (MQTT 5 PUBACKs turned to 0x97 if the commit failed)."""
+        mark = self.commits.pop(conn, None)
+        if mark is None or await self.coordinator.committed(mark):
+            return replies
+        return [self._uncommitted(conn, reply) for reply in replies]
+
+    def _uncommitted(self, conn: Connection, reply: bytes) -> bytes:
+        """The reply to a client whose change the durable store could not commit."""
+        self.counters["durable_unconfirmed"] += 1
+        if self._logged.due("uncommitted", time.monotonic()):
+            logger.warning(
+                "%s: a change of %s could not be committed (the durable store cannot write, see /healthz);"
+                " an MQTT 5 PUBACK says 0x97, others are acknowledged as kept in memory and retried;"
+                " heartbeat_durable_unconfirmed_total counts them",
+                conn.peer,
+                shown(conn.session.client_id or ""),
+            )
+        if conn.v5 is not None and len(reply) == 4 and reply[0] == 0x40:
+            return reply[:1] + b"\x03" + reply[2:4] + b"\x97"  # PUBACK, Quota Exceeded
+        return reply
+
+    async def _settle(self, conn: Connection, subscriptions: list[AddSubscription]) -> None:
         self.counters["subscribe_settles"] += 1
         settled = await self.coordinator.settle()
         for effect in subscriptions:  # they start once the caller has written the SUBACK
@@ -216,6 +264,7 @@ class FanOut:
         go to another member of the group: on this worker if one is here, else on
         another worker or gateway (counted as lost if there is none)."""
         self.unsettled.pop(conn, None)
+        self.commits.pop(conn, None)
         broker = self.broker
         box = conn.held
         if box is not None and not conn.persistent:

@@ -56,7 +56,7 @@ from .events import ConnectionEvents
 from .fanout import FanOut
 from .metrics import worker_figures
 from .online import OnlineSessions
-from .stores import mqtt_state
+from .stores import durability_for, mqtt_state
 
 __all__ = ["DRAIN_CAP", "HeartbeatServer"]
 
@@ -100,6 +100,7 @@ class HeartbeatServer:
             max_records=config.max_device_records,
             max_record_bytes=config.max_device_record_bytes,
             state=mqtt_state(config),
+            durability=durability_for(config, trio.current_time),
         )
         # A dict, not a set: at a hundred thousand connections a set's sparse table
         # costs about 70 bytes more a connection.

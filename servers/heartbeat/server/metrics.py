@@ -49,6 +49,11 @@ COUNTERS: Iterable[tuple[str, str]] = (
     ("acl_reloads", "ACL file reloads (SIGHUP)."),
     ("subscribe_settles", "SUBACKs held until every other worker routed by the new subscription."),
     ("subscribe_settle_timeouts", "SUBACKs sent before every other worker confirmed (one stalled or gone)."),
+    (
+        "durable_unconfirmed",
+        "Changes acknowledged (a PUBACK, PUBREC or SUBACK) whose commit to the durable store failed: "
+        "0x97 to an MQTT 5 PUBACK, kept in memory and retried for the rest.",
+    ),
 )
 """The worker's counters exported as ``heartbeat_<name>_total``, with their help."""
 

@@ -3,13 +3,16 @@ messages), made as the worker's configuration bounds it."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from ..broker.persistent import SessionStore
 from ..broker.retained import RetainedStore
 from ..config import HeartbeatConfig
+from ..coordination.durable import Durability
 from ..coordination.retention import MqttState
 from .access import acl_reader
 
-__all__ = ["mqtt_state", "session_store"]
+__all__ = ["durability_for", "mqtt_state", "session_store"]
 
 
 def mqtt_state(config: HeartbeatConfig) -> MqttState:
@@ -36,4 +39,19 @@ def session_store(config: HeartbeatConfig) -> SessionStore:
         expiry=config.session_expiry,
         max_sessions=config.max_persistent_sessions,
         may_read=acl_reader(config),
+    )
+
+
+def durability_for(config: HeartbeatConfig, store_clock: Callable[[], float]) -> Durability | None:
+    """The durable store ``config`` asks for (None: the state lives in memory), whose
+    session store runs on ``store_clock``."""
+    if config.persistence is None:
+        return None
+    return Durability(
+        config.persistence,
+        sync=config.persistence_sync,
+        interval=config.persistence_interval,
+        autosave=config.autosave_interval,
+        store_clock=store_clock,
+        check=config.persistence_check,
     )

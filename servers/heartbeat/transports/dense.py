@@ -186,6 +186,11 @@ class DenseConnection(Connection, idlekeeper.Protocol):
         # or the packets end: a subscriber's window then refills once, in one write,
         # and nothing it sent after them is acted on before them.
         acks: list[tuple[str, int]] = []
+        # Replies that wait for the durable store's commit of what their packets changed,
+        # in order (and every reply after them): the packets read with them are still
+        # handled, so a burst of PUBLISHes waits for one commit, not one each.
+        replies: list[bytes] = []
+        commits = server.fanout.commits
         try:
             for i, packet in enumerate(packets):
                 server.counters["packets_in"] += 1
@@ -199,9 +204,14 @@ class DenseConnection(Connection, idlekeeper.Protocol):
                     if acks:
                         self._acknowledged(acks)
                         acks = []
-                    if type(effect) is Send and self in server.unsettled:
-                        self._settle(effects[j:], packets[i + 1 :])  # the SUBACK waits
-                        return
+                    if type(effect) is Send:
+                        if self in server.unsettled:
+                            held = [Send(data) for data in replies]
+                            self._settle([*held, *effects[j:]], packets[i + 1 :])  # the SUBACK waits
+                            return
+                        if replies or self in commits:
+                            replies.append(effect.data)
+                            continue
                     self._apply(effect)
                 if self.waiting is not None:  # a password check began: the rest waits for it
                     self.waiting.extend(packets[i + 1 :])
@@ -222,6 +232,8 @@ class DenseConnection(Connection, idlekeeper.Protocol):
             return
         if acks:
             self._acknowledged(acks)
+        if replies:
+            self._pause_for(self._release, replies, [])
         if session.state is State.CONNECTED:
             self.packet_deadline(self.reader.buffered > 0)
 
@@ -262,10 +274,23 @@ class DenseConnection(Connection, idlekeeper.Protocol):
         the subscription with the other workers."""
         self._pause_for(self._settled, effects, rest)
 
-    async def _settled(self, effects: list[Effect]) -> bool:
-        await self.server.settle(self)
+    async def _release(self, replies: list[bytes]) -> bool:
+        """Send ``replies`` once the durable store has committed what they acknowledge."""
+        replies = await self.server.fanout.committed(self, replies)
         if self.finished:
             return False
+        for data in replies:
+            self.write(data)
+        return True
+
+    async def _settled(self, effects: list[Effect]) -> bool:
+        first = effects[0]
+        reply = first.data if type(first) is Send else b""
+        data = await self.server.settle(self, reply)
+        if self.finished:
+            return False
+        if data is not reply:
+            effects = [Send(data), *effects[1:]]
         for effect in effects:
             self._apply(effect)
         return True

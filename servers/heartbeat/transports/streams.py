@@ -47,7 +47,7 @@ class StreamConnection(Connection):
     """A connection served by a task of its own over a watched stream; a
     subscriber gets a writer task that sends its queue."""
 
-    __slots__ = ("farewell", "outbox", "pending", "server", "wake", "writer")
+    __slots__ = ("farewell", "outbox", "pending", "replies", "server", "wake", "writer")
     stream: idlekeeper.WatchedStream
 
     def __init__(self, server: HeartbeatServer, stream: idlekeeper.WatchedStream) -> None:
@@ -57,6 +57,8 @@ class StreamConnection(Connection):
         self.outbox: collections.deque[bytes] | None = None
         self.pending = 0
         """Bytes in the outbox and in the batch being sent."""
+        self.replies: list[bytes] = []
+        """Replies waiting for the durable store (see :meth:`release`)."""
         self.wake: trio.Event | None = None
         self.writer: trio.CancelScope | None = None
         self.farewell: bytes | None = None
@@ -117,6 +119,7 @@ class StreamConnection(Connection):
                         await self._apply(effect)
                     if session.state is State.CLOSED:
                         break
+                await self.release()
                 if session.state is State.CLOSED:
                     outcome = Offline.DISCONNECT  # unless refused: ended_by says so
                     break
@@ -163,6 +166,16 @@ class StreamConnection(Connection):
         with trio.CancelScope(shield=True), trio.move_on_after(FAREWELL_TIMEOUT), contextlib.suppress(*gone):
             await stream.send_all(words)
 
+    async def release(self) -> None:
+        """Send the replies that waited for the durable store's commit, once it is done
+        (one wait for every packet of a read, not one each)."""
+        if self.replies:
+            replies, self.replies = self.replies, []
+            for data in await self.server.fanout.committed(self, replies):
+                if self.finished:
+                    return
+                await self._send(data)
+
     async def _apply(self, effect: object) -> None:
         if self.finished:
             # Ended from outside (a takeover) while this task was at an await: the rest
@@ -171,11 +184,16 @@ class StreamConnection(Connection):
             return
         server = self.server
         if isinstance(effect, Send):
+            data = effect.data
             if self in server.unsettled:
-                await server.settle(self)  # a SUBACK: see HeartbeatServer.settle
+                await self.release()
+                data = await server.settle(self, data)  # a SUBACK: see FanOut.settle
                 if self.finished:
                     return
-            await self._send(effect.data)
+            elif self.replies or self in server.fanout.commits:
+                self.replies.append(data)  # sent once what the packets changed is durable
+                return
+            await self._send(data)
         elif isinstance(effect, Publication):
             server.published(self, effect)
         elif isinstance(effect, Accept):

@@ -25,10 +25,10 @@ a module of its own:
 in order; while Redis is unreachable the queue holds them (past ``queue_limit``
 new ones are dropped and counted, and a resynchronisation is scheduled so the
 registry heals anyway). Only ``lookup``, ``open_session`` and ``retained`` wait,
-each bounded by a timeout. ``open_session`` goes through the same queue as the
-node's reports (so it sees them applied) and answers None after ``open_timeout``:
-the CONNECT is refused (3) rather than given an empty session that would lose the
-stored one.
+each bounded by a timeout; and a PUBACK whose message changed what Redis keeps
+waits for Redis to have it (:meth:`RedisCoordinator.committed`). ``open_session``
+goes through the queue too (so it sees the node's reports applied) and answers None
+after ``open_timeout``: a CONNECT refused (3) loses no stored session.
 """
 
 from __future__ import annotations
@@ -357,6 +357,19 @@ class RedisCoordinator(Coordinator, FleetCounts):
             return True
         return False
 
+    def commit_mark(self) -> int | None:
+        """See :meth:`Coordinator.commit_mark`: the reports queued, while Redis lacks some."""
+        reports = self.reports
+        return reports.enqueued if reports.applied < reports.enqueued else None
+
+    async def committed(self, mark: int) -> bool:
+        """See :meth:`Coordinator.committed`; False after ``open_timeout`` (Redis down, stalled)."""
+        with trio.move_on_after(self.open_timeout):
+            while self.reports.applied < mark:
+                await self._progress.wait()
+            return True
+        return False
+
     # ------------------------------------------------------------------ reads
 
     async def lookup(self, client_id: str) -> PresenceEvent | None:
@@ -387,13 +400,8 @@ class RedisCoordinator(Coordinator, FleetCounts):
 
     def figures(self) -> list[Metric]:
         """Claims, takeovers, node-lost events, the queue, drops, Redis round trips, connection."""
-        return fleet_families(
-            self,
-            self.link,
-            queued=len(self._queue),
-            members=len(self._remote),
-            persistent_filters=len(self.persistent_filters),
-        )
+        queued, members, persistent = len(self._queue), len(self._remote), len(self.persistent_filters)
+        return fleet_families(self, self.link, queued=queued, members=members, persistent_filters=persistent)
 
     async def refresh_figures(self) -> None:
         """Read the fleet-wide figures of persistent sessions and retained messages."""

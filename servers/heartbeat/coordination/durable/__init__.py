@@ -1,0 +1,22 @@
+"""A one-box server's state, durable: retained messages, persistent sessions, every
+device's last presence, in an embedded SQLite file (``--persistence FILE``).
+
+The coordinator that owns the state (a lone worker's, or the supervisor's authority)
+keeps it in memory as before; a :class:`~.journal.Journal` is told of every change
+(which topic, which device, which session, which message), and the
+:class:`~.keeper.Durability` writes just those in one transaction, a group at a time:
+whatever changed while the last commit was being written goes in the next one. A
+PUBACK for a message that changed what is kept waits for its group's commit (sync
+``always``); ``interval`` commits on a timer, and ``off`` at shutdown and every
+autosave interval, as Mosquitto does. See docs/explanation/durability.md.
+
+Pure but for the file: no trio here; the coordinator decides on which thread a
+commit runs.
+"""
+
+from __future__ import annotations
+
+from .database import SCHEMA_VERSION, StoreFileError, open_database
+from .keeper import SYNC_MODES, Durability, Restored
+
+__all__ = ["SCHEMA_VERSION", "SYNC_MODES", "Durability", "Restored", "StoreFileError", "open_database"]
