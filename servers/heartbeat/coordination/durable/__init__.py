@@ -10,8 +10,11 @@ PUBACK for a message that changed what is kept waits for its group's commit (syn
 ``always``); ``interval`` commits on a timer, and ``off`` at shutdown and every
 autosave interval, as Mosquitto does. See docs/explanation/durability.md.
 
-Pure but for the file: no trio here; the coordinator decides on which thread a
-commit runs.
+Its modules, one job each: :mod:`.database` (the file, its schema and refusals),
+:mod:`.journal` (what changed), :mod:`.rows` (the state as rows and back),
+:mod:`.keeper` (restore, commits, close), :mod:`.telling` (events told once on disk),
+:mod:`.wills` (delayed Wills as rows), all pure but for the file; :mod:`.driver` (a trio
+worker's commits, in a thread) and :mod:`.box` (the supervisor's, in line).
 """
 
 from __future__ import annotations
