@@ -36,6 +36,7 @@ from servers.heartbeat.mqtt.v5.packets import Will as V5Will
 from servers.heartbeat.mqtt.v5.properties import Properties as V5Properties
 
 from .test_heartbeat_clients import ROOT, raw_connect
+from .test_presence_faults import until
 
 Properties: Any = _PahoProperties  # paho's is untyped
 
@@ -157,15 +158,6 @@ def client(
 def gone(c: mqtt.Client) -> None:
     c.disconnect()
     c.loop_stop()
-
-
-def until(predicate: object, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():  # type: ignore[operator]
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def away_subscribers(port: int) -> None:
@@ -475,3 +467,22 @@ def test_a_qos2_message_released_on_the_wire_is_never_sent_again_after_a_crash(
     with pytest.raises(TimeoutError):
         read_packet(sub)  # and nothing else
     sub.close()
+
+
+@pytest.mark.parametrize("engine", ["dense", "streams"])
+def test_replies_held_for_a_commit_keep_their_order_before_a_suback_that_settles(
+    boxes: list[Box], tmp_path: Path, engine: str
+) -> None:
+    """PUBLISHes and a SUBSCRIBE of a persistent session in one read, under a supervisor:
+    the PUBACKs wait for their commit, the SUBACK for its commit and for the other
+    workers; they go in the order the packets came."""
+    box = new_box(boxes, tmp_path, ("--workers", "2", "--engine", engine))
+    box.start()
+    away_subscribers(box.port)  # the PUBLISHes below are queued for them: a commit each read
+    sock = persistent(box.port, "mixed")
+    burst = b"".join(encoders.encode_publish("q/x", f"m{i}".encode(), 1, False, i + 1) for i in range(5))
+    sock.sendall(burst + encoders.encode_subscribe(9, [("late/#", 1)]) + encoders.encode_pingreq())
+    got = [read_packet(sock) for _ in range(7)]
+    assert [first for first, _ in got] == [0x40] * 5 + [0x90, 0xD0]
+    assert [body for _, body in got[:5]] == [(i + 1).to_bytes(2, "big") for i in range(5)]
+    sock.close()

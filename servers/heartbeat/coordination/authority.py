@@ -25,7 +25,7 @@ from ..broker.topics import FilterIndex
 from ..mqtt.endings import Offline
 from ..mqtt.policy import DEFAULT_PRESENCE_PREFIX
 from ..mqtt.publication import Publication
-from ..presence.event import PresenceEvent, PresenceLog, PresenceSink
+from ..presence.event import PresenceEvent, PresenceSink
 from ..presence.overview import RecentEnds, registry_overview
 from . import frames, log_session_drops, log_sessions_full, publish_to_sinks
 from .durable import Durability
@@ -129,8 +129,7 @@ class Authority:
         (the next start ends them, ``server-shutdown``)."""
         self._commits = None if durability is None else BoxCommits(durability)
         if durability is not None:
-            durability.telling.log = next((s for s in self.sinks if isinstance(s, PresenceLog)), None)
-            for event in restored(durability, self.registry, self.retention, self.store, self.recent):
+            for event in restored(durability, self.registry, self.retention, self.store, self.recent, self.sinks):
                 self._publish(event)
 
     @property
@@ -382,8 +381,10 @@ class Authority:
         (with a durable store in sync ``always``, once what they change is on disk)."""
         if delivery is None:
             return
-        if self.durability is not None and self.durability.later(partial(self._transmit, delivery), ("always",)):
-            return
+        if self.durability is None or not self.durability.later(partial(self._send, delivery), ("always",)):
+            self._send(delivery)
+
+    def _send(self, delivery: Delivery) -> None:
         epoch = str(delivery.holder)
         for peer in list(self._peers.values()):
             if epoch.startswith(f"{peer.worker}.{peer.pid}."):

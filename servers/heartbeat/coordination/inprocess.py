@@ -16,7 +16,7 @@ from ..broker.reports import Delivery, Opened, Report
 from ..mqtt.endings import Offline
 from ..mqtt.policy import DEFAULT_PRESENCE_PREFIX
 from ..mqtt.publication import Publication
-from ..presence.event import PresenceEvent, PresenceLog, PresenceSink
+from ..presence.event import PresenceEvent, PresenceSink
 from ..presence.overview import RecentEnds, registry_overview
 from . import (
     Coordinator,
@@ -74,8 +74,7 @@ class InProcessCoordinator(Coordinator):
         self.committer = None if durability is None else Committer(durability)
         """Commits ``durability`` (None without it)."""
         if durability is not None:
-            durability.telling.log = next((s for s in self.sinks if isinstance(s, PresenceLog)), None)
-            for event in restored(durability, self.registry, self.retention, self.store, self.recent):
+            for event in restored(durability, self.registry, self.retention, self.store, self.recent, self.sinks):
                 self._publish(event)
 
     async def run(self, host: Host, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:

@@ -138,34 +138,41 @@ class FanOut:
             # After the SUBACK, which the session's effects put after this one.
             self.retained.start(conn, effect)
 
-    async def settle(self, conn: Connection, reply: bytes = b"") -> bytes:
-        """Hold ``reply`` (a PUBACK or PUBREC, a SUBACK) until what the client changed is
-        durable, and the SUBACK of a subscription others did not route to yet until they
-        do; returns what to send in its place (the same, but for a refusal).
-
-        A message retained or queued for a persistent session is acknowledged once it
-        is committed (``--persistence-sync always``); a commit that fails (a full disk)
-        turns an MQTT 5 PUBACK into 0x97 (the message may still be kept: it is retried).
+    async def settle(self, conn: Connection) -> None:
+        """Hold a SUBACK until what the client changed is durable (a persistent session's
+        subscription, ``--persistence-sync always``; the replies held for a commit before
+        it the engine has released through :meth:`committed`), and until the other
+        workers route by the subscription.
 
         Without the settling, a message published on another worker just after the SUBACK could
         miss the subscriber: filters reach other workers a few milliseconds later. Costs
         a round trip to every worker, only when a filter is new here or the session
         persistent; a stalled worker holds it up for at most the lookup timeout."""
-        (reply,) = await self.committed(conn, [reply])
+        mark = self.commits.pop(conn, None)
+        if mark is not None and not await self.coordinator.committed(mark):
+            self._uncommitted(conn)  # a SUBACK has no refusal for it: it goes as it is
         subscriptions = self.unsettled.pop(conn, [])
         await self._settle(conn, subscriptions)
-        return reply
 
     async def committed(self, conn: Connection, replies: list[bytes]) -> list[bytes]:
-        """Wait until what ``conn`` changed is durable (see :meth:`settle`); returns the
-        replies to send then (MQTT 5 PUBACKs turned to 0x97 if the commit failed)."""
+        """Wait until what ``conn`` changed is durable: a message retained or queued for a
+        persistent session is acknowledged once it is committed (``--persistence-sync
+        always``). Returns the replies to send then: a commit that failed (a full disk)
+        turns an MQTT 5 PUBACK into 0x97 (the message may still be kept: it is retried)."""
         mark = self.commits.pop(conn, None)
         if mark is None or await self.coordinator.committed(mark):
             return replies
-        return [self._uncommitted(conn, reply) for reply in replies]
+        return [self._refused(conn, reply) for reply in replies]
 
-    def _uncommitted(self, conn: Connection, reply: bytes) -> bytes:
-        """The reply to a client whose change the durable store could not commit."""
+    def _refused(self, conn: Connection, reply: bytes) -> bytes:
+        """A reply whose change could not be committed: counted, and an MQTT 5 PUBACK says so."""
+        self._uncommitted(conn)
+        if conn.v5 is not None and len(reply) == 4 and reply[0] == 0x40:
+            return reply[:1] + b"\x03" + reply[2:4] + b"\x97"  # PUBACK, Quota Exceeded
+        return reply
+
+    def _uncommitted(self, conn: Connection) -> None:
+        """Count a reply whose change the durable store could not commit (logged once a spell)."""
         self.counters["durable_unconfirmed"] += 1
         if self._logged.due("uncommitted", time.monotonic()):
             logger.warning(
@@ -175,9 +182,6 @@ class FanOut:
                 conn.peer,
                 shown(conn.session.client_id or ""),
             )
-        if conn.v5 is not None and len(reply) == 4 and reply[0] == 0x40:
-            return reply[:1] + b"\x03" + reply[2:4] + b"\x97"  # PUBACK, Quota Exceeded
-        return reply
 
     async def _settle(self, conn: Connection, subscriptions: list[AddSubscription]) -> None:
         self.counters["subscribe_settles"] += 1

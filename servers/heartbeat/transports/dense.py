@@ -206,8 +206,7 @@ class DenseConnection(Connection, idlekeeper.Protocol):
                         acks = []
                     if type(effect) is Send:
                         if self in server.unsettled:
-                            held = [Send(data) for data in replies]
-                            self._settle([*held, *effects[j:]], packets[i + 1 :])  # the SUBACK waits
+                            self._settle(replies, effects[j:], packets[i + 1 :])  # the SUBACK waits
                             return
                         if replies or self in commits:
                             replies.append(effect.data)
@@ -269,10 +268,10 @@ class DenseConnection(Connection, idlekeeper.Protocol):
         self._admit(request, refusal, opened, arrived)
         return self.session.state is State.CONNECTED
 
-    def _settle(self, effects: list[Effect], rest: list[AnyPacket]) -> None:
+    def _settle(self, replies: list[bytes], effects: list[Effect], rest: list[AnyPacket]) -> None:
         """Hold ``effects`` (a SUBACK first) and what follows until the server has settled
-        the subscription with the other workers."""
-        self._pause_for(self._settled, effects, rest)
+        the subscription with the other workers, after ``replies`` (held for a commit)."""
+        self._pause_for(self._settled, (replies, effects), rest)
 
     async def _release(self, replies: list[bytes]) -> bool:
         """Send ``replies`` once the durable store has committed what they acknowledge."""
@@ -283,14 +282,13 @@ class DenseConnection(Connection, idlekeeper.Protocol):
             self.write(data)
         return True
 
-    async def _settled(self, effects: list[Effect]) -> bool:
-        first = effects[0]
-        reply = first.data if type(first) is Send else b""
-        data = await self.server.settle(self, reply)
+    async def _settled(self, held: tuple[list[bytes], list[Effect]]) -> bool:
+        replies, effects = held
+        if replies and not await self._release(replies):
+            return False
+        await self.server.settle(self)
         if self.finished:
             return False
-        if data is not reply:
-            effects = [Send(data), *effects[1:]]
         for effect in effects:
             self._apply(effect)
         return True

@@ -184,16 +184,15 @@ class StreamConnection(Connection):
             return
         server = self.server
         if isinstance(effect, Send):
-            data = effect.data
             if self in server.unsettled:
                 await self.release()
-                data = await server.settle(self, data)  # a SUBACK: see FanOut.settle
+                await server.settle(self)  # a SUBACK: see FanOut.settle
                 if self.finished:
                     return
             elif self.replies or self in server.fanout.commits:
-                self.replies.append(data)  # sent once what the packets changed is durable
+                self.replies.append(effect.data)  # sent once what the packets changed is durable
                 return
-            await self._send(data)
+            await self._send(effect.data)
         elif isinstance(effect, Publication):
             server.published(self, effect)
         elif isinstance(effect, Accept):

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 
 import trio
 
 from ....prometheus import Families, Metric
 from ...broker.persistent import SessionStore
-from ...presence.event import PresenceEvent
+from ...presence.event import PresenceEvent, PresenceLog, PresenceSink
 from ...presence.overview import RecentEnds
 from ..registry import Registry
 from ..retention import Retention
@@ -31,11 +31,18 @@ RETRY_AFTER = 1.0
 
 
 def restored(
-    durability: Durability, registry: Registry, retention: Retention, store: SessionStore, recent: RecentEnds
+    durability: Durability,
+    registry: Registry,
+    retention: Retention,
+    store: SessionStore,
+    recent: RecentEnds,
+    sinks: Iterable[PresenceSink],
 ) -> list[PresenceEvent]:
     """Restore the state from ``durability``'s file (logged in one line), the operator's
     page's recent ends too; returns the offline events of the devices that were online
-    when the server stopped or died, for the coordinator to publish."""
+    when the server stopped or died, for the coordinator to publish. The presence log
+    among ``sinks``, if any, is what the store reads after a crash (:mod:`.telling`)."""
+    durability.telling.log = next((s for s in sinks if isinstance(s, PresenceLog)), None)
     found = durability.restore(registry, retention, store)
     durability.commit()  # the ends on disk before they are told: a crash now tells none twice
     told = {event.epoch for event in found.ended} | {event.epoch for event in found.untold}
@@ -69,12 +76,15 @@ class Committer:
         self.durability = durability
         self.stopping = False
         """The server was asked to stop: the last commit marks the file stopped."""
-        self._dirty = trio.Event()
         self._done = trio.Event()
-        durability.journal.on_dirty = self._dirty.set
+        self._rearm()
         self.runner: Callable[[Callable[[Batch], None], Batch], Awaitable[None]] = trio.to_thread.run_sync
         """How a commit's write is run: in a thread (a test may run it in line, where
         trio's MockClock would jump past a thread's real time)."""
+
+    def _rearm(self) -> None:
+        self._dirty = trio.Event()
+        self.durability.journal.on_dirty = self._dirty.set
 
     def mark(self) -> int | None:
         """The change count a PUBACK must see committed, or None if it need not wait
@@ -104,8 +114,7 @@ class Committer:
                 else:
                     await trio.sleep(durability.interval if durability.sync == "interval" else durability.autosave)
                 if not durability.due():
-                    self._dirty = trio.Event()
-                    durability.journal.on_dirty = self._dirty.set
+                    self._rearm()
                     continue
                 ok = await self._commit()
                 if not ok:
@@ -115,8 +124,7 @@ class Committer:
 
     async def _commit(self) -> bool:
         durability = self.durability
-        self._dirty = trio.Event()
-        durability.journal.on_dirty = self._dirty.set
+        self._rearm()  # a change from now on wakes the next commit
         batch = durability.collect()
         started = time.perf_counter()
         error: BaseException | None = None

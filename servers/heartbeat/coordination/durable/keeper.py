@@ -17,12 +17,12 @@ it cannot make durable, until a commit succeeds again.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import sqlite3
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from ...broker.outbox import Stage
 from ...broker.persistent import SessionStore
@@ -76,10 +76,10 @@ class Batch:
     forgotten: list[tuple[str]] = field(default_factory=list)
     sessions: list[SessionRow] = field(default_factory=list)
     ended: list[tuple[str]] = field(default_factory=list)
-    dropped: list[tuple[int]] = field(default_factory=list)
     inserted: list[MessageRow] = field(default_factory=list)
     updated: list[tuple[int, bytes | None, int, int]] = field(default_factory=list)
     deleted: list[tuple[int]] = field(default_factory=list)
+    """Messages acknowledged, expired, or of a discarded session."""
     wills: list[WillRow] = field(default_factory=list)
     wills_done: list[tuple[str]] = field(default_factory=list)
     alive: float = 0.0
@@ -89,17 +89,28 @@ class Batch:
     later: list[Callable[[], None]] = field(default_factory=list)
     """What waited for this commit (:meth:`Durability.later`)."""
 
+    def statements(self) -> list[tuple[str, list[Any]]]:
+        """The commit's statements, in the order they run, each with its rows."""
+        return [
+            ("INSERT OR REPLACE INTO retained VALUES (?, ?, ?, ?, ?, ?)", self.retained),
+            ("DELETE FROM retained WHERE topic = ?", self.unretained),
+            ("INSERT OR REPLACE INTO devices VALUES (?, ?, ?, ?)", self.devices),
+            ("DELETE FROM devices WHERE client_id = ?", self.forgotten),
+            ("DELETE FROM sessions WHERE client_id = ?", self.ended),
+            ("INSERT OR REPLACE INTO sessions VALUES (?, ?, ?, ?, ?, ?, ?)", self.sessions),
+            ("INSERT OR REPLACE INTO messages VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", self.inserted),
+            ("UPDATE messages SET packet_id = ?, properties = ?, stage = ? WHERE seq = ?", self.updated),
+            ("DELETE FROM messages WHERE seq = ?", self.deleted),
+            ("INSERT OR REPLACE INTO wills VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", self.wills),
+            ("DELETE FROM wills WHERE client_id = ?", self.wills_done),
+            ("INSERT INTO told VALUES (?, ?)", self.told),
+            ("DELETE FROM told WHERE seq = ?", self.told_done),
+        ]
+
     @property
     def rows(self) -> int:
         """Rows written or deleted."""
-        return sum(
-            len(x)
-            for x in (
-                self.retained, self.unretained, self.devices, self.forgotten, self.sessions,
-                self.ended, self.dropped, self.inserted, self.updated, self.deleted, self.wills, self.wills_done,
-                self.told,
-            )
-        )  # fmt: skip
+        return sum(len(rows) for _, rows in self.statements())
 
 
 class Durability:
@@ -174,13 +185,9 @@ class Durability:
         clean = meta.get("state") == "stopped"
         ended_at = float(meta.get("stopped_at" if clean else "alive", self.wall_clock()))
         clocks = self._clocks()
-        online: list[PresenceEvent] = []
         for _client_id, text, once in db.execute("SELECT client_id, event, once FROM devices ORDER BY written"):
-            event = event_of(text)
-            registry.restore(event, bool(once))
+            registry.restore(event_of(text), bool(once))
             out.devices += 1
-            if event.status == "online":
-                online.append(event)
         db.execute("DELETE FROM retained WHERE expires_at IS NOT NULL AND expires_at <= ?", (clocks.wall,))
         for topic, payload, qos, expires_at, owner, properties in db.execute("SELECT * FROM retained"):
             retention.store.store(topic, payload, qos, clocks.wall, expires_at, owner, properties)
@@ -212,12 +219,7 @@ class Durability:
             if clean
             else (Offline.SERVER_LOST, "the server died while it was online")
         )
-        for event in online:
-            end = dataclasses.replace(
-                event, status="offline", reason=reason, time=ended_at, silent_for=0.0, detail=detail
-            )
-            if registry.offline(end) is not None:
-                out.ended.append(end)
+        out.ended = registry.lose(lambda event: True, reason, detail, ended_at)
         self._mark_running()
         out.seconds = time.perf_counter() - started
         return out
@@ -309,7 +311,7 @@ class Durability:
             else:
                 self._written += 1
                 batch.devices.append(device_row(event, registry.seen_once(client_id), self._written))
-        batch.dropped = [(seq,) for seq in taken.dropped]
+        batch.deleted = [(seq,) for seq in taken.dropped]
         for client_id in taken.wills:
             held = self.wills.get(client_id)
             if held is None:
@@ -339,38 +341,9 @@ class Durability:
         db = self.db
         try:
             db.execute("BEGIN IMMEDIATE")
-            if batch.retained:
-                db.executemany("INSERT OR REPLACE INTO retained VALUES (?, ?, ?, ?, ?, ?)", batch.retained)
-            if batch.unretained:
-                db.executemany("DELETE FROM retained WHERE topic = ?", batch.unretained)
-            if batch.devices:
-                db.executemany("INSERT OR REPLACE INTO devices VALUES (?, ?, ?, ?)", batch.devices)
-            if batch.forgotten:
-                db.executemany("DELETE FROM devices WHERE client_id = ?", batch.forgotten)
-            if batch.dropped:
-                db.executemany("DELETE FROM messages WHERE seq = ?", batch.dropped)
-            if batch.ended:
-                db.executemany("DELETE FROM sessions WHERE client_id = ?", batch.ended)
-            if batch.sessions:
-                db.executemany("INSERT OR REPLACE INTO sessions VALUES (?, ?, ?, ?, ?, ?, ?)", batch.sessions)
-            if batch.inserted:
-                db.executemany(
-                    "INSERT OR REPLACE INTO messages VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", batch.inserted
-                )
-            if batch.updated:
-                db.executemany(
-                    "UPDATE messages SET packet_id = ?, properties = ?, stage = ? WHERE seq = ?", batch.updated
-                )
-            if batch.deleted:
-                db.executemany("DELETE FROM messages WHERE seq = ?", batch.deleted)
-            if batch.wills:
-                db.executemany("INSERT OR REPLACE INTO wills VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", batch.wills)
-            if batch.wills_done:
-                db.executemany("DELETE FROM wills WHERE client_id = ?", batch.wills_done)
-            if batch.told:
-                db.executemany("INSERT INTO told VALUES (?, ?)", batch.told)
-            if batch.told_done:
-                db.executemany("DELETE FROM told WHERE seq = ?", batch.told_done)
+            for statement, rows in batch.statements():
+                if rows:
+                    db.executemany(statement, rows)
             meta = [("alive", repr(batch.alive))]
             if batch.logged_to is not None:
                 meta.append(("logged_to", batch.logged_to))
