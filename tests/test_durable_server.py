@@ -486,3 +486,19 @@ def test_replies_held_for_a_commit_keep_their_order_before_a_suback_that_settles
     assert [first for first, _ in got] == [0x40] * 5 + [0x90, 0xD0]
     assert [body for _, body in got[:5]] == [(i + 1).to_bytes(2, "big") for i in range(5)]
     sock.close()
+
+
+@pytest.mark.parametrize("kind", ["dense", "workers"])
+def test_a_second_server_on_a_store_in_use_is_refused_in_one_line(boxes: list[Box], tmp_path: Path, kind: str) -> None:
+    box = new_box(boxes, tmp_path, ONE_BOX[kind])
+    box.start()
+    done = heartbeat("--persistence", str(box.store))
+    assert done.returncode == 2
+    (line,) = done.stderr.strip().splitlines()
+    holder = box.runs[-1].pid
+    assert line.endswith(f": error: --persistence: {box.store}: is in use by another server (pid {holder})"
+                         ": a store has one server"), line  # fmt: skip
+    raw_connect(box.port, "still-served", keep_alive=30).close()  # the first goes on
+    box.stop()
+    box.start()  # and, stopped, lets go of it
+    raw_connect(box.port, "after", keep_alive=30).close()

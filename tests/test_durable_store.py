@@ -173,7 +173,7 @@ def test_what_was_committed_comes_back_whole(tmp_path_factory: pytest.TempPathFa
     assert box.durability.commit()
     sessions, retained = sessions_of(box.store), retained_of(box.retention)
     records = {e.client_id: e for e in box.registry}
-    box.durability.db.close()  # a crash: nothing more is written, not even "stopped"
+    box.durability.abandon()  # a crash: nothing more is written, not even "stopped"
 
     again, ended = Box.open(path, clock)
     # In-flight messages are resent with DUP after a restart: every one counts as sent.
@@ -230,7 +230,7 @@ def test_a_qos2_exchange_past_pubrec_resumes_with_pubrel_and_its_packet_id(tmp_p
     store.acknowledge("c", "e1", "pubrec", 1)
     store.apply(Inbound("c", 7, True), clock.now)
     box.durability.commit()
-    box.durability.db.close()
+    box.durability.abandon()
 
     again, _ = Box.open(tmp_path / "s.db", clock)
     stored = again.store.get("c")
@@ -253,7 +253,7 @@ def test_a_queued_message_sent_after_a_commit_is_resumed_as_sent(tmp_path: Path)
     assert box.durability.commit()  # queued: no packet id yet
     store.apply(Attach("c", "e1"), clock.now)  # sent now, as packet 1
     assert box.durability.commit()
-    box.durability.db.close()
+    box.durability.abandon()
     again, _ = Box.open(tmp_path / "s.db", clock)
     stored = again.store.get("c")
     assert stored is not None
@@ -283,7 +283,7 @@ def test_a_clean_stop_says_server_shutdown_at_its_time_and_a_crash_server_lost(t
     again.registry.online(online("dev", "epoch-2", clock.now))
     again.durability.commit()
     alive_at = clock.now
-    again.durability.db.close()  # killed
+    again.durability.abandon()  # killed
     clock.now += 100
     third, ended = Box.open(tmp_path / "s.db", clock)
     (event,) = ended
@@ -324,7 +324,7 @@ def test_a_failed_commit_refuses_what_it_cannot_keep_and_recovers_whole(
     monkeypatch.setattr(durability, "write", real_write)
     assert durability.commit() and durability.failure is None
     assert box.retention.writable and store.keeps_absent
-    durability.db.close()
+    durability.abandon()
     again, _ = Box.open(tmp_path / "s.db", clock)
     stored = again.store.get("away")
     assert stored is not None and [m.payload for m in stored.outbox.queued()] == [b"kept-in-memory"]
@@ -368,6 +368,16 @@ def test_a_file_that_cannot_be_trusted_is_refused_and_left_as_it_was(
     assert str(refused.value).startswith(f"{path}: ") and why in str(refused.value)
     assert "\n" not in str(refused.value)
     assert path.read_bytes() == before
+
+
+def test_a_store_in_use_by_another_server_is_refused_naming_its_pid(tmp_path: Path) -> None:
+    path = tmp_path / "state.db"
+    first = Durability(str(path))
+    with pytest.raises(StoreFileError) as refused:
+        Durability(str(path))
+    assert str(refused.value) == f"{path}: is in use by another server (pid {os.getpid()}): a store has one server"
+    first.close(clean=True)
+    Durability(str(path)).close(clean=True)  # let go: the next one takes it
 
 
 def test_a_file_in_a_missing_directory_is_refused(tmp_path: Path) -> None:
@@ -571,7 +581,7 @@ async def test_an_event_reaches_the_presence_log_once_whenever_the_crash_comes(
     if crash == "after-telling":
         first.durability.done(batch, None)  # ...and told; the told row's deletion never committed
         assert logged(first_log) == [("dev", "online", None)]
-    first.durability.db.close()  # kill -9
+    first.durability.abandon()  # kill -9
 
     second = lone(store, second_log)
     everything = logged(first_log, second_log)

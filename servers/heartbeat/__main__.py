@@ -28,7 +28,7 @@ from ..workers import supervisor_pid
 from .config import HeartbeatConfig
 from .coordination import Coordinator
 from .coordination.authority import Authority
-from .coordination.durable import StoreFileError, open_database
+from .coordination.durable import StoreFileError, lock_store, open_database
 from .coordination.local import BusCoordinator
 from .mqtt.policy import DEFAULT_PRESENCE_PREFIX
 from .presence.event import PresenceLog, PresenceSink
@@ -277,6 +277,7 @@ def check_arguments(cli: CommandLine, args: argparse.Namespace) -> None:
         if args.cluster:
             cli.refuse("--persistence", "a fleet keeps its state in Redis (see docs/how-to/durability.md), not a file")
         try:
+            os.close(lock_store(args.persistence))  # not in use by another server
             open_database(args.persistence).close()
         except StoreFileError as exc:
             cli.refuse("--persistence", str(exc))

@@ -19,7 +19,7 @@ worker's commits, in a thread) and :mod:`.box` (the supervisor's, in line).
 
 from __future__ import annotations
 
-from .database import SCHEMA_VERSION, StoreFileError, open_database
+from .database import SCHEMA_VERSION, StoreFileError, lock_store, open_database
 from .keeper import SYNC_MODES, Durability, Restored
 
-__all__ = ["SCHEMA_VERSION", "SYNC_MODES", "Durability", "Restored", "StoreFileError", "open_database"]
+__all__ = ["SCHEMA_VERSION", "SYNC_MODES", "Durability", "Restored", "StoreFileError", "lock_store", "open_database"]

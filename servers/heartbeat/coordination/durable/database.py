@@ -9,10 +9,11 @@ program, or cannot be written.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import sqlite3
 
-__all__ = ["SCHEMA_VERSION", "StoreFileError", "open_database"]
+__all__ = ["SCHEMA_VERSION", "StoreFileError", "lock_store", "open_database"]
 
 SCHEMA_VERSION = 1
 """The schema this server writes (SQLite's ``user_version``); it reads no newer one."""
@@ -74,10 +75,9 @@ def _check_header(path: str) -> bool:
     return True
 
 
-def open_database(path: str, *, synchronous: str = "FULL", check: bool = True) -> sqlite3.Connection:
-    """Open (or create) the store at ``path`` for writing, its schema checked (and the
-    pages too, with ``check``: ``PRAGMA quick_check``). The connection may be used by
-    one thread at a time, whichever (the writer's thread does the commits)."""
+def _check_place(path: str) -> bool:
+    """Refuse a store whose folder is missing, whose file is not SQLite, or that cannot
+    be written; whether the file exists (with content)."""
     parent = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(parent):
         raise _refuse(path, f"its directory {parent} does not exist")
@@ -86,6 +86,36 @@ def open_database(path: str, *, synchronous: str = "FULL", check: bool = True) -
         raise _refuse(path, "cannot be written: its filesystem is read-only")
     if not os.access(path if existed else parent, os.W_OK):
         raise _refuse(path, "cannot be written: permission denied" if existed else f"cannot be created in {parent}")
+    return existed
+
+
+def lock_store(path: str) -> int:
+    """Take the store at ``path`` for this process (a lock on ``<path>.lock``, which the
+    kernel lets go when the process ends, however it ends); returns the descriptor that
+    holds it (close it to let go). Two servers writing one store would each overwrite
+    what the other keeps, so the second is refused, naming the first's PID."""
+    _check_place(path)
+    lock = f"{path}.lock"
+    try:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        raise _refuse(path, f"cannot be locked ({lock}: {exc.strerror})") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+        os.close(fd)
+        raise _refuse(path, f"is in use by another server (pid {holder}): a store has one server") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
+
+
+def open_database(path: str, *, synchronous: str = "FULL", check: bool = True) -> sqlite3.Connection:
+    """Open (or create) the store at ``path`` for writing, its schema checked (and the
+    pages too, with ``check``: ``PRAGMA quick_check``). The connection may be used by
+    one thread at a time, whichever (the writer's thread does the commits)."""
+    existed = _check_place(path)
     try:
         db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
     except sqlite3.Error as exc:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import sqlite3
 import time
 from collections.abc import Callable
@@ -30,7 +31,7 @@ from ...mqtt.endings import Offline
 from ...presence.event import PresenceEvent
 from ..registry import Registry
 from ..retention import Retention
-from .database import open_database
+from .database import lock_store, open_database
 from .journal import Journal, Taken
 from .rows import Clocks, MessageRow, SessionRow, device_row, event_of, message_row, session_of, session_row
 from .telling import Telling
@@ -144,8 +145,13 @@ class Durability:
         self.store_clock = store_clock
         self.outbox_clock = outbox_clock
         self.wall_clock = wall_clock
-        # ``check``: its pages read through first (a caller that just did may skip it).
-        self.db = open_database(path, synchronous="NORMAL" if sync == "off" else "FULL", check=check)
+        self._lock = lock_store(path)
+        try:
+            # ``check``: its pages read through first (a caller that just did may skip it).
+            self.db = open_database(path, synchronous="NORMAL" if sync == "off" else "FULL", check=check)
+        except BaseException:
+            os.close(self._lock)
+            raise
         self.journal = Journal(next_seq=self._max("SELECT MAX(seq) FROM messages") + 1)
         self._written = self._max("SELECT MAX(written) FROM devices")
         self.committed = 0
@@ -414,6 +420,12 @@ class Durability:
         self.done(batch, None, time.perf_counter() - started)
         return True
 
+    def abandon(self) -> None:
+        """Let go of the file as a crash does: no last commit, not marked stopped (the
+        next start says ``server-lost``). For tests, and a process that must go at once."""
+        self.db.close()
+        os.close(self._lock)
+
     def close(self, clean: bool) -> None:
         """A last commit, and the file marked stopped if ``clean`` (the server was asked
         to stop): the next start then says ``server-shutdown``, not ``server-lost``."""
@@ -427,3 +439,4 @@ class Durability:
             except sqlite3.Error as exc:
                 logger.error("durable store %s: could not be marked stopped (%s)", self.path, exc)
         self.db.close()
+        os.close(self._lock)
