@@ -1,6 +1,6 @@
 """Presence under faults, at scale, on one machine (the local coordinator).
 
-    python -m benchmarks.faults [--devices 16000] [--workers 2] [--subscribers 4] [--pages 4]
+    python -m benchmarks.faults [--devices 16000] [--workers 2] [--subscribers 4] [--pages 4] [--listeners 2]
 
 Starts ``servers.heartbeat`` with ``--workers`` workers, connects ``--devices``
 raw MQTT devices (keep-alive 300 s, so nothing expires on its own) and a few
@@ -17,6 +17,8 @@ device (:mod:`loadtest.history`: no end without a start, no overlap). With ``--p
 that many operator's pages (live streams) watch the workers' status ports throughout,
 and the drill checks what they showed: a snapshot a second on the surviving workers
 through the kill, and the lost devices counted ``worker-lost`` by the box's registry.
+With ``--listeners N`` the server has N listeners (``--listener``) and the devices
+come through them in turn: every event must name the listener its device came through.
 Loopback only; the server is stopped by its PID.
 """
 
@@ -86,11 +88,14 @@ def _log(path: Path) -> list[dict[str, object]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def run(devices: int, workers: int, subscribers: int, pages: int = 0) -> dict[str, object]:
+def run(devices: int, workers: int, subscribers: int, pages: int = 0, doors: int = 1) -> dict[str, object]:
     work = Path(tempfile.mkdtemp(prefix="ik-faults-"))
     log = work / "presence.jsonl"
     port = free_port()
+    ports = [port] + [free_port() for _ in range(doors - 1)]
     extra = ["--tick", "0.1", "--presence-log", str(log)]
+    for more in ports[1:]:
+        extra += ["--listener", f"mqtt://127.0.0.1:{more}"]
     status = 0
     if pages:  # the status ports only where pages watch them
         status = free_port(run=workers)
@@ -102,7 +107,7 @@ def run(devices: int, workers: int, subscribers: int, pages: int = 0) -> dict[st
     try:
         listeners = [Listener(port, f"sub-{i}") for i in range(subscribers)]
         for i in range(devices):
-            socks.append(_connect(port, f"dev-{i}", 300))
+            socks.append(_connect(ports[i % doors], f"dev-{i}", 300))
         for s in socks:
             s.recv(4)
         deadline = time.monotonic() + 60
@@ -177,6 +182,10 @@ def run(devices: int, workers: int, subscribers: int, pages: int = 0) -> dict[st
         started = {str(e["epoch"]) for e in _log(log) if e.get("status") == "online"}
         # No device reconnects here, so no two sessions of one may overlap at all.
         history = check_history(_log(log), lease=0.0)
+        came = {f"dev-{i}": f"mqtt://127.0.0.1:{ports[i % doors]}" for i in range(devices)}
+        misnamed = [
+            e for e in _log(log) if e.get("client_id") in came and e.get("listener") != came[str(e["client_id"])]
+        ]
         return {
             "devices": devices,
             "workers": workers,
@@ -194,6 +203,8 @@ def run(devices: int, workers: int, subscribers: int, pages: int = 0) -> dict[st
             "sessions_with_several_offline": sum(n > 1 for n in sessions.values()),
             "history": history.summary(examples=3),
             "history_ok": history.ok,
+            "listeners": doors,
+            "events_naming_another_listener": len(misnamed),
             **page,
         }
     finally:
@@ -213,8 +224,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--subscribers", type=int, default=4)
     p.add_argument("--pages", type=int, default=0, help="live operator's pages watching the workers throughout")
+    p.add_argument("--listeners", type=int, default=1, help="listeners the devices come through in turn")
     args = p.parse_args(argv)
-    result = run(args.devices, args.workers, args.subscribers, args.pages)
+    result = run(args.devices, args.workers, args.subscribers, args.pages, max(1, args.listeners))
     for key, value in result.items():
         print(f"{key:38} {value}")
     ok = (
@@ -223,6 +235,7 @@ def main(argv: list[str] | None = None) -> int:
         and result["sessions_without_offline"] == 0
         and result["sessions_with_several_offline"] == 0
         and result["history_ok"]
+        and result["events_naming_another_listener"] == 0
         and result["exit_code"] == 0
         and result["subscribers_heard_every_shutdown"]
         and (

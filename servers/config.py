@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import argparse
 import logging
+import sys
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from .settings import Choice, Host, Setting, count, seconds
+from .settings import Choice, Host, Path, Setting, Text, count, seconds
 from .settings import port as port_kind
 from .tls import TLSOptions, tls_options
 
 __all__ = [
+    "LOG_FILE",
     "LOG_FORMAT",
     "LOG_LEVEL",
     "LOG_LEVELS",
@@ -73,14 +75,30 @@ LOG_LEVEL = Setting(
 """``--log-level``: one of :data:`LOG_LEVELS`, in any case."""
 
 
-def configure_logging(level: str) -> None:
-    """Log to stderr at ``level`` (a name: ``info``, ``WARNING``...), in :data:`LOG_FORMAT`."""
-    logging.basicConfig(level=level.upper(), format=LOG_FORMAT)
+LOG_FILE = Setting(
+    "--log-file",
+    Path("append"),
+    None,
+    "append the log to this file instead of stderr, or - for stdout (Mosquitto's log_dest file; "
+    "each worker appends its own lines) (default: stderr)",
+)
+"""``--log-file``: where :func:`configure_logging` writes, if not stderr."""
+
+
+def configure_logging(level: str, file: str | None = None) -> None:
+    """Log at ``level`` (a name: ``info``, ``WARNING``...), in :data:`LOG_FORMAT`, to
+    stderr, or to ``file`` (appended; ``-``: stdout)."""
+    if file is None:
+        logging.basicConfig(level=level.upper(), format=LOG_FORMAT)
+    elif file == "-":
+        logging.basicConfig(level=level.upper(), format=LOG_FORMAT, stream=sys.stdout)
+    else:
+        logging.basicConfig(level=level.upper(), format=LOG_FORMAT, filename=file, encoding="utf-8")
 
 
 def worker_settings(*, port: int, tick_help: str = "") -> tuple[Setting, ...]:
-    """``--host``, ``--port``, ``--workers``, ``--tick``, ``--lookahead`` and the
-    supervisor's hidden ``--worker-index``: what every server's command line has."""
+    """``--host``, ``--port``, ``--workers``, ``--tick``, ``--lookahead``, ``--pid-file``
+    and the supervisor's hidden ``--worker-index``: what every server's command line has."""
     return (
         Setting("--host", Host(), "127.0.0.1", "address to listen on (default: 127.0.0.1; 0.0.0.0 for all)"),
         Setting("--port", port_kind(), port, f"TCP port; 0 picks a free one (default: {port})"),
@@ -104,5 +122,20 @@ def worker_settings(*, port: int, tick_help: str = "") -> tuple[Setting, ...]:
             " connections costs a wake-up a lookahead rather than one a tick; 0 visits each at its"
             " own tick (default: the larger of 1 s and the tick)",
         ),
+        Setting(
+            "--pid-file",
+            Text(_file_name, metavar="FILE"),
+            None,
+            "write the server's PID (the supervisor's, with --workers) to FILE at start, and remove it"
+            " at exit; not needed under systemd (default: none)",
+        ),
         Setting("--worker-index", count(least=0), None, "", hidden=True),
     )
+
+
+def _file_name(text: str) -> str:
+    # Written by the runner once the port is known to be free (a taken port must not
+    # cost a running server its file); a file it cannot write is refused then.
+    if not text:
+        raise ValueError("needs a file name")
+    return text

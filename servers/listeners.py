@@ -27,13 +27,20 @@ class CannotListen(OSError):
     in the one line a server prints for it."""
 
 
-def _bound_socket(host: str, port: int, reuse_port: bool) -> socket.socket:
-    family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+def _bound_socket(
+    host: str, port: int, reuse_port: bool, family: int = socket.AF_UNSPEC, interface: str | None = None
+) -> socket.socket:
+    family, kind, proto, _, addr = socket.getaddrinfo(
+        host, port, family=family, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+    )[0]
     sock = socket.socket(family, kind, proto)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         if reuse_port:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        if interface is not None:
+            # Mosquitto's bind_interface: only packets through this interface reach it.
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_BINDTODEVICE, interface.encode())
         if family == socket.AF_INET6:
             sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
         sock.bind(addr)
@@ -43,22 +50,58 @@ def _bound_socket(host: str, port: int, reuse_port: bool) -> socket.socket:
     return sock
 
 
-def open_listeners(host: str, port: int, *, reuse_port: bool = False, backlog: int = 4096) -> list[trio.SocketListener]:
-    """A listening TCP socket on ``host:port`` as a trio listener (SO_REUSEPORT if asked).
+DOMAINS = {None: socket.AF_UNSPEC, "ipv4": socket.AF_INET, "ipv6": socket.AF_INET6}
+"""Mosquitto's ``socket_domain`` values, as address families."""
 
-    Raises :class:`CannotListen` (an OSError) naming the address if it cannot be bound.
+
+def open_listeners(
+    host: str,
+    port: int,
+    *,
+    reuse_port: bool = False,
+    backlog: int = 4096,
+    domain: str | None = None,
+    interface: str | None = None,
+) -> list[trio.SocketListener]:
+    """Listening TCP sockets on ``host:port`` as trio listeners (SO_REUSEPORT if asked).
+
+    An empty ``host`` is every interface: ``0.0.0.0`` and ``::`` (as Mosquitto's
+    listener without an address), or one of them with ``domain`` (``ipv4``, ``ipv6``).
+    ``interface`` binds to a network interface by name (SO_BINDTODEVICE). Raises
+    :class:`CannotListen` (an OSError) naming the address if it cannot be bound.
     """
+    family = DOMAINS[domain]
+    hosts = (
+        [host] if host else [h for h, f in (("0.0.0.0", socket.AF_INET), ("::", socket.AF_INET6)) if family in (f, 0)]
+    )
+    socks: list[socket.socket] = []
     try:
-        sock = _bound_socket(host, port, reuse_port)
-    except OSError as exc:
-        if isinstance(exc, socket.gaierror):
-            reason = exc.strerror or str(exc)
-        else:
-            reason = os.strerror(exc.errno) if exc.errno else str(exc)
-        where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-        raise CannotListen(exc.errno or 0, f"cannot listen on {where}: {reason}") from exc
-    sock.listen(backlog)
-    return [trio.SocketListener(trio.socket.from_stdlib_socket(sock))]
+        for one in hosts:
+            # A port-0 listener on every interface takes one port for both families.
+            at = port or (int(socks[0].getsockname()[1]) if socks else 0)
+            try:
+                socks.append(_bound_socket(one, at, reuse_port, family, interface))
+            except OSError as exc:
+                if not host and one == "::" and exc.errno == errno.EAFNOSUPPORT:
+                    continue  # a machine without IPv6 still listens on IPv4
+                raise CannotListen(exc.errno or 0, f"cannot listen on {_where(one, at)}: {_reason(exc)}") from exc
+    except BaseException:
+        for sock in socks:
+            sock.close()
+        raise
+    for sock in socks:
+        sock.listen(backlog)
+    return [trio.SocketListener(trio.socket.from_stdlib_socket(sock)) for sock in socks]
+
+
+def _where(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _reason(exc: OSError) -> str:
+    if isinstance(exc, socket.gaierror):
+        return exc.strerror or str(exc)
+    return os.strerror(exc.errno) if exc.errno else str(exc)
 
 
 def port_of(listeners: Sequence[trio.SocketListener]) -> int:
@@ -88,7 +131,7 @@ def check_port_free(host: str, port: int) -> None:
     if port == 0:
         return
     try:
-        probe = _bound_socket(host, port, reuse_port=False)
+        probe = _bound_socket(host or "0.0.0.0", port, reuse_port=False)
     except OSError as exc:
         if exc.errno == errno.EADDRINUSE:
             raise PortInUse(

@@ -70,6 +70,13 @@ class Families:
             family.add_metric([*self._values, key], value)
         self.families.append(family)
 
+    def gauge_by(self, name: str, help: str, label: str, values: Mapping[str, float]) -> None:
+        """One gauge family with a sample per value of ``label``."""
+        family = GaugeMetricFamily(name, help, labels=[*self._names, label])
+        for key, value in values.items():
+            family.add_metric([*self._values, key], value)
+        self.families.append(family)
+
     def histogram(self, name: str, help: str, buckets: Iterable[tuple[float, int]], total: float) -> None:
         """A histogram from cumulative ``(upper bound, count)`` buckets ending at ``inf``."""
         family = HistogramMetricFamily(name, help, labels=self._names)

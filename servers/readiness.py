@@ -12,7 +12,7 @@ import os
 import re
 from dataclasses import dataclass
 
-__all__ = ["Ready", "announce", "announce_ready", "find_ready"]
+__all__ = ["Ready", "announce", "announce_ready", "find_ready", "netloc"]
 
 # Hosts are written as in a URL (IPv6 in brackets), so a port ends where its digits
 # do, even when another worker's line follows with no newline between.
@@ -23,7 +23,8 @@ _LINE = re.compile(
 )
 
 
-def _netloc(host: str, port: int) -> str:
+def netloc(host: str, port: int) -> str:
+    """``host:port`` as in a URL (an IPv6 address in brackets)."""
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
@@ -45,9 +46,9 @@ class Ready:
 
     def line(self) -> str:
         """The announcement, as written to stderr (without the newline)."""
-        text = f"{self.server} worker {self.worker}: listening on {_netloc(self.host, self.port)}"
+        text = f"{self.server} worker {self.worker}: listening on {netloc(self.host, self.port)}"
         if self.status_port is not None:
-            text += f", status on {_netloc(self.status_host or self.host, self.status_port)}"
+            text += f", status on {netloc(self.status_host or self.host, self.status_port)}"
         return text
 
 

@@ -229,6 +229,10 @@ class Setting:
     """Set by the server itself (the supervisor's ``--worker-index``), not by an operator."""
     metavar: str | None = None
     """How --help writes its value (the kind's word by default)."""
+    many: bool = False
+    """Given any number of times; the value is the list of them (None: never given)."""
+    aliases: tuple[str, ...] = ()
+    """Other spellings of the option (``-c`` for ``--config``)."""
     dest: str = field(default="")
 
     def __post_init__(self) -> None:
@@ -274,12 +278,14 @@ class CommandLine(argparse.ArgumentParser):
                     groups[setting.group] = self.add_argument_group(setting.group)
                 where = groups[setting.group]
             text = argparse.SUPPRESS if setting.hidden else setting.help
+            names = (setting.option, *setting.aliases)
             if isinstance(setting.kind, Flag):
-                where.add_argument(setting.option, dest=setting.dest, action="store_true", help=text)
+                where.add_argument(*names, dest=setting.dest, action="store_true", help=text)
                 continue
             where.add_argument(
-                setting.option,
+                *names,
                 dest=setting.dest,
+                action="append" if setting.many else "store",
                 type=_argparse_type(setting),
                 default=setting.default,
                 metavar=setting.metavar or setting.kind.metavar,

@@ -48,9 +48,15 @@ class TLSOptions:
     """The client certificate's common name (CN) is the username (MQTT)."""
     handshake_timeout: float = idlekeeper.DEFAULT_HANDSHAKE_TIMEOUT
     """Seconds from accept a client has to complete the TLS handshake."""
+    capath: str | None = None
+    """A directory of CA certificates (hashed names, ``openssl rehash``), beside ``ca_file``."""
+    tls_version: str | None = None
+    """The oldest TLS spoken, as Mosquitto names it (``tlsv1.2``, ``tlsv1.3``); None: Python's default."""
+    ciphers: str | None = None
+    """OpenSSL's cipher list for TLS 1.2 and older (None: Python's default)."""
 
     def __post_init__(self) -> None:
-        if self.require_certificate and not self.ca_file:
+        if self.require_certificate and not (self.ca_file or self.capath):
             raise ValueError(
                 "--tls-require-certificate needs --tls-ca-file (the CAs client certificates must chain to)"
             )
@@ -64,11 +70,17 @@ class TLSOptions:
         this certificate, and client certificates verified if required."""
         ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         ctx.load_cert_chain(self.cert, self.key)
-        if self.ca_file:
-            ctx.load_verify_locations(self.ca_file)
+        if self.ca_file or self.capath:
+            ctx.load_verify_locations(cafile=self.ca_file, capath=self.capath)
+        if self.tls_version is not None:
+            ctx.minimum_version = _VERSIONS[self.tls_version]
+        if self.ciphers is not None:
+            ctx.set_ciphers(self.ciphers)
         ctx.verify_mode = ssl.CERT_REQUIRED if self.require_certificate else ssl.CERT_NONE
         return ctx
 
+
+_VERSIONS = {"tlsv1.1": ssl.TLSVersion.TLSv1_1, "tlsv1.2": ssl.TLSVersion.TLSv1_2, "tlsv1.3": ssl.TLSVersion.TLSv1_3}
 
 TLS_GROUP = "TLS (Mosquitto's listener options)"
 

@@ -11,7 +11,9 @@ with :data:`CANNOT_START`, after :data:`START_TRIES` failed starts in a row othe
 passes SIGHUP on to every worker (each reloads its files), and SIGUSR1 (each logs its
 tasks, :mod:`servers.taskdump`), and on SIGINT or SIGTERM
 stops them all by PID, waits for their clean shutdown, and kills whatever is left
-after the grace period.
+after the grace period. Under systemd it is the main process, and the only one that
+speaks to it: it says ``READY=1`` once every worker has told it it listens
+(:mod:`servers.systemd`).
 """
 
 from __future__ import annotations
@@ -26,10 +28,13 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
+from typing import Protocol
 
 from .bus import Hub
 from .listeners import reserve_port
+from .readiness import find_ready, netloc
+from .systemd import Notifier, WorkerGate, worker_environ
 
 __all__ = [
     "CANNOT_START",
@@ -73,6 +78,8 @@ def supervise(
     restart_backoff: float = 1.0,
     on_ready: Callable[[list[int]], None] | None = None,
     hub: Hub | None = None,
+    notifier: Notifier | None = None,
+    describe: Callable[[list[str]], str] | None = None,
 ) -> int:
     """Run ``workers`` processes (``command(index)`` is each one's argv) until a signal.
 
@@ -82,6 +89,12 @@ def supervise(
     that exits with :data:`CANNOT_START` at once (returns it), one that exits on its
     own soon after its start :data:`START_TRIES` times in a row after that
     many tries (returns 1). The worker has said why on stderr.
+
+    With a ``notifier`` that speaks to systemd (:mod:`servers.systemd`), the workers
+    get a channel to the supervisor instead of systemd's socket; systemd is told
+    ``READY=1`` once every worker has said it serves (``describe(statuses)`` makes its
+    ``STATUS=``, from the workers'), ``RELOADING=1`` on SIGHUP, ``STOPPING=1`` as the
+    shutdown begins, and ``WATCHDOG=1`` if it asks.
     """
     stopping = False
     gave_up = 0
@@ -91,10 +104,13 @@ def supervise(
         stopping = True
 
     procs: dict[int, subprocess.Popen[bytes]] = {}
+    told = _Told(notifier, describe)
 
     def pass_on(signum: int, frame: object) -> None:
         # SIGHUP is the operator's "reload your files", SIGUSR1 "show your tasks"
         # (servers.taskdump): each worker does it for itself.
+        if signum == signal.SIGHUP and told.gate is not None:
+            told.gate.reloading()
         for proc in procs.values():
             if proc.poll() is None:
                 proc.send_signal(signum)  # by PID
@@ -108,13 +124,16 @@ def supervise(
     failures = dict.fromkeys(range(workers), 0)
 
     waiter = _Waiter(hub)
+    if told.gate is not None:
+        waiter.listen(told)
 
     def start(index: int) -> None:
-        env = {**os.environ, SUPERVISOR_PID_ENV: str(os.getpid())}
+        env = {**worker_environ(os.environ, told.worker_fd), SUPERVISOR_PID_ENV: str(os.getpid())}
         old = procs.get(index)
         if old is not None:
             waiter.forget(old.pid)
-        procs[index] = subprocess.Popen(list(command(index)), env=env)
+        kept = () if told.worker_fd is None else (told.worker_fd,)
+        procs[index] = subprocess.Popen(list(command(index)), env=env, pass_fds=kept)
         waiter.watch(procs[index].pid)
         started[index] = time.monotonic()
 
@@ -126,9 +145,10 @@ def supervise(
         while not stopping:
             # Sleeps until a worker exits, a worker's line needs relaying, a signal comes
             # or a restart is due: no periodic wake-up to look for any of them.
-            soonest = min(restart_at.values(), default=math.inf) - time.monotonic()
+            soonest = min([*restart_at.values(), *told.due()], default=math.inf) - time.monotonic()
             due = None if hub is None else hub.wake_in()
             waiter.wait(max(0.0, min(soonest, _LONGEST_SLEEP, math.inf if due is None else due)))
+            told.after_wait(procs.values(), workers)
             if due is not None and hub is not None:
                 hub.tick()  # a timed commit of the hub's handler (a durable store's)
             now = time.monotonic()
@@ -162,6 +182,7 @@ def supervise(
                     start(index)
         return gave_up
     finally:
+        told.stopping()
         if hub is not None:
             hub.stopping()
         for proc in procs.values():
@@ -187,8 +208,73 @@ def supervise(
             if hub is not None:
                 hub.process_exited(proc.pid, proc.returncode)
         waiter.close()
+        told.close()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+class _Told:
+    """What the supervisor tells systemd, and hears from its workers to do it: nothing
+    at all without a notifier that speaks to systemd."""
+
+    def __init__(self, notifier: Notifier | None, describe: Callable[[list[str]], str] | None) -> None:
+        self.notifier = notifier
+        self.gate: WorkerGate | None = None
+        self.worker_fd: int | None = None
+        self._ours: socket.socket | None = None
+        self._theirs: socket.socket | None = None
+        self._next_ping = math.inf
+        if notifier is None or not notifier.enabled:
+            return
+        self.gate = WorkerGate(notifier, describe)
+        # One pair for every worker: a datagram is never split, so their lines cannot mix.
+        self._ours, self._theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self._ours.setblocking(False)
+        self.worker_fd = self._theirs.fileno()
+        if notifier.watchdog_interval is not None:
+            self._next_ping = time.monotonic()
+
+    def fileno(self) -> int:
+        """The supervisor's end, which the workers write to."""
+        assert self._ours is not None
+        return self._ours.fileno()
+
+    def poll(self, timeout: float) -> None:
+        """Take in every datagram waiting (the waiter calls it when one is)."""
+        if self._ours is None or self.gate is None:
+            return
+        while True:
+            try:
+                data = self._ours.recv(4096)
+            except (BlockingIOError, InterruptedError):
+                return
+            self.gate.heard(data)
+
+    def due(self) -> tuple[float, ...]:
+        """When the supervisor must wake to ping systemd's watchdog (if it asked)."""
+        return () if self._next_ping == math.inf else (self._next_ping,)
+
+    def after_wait(self, procs: Collection[subprocess.Popen[bytes]], workers: int) -> None:
+        """After each sleep: ``READY=1`` if every worker serves, the watchdog's ping if due."""
+        if self.gate is None or self.notifier is None:
+            return
+        live = [p.pid for p in procs if p.poll() is None]
+        self.gate.check(live, workers)
+        interval = self.notifier.watchdog_interval
+        if interval is not None and time.monotonic() >= self._next_ping:
+            self.notifier.watchdog()
+            self._next_ping = time.monotonic() + interval
+
+    def stopping(self) -> None:
+        """``STOPPING=1``: the supervisor stops its workers."""
+        if self.gate is not None and self.notifier is not None:
+            self.notifier.stopping()
+
+    def close(self) -> None:
+        """Close the workers' channel."""
+        for sock in (self._ours, self._theirs):
+            if sock is not None:
+                sock.close()
 
 
 # Even with nothing to wake it, the supervisor looks around this often.
@@ -196,6 +282,14 @@ _LONGEST_SLEEP = 1.0
 # Where a worker's exit cannot be waited for (no pidfd: Linux before 5.3, or not the
 # main thread), the supervisor polls for it this often instead.
 _POLL_INTERVAL = 0.05
+
+
+class _Source(Protocol):
+    """Something the supervisor's sleep also watches (the hub, the workers' notifications)."""
+
+    def fileno(self) -> int: ...
+
+    def poll(self, timeout: float) -> object: ...
 
 
 class _Waiter:
@@ -225,6 +319,10 @@ class _Waiter:
         self._sel.register(self._wake_r, selectors.EVENT_READ, None)
         if hub is not None:
             self._sel.register(hub.fileno(), selectors.EVENT_READ, hub)
+
+    def listen(self, source: _Source) -> None:
+        """Wake when ``source`` has something to read, and have it read it (``source.poll(0)``)."""
+        self._sel.register(source.fileno(), selectors.EVENT_READ, source)
 
     def watch(self, pid: int) -> None:
         """Wake when process ``pid`` exits."""
@@ -264,7 +362,7 @@ class _Waiter:
                 key.data.poll(0)
             except Exception:
                 # A fault in the relay must not take the supervisor (and so every worker) down.
-                logger.exception("supervisor: the hub failed; going on")
+                logger.exception("supervisor: reading %r failed; going on", key.data)
 
     def close(self) -> None:
         """Put the signal wake-up back and close the descriptors."""
@@ -287,12 +385,14 @@ def run_supervised(
     grace: float = 10.0,
     worker_args: Callable[[int], Sequence[str]] = lambda index: (),
     hub: Hub | None = None,
+    notifier: Notifier | None = None,
 ) -> int:
     """Run ``python -m <module> <argv>`` as ``workers`` processes on one port, supervised
     (each imports the module from where this process did, whatever its working directory holds).
 
     Each worker gets ``--port`` (a reserved one if ``port`` is 0), ``--worker-index``
-    and ``worker_args(index)`` appended to the parent's own arguments.
+    and ``worker_args(index)`` appended to the parent's own arguments. ``notifier``
+    is systemd's (see :func:`supervise`).
     """
     holder = None
     if port == 0:
@@ -302,12 +402,23 @@ def run_supervised(
     def command(index: int) -> list[str]:
         return [*base, "--port", str(port), "--worker-index", str(index), *worker_args(index)]
 
+    name = module.rsplit(".", 1)[-1]
+
     def ready(pids: list[int]) -> None:
-        name = module.rsplit(".", 1)[-1]
         print(f"{name}: supervisor pid {os.getpid()}, workers {pids}, port {port}", file=sys.stderr, flush=True)
 
+    def describe(statuses: list[str]) -> str:
+        # systemctl status shows it: where the service listens, not each worker's line.
+        text = f"{name}: {workers} workers listening on {netloc(host, port)}"
+        found = [r for status in statuses for r in find_ready(status)]
+        ports = sorted(r.status_port for r in found if r.status_port is not None)
+        if ports:
+            where = netloc(found[0].status_host or host, ports[0])
+            text += f", status on {where}" + (f"-{ports[-1]}" if ports[-1] != ports[0] else "")
+        return text
+
     try:
-        return supervise(command, workers, grace=grace, on_ready=ready, hub=hub)
+        return supervise(command, workers, grace=grace, on_ready=ready, hub=hub, notifier=notifier, describe=describe)
     finally:
         if holder is not None:
             holder.close()

@@ -96,11 +96,11 @@ HEARTBEAT = "servers.heartbeat"
 RANKS: tuple[tuple[str, ...], ...] = (
     ("mqtt",),
     ("presence", "broker", "security"),
-    ("coordination",),
+    ("coordination", "listener"),
     ("config",),
     ("settings", "server"),
     ("transports",),
-    ("worker",),
+    ("worker", "conf"),
     ("auth", "__main__"),
     ("",),
 )

@@ -106,6 +106,10 @@ def test_the_live_page_counts_the_registry_and_lists_a_silent_device_within_two_
     assert registry["online"] == 20 == online_in_metrics(server, 2)
     rows = chrome.find_elements(By.CSS_SELECTOR, "#workers-body tr[data-worker]")
     assert sorted(str(r.get_attribute("data-worker")) for r in rows) == ["0", "1"]
+    # The listener's devices, summed over the box's workers.
+    name = f"mqtt://127.0.0.1:{server.port}"
+    listener_cells = f'#listeners-body tr[data-listener="{name}"] td'
+    assert wait(lambda: [c.text for c in chrome.find_elements(By.CSS_SELECTOR, listener_cells)][:2] == [name, "20"])
 
     row = the_silent_device_is_listed_in_time(chrome, server, "silent-dev")
     cells = [c.text for c in row.find_elements(By.TAG_NAME, "td")]

@@ -6,11 +6,13 @@ Its rooms, each importing only from those below it (``tests/test_layout.py`` hol
 them to it)::
 
     __main__.py auth.py            the commands
-    worker.py                      one worker, its parts started in the order they need
+    worker.py conf/                one worker, its parts started in the order they need;
+                                   a Mosquitto configuration file read as options
     transports/                    the engines that carry a connection's bytes
     settings.py server/            every option, declared once; a connection's life, on trio
     config.py                      the settings as a worker takes them
-    coordination/                  what workers and gateways share (fleet/: on Redis)
+    coordination/ listener.py      what workers and gateways share (fleet/: on Redis);
+                                   one listener as an operator writes it
     presence/ broker/ security/    presence events; routing and stored state; the rules
     mqtt/                          the protocol, sans-IO
 

@@ -18,25 +18,27 @@ import trio
 from .. import runner
 from ..bearer import TokenFile, TokenFileError
 from ..bus import Hub
+from ..conffile import ConfigError
 from ..config import configure_logging
 from ..gcpolicy import freeze_on_keeper
-from ..listeners import open_listeners
 from ..readiness import Ready
 from ..settings import CommandLine, command_line
-from ..tls import check_tls_arguments
+from ..tls import check_tls_arguments, tls_options
 from ..workers import supervisor_pid
+from .conf import expand_config
 from .config import HeartbeatConfig
 from .coordination import Coordinator
 from .coordination.authority import Authority
 from .coordination.durable import StoreFileError, lock_store, open_database
 from .coordination.local import BusCoordinator
+from .listener import ListenerConfig, ListenerError, ListenerSpec
 from .mqtt.policy import DEFAULT_PRESENCE_PREFIX
 from .presence.event import PresenceLog, PresenceSink
 from .security.acl import AclFile, AclFileError
 from .security.passwords import AuthFileError, PasswordFile
 from .security.throttle import ThrottlePolicy
 from .server.access import acl_reader
-from .server.lifecycle import DRAIN_CAP, HeartbeatServer
+from .server.lifecycle import DRAIN_CAP, HeartbeatServer, connection_log
 from .server.stores import durability_for, mqtt_state
 from .settings import SETTINGS, limits_from
 from .worker import serve_heartbeat
@@ -79,6 +81,9 @@ def config_from(args: argparse.Namespace, worker: int) -> HeartbeatConfig:
         max_inflight=args.max_inflight,
         max_topic_alias=args.max_topic_alias,
         outbound_topic_aliases=args.outbound_topic_aliases == "on",
+        listeners=listeners_from(args),
+        allow_anonymous=None if args.allow_anonymous is None else args.allow_anonymous == "true",
+        allow_zero_length_clientid=args.allow_zero_length_clientid == "true",
         ws_port=args.ws_port,
         ws_path=args.ws_path,
         ws_allowed_origins=(
@@ -93,6 +98,7 @@ def config_from(args: argparse.Namespace, worker: int) -> HeartbeatConfig:
         session_expiry=args.session_expiry,
         retain_presence=not args.no_retain_presence,
         presence_offline_ttl=args.presence_offline_ttl or None,
+        sys_interval=args.sys_interval,
         presence_prefix=args.presence_prefix,
         max_retained_bytes=args.max_retained_bytes,
         persistence=args.persistence,
@@ -109,6 +115,24 @@ def config_from(args: argparse.Namespace, worker: int) -> HeartbeatConfig:
     if args.presence_log and not args.bus and not args.cluster:
         cfg.extra_sinks.append(PresenceLog(args.presence_log))
     return cfg
+
+
+def listeners_from(args: argparse.Namespace) -> list[ListenerConfig] | None:
+    """The listeners the command line names (None: the default ones, on --port and
+    --ws-port). With ``--listener``, --port and --ws-port are served too only if given."""
+    specs: list[ListenerSpec] = args.listener
+    if not specs:
+        return None
+    timeout = args.tls_handshake_timeout
+    tls = tls_options(args)
+    given = list(specs)
+    # The supervisor passes its workers the first listener as their --port: the same
+    # address and port are one listener, not two.
+    if getattr(args, "port_given", True) and all((s.address, s.port) != (args.host, args.port) for s in specs):
+        given.insert(0, ListenerSpec.serving(args.port, args.host, tls))
+    if args.ws_port is not None:
+        given.append(ListenerSpec.serving(args.ws_port, args.host, tls, "websockets"))
+    return [ListenerConfig.load(spec, timeout) for spec in given]
 
 
 def auth_throttle(args: argparse.Namespace) -> ThrottlePolicy | None:
@@ -138,7 +162,7 @@ def coordinator_for(args: argparse.Namespace, config: HeartbeatConfig) -> tuple[
             max_queued_bytes=config.max_queued_bytes,
             session_expiry=config.session_expiry,
             max_sessions=config.max_persistent_sessions,
-            may_read=acl_reader(config),
+            may_read=acl_reader(config, config.listeners or ()),
             retain_presence=config.retain_presence,
             presence_offline_ttl=config.presence_offline_ttl,
             max_retained_bytes=config.max_retained_bytes,
@@ -182,8 +206,6 @@ async def run_worker(args: argparse.Namespace, worker: int, reuse_port: bool) ->
     """One worker: serve until SIGINT or SIGTERM, then shut down cleanly."""
     config = config_from(args, worker)
     coordinator, sinks = coordinator_for(args, config)
-    listeners = open_listeners(args.host, args.port, reuse_port=reuse_port)
-    ws_listeners = None if args.ws_port is None else open_listeners(args.host, args.ws_port, reuse_port=reuse_port)
     status_port = None if args.status_port is None else args.status_port + worker
     # The box's other workers, whose figures this worker's page shows beside its own.
     siblings = [] if status_port is None else [args.status_port + i for i in range(args.workers) if i != worker]
@@ -193,8 +215,7 @@ async def run_worker(args: argparse.Namespace, worker: int, reuse_port: bool) ->
         server: HeartbeatServer = await nursery.start(
             lambda task_status: serve_heartbeat(
                 config,
-                listeners=listeners,
-                ws_listeners=ws_listeners,
+                reuse_port=reuse_port,
                 status_port=status_port,
                 status_host=args.status_host,
                 status_tokens=status_tokens,
@@ -227,9 +248,24 @@ async def run_worker(args: argparse.Namespace, worker: int, reuse_port: bool) ->
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point: a single worker, or a supervisor of ``--workers`` workers."""
     cli = parser()
-    args = cli.parse_args(argv)
+    try:
+        # -c FILE: the file's settings, as arguments the command line's own come after.
+        words, warnings = expand_config(sys.argv[1:] if argv is None else list(argv))
+    except ConfigError as exc:
+        cli.error(str(exc))
+    args = cli.parse_args(words)
+    if args.worker_index is None:  # the supervisor's workers read the file again: told once
+        for warning in warnings:
+            print(f"{cli.prog}: warning: {warning}", file=sys.stderr)
+    # With a --listener, --port is one more only when asked for; else the first listener
+    # stands for it (the port checked free, the one a supervisor gives its workers).
+    args.port_given = any(word == "--port" or word.startswith("--port=") for word in words)
+    if args.listener and not args.port_given:
+        first = args.listener[0]
+        args.host, args.port = first.address, first.port
     check_arguments(cli, args)
-    configure_logging(args.log_level)
+    configure_logging(args.log_level, args.log_file)
+    connection_log.disabled = not args.connection_messages
     if not args.presence_prefix.startswith("$") and args.worker_index is None:
         logging.getLogger("servers.heartbeat").warning(
             "presence is published under %s, which '#' matches: every subscriber to '#' gets every device's "
@@ -259,6 +295,9 @@ def check_arguments(cli: CommandLine, args: argparse.Namespace) -> None:
     every worker)."""
     check_tls_arguments(cli, args)
     several = args.workers > 1 and args.worker_index is None
+    for spec in args.listener or []:
+        if several and spec.port == 0:
+            cli.refuse(f"--listener {spec.name}", "any free port needs --workers 1: the workers share each port")
     if several and args.ws_port == 0:
         cli.refuse("--ws-port 0", "any free port needs --workers 1: the workers share one port")
     if several and args.status_port == 0:
@@ -291,6 +330,8 @@ def check_arguments(cli: CommandLine, args: argparse.Namespace) -> None:
     try:
         # Loads the password file and the ACL as a worker will, and checks the settings together.
         config_from(argparse.Namespace(**{**vars(args), "presence_log": None}), 0)
+    except ListenerError as exc:
+        cli.refuse("--listener", str(exc))
     except AuthFileError as exc:
         cli.refuse("--auth-file", str(exc))
     except AclFileError as exc:
@@ -301,7 +342,9 @@ def check_arguments(cli: CommandLine, args: argparse.Namespace) -> None:
 
 def extra_ports(args: argparse.Namespace) -> list[tuple[str, str, int]]:
     """The ports besides MQTT's that this server (all its workers) will listen on."""
-    ports = []
+    ports = [("--listener", spec.address, spec.port) for spec in (args.listener or [])[1:]]
+    if args.listener and args.port_given:
+        ports.append(("--listener", args.listener[0].address, args.listener[0].port))
     if args.ws_port:
         ports.append(("--ws-port", args.host, args.ws_port))
     if args.status_port:

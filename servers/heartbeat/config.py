@@ -11,6 +11,7 @@ from .broker.outbox import DEFAULT_MAX_QUEUED, DEFAULT_MAX_QUEUED_BYTES, DEFAULT
 from .broker.persistent import DEFAULT_EXPIRY, DEFAULT_MAX_SESSIONS
 from .broker.retained import DEFAULT_MAX_BYTES, DEFAULT_MAX_OWNER_BYTES, DEFAULT_MAX_OWNER_COUNT
 from .coordination.registry import DEFAULT_MAX_BYTES as DEFAULT_RECORD_BYTES
+from .listener import ListenerConfig
 from .mqtt.policy import (
     DEFAULT_MAX_CLIENT_ID,
     DEFAULT_MAX_QOS,
@@ -86,6 +87,9 @@ class HeartbeatConfig(WorkerConfig):
     """Presence events are retained: a new subscription to ``$SYS/presence/#`` first gets every device's last one."""
     presence_offline_ttl: float | None = 7 * 24 * 3600.0
     """Seconds an offline device's presence stays retained (None: as long as its record is kept)."""
+    sys_interval: float = 10.0
+    """Seconds between updates of ``$SYS/broker/...`` (Mosquitto's statistics, see
+    :mod:`.server.sys_tree`); 0: none are published."""
     max_retained_bytes: int = DEFAULT_MAX_BYTES
     """Bytes of retained topics and payloads kept, presence not included; beyond, new ones are refused."""
     persistence: str | None = None
@@ -132,6 +136,14 @@ class HeartbeatConfig(WorkerConfig):
     """This gateway's name in a fleet (empty on a lone machine); part of every session's epoch."""
     extra_sinks: list[PresenceSink] = field(default_factory=list)
     """Presence sinks of the default (in-process) coordinator; other coordinators hold their own."""
+    listeners: list[ListenerConfig] | None = None
+    """The listeners served (``--listener``, a configuration file's sections); None: one
+    on ``host:port`` (TLS with ``tls``), and one for WebSockets on ``ws_port`` if set."""
+    allow_anonymous: bool | None = None
+    """Whether a client without a username is let in; None: yes without a password file,
+    no with one. A listener's own (``per_listener_settings``) overrides it."""
+    allow_zero_length_clientid: bool = True
+    """Whether a client may connect with an empty client id (and be given one)."""
     ws_port: int | None = None
     """A port for MQTT over WebSockets (browsers' only way in), beside the TCP one; None: none."""
     ws_path: str = "/mqtt"

@@ -208,6 +208,15 @@ class SessionStore:
     def __len__(self) -> int:
         return len(self._sessions)
 
+    def away(self) -> tuple[int, int]:
+        """Sessions whose client is away, and messages held for every session (in flight
+        and queued): ``$SYS/broker``'s figures. A scan of every session: call it seldom."""
+        away = held = 0
+        for stored in self._sessions.values():
+            away += stored.holder is None
+            held += len(stored.outbox)
+        return away, held
+
     def get(self, client_id: str) -> StoredSession | None:
         """The client's stored session, if it has one."""
         return self._sessions.get(client_id)

@@ -127,6 +127,11 @@ class Broker(Generic[S]):
         """Called with a QoS 1 or 2 message the coordinator sent here for a shared
         subscription (``groups``) that has no member here any more: its last one left
         while the message was on its way, so it is passed on."""
+        self.delivered_bytes = 0
+        self.joined = 0
+        """Packets written to a subscriber joined to others, beyond the first of each
+        write (the subscriber counts writes: ``$SYS/broker/messages/sent``)."""
+        """Payload bytes of the messages counted in :attr:`delivered` (``$SYS/broker/publish/bytes/sent``)."""
         self.retained_resent_skipped = 0
         """Retained messages not sent to a new subscription: it had them live already."""
         self.sent_live: dict[S, set[tuple[str, bytes]]] = {}
@@ -223,6 +228,7 @@ class Broker(Generic[S]):
             else:
                 self.hold(sub, Message(topic, payload, level, retain))
             count += 1
+        self.delivered_bytes += count * len(payload)  # the shared ones' are give_message's
         for shared in subscriptions.groups(topic) if groups is None else groups:
             picked = self.member(shared)
             if picked is not None and (not checks or picked[0].may_read(topic)):
@@ -280,6 +286,7 @@ class Broker(Generic[S]):
             self.persist(sub, message)
         else:
             self.hold(sub, message)
+        self.delivered_bytes += len(message.payload)
         return 1
 
     def hold(self, sub: S, message: Message) -> None:
@@ -307,6 +314,7 @@ class Broker(Generic[S]):
             if packets:
                 data = packets[0] if len(packets) == 1 else b"".join(packets)
                 if budget.offer(sub, sub.queued(), len(data), held=True) is Offer.QUEUE:
+                    self.joined += len(packets) - 1
                     sub.push(data, held=True)
                     budget.settle(sub, sub.queued())
         else:

@@ -67,6 +67,10 @@ class Subscriptions(Generic[K]):
     def __len__(self) -> int:
         return sum(len(filters) for filters in self._by_key.values())
 
+    def shared_count(self) -> int:
+        """Shared subscriptions held, a member's each (a step per group)."""
+        return sum(len(members) for members in self._groups.values())
+
     def subscribe(self, key: K, topic_filter: str, qos: int, options: int = 0) -> int:
         """Add or replace a subscription, with its MQTT 5 ``options`` (:func:`pack_options`;
         0: none); returns the granted QoS (capped)."""

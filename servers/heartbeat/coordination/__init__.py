@@ -39,6 +39,7 @@ from ..mqtt.publication import Publication
 from ..presence.event import PresenceEvent, PresenceSink
 from .durable.wills import HeldWill
 from .retention import RetainedMessage, Retention
+from .sys_figures import BrokerCounts
 
 __all__ = [
     "LEAVE_TIMEOUT",
@@ -355,6 +356,14 @@ class Coordinator(abc.ABC):
         """A page of the retained messages ``topic_filter`` matches, presence included,
         and the cursor of the next page (None: no more)."""
         return [], None
+
+    # -- $SYS/broker ------------------------------------------------------------------------
+
+    async def broker_counts(self, own: BrokerCounts) -> BrokerCounts:
+        """What ``$SYS/broker`` publishes, from this worker's own counts (``own``): with
+        what this coordinator keeps (persistent sessions, retained messages) and, in a
+        box, summed over its workers. By default ``own``: a fleet node publishes its own."""
+        return own
 
     @abc.abstractmethod
     def health(self) -> Health:

@@ -37,6 +37,7 @@ from .registry import DEFAULT_MAX_BYTES as DEFAULT_RECORD_BYTES
 from .registry import Registry
 from .retention import MqttState
 from .spread import Spread
+from .sys_figures import BoxTotals, BrokerCounts, with_store
 
 __all__ = ["Authority", "epoch_of"]
 
@@ -114,6 +115,7 @@ class Authority:
         self._applied: dict[str, int] = {}
         self._incarnations: dict[int, set[str]] = {}  # pid -> its incarnations, forgotten when it exits
         self._probes: Probes[_Peer] = Probes(self._peers)
+        self._box = BoxTotals()  # each worker's latest $SYS/broker counts
         self.published = 0
         self.lost = 0
         self.dropped_links = 0
@@ -201,6 +203,7 @@ class Authority:
                 peer.pid,
             )
         self._holders.leave(link.number)
+        self._box.forget(link.number)
         self._filters_changed()
         self._check_drained()
         self._probes.gone(link.number)
@@ -316,6 +319,10 @@ class Authority:
             registry = self.registry
             body = registry_overview("box", registry.online_count, len(registry), self.recent, frame.query, frame.limit)
             peer.link.send(frames.encode(frames.OverviewFound(frame.request, json.dumps(body, separators=(",", ":")))))
+        elif isinstance(frame, frames.BoxFigures):
+            summed = self._box.report(peer.link.number, BrokerCounts.from_values(frame.values))
+            totals = with_store(summed, self.store, self.retention)
+            peer.link.send(frames.encode(frames.BoxFigures(frame.request, totals.values())))
         elif isinstance(frame, frames.Hello):
             peer.worker, peer.pid = frame.worker, peer.pid or frame.pid
             peer.incarnation = frame.incarnation

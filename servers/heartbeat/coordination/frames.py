@@ -22,6 +22,7 @@ from .retention import RetainedMessage
 
 __all__ = [
     "Ack",
+    "BoxFigures",
     "Kept",
     "OpenSession",
     "Overview",
@@ -167,6 +168,14 @@ class Overview(Frame):
     request: int
     query: str
     limit: int
+
+
+@dataclass(frozen=True, slots=True)
+class BoxFigures(Frame):
+    """A worker's ``$SYS/broker`` counts (:class:`.sys_figures.BrokerCounts`); answered in kind with the box's."""
+
+    request: int
+    values: tuple[int, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -395,7 +404,7 @@ _TYPES: dict[str, type[Frame]] = {
     cls.__name__: cls
     for cls in (
         *(Hello, Claimed, Ended, Noted, Routed, Filters, FiltersChanged, Resync, Lookup, Drained),
-        *(OpenSession, Reported, Kept, RetainedQuery, Settle, Probed, Overview, OverviewFound),
+        *(OpenSession, Reported, Kept, RetainedQuery, Settle, Probed, Overview, OverviewFound, BoxFigures),
         *(Ack, Deliver, Evict, Found, RemoteFilters, RemoteFiltersChanged, CloseSubscribers),
         *(SessionOpened, Transmit, RetainedPage, Probe, Settled, WillHeld, WillDone, WillsQuery, WillsFound),
     )

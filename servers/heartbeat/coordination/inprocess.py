@@ -34,6 +34,7 @@ from .durable.wills import HeldWill
 from .registry import DEFAULT_MAX_BYTES as DEFAULT_RECORD_BYTES
 from .registry import Registry
 from .retention import MqttState, RetainedMessage
+from .sys_figures import BrokerCounts, with_store
 
 logger = logging.getLogger("servers.heartbeat.coordination")
 
@@ -214,6 +215,10 @@ class InProcessCoordinator(Coordinator):
     async def committed(self, mark: int) -> bool:
         """See :meth:`Coordinator.committed`."""
         return True if self.committer is None else await self.committer.committed(mark)
+
+    async def broker_counts(self, own: BrokerCounts) -> BrokerCounts:
+        """``own`` with this worker's persistent sessions and retained messages."""
+        return with_store(own, self.store, self.retention)
 
     def health(self) -> Health:
         """Fine unless the durable store cannot write."""

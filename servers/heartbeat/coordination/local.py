@@ -44,6 +44,7 @@ from .alone import Alone
 from .bus_figures import bus_figures
 from .durable.wills import HeldWill
 from .retention import RetainedMessage
+from .sys_figures import BrokerCounts
 
 __all__ = ["BusCoordinator"]
 
@@ -268,6 +269,11 @@ class BusCoordinator(Coordinator):
         body: dict[str, Any] = json.loads(answer.body)
         return body
 
+    async def broker_counts(self, own: BrokerCounts) -> BrokerCounts:
+        """The box's totals, from the authority (``own`` if it does not answer in time)."""
+        answer = await self._ask(lambda request: frames.BoxFigures(request, own.values()))
+        return BrokerCounts.from_values(answer.values) if isinstance(answer, frames.BoxFigures) else own
+
     def settles(self) -> bool:
         """See :meth:`Coordinator.settles`: while linked to the supervisor."""
         return self._alone is None and self.connected
@@ -458,7 +464,7 @@ class BusCoordinator(Coordinator):
         elif isinstance(
             frame,
             frames.Found | frames.SessionOpened | frames.RetainedPage | frames.Settled | frames.OverviewFound
-            | frames.WillsFound,
+            | frames.WillsFound | frames.BoxFigures,
         ):  # fmt: skip
             pending = self._lookups.get(frame.request)
             if pending is not None:

@@ -85,6 +85,8 @@ class PresenceEvent:
     """MQTT 5 only: the reason code that ended the session, whichever side sent it (the
     client's DISCONNECT, 0x04 publishing its Will; or the server's: 0x8D keep-alive
     timeout, 0x8E taken over, 0x8B shutting down, 0x81/0x82 its violation, ...)."""
+    listener: str = ""
+    """The listener the device came through (``mqtts://0.0.0.0:8883``); empty if unknown."""
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict."""
@@ -113,6 +115,8 @@ class PresenceEvent:
             out["username"] = self.username
         if self.protocol_level:
             out["protocol_level"] = self.protocol_level
+        if self.listener:
+            out["listener"] = self.listener
         if self.reason_code is not None:
             out["reason_code"] = self.reason_code
             # 0x00 in a DISCONNECT (the only packet an offline event's code comes from
@@ -146,6 +150,8 @@ class PresenceEvent:
             username=str(data.get("username", "")),
             protocol_level=int(data.get("protocol_level", 0)),
             reason_code=None if data.get("reason_code") is None else int(data["reason_code"]),
+            # A few listeners name every device's: one string each, not one a device.
+            listener=sys.intern(str(data.get("listener", ""))),
         )
 
     def payload(self) -> bytes:

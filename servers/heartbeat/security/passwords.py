@@ -222,6 +222,8 @@ class PasswordFile:
         self.path: str | None = None
         """The file :meth:`load` read, which :meth:`reload` reads again (None: not from a file)."""
         self._users: dict[str, _Hash] = {}
+        self.last_reload = (0, 0, 0)
+        """Users added, removed and whose password changed at the last :meth:`reload`."""
         # username -> (the entry it was verified against, keyed digest of the password).
         # Keyed with a secret of this process, so a memory dump shows no fast hash of a
         # password; at most one item per user, so the file bounds it.
@@ -249,10 +251,15 @@ class PasswordFile:
         if self.path is None:
             raise ValueError("this PasswordFile was not loaded from a file")
         fresh = PasswordFile.load(self.path)._users
+        changed = 0
         for name, entry in fresh.items():
             old = self._users.get(name)
             if old is not None and old.line() == entry.line():
                 fresh[name] = old  # the cache names its entry: the same object keeps it valid
+            elif old is not None:
+                changed += 1
+        added = len(fresh.keys() - self._users.keys())
+        self.last_reload = (added, len(self._users.keys() - fresh.keys()), changed)
         # One assignment each: a check in a worker thread sees the old users or the new.
         self._users = fresh
         self._cache = {name: hit for name, hit in self._cache.copy().items() if fresh.get(name) is hit[0]}

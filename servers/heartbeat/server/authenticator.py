@@ -7,6 +7,7 @@ from __future__ import annotations
 import collections
 import logging
 import re
+from typing import Protocol
 
 import trio
 
@@ -16,7 +17,7 @@ from ...logs import shown
 from ..config import HeartbeatConfig
 from ..mqtt.effects import Accept
 from ..mqtt.policy import utf8_length
-from ..security.passwords import AuthFileError, AuthResult
+from ..security.passwords import AuthFileError, AuthResult, PasswordFile
 from ..security.throttle import Admission, AuthGate, Hold, source_key
 from .connection import Connection, peer_closed, peer_of
 
@@ -28,6 +29,12 @@ logger = logging.getLogger("servers.heartbeat")
 # CONNECT's reader refuses in one (controls, non-characters' neighbours U+0000 and
 # the C1 block), and a wildcard, which would take the client's ACL patterns away.
 _UNFIT_NAME = re.compile("[+#\x00-\x1f\x7f-\x9f]")
+
+
+class HoldsAuth(Protocol):
+    """What holds a password file: the configuration, or a listener's own."""
+
+    auth: PasswordFile | None
 
 
 class Authenticator:
@@ -46,17 +53,11 @@ class Authenticator:
         self.turns = trio.CapacityLimiter(config.auth_threads)
         self._threads = trio.CapacityLimiter(config.auth_threads)
 
-    @property
-    def identified_by_certificate(self) -> bool:
-        """Clients are named by their TLS certificate's CN (``--use-identity-as-username``)."""
-        tls = self.config.tls
-        return tls is not None and tls.use_identity_as_username
-
     def username(self, conn: Connection, request: Accept) -> str | None:
         """Who the client is, for ACLs and presence: its certificate's CN when clients
         are identified by certificate (the CONNECT's username is then ignored), else
         the CONNECT's username."""
-        if self.identified_by_certificate:
+        if conn.door.identified_by_certificate:
             stream = conn.stream
             return idlekeeper.peer_common_name(stream if isinstance(stream, idlekeeper.Transport) else stream.stream)
         return request.username
@@ -72,24 +73,35 @@ class Authenticator:
             return 4
         return 0
 
-    def reload(self) -> bool:
-        """Re-read the password file (SIGHUP), as Mosquitto re-reads its password_file;
-        returns whether its users replaced those in force (counted in ``auth_reloads``).
+    def reload(self, holder: HoldsAuth | None = None, name: str = "") -> bool:
+        """Re-read the password file (SIGHUP; the server's, or that of ``holder``, the
+        listener named ``name``), as Mosquitto re-reads its password_file; returns
+        whether its users replaced those in force (counted in ``auth_reloads``), and logs
+        how many users were added, removed or changed.
 
         A file that cannot be read or has a bad line keeps the users in force, logged in
         one line naming the file and the line. Only CONNECTs from now on see the change:
         a connection already accepted stays, whatever happened to its user.
         """
-        auth = self.config.auth
+        auth = (holder or self.config).auth
         if auth is None or auth.path is None:
             return False
+        whose = f" of listener {name}" if name else ""
         try:
             users = auth.reload()
         except AuthFileError as exc:
-            logger.error("password file not reloaded, the old users stay: %s", exc)
+            logger.error("password file%s not reloaded, the old users stay: %s", whose, exc)
             return False
         self.counters["auth_reloads"] += 1
-        logger.warning("password file reloaded: %d users", users)
+        added, removed, changed = auth.last_reload
+        logger.warning(
+            "password file%s reloaded: %d users (%d added, %d removed, %d changed)",
+            whose,
+            users,
+            added,
+            removed,
+            changed,
+        )
         return True
 
     async def check(self, conn: Connection, request: Accept) -> int:
@@ -103,20 +115,27 @@ class Authenticator:
         comes, so a burst queued before the first failures were counted is not hashed
         either, nor is the check of a client that has hung up meanwhile.
         """
-        auth = self.config.auth
-        if auth is None:
-            return 0
+        door = conn.door
+        auth = door.auth
         username, password = request.username, request.password
         if username is None:
+            if door.allow_anonymous:
+                return 0
+            self.counters["auth_failures"] += 1
+            return int(AuthResult.NOT_AUTHORIZED)
+        if auth is None:
+            if door.allow_anonymous:
+                return 0
+            # Mosquitto's rule: anonymous clients are refused, and no file can prove a name.
             self.counters["auth_failures"] += 1
             return int(AuthResult.NOT_AUTHORIZED)
         source = source_key(peer_of(conn.stream, port=False))
-        verdict = self._before_hashing(source, username, password)
+        verdict = self._before_hashing(auth, source, username, password)
         if verdict is not None:
             return verdict
         gate = self.gate
         async with self.turns:
-            verdict = self._before_hashing(source, username, password)
+            verdict = self._before_hashing(auth, source, username, password)
             if verdict is not None:
                 return verdict
             if peer_closed(conn.stream):
@@ -143,11 +162,9 @@ class Authenticator:
                 logger.info("password of %s from %s refused: more checks wait %.1f s", shown(username), source, delay)
         return int(result)
 
-    def _before_hashing(self, source: str, username: str, password: bytes | None) -> int | None:
+    def _before_hashing(self, auth: PasswordFile, source: str, username: str, password: bytes | None) -> int | None:
         """0 to accept (verified before), a refusal code (throttled), or None to check
         the password."""
-        auth = self.config.auth
-        assert auth is not None
         known = auth.cached(username, password)
         gate = self.gate
         verdict = (

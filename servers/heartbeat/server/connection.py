@@ -15,10 +15,10 @@ from idlekeeper import Reason
 from ...logs import shown
 from ..broker.outbox import Outbox
 from ..mqtt.endings import Offline
-from ..mqtt.policy import SessionPolicy
 from ..mqtt.session import Session, State
 from ..mqtt.v5.session import Session5
 from ..presence.event import PresenceEvent
+from .doors import Door
 
 __all__ = ["GOODBYE_TIMEOUT", "SUBSCRIBED", "Connection", "peer_closed", "peer_of"]
 
@@ -32,6 +32,8 @@ _FINISHED = 1
 _PERSISTENT = 2
 SUBSCRIBED = 4
 """A subclass's: the client has subscribed."""
+_REFUSAL_SHIFT = 8
+_FLAG_BITS = (1 << _REFUSAL_SHIFT) - 1
 
 
 class Connection:
@@ -39,27 +41,38 @@ class Connection:
 
     ``stream`` is the connection's watch: a watched stream (streams engine) or a
     dense engine's transport; both carry the deadlines the server sets per phase.
-    Its session follows the server's ``policy``.
+    ``door`` is the listener it came through; its session follows the door's rules.
     Subclasses say how bytes reach a subscriber (:meth:`push`).
     """
 
     # The booleans share one slot (``_flags``): a device's connection is kept to as few
     # of the allocator's 16-byte steps as it can be, since there may be a million.
-    __slots__ = ("_flags", "ended_by", "held", "online", "peer", "refusal", "session", "stream")
+    __slots__ = ("_flags", "door", "ended_by", "held", "online", "peer", "session", "stream")
 
-    def __init__(self, stream: idlekeeper.Watch, policy: SessionPolicy) -> None:
+    def __init__(self, stream: idlekeeper.Watch, door: Door) -> None:
         self.stream = stream
+        self.door = door
+        """The listener the client came through (its TLS, rules, credentials and ACL)."""
         self.peer = peer_of(stream)
         self.online: PresenceEvent | None = None
         """The session's online event once CONNECT is accepted (its epoch names the session)."""
-        self.session = Session(policy)
+        self.session = Session(door.policy)
         self.ended_by: Offline | None = None
         self._flags = 0
         self.held: Outbox | None = None
         """QoS 1 and 2 messages sent and not yet acknowledged, and those queued behind them
         (a clean session's; a persistent session's live in the coordinator's store)."""
-        self.refusal = 0
+
+    @property
+    def refusal(self) -> int:
         """The CONNACK code its CONNECT was refused with (0: not refused by admission)."""
+        # In the flags' slot, above the flags: a slot more is the allocator's next size
+        # class for every device.
+        return self._flags >> _REFUSAL_SHIFT
+
+    @refusal.setter
+    def refusal(self, code: int) -> None:
+        self._flags = (self._flags & _FLAG_BITS) | (code << _REFUSAL_SHIFT)
 
     @property
     def finished(self) -> bool:

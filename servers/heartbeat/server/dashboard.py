@@ -29,7 +29,7 @@ from ...status import fetch_json
 from ..coordination import Coordinator
 from ..presence.overview import SEARCH_LIMIT
 
-__all__ = ["LATENESS_STEPS", "Dashboard", "merge_lateness"]
+__all__ = ["LATENESS_STEPS", "Dashboard", "merge_lateness", "merge_listeners"]
 
 LATENESS_STEPS: tuple[float, ...] = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.5, 2.0, 5.0, 10.0, 50.0)
 """The lateness histogram's bucket bounds, in ticks: the promise (at most one tick late)
@@ -49,6 +49,13 @@ class _Identity(Protocol):
 
     @property
     def node(self) -> str: ...
+
+
+class _Door(Protocol):
+    name: str
+    online: int
+    accepted: int
+    refused: int
 
 
 class Worker(Protocol):
@@ -72,6 +79,9 @@ class Worker(Protocol):
 
     @property
     def coordinator(self) -> Coordinator: ...
+
+    @property
+    def doors(self) -> Sequence[_Door]: ...
 
     def packets_in(self) -> int:
         """Control packets read so far."""
@@ -137,6 +147,10 @@ class Dashboard:
             },
             "lateness": _histogram(self.lateness),
             "offline_by_reason": dict(server.offline_by_reason),
+            "listeners": [
+                {"name": d.name, "online": d.online, "accepted": d.accepted, "refused": d.refused}
+                for d in server.doors
+            ],
             "page": None if self.page is None else self.page.figures(),
         }
 
@@ -171,8 +185,21 @@ class Dashboard:
             "workers": workers,
             "tick": self.server.keeper.tick,
             "lateness": merge_lateness([w["lateness"] for w in answering]),
+            "listeners": merge_listeners([w.get("listeners", []) for w in answering]),
             "query": query,
         }
+
+
+def merge_listeners(parts: Sequence[Sequence[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """The box's listeners: each one's figures summed over the workers that answered, in
+    the order the first worker lists them."""
+    merged: dict[str, dict[str, Any]] = {}
+    for part in parts:
+        for one in part:
+            into = merged.setdefault(one["name"], {"name": one["name"], "online": 0, "accepted": 0, "refused": 0})
+            for key in ("online", "accepted", "refused"):
+                into[key] += int(one.get(key, 0))
+    return list(merged.values())
 
 
 def _cpu_seconds() -> float:

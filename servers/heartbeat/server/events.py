@@ -85,4 +85,5 @@ class ConnectionEvents:
             username=username,
             protocol_level=conn.session.protocol_level if conn.session.client_id is not None else 0,
             reason_code=None if status == "online" else conn.session.reason_code,
+            listener=conn.door.name,
         )

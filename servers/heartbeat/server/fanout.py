@@ -83,7 +83,9 @@ class FanOut:
         """A client's PUBLISH: count it and route it to every subscriber (retained,
         it is kept for later ones, within the client's share; existing subscribers get
         it without the flag)."""
-        self.counters["messages_in"] += 1
+        counters = self.counters
+        counters["messages_in"] += 1
+        counters["publish_bytes_in"] += len(message.payload)  # $SYS/broker/publish/bytes/received
         if message.retain:
             self.coordinator.retain(
                 message.topic, message.payload, message.qos, conn.session.client_id or "", message.properties

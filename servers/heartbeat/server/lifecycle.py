@@ -52,6 +52,7 @@ from .authenticator import Authenticator
 from .connection import Connection, peer_of
 from .dashboard import Dashboard
 from .delayed_wills import DelayedWills
+from .doors import Door, listeners_of
 from .events import ConnectionEvents
 from .fanout import FanOut
 from .metrics import worker_figures
@@ -65,6 +66,19 @@ DRAIN_CAP = 30.0
 moving (Kubernetes' default grace period is as long)."""
 
 logger = logging.getLogger("servers.heartbeat")
+
+connection_log = logging.getLogger("servers.heartbeat.connections")
+"""Mosquitto's connection messages (``--connection-messages``), at INFO; off unless asked
+for: a line per device is much at this server's scale."""
+connection_log.disabled = True
+
+_GONE = {
+    Offline.DISCONNECT: "disconnected.",
+    Offline.CONNECTION_LOST: "closed its connection.",
+    Offline.KEEPALIVE_TIMEOUT: "has exceeded timeout, disconnecting.",
+    Offline.PROTOCOL_ERROR: "disconnected due to protocol error.",
+}
+"""How Mosquitto words a client's going, by why it went (the others: "disconnected (why).")."""
 
 
 class HeartbeatServer:
@@ -131,10 +145,14 @@ class HeartbeatServer:
             outbound_topic_aliases=config.outbound_topic_aliases,
             session_expiry=int(config.session_expiry),
         )
-        """What every connection's session applies (one object for them all)."""
+        """What every connection's session applies (one object for them all, but those
+        of a listener of its own ``max_qos`` or ``max_topic_alias``)."""
+        self.doors = [Door(config, listener, self.policy) for listener in listeners_of(config)]
+        """The listeners, in the order given."""
         self.online: dict[str, Connection] = self.online_sessions.online
         """Client id -> the connection holding its session here."""
         self.broker = self.fanout.broker
+        self.broker.checks_reads = any(door.acl is not None for door in self.doors)
         self.unsettled = self.fanout.unsettled
         """Connections whose SUBACK waits for :meth:`settle`."""
         # The steps the engines take, bound to the part whose job each is: the engines
@@ -168,12 +186,13 @@ class HeartbeatServer:
         """A connection was accepted: count it and give it ``connect_timeout`` for CONNECT."""
         self.connections[conn] = None
         self.counters["connections"] += 1
+        conn.door.accepted += 1
         conn.stream.deadline = trio.current_time() + self.config.connect_timeout
 
-    @staticmethod
-    def connect_received(conn: Connection) -> float:
+    def connect_received(self, conn: Connection) -> float:
         """CONNECT is in: the handshake deadline has been met. Returns when it came (wall
         clock), for :meth:`admit` (not kept on the connection: a float per device)."""
+        self.counters["connects"] += 1  # $SYS/broker/load/connections
         conn.stream.deadline = None
         return time.time()
 
@@ -192,7 +211,7 @@ class HeartbeatServer:
         accepted): the refusal CONNACK, or None to admit. A client named by its
         certificate is checked here (its name is known, and nothing waits for it)."""
         code = code or self._source_rate(conn)
-        if not code and self.authenticator.identified_by_certificate:
+        if not code and conn.door.identified_by_certificate:
             code = self.authenticator.certified(conn, request)
         return self.online_sessions.admission(conn, request, code)
 
@@ -203,7 +222,7 @@ class HeartbeatServer:
         (None for a clean one); then :meth:`admit`."""
         authenticator = self.authenticator
         code = self._source_rate(conn)
-        if not code and authenticator.identified_by_certificate:
+        if not code and conn.door.identified_by_certificate:
             code = authenticator.certified(conn, request)
         elif not code:
             code = await self.authenticate(conn, request)
@@ -260,7 +279,20 @@ class HeartbeatServer:
             self.wills.release(request.client_id)  # the old session ends: a waiting Will goes now
         else:
             self.wills.cancel(request.client_id)  # the session goes on: its Will never goes
-        return self.online_sessions.admit(conn, request, opened, arrived)
+        connack = self.online_sessions.admit(conn, request, opened, arrived)
+        if connection_log.isEnabledFor(logging.INFO):
+            level = conn.session.protocol_level
+            user = "" if request.username is None else f", u'{request.username}'"
+            connection_log.info(
+                "New client connected from %s as %s (p%d, c%d, k%d%s).",
+                conn.peer,
+                request.client_id,
+                2 if level == 4 else 1 if level == 3 else level,  # Mosquitto's numbers: 3.1.1 is p2
+                1 if request.clean_session else 0,
+                request.keep_alive,
+                user,
+            )
+        return connack
 
     def _supersede(self, conn: Connection, newer: Connection) -> None:
         logger.info(
@@ -298,6 +330,9 @@ class HeartbeatServer:
                 else:
                     self.fanout.publish_will(client_id, will)
         self.offline_by_reason[reason.value] += 1
+        if was_online and connection_log.isEnabledFor(logging.INFO):
+            gone = _GONE.get(reason, f"disconnected ({reason.value}).")
+            connection_log.info("Client %s %s", conn.session.client_id, gone)
         if was_online:
             if reason is Offline.KEEPALIVE_TIMEOUT:
                 self.dashboard.detected(conn.stream.lag)
@@ -319,6 +354,12 @@ class HeartbeatServer:
         config = self.config
         acl = config.acl is None or reload_acl(config, self.counters)
         users = config.auth is None or config.auth.path is None or self.authenticator.reload()
+        for door in self.doors:  # a listener's own files (per_listener_settings)
+            listener = door.listener
+            if listener.acl is not None:
+                acl = reload_acl(listener, self.counters, door.name) and acl
+            if listener.auth is not None:
+                users = self.authenticator.reload(listener, door.name) and users
         return acl and users
 
     def reload_acl(self) -> bool:

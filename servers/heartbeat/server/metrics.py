@@ -19,6 +19,7 @@ from ..mqtt.endings import Offline
 from .authenticator import Authenticator
 from .connection import Connection
 from .dashboard import Dashboard
+from .doors import Door
 
 __all__ = ["COUNTERS", "FigureSource", "worker_figures"]
 
@@ -71,6 +72,7 @@ class FigureSource(Protocol):
     engine: idlekeeper.Engine | None
     coordinator: Coordinator
     dashboard: Dashboard
+    doors: list[Door]
 
     def packets_in(self) -> int:
         """MQTT control packets received, those the engine answered itself included."""
@@ -140,7 +142,26 @@ def worker_figures(source: FigureSource) -> list[Metric]:
     for name, help_text in COUNTERS:
         value = source.packets_in() if name == "packets_in" else source.counters.get(name, 0)
         f.counter(f"heartbeat_{name}_total", help_text, value)
-    if source.config.auth is not None:
+    doors = source.doors
+    f.gauge_by(
+        "heartbeat_listener_devices_online",
+        "Devices online, by the listener they came through.",
+        "listener",
+        {door.name: door.online for door in doors},
+    )
+    f.counter_by(
+        "heartbeat_listener_connections_total",
+        "Connections accepted, by listener.",
+        "listener",
+        {door.name: door.accepted for door in doors},
+    )
+    f.counter_by(
+        "heartbeat_listener_refused_total",
+        "CONNECTs refused, by the listener they came through.",
+        "listener",
+        {door.name: door.refused for door in doors},
+    )
+    if any(door.auth is not None for door in doors):
         _auth_figures(f, source.authenticator)
     engine = source.engine
     if engine is not None:

@@ -61,9 +61,12 @@ class OnlineSessions:
         """The online event of every session held here."""
         return [c.online for c in self.online.values() if c.online is not None]
 
-    def waits(self, request: Accept) -> bool:
-        """Whether admitting ``request`` needs vetting (a password check or a stored session)."""
-        return self.config.auth is not None or not request.clean_session
+    @staticmethod
+    def waits(conn: Connection, request: Accept) -> bool:
+        """Whether admitting ``request`` needs vetting (a password check, a refusal of an
+        anonymous client, or a stored session)."""
+        door = conn.door
+        return door.auth is not None or not door.allow_anonymous or not request.clean_session
 
     def admission(self, conn: Connection, request: Accept, code: int) -> bytes | None:
         """After the password check (``code``, 0 if accepted): the refusal CONNACK, or None to admit.
@@ -73,7 +76,14 @@ class OnlineSessions:
         refuses the CONNECT with 5 (not authorized), as Mosquitto does.
         """
         cfg = self.config
-        if not code and len(self.online) >= cfg.max_connections and request.client_id not in self.online:
+        door = conn.door
+        if not code and conn.session.assigned and not door.allow_zero_length_clientid:
+            code = 2  # identifier rejected (0x85 in 5.0), as Mosquitto's allow_zero_length_clientid false
+        if (
+            not code
+            and (len(self.online) >= cfg.max_connections or door.full())
+            and request.client_id not in self.online
+        ):
             code = 3  # server unavailable: the polite refusal beyond the cap
             self.counters["refused_capacity"] += 1
         if (
@@ -97,7 +107,7 @@ class OnlineSessions:
         (the ACL in force now: at CONNECT, and again when the Will goes out)."""
         if conn.session.reserved(topic):
             return False
-        acl = self.config.acl
+        acl = conn.door.acl
         if acl is None:
             return True
         rules = conn.session.permissions
@@ -109,6 +119,7 @@ class OnlineSessions:
     def refuse(self, conn: Connection, code: int) -> bytes:
         """Refuse the CONNECT with ``code``: counted, and its end is recorded as a refusal."""
         self.counters[f"refused_{code}"] += 1
+        conn.door.refused += 1
         conn.ended_by = Offline.REFUSED
         conn.refusal = code
         return conn.session.refused(code)
@@ -148,9 +159,11 @@ class OnlineSessions:
         cfg = self.config
         authenticator = self.authenticator
         self.online[request.client_id] = conn
-        if cfg.acl is not None:
-            # Read from the config on every check, so a reload (SIGHUP) applies at once.
-            conn.session.permissions = ClientRules(cfg, authenticator.username(conn, request), request.client_id)
+        door = conn.door
+        door.online += 1
+        if door.acl is not None:
+            # Read from the door on every check, so a reload (SIGHUP) applies at once.
+            conn.session.permissions = ClientRules(door, authenticator.username(conn, request), request.client_id)
         stream = conn.stream
         keep_alive = request.keep_alive  # a 5.0 client's is within the maximum already (Server Keep Alive)
         if keep_alive > cfg.max_keepalive and cfg.keepalive_over_max != "honour":
@@ -171,7 +184,7 @@ class OnlineSessions:
             "online",
             None,
             epoch=epoch_of(cfg.worker, self._pid, next(self._epochs), cfg.node),
-            username=(authenticator.username(conn, request) or "") if authenticator.identified_by_certificate else "",
+            username=(authenticator.username(conn, request) or "") if door.identified_by_certificate else "",
             at=arrived,
         )
         if opened is None:
@@ -220,6 +233,7 @@ class OnlineSessions:
         if client_id is None or self.online.get(client_id) is not conn:
             return False
         del self.online[client_id]
+        conn.door.online -= 1
         return True
 
     def detach(self, conn: Connection, reason: Offline) -> None:

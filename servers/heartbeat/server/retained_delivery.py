@@ -11,7 +11,7 @@ PINGREQ was answered, before).
 from __future__ import annotations
 
 import collections
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import trio
 
@@ -52,6 +52,9 @@ class RetainedDelivery:
         self._waiting: dict[Connection, collections.deque[AddSubscription]] = {}
         """The subscriptions each connection's task has yet to serve."""
         self._reads = trio.CapacityLimiter(READS_AT_ONCE)
+        self.own: Callable[[str], Iterable[tuple[str, bytes]]] | None = None
+        """The broker's own retained values a filter matches (``$SYS/broker``, kept by
+        :mod:`.sys_tree` and never in the coordinator's store); None: none."""
 
     def expect(self, conn: Connection, effect: AddSubscription) -> None:
         """``conn`` just subscribed (its filter is routed to from now on): what it is
@@ -88,6 +91,10 @@ class RetainedDelivery:
         """The retained messages the new subscription matches, page by page, with the
         retain flag, at min(their QoS, granted); a page waits while the client's queue
         is long, so a million of them never sit in memory at once."""
+        own = self.own
+        if own is not None and effect.topic_filter.startswith("$"):
+            for topic, payload in own(effect.topic_filter):
+                self._give(conn, topic, payload, 0, b"", effect.options)  # QoS 0, as they go live
         cursor: str | None = None
         while True:
             async with self._reads:

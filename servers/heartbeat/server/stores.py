@@ -38,7 +38,7 @@ def session_store(config: HeartbeatConfig) -> SessionStore:
         max_queued_bytes=config.max_queued_bytes,
         expiry=config.session_expiry,
         max_sessions=config.max_persistent_sessions,
-        may_read=acl_reader(config),
+        may_read=acl_reader(config, config.listeners or ()),
     )
 
 

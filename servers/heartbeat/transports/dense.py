@@ -30,8 +30,10 @@ from ..mqtt.reader import AnyPacket, idle_reader
 from ..mqtt.session import State
 from ..mqtt.v5.packets import Connect as V5Connect
 from ..server.connection import GOODBYE_TIMEOUT, SUBSCRIBED, Connection
+from ..server.doors import Door
 from ..server.fanout import Exchange
 from ..server.lifecycle import HeartbeatServer
+from ..server.sys_tree import count_out
 
 __all__ = ["DenseConnection", "serve_dense"]
 
@@ -60,8 +62,9 @@ class DenseConnection(Connection, idlekeeper.Protocol):
     """Whether the engine may answer a PINGREQ itself (see :meth:`_offer_pings`): the
     transport carries MQTT's own bytes (not WebSocket frames)."""
 
-    def __init__(self, server: HeartbeatServer) -> None:
+    def __init__(self, server: HeartbeatServer, door: Door) -> None:
         self.server = server
+        self.door = door
         self.waiting: list[AnyPacket] | None = None
         """Packets that arrived behind CONNECT while its password is checked."""
         self.violation: str | None = None
@@ -72,19 +75,23 @@ class DenseConnection(Connection, idlekeeper.Protocol):
     def connection_made(self, transport: idlekeeper.Transport) -> None:
         """Accepted: start the CONNECT deadline."""
         server = self.server
-        Connection.__init__(self, transport, server.policy)
+        Connection.__init__(self, transport, self.door)
         self.reader = idle_reader(server.config.max_packet_size)
         server.opened(self)
 
     def data_received(self, data: bytes) -> None:
         """Parse what arrived and act on each packet."""
+        self.server.counters["bytes_in"] += len(data)  # $SYS/broker/bytes/received
         # A shared reader holds no unfinished packet that these bytes could belong to.
         if data == PINGREQ_WIRE:
             if self.reader.shared and self.session.state is _CONNECTED:
                 # Answered without parsing (the session's reply to a PINGREQ is always a
                 # PINGRESP). Over plain TCP the engine answers most before they get here
                 # (_offer_pings); these are TLS connections' and any the engine could not.
-                self.server.counters["packets_in"] += 1
+                counters = self.server.counters
+                counters["packets_in"] += 1
+                counters["packets_out"] += 1
+                counters["bytes_out"] += 2
                 self.stream.write(_PINGRESP)
                 return
         elif (
@@ -255,7 +262,7 @@ class DenseConnection(Connection, idlekeeper.Protocol):
     def _accept(self, request: Accept) -> None:
         server = self.server
         arrived = server.connect_received(self)
-        if not server.waits(request):
+        if not server.waits(self, request):
             self._admit(request, server.admission(self, request, 0), None, arrived)
             return
         self._pause_for(self._vet, (request, arrived), [])
@@ -340,6 +347,7 @@ class DenseConnection(Connection, idlekeeper.Protocol):
 
     def write(self, data: bytes) -> None:
         """Queue MQTT bytes on the transport (:mod:`.dense_ws` frames them)."""
+        count_out(self.server.counters, data)
         self.stream.write(data)
 
     def close(self) -> None:
@@ -397,29 +405,43 @@ class DenseConnection(Connection, idlekeeper.Protocol):
 
 async def serve_dense(
     server: HeartbeatServer,
-    listeners: list[trio.SocketListener],
+    doors: list[Door],
     task_status: trio.TaskStatus[idlekeeper.Engine] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve ``listeners`` with a dense engine until cancelled; ``nursery.start`` returns it.
+    """Serve the MQTT listeners ``doors`` with one dense engine until cancelled;
+    ``nursery.start`` returns the engine (WebSocket listeners may join it:
+    :func:`.dense_ws.serve_websockets_dense`).
 
-    With the server's TLS options the listeners speak MQTT over TLS (8883): the engine
-    runs each handshake under its own deadline, then the connection as over TCP."""
+    A door with TLS speaks MQTT over TLS (8883): the engine runs each handshake under
+    its own deadline, then the connection as over TCP."""
     cfg = server.config
-    tls = cfg.tls
     async with idlekeeper.open_engine(
         server.keeper, coalesce=cfg.coalesce, coalesce_canned=cfg.coalesce_pings, direct_wait=cfg.direct_wait
     ) as engine:
         engine.add_canned_reply(PINGREQ_WIRE, _PINGRESP)  # for DenseConnection._offer_pings
-        if tls is None:
-            engine.serve(listeners, lambda: DenseConnection(server))
-        else:
-            engine.serve(
-                listeners,
-                lambda: DenseConnection(server),
-                ssl_context=tls.context(),
-                handshake_timeout=tls.handshake_timeout,
-            )
-        server.stop_accepting = engine.close_listeners
+        for door in doors:
+            serve_door(server, engine, door)
+        others = server.stop_accepting
+
+        def stop_accepting() -> None:
+            others()
+            engine.close_listeners()
+
+        server.stop_accepting = stop_accepting
         server.engine = engine
         task_status.started(engine)
         await trio.sleep_forever()
+
+
+def serve_door(server: HeartbeatServer, engine: idlekeeper.Engine, door: Door) -> None:
+    """Accept MQTT over TCP (or TLS) on ``door``'s sockets with ``engine``."""
+    tls = door.listener.tls
+    if tls is None:
+        engine.serve(door.sockets, lambda: DenseConnection(server, door))
+    else:
+        engine.serve(
+            door.sockets,
+            lambda: DenseConnection(server, door),
+            ssl_context=tls.context(),
+            handshake_timeout=tls.handshake_timeout,
+        )

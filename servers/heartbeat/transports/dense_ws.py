@@ -14,14 +14,14 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 
-import trio
-
 import idlekeeper
 
 from ...ws.handshake import WsPolicy
 from ...ws.mqtt_transport import MqttOverWs
 from ..mqtt.packets import ProtocolError
+from ..server.doors import Door
 from ..server.lifecycle import HeartbeatServer
+from ..server.sys_tree import count_out
 from .dense import DenseConnection, T
 
 __all__ = ["WsDenseConnection", "serve_websockets_dense"]
@@ -33,8 +33,8 @@ class WsDenseConnection(DenseConnection):
     __slots__ = ("ws", "later")
     ANSWERS_IN_ENGINE = False  # the transport's bytes are WebSocket frames, not MQTT's
 
-    def __init__(self, server: HeartbeatServer, policy: WsPolicy) -> None:
-        super().__init__(server)
+    def __init__(self, server: HeartbeatServer, door: Door, policy: WsPolicy) -> None:
+        super().__init__(server, door)
         self.ws = MqttOverWs(policy)
         self.later: str | None = None
         """How the WebSocket ended, while packets before the end wait for a password
@@ -46,6 +46,7 @@ class WsDenseConnection(DenseConnection):
         if step.out:
             self.stream.write(step.out)
         if step.mqtt:
+            self.server.counters["bytes_in"] += len(step.mqtt)  # MQTT's bytes, as Mosquitto counts them
             self._received(step.mqtt)
         ended = step.ended
         if ended is not None:
@@ -75,6 +76,7 @@ class WsDenseConnection(DenseConnection):
 
     def write(self, data: bytes) -> None:
         """MQTT bytes as one binary frame (nothing once the WebSocket is closing)."""
+        count_out(self.server.counters, data)
         frame = self.ws.send(data)
         if frame:
             self.stream.write(frame)
@@ -94,11 +96,9 @@ class WsDenseConnection(DenseConnection):
         return self.ws.send(said) + self.ws.close(1000)
 
 
-def serve_websockets_dense(
-    server: HeartbeatServer, engine: idlekeeper.Engine, listeners: list[trio.SocketListener]
-) -> None:
-    """MQTT over WebSockets on ``listeners`` (``--ws-port``), on the engine that serves
-    the TCP listeners: ``server.stop_accepting`` closes them all at once."""
+def serve_websockets_dense(server: HeartbeatServer, engine: idlekeeper.Engine, door: Door) -> None:
+    """MQTT over WebSockets on ``door`` (one without TLS), on the engine that serves the
+    TCP listeners: ``server.stop_accepting`` closes them all at once."""
     config = server.config
     policy = WsPolicy(config.ws_path, allowed_origins=config.ws_allowed_origins)
-    engine.serve(listeners, lambda: WsDenseConnection(server, policy))
+    engine.serve(door.sockets, lambda: WsDenseConnection(server, door, policy))

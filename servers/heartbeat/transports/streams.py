@@ -29,8 +29,10 @@ from ..mqtt.reader import PacketReader
 from ..mqtt.session import State
 from ..mqtt.v5.packets import Connect as V5Connect
 from ..server.connection import GOODBYE_TIMEOUT, Connection
+from ..server.doors import Door
 from ..server.fanout import Exchange
 from ..server.lifecycle import HeartbeatServer
+from ..server.sys_tree import count_out
 from .websocket import WsMqttStream
 
 __all__ = ["StreamConnection", "serve_streams", "serve_websockets"]
@@ -50,8 +52,8 @@ class StreamConnection(Connection):
     __slots__ = ("farewell", "outbox", "pending", "replies", "server", "wake", "writer")
     stream: idlekeeper.WatchedStream
 
-    def __init__(self, server: HeartbeatServer, stream: idlekeeper.WatchedStream) -> None:
-        super().__init__(stream, server.policy)
+    def __init__(self, server: HeartbeatServer, stream: idlekeeper.WatchedStream, door: Door) -> None:
+        super().__init__(stream, door)
         stream.last_words = self.last_words
         self.server = server
         self.outbox: collections.deque[bytes] | None = None
@@ -88,6 +90,7 @@ class StreamConnection(Connection):
                 return
             outbox = self._start_writer()  # a resumed session's resends before any SUBSCRIBE
         outbox.append(data)
+        self.server.counters["packets_out"] += 1  # its bytes are counted as the writer sends them
         self.pending += len(data)
         if self.wake is not None:
             self.wake.set()
@@ -111,6 +114,7 @@ class StreamConnection(Connection):
         detail = ""
         try:
             async for data in self.stream:
+                server.counters["bytes_in"] += len(data)  # $SYS/broker/bytes/received
                 for packet in reader.feed(data):
                     server.counters["packets_in"] += 1
                     if type(packet) is V5Connect:
@@ -238,6 +242,7 @@ class StreamConnection(Connection):
                 while not self.flushed():  # noqa: ASYNC110 (an event per write would cost every subscriber)
                     await trio.sleep(0.01)
                 return
+            count_out(self.server.counters, data)
             with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
                 await self.stream.send_all(data)
 
@@ -246,6 +251,7 @@ class StreamConnection(Connection):
             # A reply (PINGRESP, SUBACK, PUBACK...) behind the subscriber's queue: never dropped.
             self.server.broker.write(self, [data])
         else:
+            count_out(self.server.counters, data)
             self.pending += len(data)  # a send under way: say() must not cut into it
             try:
                 await self.stream.send_all(data)
@@ -292,6 +298,7 @@ class StreamConnection(Connection):
                         batch.append(item)
                         size += len(item)
                     await stream.send_all(b"".join(batch))
+                    self.server.counters["bytes_out"] += size
                     self.pending -= size
                     budget.settle(self, self.queued())
             except (trio.BrokenResourceError, trio.ClosedResourceError):
@@ -300,17 +307,18 @@ class StreamConnection(Connection):
 
 async def serve_streams(
     server: HeartbeatServer,
-    listeners: list[trio.SocketListener],
+    door: Door,
     task_status: trio.TaskStatus[list[trio.SocketListener]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Accept on ``listeners`` until cancelled or ``server.stop_accepting()``, a task per connection."""
-    accepting = trio.CancelScope()
-    server.stop_accepting = accepting.cancel
+    """Accept MQTT over TCP (or TLS) on ``door``'s sockets until cancelled or
+    ``server.stop_accepting()``, a task per connection."""
+    accepting = _stops_with(server)
+    listeners = door.sockets
 
     async def handle(stream: idlekeeper.WatchedStream) -> None:
-        await StreamConnection(server, stream).serve()
+        await StreamConnection(server, stream, door).serve()
 
-    tls = server.config.tls
+    tls = door.listener.tls
     with accepting:
         await idlekeeper.serve_listeners(
             handle,
@@ -331,12 +339,12 @@ async def serve_streams(
 
 async def serve_websockets(
     server: HeartbeatServer,
-    listeners: list[trio.SocketListener],
+    door: Door,
     task_status: trio.TaskStatus[list[trio.SocketListener]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """MQTT over WebSockets on ``listeners`` (``--ws-port``; over TLS, wss, when the
-    server has TLS options), a task per connection, beside the server's TCP listeners
-    whichever engine serves those; until cancelled or ``server.stop_accepting()``.
+    """MQTT over WebSockets on ``door``'s sockets (over TLS, wss, when the door has TLS),
+    a task per connection, beside the server's TCP listeners whichever engine serves
+    those; until cancelled or ``server.stop_accepting()``.
 
     The keeper watches the stream of MQTT bytes the frames carry, so keep-alive counts
     MQTT packets and the stall check looks at the socket under the frames. An expiry
@@ -345,9 +353,29 @@ async def serve_websockets(
     """
     config = server.config
     policy = WsPolicy(config.ws_path, allowed_origins=config.ws_allowed_origins)
-    # With the server's TLS options, the WebSocket port is wss: the TLS handshake runs
-    # on the first read, inside the watch, under the CONNECT deadline.
-    context = None if config.tls is None else config.tls.context()
+    # Over TLS (wss) the handshake runs on the first read, inside the watch, under the
+    # CONNECT deadline.
+    tls = door.listener.tls
+    context = None if tls is None else tls.context()
+    accepting = _stops_with(server)
+    listeners = door.sockets
+
+    async def handle(raw: trio.SocketStream) -> None:
+        carrier: trio.abc.Stream = raw
+        if context is not None:
+            carrier = trio.SSLStream(raw, context, server_side=True, https_compatible=True)
+        stream = WsMqttStream(carrier, MqttOverWs(policy))
+        with server.keeper.watch(stream, close=False) as watch:
+            await StreamConnection(server, watch.stream, door).serve()
+
+    with accepting:
+        await trio.serve_listeners(handle, listeners, handler_nursery=server.nursery, task_status=task_status)
+    for listener in listeners:
+        await listener.aclose()
+
+
+def _stops_with(server: HeartbeatServer) -> trio.CancelScope:
+    """A scope that ``server.stop_accepting()`` cancels, beside whatever it did before."""
     accepting = trio.CancelScope()
     others = server.stop_accepting
 
@@ -356,16 +384,4 @@ async def serve_websockets(
         accepting.cancel()
 
     server.stop_accepting = stop_accepting
-
-    async def handle(raw: trio.SocketStream) -> None:
-        carrier: trio.abc.Stream = raw
-        if context is not None:
-            carrier = trio.SSLStream(raw, context, server_side=True, https_compatible=True)
-        stream = WsMqttStream(carrier, MqttOverWs(policy))
-        with server.keeper.watch(stream, close=False) as watch:
-            await StreamConnection(server, watch.stream).serve()
-
-    with accepting:
-        await trio.serve_listeners(handle, listeners, handler_nursery=server.nursery, task_status=task_status)
-    for listener in listeners:
-        await listener.aclose()
+    return accepting

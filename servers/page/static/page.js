@@ -128,6 +128,18 @@ function render() {
   renderLateness(snapshot);
   renderRates();
   renderWorkers(snapshot.workers, snapshot.tick);
+  renderListeners(snapshot.listeners || []);
+}
+
+function renderListeners(listeners) {
+  const body = $("listeners-body");
+  body.replaceChildren();
+  for (const l of listeners) {
+    const row = el("tr");
+    row.dataset.listener = l.name;
+    row.append(el("td", l.name), el("td", n(l.online)), el("td", n(l.accepted)), el("td", n(l.refused)));
+    body.append(row);
+  }
 }
 
 function renderScope(snapshot) {

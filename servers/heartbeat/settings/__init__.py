@@ -1,35 +1,27 @@
 """Every option of the heartbeat server, declared once (:mod:`servers.settings`): its
 kind (type, range, unit), default and help. The command line is built from them, and
-so is anything else that sets them; :func:`limits_from` turns the per-client bounds
-into the configuration's fields (see :mod:`.mqtt.policy` and :mod:`.broker.retained`
-for why each default is what it is)."""
+so is anything else that sets them (a Mosquitto configuration file: :mod:`..conf`).
+The per-client bounds are in :mod:`.limits`, whose :func:`limits_from` turns them into
+the configuration's fields."""
 
 from __future__ import annotations
 
-import argparse
-from typing import Any
-
-from ..config import LOG_LEVEL, worker_settings
-from ..settings import Choice, Flag, Host, Number, Path, Setting, Text, count, port, seconds
-from ..tls import tls_settings
-from .broker.persistent import DEFAULT_MAX_SESSIONS
-from .broker.retained import DEFAULT_MAX_OWNER_BYTES, DEFAULT_MAX_OWNER_COUNT
-from .config import ENGINES, KEEPALIVE_OVER_MAX
-from .coordination.durable import SYNC_MODES
-from .coordination.registry import DEFAULT_MAX_BYTES as DEFAULT_RECORD_BYTES
-from .mqtt.packets import MAX_REMAINING_LENGTH
-from .mqtt.policy import (
-    DEFAULT_MAX_CLIENT_ID,
-    DEFAULT_MAX_SUBSCRIPTION_BYTES,
-    DEFAULT_MAX_SUBSCRIPTIONS,
-    DEFAULT_MAX_USERNAME,
+from ...config import LOG_FILE, LOG_LEVEL, worker_settings
+from ...settings import Choice, Flag, Host, Path, Setting, Text, count, port, seconds
+from ...tls import tls_settings
+from ..config import ENGINES, KEEPALIVE_OVER_MAX
+from ..coordination.durable import SYNC_MODES
+from ..listener import parse_listener
+from ..mqtt.packets import MAX_REMAINING_LENGTH
+from ..mqtt.policy import (
     DEFAULT_PRESENCE_PREFIX,
     LEGACY_PRESENCE_PREFIX,
     check_presence_prefix,
 )
-from .security.connect_rate import DEFAULT_CONNECT_RATE
+from .limits import CONNECT_RATE, LIMITS, limits_from
 
 __all__ = ["LIMITS", "SETTINGS", "limits_from"]
+
 
 _MIB = 1024 * 1024
 
@@ -40,85 +32,8 @@ def _ws_path(text: str) -> str:
     return text
 
 
-_LIMIT = "what one client may make the server hold"
+_LISTENERS = "listeners (several at once: Mosquitto's listener sections)"
 _DURABLE = "durable state (one box)"
-
-LIMITS: tuple[Setting, ...] = (
-    Setting(
-        "--max-client-id",
-        count("bytes"),
-        DEFAULT_MAX_CLIENT_ID,
-        f"bytes of UTF-8 in a client id; longer: CONNACK 2 (default: {DEFAULT_MAX_CLIENT_ID:,})",
-        group=_LIMIT,
-    ),
-    Setting(
-        "--max-username",
-        count("bytes"),
-        DEFAULT_MAX_USERNAME,
-        "bytes of UTF-8 in a username (or a certificate's CN standing for one); longer: CONNACK 4 "
-        f"(default: {DEFAULT_MAX_USERNAME:,})",
-        group=_LIMIT,
-    ),
-    Setting(
-        "--max-subscriptions",
-        count("topic filters"),
-        DEFAULT_MAX_SUBSCRIPTIONS,
-        "topic filters one client may hold; past it: 0x80 in SUBACK for the filter "
-        f"(default: {DEFAULT_MAX_SUBSCRIPTIONS:,})",
-        group=_LIMIT,
-    ),
-    Setting(
-        "--max-subscription-bytes",
-        count("bytes"),
-        DEFAULT_MAX_SUBSCRIPTION_BYTES,
-        "bytes of filter text one client may hold; past it: 0x80 in SUBACK "
-        f"(default: {DEFAULT_MAX_SUBSCRIPTION_BYTES:,})",
-        group=_LIMIT,
-    ),
-    Setting(
-        "--max-persistent-sessions",
-        count("sessions"),
-        DEFAULT_MAX_SESSIONS,
-        "persistent sessions (CleanSession=0) kept at once, on the server or the fleet; past it, a CONNECT "
-        f"that would start one gets CONNACK 3 (a stored one still resumes) (default: {DEFAULT_MAX_SESSIONS:,})",
-        group=_LIMIT,
-    ),
-    Setting(
-        "--max-device-record-bytes",
-        count("bytes"),
-        DEFAULT_RECORD_BYTES,
-        "bytes of device records kept for /devices and retained presence (about 384 per record plus its id); "
-        f"past it, offline records are forgotten, ids seen only once first (default: {DEFAULT_RECORD_BYTES:,})",
-        group=_LIMIT,
-    ),
-    Setting(
-        "--max-retained-per-client",
-        count("messages"),
-        DEFAULT_MAX_OWNER_COUNT,
-        "retained messages one client may hold (each counts for the client that set it last); past it, a "
-        f"new one is refused and the topic keeps its old one (default: {DEFAULT_MAX_OWNER_COUNT:,})",
-        group=_LIMIT,
-    ),
-    Setting(
-        "--max-retained-bytes-per-client",
-        count("bytes"),
-        DEFAULT_MAX_OWNER_BYTES,
-        "bytes of retained topics and payloads one client may hold; past it, refused likewise "
-        f"(default: {DEFAULT_MAX_OWNER_BYTES:,})",
-        group=_LIMIT,
-    ),
-)
-"""The per-client bounds, each a field of the configuration named as its option."""
-
-_CONNECT_RATE = Setting(
-    "--max-connect-rate",
-    Number(unit="CONNECTs a second", least=0.0, metavar="RATE", zero="unbounded"),
-    DEFAULT_CONNECT_RATE,
-    "CONNECTs a second from one source address (an IPv6 one by its /64), after a burst of a "
-    "minute's worth; past it, CONNACK 3 before any password check; 0: unbounded "
-    f"(default: {DEFAULT_CONNECT_RATE:g})",
-    group=_LIMIT,
-)
 
 _WS = "MQTT over WebSockets"
 _STATUS = "the status endpoint (/healthz, /metrics, /devices/<id>, the operator's page)"
@@ -128,6 +43,15 @@ _QUEUES = "QoS, queues and retained messages"
 _ENGINE = "the engine"
 
 SETTINGS: tuple[Setting, ...] = (
+    Setting(
+        "--config",
+        Path(),
+        None,
+        "read the settings from this file, in Mosquitto's format (mosquitto.conf: its directives, "
+        "listener sections, include_dir; and each option here as a directive, --presence-prefix as "
+        "presence_prefix); options on the command line override it (see docs/how-to/from-mosquitto.md)",
+        aliases=("-c",),
+    ),
     *worker_settings(port=1883),
     Setting("--connect-timeout", seconds(), 10.0, "seconds a new socket has to complete CONNECT (default: 10)"),
     Setting(
@@ -206,7 +130,35 @@ SETTINGS: tuple[Setting, ...] = (
         7 * 24 * 3600.0,
         "seconds an offline device's presence stays retained; 0: as long as its record is kept (default: 604800)",
     ),
+    Setting(
+        "--sys-interval",
+        seconds(least=0.0, zero="off"),
+        10.0,
+        "seconds between updates of the $SYS/broker/... statistics, Mosquitto's topics and formats "
+        "(docs/reference/sys-topics.md); 0: none are published (default: 10)",
+    ),
     LOG_LEVEL,
+    LOG_FILE,
+    Setting(
+        "--connection-messages",
+        Flag(),
+        False,
+        "log each client's connection and disconnection at INFO, as Mosquitto's connection_messages: "
+        "'New client connected from HOST:PORT as ID (p2, c1, k60, u'name').' (off by default: a line per "
+        "device is much at this server's scale)",
+    ),
+    Setting(
+        "--listener",
+        Text(parse_listener, metavar="URL"),
+        None,
+        "a listener, given once for each: mqtt://ADDRESS:PORT, ws://ADDRESS:PORT (MQTT over WebSockets), "
+        "with ?certfile=..&keyfile=.. for TLS (mqtts://, wss://) and any of Mosquitto's listener options "
+        "after them (cafile, require_certificate, max_connections, password_file, acl_file...; see "
+        "docs/how-to/from-mosquitto.md); with a --listener, --port is served only if given too "
+        "(default: one listener, on --host and --port)",
+        many=True,
+        group=_LISTENERS,
+    ),
     # MQTT over WebSockets.
     Setting(
         "--ws-port",
@@ -291,7 +243,23 @@ SETTINGS: tuple[Setting, ...] = (
         "reloaded on SIGHUP (default: any client may subscribe and publish anywhere)",
         group=_AUTH,
     ),
-    _CONNECT_RATE,
+    Setting(
+        "--allow-anonymous",
+        Choice(("true", "false")),
+        None,
+        "whether a client without a username is let in (Mosquitto's allow_anonymous; default: true "
+        "without --auth-file, false with one)",
+        group=_AUTH,
+    ),
+    Setting(
+        "--allow-zero-length-clientid",
+        Choice(("true", "false")),
+        "true",
+        "whether a client may connect with an empty client id and be given one by the server "
+        "(Mosquitto's allow_zero_length_clientid; default: true)",
+        group=_AUTH,
+    ),
+    CONNECT_RATE,
     *LIMITS,
     *tls_settings(client_certificates=True),
     # QoS, queues and retained messages.
@@ -469,10 +437,3 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("--bus-buffer", count("bytes"), 64 * _MIB, "", hidden=True),
 )
 """The heartbeat server's options, in the order --help lists them."""
-
-
-def limits_from(args: argparse.Namespace) -> dict[str, Any]:
-    """The configuration fields the parsed bounds fill (``HeartbeatConfig(**...)``)."""
-    fields = {setting.dest: getattr(args, setting.dest) for setting in LIMITS}
-    fields["max_connect_rate"] = args.max_connect_rate
-    return fields
