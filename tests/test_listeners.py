@@ -5,6 +5,7 @@ presence registry; the ``--listener`` form; presence events that name the listen
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -370,3 +371,32 @@ async def test_sighup_reloads_each_listeners_own_files_and_says_what_changed(
         acl_file.write_text("frobnicate all/#\n")
         assert not server.reload_files()  # a broken file keeps the rules in force
         assert door.acl is not None and len(door.acl.rules) == 2
+
+
+def test_a_listener_that_cannot_be_opened_is_refused_in_one_line_naming_it() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "servers.heartbeat", "--listener", "mqtt://127.0.0.1:0?bind_interface=nonexist0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+    )
+    assert proc.returncode != 0
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert "listener mqtt://127.0.0.1:0 (bind_interface nonexist0)" in lines[0] and "No such device" in lines[0]
+
+
+def test_socket_domain_must_agree_with_the_address() -> None:
+    with pytest.raises(SettingError, match=r"socket_domain ipv6 does not go with the address 127\.0\.0\.1"):
+        parse_listener("mqtt://127.0.0.1:1883?socket_domain=ipv6")
+    assert parse_listener("mqtt://:1883?socket_domain=ipv6").socket_domain == "ipv6"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="SO_BINDTODEVICE needs root (CI runs as root)")
+async def test_a_listener_bound_to_the_loopback_interface_serves_it(clock: MockClock) -> None:
+    config = HeartbeatConfig(listeners=_listeners(ListenerSpec(port=0, address="127.0.0.1", bind_interface="lo")))
+    async with running(config) as (server, _):
+        client = await Client.connect(server.port, "on-lo")
+        await client.send(encoders.encode_pingreq())
+        assert await client.read(2) == encoders.encode_pingresp()

@@ -187,8 +187,6 @@ def test_directives_become_the_options_they_stand_for(conf: Write) -> None:
         ("psk_hint hint", "psk_hint: TLS-PSK is not supported"),
         ("mount_point a/", "mount_point: mount points are not supported"),
         ("memory_limit 1000", "memory_limit: not supported"),
-        ("message_size_limit 1000", "message_size_limit: not a limit of this server: use max_packet_size"),
-        ("retain_available false", "retain_available: this server always keeps retained messages"),
         ("connection bridge-1", "connection: the bridge comes with issue 64; not supported yet"),
         ("address 10.0.0.1:1883", "address: a bridge's directive (of a connection section): the bridge comes with"),
         ("listener 0 /tmp/mosquitto.sock", "listener: port 0 is Mosquitto's Unix socket listener"),
@@ -214,13 +212,25 @@ def test_the_defaults_of_refused_directives_pass_and_harmless_ones_are_warned(co
         "max_queued_messages 0",
     )
     arguments, warnings = translate(path)
-    assert arguments == []
+    # Mosquitto's defaults of the three it honours are the server's too: said again, harmless.
+    assert arguments == ["--message-size-limit", "0", "--max-inflight-bytes", "0", "--retain-available", "true"]
     assert warnings == [
         f"{path}:5: user: ignored: this server does not drop privileges: run it as the user it should run as "
         "(systemd's User=)",
         f"{path}:6: log_timestamp: ignored: every log line starts with its time",
         f"{path}:7: max_queued_messages: 0 (no bound in Mosquitto) is not available; the server's bound stays (1000)",
     ]
+
+
+def test_retain_available_and_message_size_limit_become_the_servers_options(conf: Write) -> None:
+    path = conf("retain_available false", "message_size_limit 1000")
+    arguments, warnings = translate(path)
+    assert arguments == ["--retain-available", "false", "--message-size-limit", "1000"]
+    assert warnings == []
+    args = parser().parse_args(arguments)
+    assert (args.retain_available, args.message_size_limit) == ("false", 1000)
+    assert refusal(conf("retain_available maybe")).endswith("must be one of true, false, not 'maybe'")
+    assert "message_size_limit" in refusal(conf("message_size_limit -1"))
 
 
 def test_the_default_listener_sets_the_servers_own_options(conf: Write, tmp_path: Path) -> None:

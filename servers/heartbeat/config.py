@@ -68,6 +68,9 @@ class HeartbeatConfig(WorkerConfig):
     max_inflight: int = DEFAULT_WINDOW
     """QoS 1 and 2 messages sent to a client and not yet acknowledged, at most; also the
     Receive Maximum an MQTT 5 CONNACK announces (a 5.0 client's own may lower the first)."""
+    max_inflight_bytes: int = 0
+    """Payload bytes in flight to a client past which no more go, as Mosquitto's
+    ``max_inflight_bytes`` (one message always goes when none is in flight); 0: no bound."""
     max_topic_alias: int = 10
     outbound_topic_aliases: bool = True
     """Topic aliases an MQTT 5 client may set towards the server (its Topic Alias Maximum); 0: none."""
@@ -92,6 +95,13 @@ class HeartbeatConfig(WorkerConfig):
     :mod:`.server.sys_tree`); 0: none are published."""
     max_retained_bytes: int = DEFAULT_MAX_BYTES
     """Bytes of retained topics and payloads kept, presence not included; beyond, new ones are refused."""
+    retain_available: bool = True
+    """Whether clients may publish retained messages and Wills (Mosquitto's ``retain_available``);
+    off, RETAIN 1 is refused as Mosquitto refuses it (see :mod:`.mqtt.policy`). Presence is not a
+    client's: ``retain_presence`` governs it."""
+    message_size_limit: int = 0
+    """The longest payload a client's PUBLISH or Will may carry (Mosquitto's ``message_size_limit``);
+    a longer PUBLISH is acknowledged and dropped, a longer Will refuses the CONNECT. 0: no limit."""
     persistence: str | None = None
     """The SQLite file the state is kept in durably (None: in memory only); see :mod:`.coordination.durable`."""
     persistence_sync: str = "always"
@@ -157,6 +167,8 @@ class HeartbeatConfig(WorkerConfig):
             raise ValueError(f"max_qos must be 0, 1 or 2, not {self.max_qos}")
         if not 1 <= self.max_inflight <= 65535:
             raise ValueError(f"max_inflight must be 1 to 65535 (an MQTT 5 Receive Maximum), not {self.max_inflight}")
+        if self.max_inflight_bytes < 0:
+            raise ValueError(f"max_inflight_bytes must be 0 (no bound) or more, not {self.max_inflight_bytes}")
         if not 0 <= self.max_topic_alias <= 65535:
             raise ValueError(f"max_topic_alias must be 0 to 65535, not {self.max_topic_alias}")
         if self.keepalive_over_max not in KEEPALIVE_OVER_MAX:
@@ -167,6 +179,8 @@ class HeartbeatConfig(WorkerConfig):
             raise ValueError(f"engine must be one of {', '.join(ENGINES)}, not {self.engine!r}")
         if self.auth_threads < 1:
             raise ValueError(f"auth_threads must be at least 1, not {self.auth_threads}")
+        if self.message_size_limit < 0:
+            raise ValueError(f"message_size_limit must be 0 (no limit) or more, not {self.message_size_limit}")
         if self.max_subscriber_bytes < 1 or self.max_outbox_bytes < 1:
             raise ValueError("max_subscriber_bytes and max_outbox_bytes must be at least 1")
         for name in ("max_client_id", "max_username", "max_subscriptions", "max_subscription_bytes"):

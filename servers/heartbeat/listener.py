@@ -147,6 +147,9 @@ class ListenerSpec:
             raise SettingError("require_certificate needs cafile or capath (the CAs client certificates chain to)")
         if self.use_identity_as_username and not self.require_certificate:
             raise SettingError("use_identity_as_username needs require_certificate (no certificate, no identity)")
+        family = _family(self.address)
+        if family is not None and self.socket_domain is not None and family != self.socket_domain:
+            raise SettingError(f"socket_domain {self.socket_domain} does not go with the address {self.address}")
 
     @property
     def tls(self) -> bool:
@@ -256,6 +259,16 @@ def _check_context(spec: ListenerSpec, tls: TLSOptions) -> None:
         ) from None
     except OSError as exc:
         raise ListenerError(f"listener {spec.name}: the TLS files do not load: {exc.strerror or exc}") from None
+
+
+def _family(address: str) -> str | None:
+    """``ipv4`` or ``ipv6`` for an address written as one (None: a name, or every interface)."""
+    import ipaddress
+
+    try:
+        return "ipv4" if ipaddress.ip_address(address).version == 4 else "ipv6"
+    except ValueError:
+        return None
 
 
 def parse_listener(text: str) -> ListenerSpec:

@@ -12,11 +12,12 @@ import trio
 import idlekeeper
 
 from ..bearer import TokenFile
-from ..listeners import open_listeners, port_of
+from ..listeners import CannotListen, open_listeners, port_of
 from ..page import Page
 from ..status import serve_status
 from .config import HeartbeatConfig
 from .coordination import Coordinator
+from .server.doors import Door
 from .server.lifecycle import HeartbeatServer
 from .server.sys_tree import publish_sys_tree
 from .transports.dense import serve_dense
@@ -74,18 +75,11 @@ async def serve_heartbeat(
             await nursery.start(publish_sys_tree, server, config.sys_interval)
         given = {False: listeners, True: ws_listeners}
         for door in server.doors:
-            spec = door.spec
             sockets = given.get(door.websockets)
             if sockets is not None:
                 given[door.websockets] = None  # the first of each kind only
             else:
-                sockets = open_listeners(
-                    spec.address,
-                    spec.port,
-                    reuse_port=reuse_port,
-                    domain=spec.socket_domain,
-                    interface=spec.bind_interface,
-                )
+                sockets = _open(door, reuse_port)
             door.sockets, door.port = sockets, port_of(sockets)
             logger.info("listener %s open on port %d", door.name, door.port)
         mqtt = [door for door in server.doors if not door.websockets]
@@ -113,3 +107,15 @@ async def serve_heartbeat(
                 )
             )
         task_status.started(server)
+
+
+def _open(door: Door, reuse_port: bool) -> list[trio.SocketListener]:
+    """``door``'s listening sockets; :class:`CannotListen` naming the listener if not."""
+    spec = door.spec
+    try:
+        return open_listeners(
+            spec.address, spec.port, reuse_port=reuse_port, domain=spec.socket_domain, interface=spec.bind_interface
+        )
+    except CannotListen as exc:
+        also = f" (bind_interface {spec.bind_interface})" if spec.bind_interface else ""
+        raise CannotListen(exc.errno, f"listener {door.name}{also}: {exc.strerror}") from exc

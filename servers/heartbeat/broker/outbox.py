@@ -10,7 +10,9 @@ lives; a persistent session's outbox lives in the session store, which outlives
 the connection.
 
 Bounds, as Mosquitto has them: at most ``window`` messages in flight (its
-``max_inflight_messages``, 20), at most ``max_queued`` messages and
+``max_inflight_messages``, 20) and, if ``window_bytes`` is set, payload bytes in
+flight up to it (``max_inflight_bytes``, 0: none; see :meth:`Outbox.admits`), at most
+``max_queued`` messages and
 ``max_queued_bytes`` behind them (``max_queued_messages``, 1,000); a message beyond
 them is dropped and counted, the newest first, so what was queued keeps its order.
 """
@@ -152,6 +154,7 @@ class Outbox:
 
     __slots__ = (
         "window",
+        "window_bytes",
         "max_queued",
         "max_queued_bytes",
         "attached",
@@ -162,6 +165,7 @@ class Outbox:
         "_inflight",
         "_queue",
         "_bytes",
+        "_flying",
     )
 
     def __init__(
@@ -170,12 +174,17 @@ class Outbox:
         max_queued: int = DEFAULT_MAX_QUEUED,
         max_queued_bytes: int = DEFAULT_MAX_QUEUED_BYTES,
         *,
+        window_bytes: int = 0,
         attached: bool = True,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if window < 1:
             raise ValueError("the window must hold at least one message")
+        if window_bytes < 0:
+            raise ValueError("the window's bytes must be 0 (no bound) or more")
         self.window = window
+        self.window_bytes = window_bytes
+        """Payload bytes in flight past which no more messages go (0: no bound)."""
         self.max_queued = max_queued
         self.max_queued_bytes = max_queued_bytes
         self.attached = attached
@@ -191,6 +200,7 @@ class Outbox:
         self._inflight: dict[int, Message] = {}
         self._queue: collections.deque[Message] = collections.deque()
         self._bytes = 0
+        self._flying = 0
 
     def __len__(self) -> int:
         """Messages held: in flight and queued."""
@@ -200,6 +210,23 @@ class Outbox:
     def queued_bytes(self) -> int:
         """Bytes of the messages waiting behind the window."""
         return self._bytes
+
+    @property
+    def inflight_bytes(self) -> int:
+        """Payload bytes of the messages in flight (what ``window_bytes`` bounds)."""
+        return self._flying
+
+    def admits(self) -> bool:
+        """Whether the window has room for one more message, whatever its size.
+
+        Mosquitto's rule (``db__ready_for_flight``): a count below ``window`` and, when
+        ``window_bytes`` is set, payload bytes in flight *below* it. The message is not
+        weighed first, so the last one let in may go past the bound by its own size, and
+        one message always goes when nothing is in flight however large it is; counted
+        otherwise, a message larger than the bound could never be sent."""
+        if len(self._inflight) >= self.window:
+            return False
+        return not self.window_bytes or self._flying < self.window_bytes
 
     def inflight(self) -> list[Message]:
         """The messages sent and not yet acknowledged, oldest first."""
@@ -217,7 +244,7 @@ class Outbox:
         if message.properties and outbound.message_expiry(message.properties) is not None:
             message.born = self.clock()
         journal = self.journal
-        if self.attached and not self._queue and len(self._inflight) < self.window:
+        if self.attached and not self._queue and self.admits():
             data = self._launch(message, message.born)  # taken now: none of its lifetime has gone
             if journal is not None:
                 journal.kept(message)
@@ -264,6 +291,7 @@ class Outbox:
             if kind == "puback":
                 if message.qos == 1:
                     del inflight[packet_id]
+                    self._flying -= len(message.payload)
                     freed = True
                     if journal is not None:
                         journal.gone(message)
@@ -277,6 +305,7 @@ class Outbox:
             elif kind == "pubcomp":
                 if message.stage is Stage.RELEASED:
                     del inflight[packet_id]
+                    self._flying -= len(message.payload)
                     freed = True
                     if journal is not None:
                         journal.gone(message)
@@ -293,6 +322,7 @@ class Outbox:
         for message in inflight:
             message.sent = True
             self._inflight[message.packet_id] = message
+            self._flying += len(message.payload)
         for message in queued:
             self._queue.append(message)
             self._bytes += message.size
@@ -314,6 +344,9 @@ class Outbox:
         room = self.window - len(inflight)
         if not queue or room <= 0 or not self.attached:
             return []
+        # No byte bound reads as one no message reaches, so the loop tests one number.
+        limit = self.window_bytes or (1 << 62)
+        flying = self._flying
         # A stored queue drains through here a window at a time, so the launch of each
         # message is inline (_launch's and _free_id's work, the same ids in the same order),
         # and so is encode_held's commonest case: a QoS 1 or 2 PUBLISH whose remaining
@@ -327,7 +360,7 @@ class Outbox:
         name = b""
         fixed = 0
         journal = self.journal
-        while queue and room:
+        while queue and room and flying < limit:
             message = queue.popleft()
             payload = message.payload
             taken += len(message.topic) + len(payload)  # Message.size, without its call
@@ -342,6 +375,7 @@ class Outbox:
             message.packet_id = last
             inflight[last] = message
             room -= 1
+            flying += len(payload)
             if journal is not None:
                 journal.changed(message)
             if message.properties is not None or message.stage is not _PUBLISHED:
@@ -359,11 +393,13 @@ class Outbox:
                 append(encode_held(topic, payload, message.qos, message.retain, last, message.sent))
             message.sent = True
         self._bytes -= taken
+        self._flying = flying
         return out
 
     def _launch(self, message: Message, now: float) -> bytes:
         message.packet_id = self._free_id()
         self._inflight[message.packet_id] = message
+        self._flying += len(message.payload)
         return message.wire(now)
 
     def _free_id(self) -> int:

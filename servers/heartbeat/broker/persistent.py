@@ -148,6 +148,7 @@ class SessionStore:
         *,
         max_qos: int = 2,
         window: int = DEFAULT_WINDOW,
+        window_bytes: int = 0,
         max_queued: int = DEFAULT_MAX_QUEUED,
         max_queued_bytes: int = DEFAULT_MAX_QUEUED_BYTES,
         total_queued_bytes: int = DEFAULT_TOTAL_QUEUED_BYTES,
@@ -162,6 +163,8 @@ class SessionStore:
         self.may_read = may_read
         """Access rules: whether (username, client id) may read a topic; None lets everything through."""
         self.window = window
+        self.window_bytes = window_bytes
+        """Payload bytes in flight per session past which no more go (0: no bound)."""
         self.max_queued = max_queued
         self.max_queued_bytes = max_queued_bytes
         self.total_queued_bytes = total_queued_bytes
@@ -292,7 +295,9 @@ class SessionStore:
         if len(self._sessions) >= self.max_sessions:
             self.refused += 1
             return None
-        outbox = Outbox(self.window, self.max_queued, self.max_queued_bytes, attached=False)
+        outbox = Outbox(
+            self.window, self.max_queued, self.max_queued_bytes, window_bytes=self.window_bytes, attached=False
+        )
         stored = StoredSession(client_id, outbox, username, v5, self.expiry if expiry is None else expiry)
         self._sessions[client_id] = stored
         if self.journal is not None:

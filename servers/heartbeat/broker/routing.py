@@ -94,7 +94,7 @@ class Broker(Generic[S]):
     by ``budget`` (per subscriber and per worker, :mod:`.budget`): QoS 0 messages
     beyond are dropped, and a subscriber too far behind is cut off. QoS 1 and 2 go
     through the subscriber's outbox, whose window and queue bounds (``window``,
-    ``max_queued``) hold them until acknowledged; what an outbox releases, and the
+    ``window_bytes``, ``max_queued``) hold them until acknowledged; what an outbox releases, and the
     replies to a client's own packets, are never dropped. Every loss is counted, by
     reason (:attr:`dropped_by`).
     """
@@ -105,10 +105,14 @@ class Broker(Generic[S]):
         budget: SendBudget[S],
         window: int = DEFAULT_WINDOW,
         max_queued: int = DEFAULT_MAX_QUEUED,
+        *,
+        window_bytes: int = 0,
     ) -> None:
         self.subscriptions: Subscriptions[S] = Subscriptions(max_qos=max_qos)
         self.budget = budget
         self.window = window
+        self.window_bytes = window_bytes
+        """Payload bytes in flight per subscriber past which no more go (0: no bound)."""
         self.max_queued = max_queued
         self.delivered = 0
         self.denied = 0
@@ -295,7 +299,7 @@ class Broker(Generic[S]):
         if box is None:
             v5 = sub.v5
             window = self.window if v5 is None else min(self.window, v5.receive_maximum)
-            box = sub.held = Outbox(window, self.max_queued)
+            box = sub.held = Outbox(window, self.max_queued, window_bytes=self.window_bytes)
         lost = box.dropped
         self.write(sub, box.push(message))
         if box.dropped != lost:

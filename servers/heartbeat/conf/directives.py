@@ -59,9 +59,6 @@ DIRECTIVES: dict[str, Setting] = {
 }
 """Each directive that stands for one option, by name (``listener`` is a section)."""
 
-NEEDS = {"sys_interval": "--sys-interval", "pid_file": "--pid-file"}
-"""Mosquitto directives whose option other work adds: refused until it exists."""
-
 BRIDGE = "the bridge comes with issue 64; not supported yet"
 PLUGINS = "plugins are not supported: the password file (password_file) and the ACL (acl_file) are"
 _ENGINES = "OpenSSL engines (keys held in hardware) are not supported: give keyfile a PEM key"
@@ -92,20 +89,13 @@ REFUSED: dict[str, str] = {
     "clientid_prefixes": "not supported: any client id is let in (restrict topics with acl_file)",
     "auto_id_prefix": "not supported: a client without an id gets one of the server's own form",
     "autosave_on_changes": "not supported: autosave_interval counts seconds, never changes",
-    "message_size_limit": "not a limit of this server: use max_packet_size (the whole packet), "
-    "as Mosquitto itself recommends",
-    "max_inflight_bytes": "not supported: the in-flight window counts messages (max_inflight_messages)",
-    "retain_available": "this server always keeps retained messages (presence is retained)",
 }
 """Mosquitto directives the server does not honour, and why (a value that changes
-nothing, ``0`` for the limits whose 0 means none, ``true`` for ``retain_available``, is
-let through: see :data:`DEFAULT_VALUES`)."""
+nothing, ``0`` for the limits whose 0 means none, is let through: see
+:data:`DEFAULT_VALUES`)."""
 
 DEFAULT_VALUES = {
-    "message_size_limit": "0",
-    "max_inflight_bytes": "0",
     "memory_limit": "0",
-    "retain_available": "true",
 }
 """Refused directives written with Mosquitto's default value: what the server does already."""
 
@@ -225,7 +215,7 @@ SPECIAL = (
 
 def known() -> list[str]:
     """Every directive name this server knows, honoured or not."""
-    names = set(DIRECTIVES) | set(REFUSED) | set(IGNORED) | set(LISTENER_KEYS) | set(SPECIAL) | set(NEEDS)
+    names = set(DIRECTIVES) | set(REFUSED) | set(IGNORED) | set(LISTENER_KEYS) | set(SPECIAL)
     names.add("include_dir")
     return sorted(names)
 

@@ -23,7 +23,6 @@ from .directives import (
     IGNORED,
     LOG_LEVELS,
     MOSQUITTO_DB_MAGIC,
-    NEEDS,
     PERSISTENCE_FILE,
     PLUGINS,
     REFUSED,
@@ -138,8 +137,6 @@ class _Translation:
             self.warnings.append(f"{d.where}: {name}: ignored: {IGNORED[name]}")
         elif name in DIRECTIVES:
             self.setting(d, DIRECTIVES[name])
-        elif name in NEEDS:
-            raise d.error(f"not in this version of the server (it needs {NEEDS[name]})")
         else:
             raise d.error(f"unknown directive{nearest(name)}")
 

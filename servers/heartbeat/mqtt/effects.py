@@ -19,6 +19,7 @@ __all__ = [
     "RemoveSubscription",
     "Send",
     "SubscriptionRefused",
+    "TooLarge",
     "Will",
 ]
 
@@ -105,6 +106,16 @@ class Denied:
 
 
 @record
+class TooLarge:
+    """A PUBLISH whose payload is longer than ``--message-size-limit``: answered as
+    usual (with 0x95 in 5.0, as Mosquitto), neither routed nor retained."""
+
+    topic: str
+    size: int
+    """The payload's bytes."""
+
+
+@record
 class SubscriptionRefused:
     """A filter refused (0x80 in its SUBACK) because the client holds as many filters,
     or as many bytes of them, as the server allows (:class:`~.policy.SessionPolicy`)."""
@@ -147,5 +158,6 @@ Effect = (
     | HoldInbound
     | ReleaseInbound
     | Denied
+    | TooLarge
     | SubscriptionRefused
 )

@@ -35,6 +35,20 @@ The bounds and why they are what they are:
   ``$SYS/presence/#`` (or one device's topic). :func:`check_presence_prefix` says
   which prefixes a server may be given: ``presence/``, the prefix before issue 28, is
   one of them.
+- **Retained messages** (``--retain-available``), on unless told otherwise. Off, as
+  Mosquitto's ``retain_available false``: a client's PUBLISH with RETAIN 1 ends its
+  connection (5.0: DISCONNECT 0x9A, Retain not supported, which its CONNACK announced
+  with Retain Available 0; 3.1.1 has no way to say it, the connection just closes), and
+  a CONNECT whose Will has RETAIN 1 is refused (5.0: CONNACK 0x9A; 3.1.1: closed
+  unanswered). Presence events are the server's own, not a client's: they stay
+  retained unless ``--no-retain-presence``.
+- **Payloads** (``--message-size-limit``), unbounded (0) unless told otherwise; the
+  whole packet is bounded anyway by ``--max-packet-size``. A PUBLISH whose payload is
+  longer is neither routed nor retained but answered, as Mosquitto 2.0 does: QoS 0
+  dropped, QoS 1 PUBACK, QoS 2 PUBREC, with 0x97 (Quota exceeded) in 5.0, where
+  Mosquitto sends 0x95, which MQTT 5 allows in neither (paho takes it for a malformed
+  packet, reconnects and sends the message again, for ever). A Will's
+  payload longer refuses the CONNECT: CONNACK 0x95 in 5.0, 5 (not authorized) in 3.1.1.
 """
 
 from __future__ import annotations
@@ -150,6 +164,11 @@ class SessionPolicy:
     session_expiry: int = 24 * 3600
     """Seconds a persistent session is kept (what a 5.0 client asking any non-zero
     Session Expiry Interval is told, in CONNACK)."""
+
+    retain_available: bool = True
+    """Whether clients may publish retained messages (and Wills); see the module docs."""
+    message_size_limit: int = 0
+    """The longest payload a client's PUBLISH or Will may carry, in bytes; 0: no limit."""
 
     def reserved(self, topic: str) -> bool:
         """Whether only the server writes ``topic``: presence and the ``$`` topics."""

@@ -27,6 +27,7 @@ from .effects import (
     RemoveSubscription,
     Send,
     SubscriptionRefused,
+    TooLarge,
     Will,
 )
 from .filters import SHARE_PREFIX, shared_filter
@@ -114,6 +115,11 @@ class Session:
     ``permissions``, set by the server once the client is known, refuses a
     subscription (0x80 in SUBACK) or drops a publish (3.1.1 has no refusal for one:
     it is acknowledged, dropped and counted).
+
+    Without ``retain_available`` a retained PUBLISH, or a CONNECT whose Will is retained,
+    closes the connection unanswered (3.1.1 has no code for it; Mosquitto does the
+    same); a payload past ``message_size_limit`` is acknowledged and dropped
+    (:class:`~.effects.TooLarge`), a Will's refuses the CONNECT with CONNACK 5.
 
     QoS 2 from the client is exactly once (4.3.3, method B): a PUBLISH whose packet id
     is held (PUBREC sent, no PUBREL yet) is acknowledged again but not routed again.
@@ -254,6 +260,9 @@ class Session:
         self.protocol_level = packet.protocol_level
         client_id = packet.client_id
         policy = self._policy
+        if packet.will_retain and packet.will_topic is not None and not policy.retain_available:
+            # As Mosquitto: read from the flags, before anything else; no CONNACK code says it.
+            raise ProtocolError("retain-not-supported", detail="a retained Will (--retain-available false)")
         if not client_id and packet.protocol_level == 3:
             # MQTT 3.1 requires an id (1 to 23 characters; longer ones are taken, as by Mosquitto).
             raise ProtocolError(
@@ -267,6 +276,12 @@ class Session:
                 "identifier-rejected",
                 connack_code=2,
                 detail=f"a client id of {utf8_length(client_id)} bytes (at most {policy.max_client_id})",
+            )
+        limit = policy.message_size_limit
+        if limit and packet.will_topic is not None and len(packet.will_message or b"") > limit:
+            # Mosquitto 2.0 answers 5 (not authorized): 3.1.1 has no code for a size.
+            raise ProtocolError(
+                "will-too-large", connack_code=5, detail=f"a Will payload over --message-size-limit {limit}"
             )
         username = packet.username
         if username is not None and utf8_length(username) > policy.max_username:
@@ -349,6 +364,18 @@ class Session:
     def _publish(self, packet: packets.Publish) -> list[Effect]:
         effects: list[Effect] = []
         packet_id = packet.packet_id
+        policy = self._policy
+        if packet.retain and not policy.retain_available:
+            raise ProtocolError("retain-not-supported", detail="a retained PUBLISH (--retain-available false)")
+        limit = policy.message_size_limit
+        if limit and len(packet.payload) > limit:
+            # Answered, never held (a PUBREL for it gets its PUBCOMP all the same), nor routed.
+            effects.append(TooLarge(packet.topic, len(packet.payload)))
+            if packet.qos == 1 and packet_id is not None:
+                effects.append(Send(encoders.encode_puback(packet_id)))
+            elif packet.qos == 2 and packet_id is not None:
+                effects.append(Send(encoders.encode_pubrec(packet_id)))
+            return effects
         if packet.qos == 2 and packet_id is not None:
             inbound = self.inbound
             if inbound is None:
@@ -361,12 +388,12 @@ class Session:
             inbound.add(packet_id)
             effects.append(HoldInbound(packet_id))
         topic = packet.topic
-        if self._policy.reserved(topic) or (self.permissions is not None and not self.permissions.may_publish(topic)):
+        if policy.reserved(topic) or (self.permissions is not None and not self.permissions.may_publish(topic)):
             # Presence (and every $ topic) is the server's to publish; a device may not forge it.
             self.denied_publishes += 1
             effects.append(Denied(topic))
         else:
-            effects.append(Publication(topic, packet.payload, min(packet.qos, self._policy.max_qos), packet.retain))
+            effects.append(Publication(topic, packet.payload, min(packet.qos, policy.max_qos), packet.retain))
         if packet.qos == 1 and packet_id is not None:
             effects.append(Send(encoders.encode_puback(packet_id)))
         elif packet.qos == 2 and packet_id is not None:

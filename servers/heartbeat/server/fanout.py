@@ -26,6 +26,7 @@ from ..mqtt.effects import (
     ReleaseInbound,
     RemoveSubscription,
     SubscriptionRefused,
+    TooLarge,
     Will,
 )
 from ..mqtt.publication import Publication
@@ -36,7 +37,7 @@ __all__ = ["Exchange", "FanOut"]
 
 logger = logging.getLogger("servers.heartbeat")
 
-Exchange = Acknowledged | HoldInbound | ReleaseInbound | Denied | SubscriptionRefused
+Exchange = Acknowledged | HoldInbound | ReleaseInbound | Denied | SubscriptionRefused | TooLarge
 """Session effects both engines hand to :meth:`FanOut.exchanged` as they are."""
 
 
@@ -64,7 +65,9 @@ class FanOut:
             config.max_outbox_bytes,
             grace=config.send_timeout,
         )
-        self.broker: Broker[Connection] = Broker(config.max_qos, budget, config.max_inflight, config.max_queued)
+        self.broker: Broker[Connection] = Broker(
+            config.max_qos, budget, config.max_inflight, config.max_queued, window_bytes=config.max_inflight_bytes
+        )
         self.broker.checks_reads = config.acl is not None
         self.broker.persist = self._persist
         self.broker.unserved = self._elsewhere
@@ -217,6 +220,11 @@ class FanOut:
         if isinstance(effect, Denied):
             self.counters["denied_publishes"] += 1
             self._refusal(conn, "publish", f"publish to {shown(effect.topic)} denied")
+            return
+        if isinstance(effect, TooLarge):
+            self.counters["dropped_too_large"] += 1
+            what = f"a {effect.size}-byte payload to {shown(effect.topic)} dropped: over --message-size-limit"
+            self._refusal(conn, "too-large", what)
             return
         if isinstance(effect, SubscriptionRefused):
             self.counters["refused_subscriptions"] += 1

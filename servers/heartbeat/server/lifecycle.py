@@ -144,6 +144,8 @@ class HeartbeatServer:
             topic_alias_maximum=config.max_topic_alias,
             outbound_topic_aliases=config.outbound_topic_aliases,
             session_expiry=int(config.session_expiry),
+            retain_available=config.retain_available,
+            message_size_limit=config.message_size_limit,
         )
         """What every connection's session applies (one object for them all, but those
         of a listener of its own ``max_qos`` or ``max_topic_alias``)."""

@@ -46,6 +46,10 @@ COUNTERS: Iterable[tuple[str, str]] = (
     ("refused_wills", "CONNECTs refused (5): a Will on a topic the client may not publish to (presence, $, the ACL)."),
     ("denied_wills", "Wills not published: the ACL, reloaded since the CONNECT, no longer lets the client write."),
     ("denied_publishes", "PUBLISHes dropped: the ACL (or the presence prefix) does not let the client write there."),
+    (
+        "dropped_too_large",
+        "PUBLISHes dropped unrouted: a payload over --message-size-limit (acknowledged, 0x97 in MQTT 5).",
+    ),
     ("refused_subscriptions", "Filters refused in SUBACK: the client held --max-subscriptions or its bytes already."),
     ("acl_reloads", "ACL file reloads (SIGHUP)."),
     ("subscribe_settles", "SUBACKs held until every other worker routed by the new subscription."),

@@ -34,6 +34,7 @@ def session_store(config: HeartbeatConfig) -> SessionStore:
     return SessionStore(
         max_qos=config.max_qos,
         window=config.max_inflight,
+        window_bytes=config.max_inflight_bytes,
         max_queued=config.max_queued,
         max_queued_bytes=config.max_queued_bytes,
         expiry=config.session_expiry,

@@ -279,6 +279,15 @@ SETTINGS: tuple[Setting, ...] = (
         group=_QUEUES,
     ),
     Setting(
+        "--max-inflight-bytes",
+        count("bytes", least=0),
+        0,
+        "payload bytes of those in flight past which no more are sent, as Mosquitto's max_inflight_bytes: "
+        "one message always goes when none is in flight, and the last let in may pass the bound "
+        "(default: 0, no bound)",
+        group=_QUEUES,
+    ),
+    Setting(
         "--max-queued",
         count("messages", least=0),
         1000,
@@ -325,6 +334,25 @@ SETTINGS: tuple[Setting, ...] = (
         512 * _MIB,
         "bytes of retained topics and payloads kept (presence not included); beyond, new ones are "
         "refused and counted (default: 512 MiB)",
+        group=_QUEUES,
+    ),
+    Setting(
+        "--retain-available",
+        Choice(("true", "false")),
+        "true",
+        "false: clients may not publish retained messages, as Mosquitto's retain_available false: an MQTT 5 "
+        "CONNACK says Retain Available 0, a PUBLISH with RETAIN 1 ends the connection (5.0: DISCONNECT 0x9A) "
+        "and a retained Will refuses the CONNECT (5.0: CONNACK 0x9A); presence stays retained unless "
+        "--no-retain-presence (default: true)",
+        group=_QUEUES,
+    ),
+    Setting(
+        "--message-size-limit",
+        count("bytes", least=0, most=MAX_REMAINING_LENGTH),
+        0,
+        "longest payload a client's PUBLISH or Will may carry, as Mosquitto's message_size_limit: a longer "
+        "PUBLISH is acknowledged (0x97 in MQTT 5), neither routed nor retained, and counted; a longer Will "
+        "refuses the CONNECT (5, or 0x95 in 5.0). 0: no limit but --max-packet-size (default: 0)",
         group=_QUEUES,
     ),
     # Durable state.

@@ -85,7 +85,7 @@ class RedisCoordinator(Coordinator, FleetCounts):
 
     Persistent sessions and retained messages take the options of
     :class:`~..inprocess.InProcessCoordinator`'s store and retention: ``max_qos``,
-    ``max_inflight`` (the window), ``max_queued`` and ``max_queued_bytes`` per
+    ``max_inflight`` (the window) and ``max_inflight_bytes``, ``max_queued`` and ``max_queued_bytes`` per
     session, ``total_queued_bytes`` over all, ``session_expiry`` (seconds),
     ``may_read`` (the ACL per message, as :attr:`SessionStore.may_read`; None lets
     everything through), ``retain_presence``, ``presence_offline_ttl`` (None: while
@@ -114,6 +114,7 @@ class RedisCoordinator(Coordinator, FleetCounts):
         timeout: float = 2.0,
         max_qos: int = 2,
         max_inflight: int = DEFAULT_WINDOW,
+        max_inflight_bytes: int = 0,
         max_queued: int = DEFAULT_MAX_QUEUED,
         max_queued_bytes: int = DEFAULT_MAX_QUEUED_BYTES,
         total_queued_bytes: int = DEFAULT_TOTAL_QUEUED_BYTES,
@@ -153,6 +154,7 @@ class RedisCoordinator(Coordinator, FleetCounts):
             node=node,
             max_qos=max_qos,
             window=max_inflight,
+            window_bytes=max_inflight_bytes,
             max_queued=max_queued,
             max_queued_bytes=max_queued_bytes,
             total_queued_bytes=total_queued_bytes,

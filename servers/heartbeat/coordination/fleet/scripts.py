@@ -13,7 +13,8 @@ keys it is given (:mod:`.shards`): a shard's for presence, the hub's for the res
 so each script call is given at least one key, which routes it.
 
 ``persistent_session.lua`` does every session operation (ARGV[3] names it) so that
-its helpers exist once. ARGV: prefix, node, op, window, max queued, max queued
+its helpers exist once. ARGV: prefix, node, op, window (its messages, then ``/`` and its
+payload bytes if they are bounded: ``20/4096``), max queued, max queued
 bytes, total queued bytes, expiry (ms), route stream maxlen, route stream ttl (ms),
 notices maxlen, then the operation's own arguments from ARGV[12] on.
 

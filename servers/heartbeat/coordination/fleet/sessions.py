@@ -140,6 +140,7 @@ class PersistentSessions:
         node: str,
         max_qos: int,
         window: int,
+        window_bytes: int = 0,
         max_queued: int,
         max_queued_bytes: int,
         total_queued_bytes: int,
@@ -155,9 +156,11 @@ class PersistentSessions:
         self.k_route = keys.psessions
         self.node = node
         self.max_qos = max_qos
-        # The session script's fixed arguments after (prefix, node, op).
+        # The session script's fixed arguments after (prefix, node, op); the window's bytes
+        # ride on its count (scripts.py) so that no other argument moves.
+        window_arg = f"{window}/{window_bytes}" if window_bytes else str(window)
         self._bounds = [
-            str(window), str(max_queued), str(max_queued_bytes), str(total_queued_bytes),
+            window_arg, str(max_queued), str(max_queued_bytes), str(total_queued_bytes),
             str(int(expiry * 1000)), str(ROUTE_MAXLEN), str(ROUTE_TTL_MS), str(NOTICE_MAXLEN),
         ]  # fmt: skip
         self.attached: dict[str, str] = {}

@@ -22,7 +22,11 @@ presence, the coordinator) serves both versions alike. What differs is said here
   maximum exceeded, ``0x94`` topic alias invalid, ``0x95`` packet too large, ...).
 - **PUBLISH**: topic aliases from the client, the properties that reach subscribers
   (:func:`.outbound.forwarded`), a refused publish answered ``0x87`` (not authorized)
-  in its PUBACK or PUBREC rather than silently, as 3.1.1 must.
+  in its PUBACK or PUBREC rather than silently, as 3.1.1 must; a payload past
+  ``--message-size-limit`` likewise with ``0x97`` (Mosquitto's ``0x95`` is no PUBACK
+  code: paho drops the connection and resends); RETAIN 1 without
+  ``--retain-available`` is DISCONNECT ``0x9A`` (CONNACK ``0x9A`` for a retained Will,
+  Retain Available 0 in every CONNACK), as Mosquitto 2.0 answers.
 - **SUBSCRIBE**: a reason code per filter (``0x87`` the access rules refuse it,
   ``0x97`` the client's share of filters is used up, ``0x9E`` a shared subscription),
   and Retain Handling.
@@ -47,6 +51,7 @@ from ..effects import (
     RemoveSubscription,
     Send,
     SubscriptionRefused,
+    TooLarge,
     Will,
 )
 from ..endings import Offline
@@ -171,6 +176,7 @@ class Session5(Session):
             assigned_client_identifier=self.client_id if self.assigned else None,
             topic_alias_maximum=policy.topic_alias_maximum or None,
             server_keep_alive=self.told_keep_alive,
+            retain_available=None if policy.retain_available else 0,
         )
         return pack(Connack(session_present, 0, props))
 
@@ -241,6 +247,8 @@ class Session5(Session):
         policy = self._policy
         props = packet.properties
         client_id = packet.client_id
+        if packet.will is not None and packet.will.retain and not policy.retain_available:
+            raise PacketError(R.RETAIN_NOT_SUPPORTED, "a retained Will (--retain-available false)")
         if props.authentication_method is not None:
             raise PacketError(R.BAD_AUTHENTICATION_METHOD, repr(props.authentication_method[:32]))
         bad = forbidden_character(client_id)
@@ -280,6 +288,8 @@ class Session5(Session):
             topic = will.topic
             if not topic or "+" in topic or "#" in topic or forbidden_character(topic) is not None:
                 raise PacketError(R.TOPIC_NAME_INVALID, f"the Will topic {topic[:64]!r}")
+            if policy.message_size_limit and len(will.payload) > policy.message_size_limit:
+                raise PacketError(R.PACKET_TOO_LARGE, f"a Will payload over {policy.message_size_limit} bytes")
             wp = will.properties
             # It goes at the delay's end or the session's, whichever is first (§3.1.3.2.2).
             asked_delay = wp.will_delay_interval or 0
@@ -303,6 +313,8 @@ class Session5(Session):
 
     def _publish5(self, packet: Publish) -> list[Effect]:
         policy = self._policy
+        if packet.retain and not policy.retain_available:
+            raise PacketError(R.RETAIN_NOT_SUPPORTED, "a retained PUBLISH (--retain-available false)")
         props = packet.properties
         topic = packet.topic
         alias = props.topic_alias
@@ -330,7 +342,14 @@ class Session5(Session):
         packet_id = packet.packet_id
         effects: list[Effect] = []
         code = 0
-        if self.reserved(topic) or (self.permissions is not None and not self.permissions.may_publish(topic)):
+        limit = policy.message_size_limit
+        if limit and len(packet.payload) > limit:
+            # Judged before the access rules, as Mosquitto. It answers 0x95, which MQTT 5 does
+            # not allow in a PUBACK or PUBREC: paho reads it as a malformed packet, reconnects
+            # and sends the message again, for ever. 0x97 (an administrative limit) ends it.
+            effects.append(TooLarge(topic, len(packet.payload)))
+            code = R.QUOTA_EXCEEDED
+        elif self.reserved(topic) or (self.permissions is not None and not self.permissions.may_publish(topic)):
             # Presence (and every $ topic) is the server's to publish; told so, unlike 3.1.1.
             self.denied_publishes += 1
             effects.append(Denied(topic))

@@ -1,6 +1,10 @@
 
 local prefix, me, op = ARGV[1], ARGV[2], ARGV[3]
-local window, max_queued = tonumber(ARGV[4]), tonumber(ARGV[5])
+-- ARGV[4]: the window's messages, then, if its payload bytes are bounded, '/' and the
+-- bound ('20/4096'), so that every other argument keeps its place.
+local window_arg, max_queued = ARGV[4], tonumber(ARGV[5])
+local window = tonumber(window_arg:match('^%d+'))
+local window_bytes = tonumber(window_arg:match('/(%d+)$') or '0')
 local max_qbytes, total_max = tonumber(ARGV[6]), tonumber(ARGV[7])
 local expiry, route_max, route_ttl, notice_max = tonumber(ARGV[8]), ARGV[9], ARGV[10], ARGV[11]
 local clock = redis.call('TIME')
@@ -67,6 +71,22 @@ local function send(cid, holder, node, packets)
   redis.call('PEXPIRE', stream, route_ttl)
 end
 
+-- Payload bytes in flight: ps:<cid> 'fb', kept as messages go and are acknowledged
+-- (recounted at each attach). Not added when 0: Lua may write -0, which HINCRBY refuses.
+local function flying(s, n)
+  if n ~= 0 then redis.call('HINCRBY', s, 'fb', n) end
+end
+
+-- Whether the window takes one more message: fewer than ``window`` in flight and, if
+-- bounded, payload bytes in flight below ``window_bytes``, as Mosquitto's
+-- db__ready_for_flight (servers.heartbeat.broker.outbox.Outbox.admits): the message is
+-- not weighed first, so one always goes when none is in flight.
+local function admits(cid)
+  if redis.call('HLEN', key('pfl', cid)) >= window then return false end
+  if window_bytes == 0 then return true end
+  return tonumber(redis.call('HGET', key('ps', cid), 'fb') or '0') < window_bytes
+end
+
 -- In flight: pfl:<cid> id -> msgpack {seq, qos, retain, stage (1 sent, 2 released),
 -- topic, payload, props, born}. ``props`` and ``born`` (ms) are an MQTT 5 message's.
 local function launch(cid, qos, retain, topic, payload, props, born)
@@ -75,6 +95,7 @@ local function launch(cid, qos, retain, topic, payload, props, born)
   repeat id = id % 65535 + 1 until redis.call('HEXISTS', fl, id) == 0
   local seq = redis.call('HINCRBY', s, 'seq', 1)
   redis.call('HSET', s, 'lastid', id)
+  flying(s, #payload)
   redis.call('HSET', fl, id, cmsgpack.pack({seq, qos, retain, 1, topic, payload, props or '', born or 0}))
   local sent = nil
   if speaks5(cid) then sent = counted(props or '', born, true) end
@@ -86,7 +107,7 @@ end
 local function fill(cid, packets)
   local q, fl = key('pq', cid), key('pfl', cid)
   local freed = 0
-  while redis.call('HLEN', fl) < window do
+  while admits(cid) do
     local raw = redis.call('LPOP', q)
     if not raw then break end
     local m = cmsgpack.unpack(raw)
@@ -121,7 +142,7 @@ local function push(cid, qos, retain, topic, payload, props)
   local born = 0
   if expiry_at(props) then born = now end
   if cur[1] ~= '' then
-    if redis.call('LLEN', q) == 0 and redis.call('HLEN', key('pfl', cid)) < window then
+    if redis.call('LLEN', q) == 0 and admits(cid) then
       send(cid, cur[1], cur[2], {launch(cid, qos, retain, topic, payload, props, born)})
       return 1
     end
@@ -196,8 +217,13 @@ local function attach(cid, epoch, s, old_node)
   redis.call('SADD', prefix .. 'pheld:' .. me, cid)
   redis.call('ZADD', sessions, '+inf', cid)
   local flat = redis.call('HGETALL', key('pfl', cid))
-  local held = {}
-  for i = 1, #flat, 2 do held[#held + 1] = {tonumber(flat[i]), cmsgpack.unpack(flat[i + 1])} end
+  local held, bytes = {}, 0
+  for i = 1, #flat, 2 do
+    held[#held + 1] = {tonumber(flat[i]), cmsgpack.unpack(flat[i + 1])}
+    bytes = bytes + #held[#held][2][6]
+  end
+  -- Recounted from what is in flight: a session kept before 'fb' existed starts right.
+  redis.call('HSET', s, 'fb', bytes)
   table.sort(held, function(a, b) return a[2][1] < b[2][1] end)
   local packets = {}
   local v5 = speaks5(cid)
@@ -436,6 +462,7 @@ elseif op == 'ack' or op == 'acks' then
     if kind == 'puback' then
       if m[2] ~= 1 then return end
       redis.call('HDEL', fl, pid)
+      flying(s, -#m[6])
       fill(cid, packets)
     elseif kind == 'pubrec' then
       if m[2] ~= 2 then return end
@@ -445,6 +472,7 @@ elseif op == 'ack' or op == 'acks' then
     elseif kind == 'pubcomp' then
       if m[4] ~= 2 then return end
       redis.call('HDEL', fl, pid)
+      flying(s, -#m[6])
       fill(cid, packets)
     end
   end
