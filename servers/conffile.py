@@ -11,9 +11,14 @@ The format, as Mosquitto 2.0 reads it:
   Mosquitto sorts them (by name, ignoring case first, then upper case before lower
   case); only the main file's ``include_dir`` counts, an included file's is ignored,
   as Mosquitto does (the caller is told in a warning);
-- some directives begin a section (``listener PORT [ADDRESS]``, a bridge's
-  ``connection NAME``) that runs to the next one *in the same file*: an included file
-  starts outside any section, as in Mosquitto, whose current listener is a file's own.
+- some directives begin a section (``listener PORT [ADDRESS]``) that runs to the next
+  one *in the same file*: an included file starts outside any section, as in
+  Mosquitto, whose current listener is a file's own;
+- a bridge's ``connection NAME`` begins a section of another kind, which runs beside
+  the listener's: Mosquitto keeps its current bridge and its current listener apart, so
+  a listener's line below a ``connection`` is still its listener's, and a bridge's
+  line below a ``listener`` still its bridge's (to the next ``connection``, in the
+  same file).
 
 What a file cannot be read, or a line cannot be, is a :class:`ConfigError` whose
 message is one line, ``FILE:LINE: DIRECTIVE: reason``.
@@ -43,7 +48,9 @@ class Directive:
     file: str
     line: int
     section: Directive | None = None
-    """The directive that began the section this one is in (None: the file's global part)."""
+    """The directive that began the listener section this one is in (None: the file's global part)."""
+    bridge: Directive | None = None
+    """The ``connection`` directive that began the bridge section this one is in (None: none)."""
 
     @property
     def where(self) -> str:
@@ -71,11 +78,14 @@ class Parsed:
     """The files read, the main one first."""
 
 
-def read_config(path: str, *, sections: Collection[str] = ("listener", "connection")) -> Parsed:
+def read_config(
+    path: str, *, sections: Collection[str] = ("listener",), bridges: Collection[str] = ("connection",)
+) -> Parsed:
     """The directives of the file at ``path`` (and of the ``include_dir`` files), each in
-    the section begun by the last of ``sections`` above it in its own file."""
+    the section begun by the last of ``sections`` above it in its own file, and in the
+    bridge section begun by the last of ``bridges``."""
     parsed = Parsed()
-    _read(path, parsed, sections, top=True)
+    _read(path, parsed, (sections, bridges), top=True)
     return parsed
 
 
@@ -86,7 +96,10 @@ def include_order(names: Collection[str]) -> list[str]:
     return sorted(names, key=lambda name: [(ord(c.upper()) if c.isascii() else ord(c), ord(c)) for c in name])
 
 
-def _read(path: str, parsed: Parsed, sections: Collection[str], *, top: bool, origin: Directive | None = None) -> None:
+_Kinds = tuple[Collection[str], Collection[str]]
+
+
+def _read(path: str, parsed: Parsed, kinds: _Kinds, *, top: bool, origin: Directive | None = None) -> None:
     try:
         with open(path, "rb") as f:
             raw = f.read()
@@ -94,7 +107,9 @@ def _read(path: str, parsed: Parsed, sections: Collection[str], *, top: bool, or
         reason = f"cannot read {path}: {exc.strerror}"
         raise (origin.error(reason) if origin is not None else ConfigError(reason)) from None
     parsed.files.append(path)
+    sections, bridges = kinds
     section: Directive | None = None
+    bridge: Directive | None = None
     for number, line_bytes in enumerate(raw.splitlines(), start=1):
         try:
             line = line_bytes.decode("utf-8").strip()
@@ -105,18 +120,21 @@ def _read(path: str, parsed: Parsed, sections: Collection[str], *, top: bool, or
         words = line.split(None, 1)
         name = words[0]
         rest = words[1].strip() if len(words) > 1 else ""
-        directive = Directive(name, rest, path, number, section)
+        directive = Directive(name, rest, path, number, section, bridge)
         if name == "include_dir":
             if not top:
                 # Mosquitto reads include_dir in the main file only, and says nothing.
                 parsed.warnings.append(f"{directive.where}: include_dir: ignored: only the main file's is read")
                 continue
             for included in _included(directive):
-                _read(included, parsed, sections, top=False, origin=directive)
+                _read(included, parsed, kinds, top=False, origin=directive)
             continue
-        if name in sections:
-            directive = Directive(name, rest, path, number, None)
-            section = directive
+        if name in sections or name in bridges:
+            directive = Directive(name, rest, path, number)
+            if name in sections:
+                section = directive
+            else:
+                bridge = directive
         parsed.directives.append(directive)
 
 

@@ -96,7 +96,7 @@ HEARTBEAT = "servers.heartbeat"
 RANKS: tuple[tuple[str, ...], ...] = (
     ("mqtt",),
     ("presence", "broker", "security"),
-    ("coordination", "listener"),
+    ("coordination", "listener", "bridge"),
     ("config",),
     ("settings", "server"),
     ("transports",),

@@ -187,7 +187,7 @@ def test_directives_become_the_options_they_stand_for(conf: Write) -> None:
         ("psk_hint hint", "psk_hint: TLS-PSK is not supported"),
         ("mount_point a/", "mount_point: mount points are not supported"),
         ("memory_limit 1000", "memory_limit: not supported"),
-        ("connection bridge-1", "connection: the bridge comes with issue 64; not supported yet"),
+        ("connection bridge-1", "connection: bridge bridge-1 has no address (address HOST[:PORT]"),
         ("address 10.0.0.1:1883", "address: a bridge's directive (of a connection section): the bridge comes with"),
         ("listener 0 /tmp/mosquitto.sock", "listener: port 0 is Mosquitto's Unix socket listener"),
         ("listener 70000", "listener: the port must be from 1 to 65535, not 70000"),
@@ -426,7 +426,10 @@ def run_cli(*argv: str) -> subprocess.CompletedProcess[str]:
     ("lines", "expected"),
     [
         (("max_keepalive 60", "max_keepalive 0"), ":2: max_keepalive: must be a whole number of seconds"),
-        (("# bridge", "connection to-cloud", "address 10.0.0.1"), ":2: connection: the bridge comes with issue 64"),
+        (
+            ("# bridge", "connection to-cloud", "address 10.0.0.1", "topic sensors/#"),
+            ":2: connection: the bridge comes with issue 64: this bridge is read and checked (to-cloud to 10.0.0",
+        ),
         (("listener 1883 127.0.0.1", "max_keepalivee 5"), ":2: max_keepalivee: unknown directive (did you mean"),
     ],
 )

@@ -12,7 +12,8 @@ them to it)::
     settings.py server/            every option, declared once; a connection's life, on trio
     config.py                      the settings as a worker takes them
     coordination/ listener.py      what workers and gateways share (fleet/: on Redis);
-                                   one listener as an operator writes it
+    bridge/                        one listener, and one bridge (a connection section)
+                                   with its topic mapping, as an operator writes them
     presence/ broker/ security/    presence events; routing and stored state; the rules
     mqtt/                          the protocol, sans-IO
 

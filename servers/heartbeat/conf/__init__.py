@@ -21,11 +21,15 @@ The directives:
 - every option of the server that Mosquitto has no name for, named as the option
   without its dashes, ``_`` for ``-`` (``--presence-prefix`` is ``presence_prefix``);
   a flag takes ``true`` or ``false``;
+- a bridge's ``connection`` section is read whole and checked (:mod:`..bridge`), so a
+  wrong line is refused at its line, then refused as a whole: the bridge comes with
+  issue 64, and until it runs a file with one does not start the server;
 - Mosquitto's others are refused saying why (:data:`REFUSED`), or ignored with a
   warning where they change nothing that matters here (:data:`IGNORED`).
 
 Its modules: :mod:`.directives` (the tables: each directive's option, refusal or
-warning) and :mod:`.translation` (the file's directives to arguments).
+warning), :mod:`.translation` (the file's directives to arguments) and
+:mod:`.bridges` (the file's bridges, checked).
 """
 
 from __future__ import annotations

@@ -9,6 +9,7 @@ from __future__ import annotations
 import difflib
 
 from ...settings import Setting
+from ..bridge import SECTION_DIRECTIVES
 from ..listener import LISTENER_KEYS
 from ..settings import SETTINGS
 
@@ -59,13 +60,12 @@ DIRECTIVES: dict[str, Setting] = {
 }
 """Each directive that stands for one option, by name (``listener`` is a section)."""
 
-BRIDGE = "the bridge comes with issue 64; not supported yet"
+BRIDGE = "the bridge comes with issue 64"
 PLUGINS = "plugins are not supported: the password file (password_file) and the ACL (acl_file) are"
 _ENGINES = "OpenSSL engines (keys held in hardware) are not supported: give keyfile a PEM key"
 _PSK = "TLS-PSK is not supported (Python's ssl module serves certificates): use certfile and keyfile"
 
 REFUSED: dict[str, str] = {
-    "connection": BRIDGE,
     "auth_plugin": PLUGINS,
     "plugin": PLUGINS,
     "auth_plugin_deny_special_chars": PLUGINS,
@@ -99,49 +99,12 @@ DEFAULT_VALUES = {
 }
 """Refused directives written with Mosquitto's default value: what the server does already."""
 
-BRIDGE_DIRECTIVES = (
-    "address",
-    "addresses",
-    "bridge_alpn",
-    "bridge_attempt_unsubscribe",
-    "bridge_bind_address",
-    "bridge_cafile",
-    "bridge_capath",
-    "bridge_certfile",
-    "bridge_identity",
-    "bridge_insecure",
-    "bridge_keyfile",
-    "bridge_max_packet_size",
-    "bridge_outgoing_retain",
-    "bridge_protocol_version",
-    "bridge_psk",
-    "bridge_require_ocsp",
-    "bridge_tls_version",
-    "cleansession",
-    "clientid",
-    "idle_timeout",
-    "keepalive_interval",
-    "local_cleansession",
-    "local_clientid",
-    "local_password",
-    "local_username",
-    "notification_topic",
-    "notifications",
-    "notifications_local_only",
-    "password",
-    "remote_clientid",
-    "remote_password",
-    "remote_username",
-    "restart_timeout",
-    "round_robin",
-    "start_type",
-    "threshold",
-    "topic",
-    "try_private",
-    "username",
-)
+BRIDGE_DIRECTIVES = tuple(name for name in SECTION_DIRECTIVES if name != "connection")
+"""A bridge's directives (:mod:`..bridge`): read in a ``connection`` section (:mod:`.bridges`)."""
 for _name in BRIDGE_DIRECTIVES:
-    REFUSED[_name] = f"a bridge's directive (of a connection section): {BRIDGE}"
+    REFUSED[_name] = (
+        f"a bridge's directive (of a connection section): {BRIDGE}; here no connection NAME is above it in this file"
+    )
 
 IGNORED: dict[str, str] = {
     "user": "this server does not drop privileges: run it as the user it should run as (systemd's User=)",
@@ -202,6 +165,7 @@ EXPIRY_UNITS = {"h": 3600, "d": 86400, "w": 7 * 86400, "m": 30 * 86400, "y": 365
 
 SPECIAL = (
     "listener",
+    "connection",
     "per_listener_settings",
     "persistent_client_expiration",
     "persistence",

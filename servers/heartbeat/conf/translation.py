@@ -15,6 +15,7 @@ from ...config import LOG_FILE
 from ...settings import Flag, Host, Path, Setting, SettingError, Text
 from ..listener import LISTENER_KEYS, SECURITY_KEYS, ListenerSpec
 from ..settings import SETTINGS
+from .bridges import refuse_bridges
 from .directives import (
     DEFAULT_LISTENER,
     DEFAULT_VALUES,
@@ -76,7 +77,7 @@ def translate(path: str, given: set[str] | frozenset[str] = frozenset()) -> tupl
     """The command-line arguments the file at ``path`` stands for, leaving out the options
     in ``given`` (the command line's own), and the warnings."""
     parsed = read_config(path)
-    translation = _Translation(given)
+    translation = _Translation(given, parsed.directives)
     translation.warnings += parsed.warnings
     for directive in parsed.directives:
         translation.take(directive)
@@ -97,6 +98,8 @@ class _Translation:
     """The arguments, as the directives are taken one by one, then :meth:`finish`."""
 
     given: set[str] | frozenset[str]
+    directives: list[Directive] = field(default_factory=list)
+    """The whole file's (a bridge's section is read whole at its first line)."""
     arguments: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     per_listener: bool = False
@@ -187,6 +190,10 @@ class _Translation:
         section = _Listener(d, number, address)
         self.listeners.append(section)
         self.sections[d] = section
+
+    def connection(self, d: Directive) -> None:
+        """``connection NAME``: every bridge of the file read and checked, then refused (issue 64)."""
+        raise refuse_bridges(d, self.directives)
 
     def listener_key(self, d: Directive) -> None:
         """One of a listener's own directives: its section's, or the default listener's."""
@@ -398,6 +405,7 @@ def _parse(d: Directive, kind: Any, text: str) -> Any:
 
 _SPECIAL: dict[str, Callable[[_Translation, Directive], None]] = {
     "listener": _Translation.listener,
+    "connection": _Translation.connection,
     "per_listener_settings": _Translation.per_listener_settings,
     "persistent_client_expiration": _Translation.persistent_client_expiration,
     "persistence": _Translation.persistence_directive,
