@@ -7,7 +7,6 @@ will be, since nothing runs a bridge yet."""
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
 from dataclasses import fields
 from pathlib import Path
 
@@ -25,7 +24,10 @@ from servers.heartbeat.bridge import (
     parse_bridge,
 )
 from servers.heartbeat.bridge.section import ALIASES, REFUSED, SPECIAL
-from servers.heartbeat.conf import translate
+
+from .test_mosquitto_conf import Write, conf, refusal
+
+__all__ = ["conf"]  # the fixture, shared with the configuration tests
 from servers.settings import SettingError
 
 # The directives Mosquitto 2.0.11's conf.c reads into its current bridge (cur_bridge).
@@ -323,25 +325,6 @@ def test_a_bad_command_line_form_is_refused_saying_why(text: str, reason: str) -
 
 # -- in the configuration file -----------------------------------------------------------
 
-Write = Callable[..., str]
-
-
-@pytest.fixture
-def conf(tmp_path: Path) -> Write:
-    def write(*lines: str) -> str:
-        path = tmp_path / "mosquitto.conf"
-        path.write_text("\n".join(lines) + "\n")
-        return str(path)
-
-    return write
-
-
-def refusal(path: str) -> str:
-    with pytest.raises(ConfigError) as caught:
-        translate(path)
-    message = str(caught.value)
-    assert "\n" not in message
-    return message
 
 
 def test_a_bridge_section_runs_beside_the_listener_section(conf: Write) -> None:
