@@ -1,8 +1,8 @@
 """A bridge's configuration (issue 64): a Mosquitto ``connection`` section read line by
 line as Mosquitto 2.0.11 reads it into a :class:`BridgeSpec`, every directive it takes
-either read or refused saying why; the ``--bridge`` form to come, round-tripped; and
-the configuration file refusing a bad section at its line, a good one saying what it
-will be, since nothing runs a bridge yet."""
+either read or refused saying why; the ``--bridge`` form, round-tripped; and
+the configuration file refusing a bad section at its line, a good one becoming a
+``--bridge`` option."""
 
 from __future__ import annotations
 
@@ -22,8 +22,10 @@ from servers.heartbeat.bridge import (
     RestartTimeout,
     bridge_from_directives,
     parse_bridge,
+    parse_topic,
 )
 from servers.heartbeat.bridge.section import ALIASES, REFUSED, SPECIAL
+from servers.heartbeat.conf import expand_config
 
 from .test_mosquitto_conf import Write, conf, refusal
 
@@ -343,13 +345,40 @@ def test_a_bridge_section_runs_beside_the_listener_section(conf: Write) -> None:
     ]
 
 
-def test_a_good_bridge_is_refused_saying_what_it_will_be(conf: Write) -> None:
-    path = conf("listener 1883", "connection cloud", "address broker.example:8883", "topic a/#", "topic b in")
-    assert refusal(path) == (
-        f"{path}:2: connection: the bridge comes with issue 64: this bridge is read and checked "
-        "(cloud to broker.example:8883, 2 topics), but nothing runs a bridge yet: "
-        "remove the section to start the server"
+def test_a_good_bridge_becomes_a_bridge_option(conf: Write) -> None:
+    path = conf(
+        "listener 1883",
+        "connection cloud",
+        "address broker.example:8883",
+        "topic a/# out 1",
+        "max_qos 1",  # the listener's, still
+        "topic b in",
+        "keepalive_interval 30",
+        "connection other",
+        "address h",
+        "topic c both",
     )
+    arguments, warnings = expand_config(["-c", str(path)])
+    given = [arguments[i + 1] for i, a in enumerate(arguments) if a == "--bridge"]
+    assert [parse_bridge(url) for url in given] == [
+        BridgeSpec(
+            "cloud",
+            (BridgeAddress("broker.example", 8883),),
+            (parse_topic("a/# out 1"), parse_topic("b in")),
+            keepalive_interval=30,
+        ),
+        BridgeSpec("other", (BridgeAddress("h"),), (parse_topic("c both"),)),
+    ]
+    # Anonymous clients are refused (Mosquitto 2's default with a listener), and the
+    # bridge joins this server as a client: each bridge without local credentials is told.
+    assert [w.partition(": connection: ")[0] for w in warnings] == [f"{path}:2", f"{path}:8"]
+    assert "give it local_username and local_password" in warnings[0]
+
+
+def test_a_bridge_on_the_command_line_replaces_the_files(conf: Write) -> None:
+    path = conf("connection cloud", "address h", "topic a")
+    arguments, _ = expand_config(["-c", str(path), "--bridge", "mqtt://g/mine?topic=b"])
+    assert [a for a in arguments if "://" in a] == ["mqtt://g/mine?topic=b"]
 
 
 @pytest.mark.parametrize(
@@ -375,7 +404,7 @@ def test_a_good_bridge_is_refused_saying_what_it_will_be(conf: Write) -> None:
         ),
         # A line the bridge does not read comes after the bridge's own refusal.
         (("connection cloud", "address h", "max_keepalive 0"), ":2: connection: bridge cloud has no topic"),
-        (("address h",), ":2: address: a bridge's directive (of a connection section): the bridge comes with issue 64"),
+        (("address h",), ":2: address: a bridge's directive, of a connection section: here no connection NAME"),
     ],
 )
 def test_a_bad_bridge_in_a_file_is_refused_at_its_line_before_the_bridge_is(

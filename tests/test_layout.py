@@ -100,6 +100,7 @@ RANKS: tuple[tuple[str, ...], ...] = (
     ("config",),
     ("settings", "server"),
     ("transports",),
+    ("bridging",),
     ("worker", "conf"),
     ("auth", "__main__"),
     ("",),

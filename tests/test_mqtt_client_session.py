@@ -268,6 +268,50 @@ def test_inbound_qos_0_and_1(version: int) -> None:
     assert [shape(p) for p in remote.read(session)] == [("PUBACK", 4, 0)]
 
 
+def only_messages(events: list[Event]) -> list[Message]:
+    """``events``, every one a :class:`Message`."""
+    assert all(isinstance(e, Message) for e in events), events
+    return [e for e in events if isinstance(e, Message)]
+
+
+@VERSIONS
+def test_manual_ack_answers_only_when_told_and_once(version: int) -> None:
+    session, remote = connected(version, manual_ack=True)
+    wire = remote.publish("a", b"0") + remote.publish("b", b"1", 1, 4) + remote.publish("c", b"2", 2, 5)
+    zero, one, two = only_messages(session.receive_data(wire))
+    assert (zero.packet_id, one.packet_id, two.packet_id) == (0, 4, 5)
+    assert remote.read(session) == []  # nothing answered yet
+    # A resend of a message still waiting is neither delivered again nor answered.
+    assert session.receive_data(remote.publish("b", b"1", 1, 4, dup=True)) == []
+    assert session.receive_data(remote.publish("c", b"2", 2, 5, dup=True)) == []
+    assert remote.read(session) == []
+    assert session.acknowledge(zero) is False  # QoS 0: nothing to answer
+    assert session.acknowledge(two) is True
+    assert session.acknowledge(one) is True
+    assert session.acknowledge(one) is False  # once
+    assert [shape(p) for p in remote.read(session)] == [("PUBREC", 5, 0), ("PUBACK", 4, 0)]
+    # A QoS 2 resend after its PUBREC: answered again, not delivered again.
+    assert session.receive_data(remote.publish("c", b"2", 2, 5, dup=True)) == []
+    assert [shape(p) for p in remote.read(session)] == [("PUBREC", 5, 0)]
+
+
+@VERSIONS
+def test_manual_ack_of_a_message_from_an_earlier_connection_answers_nothing(version: int) -> None:
+    session, remote = connected(version, manual_ack=True)
+    old1, old2 = only_messages(session.receive_data(remote.publish("b", b"1", 1, 4) + remote.publish("c", b"2", 2, 5)))
+    session.connect()
+    remote.reconnect()
+    remote.read(session)
+    session.receive_data(remote.connack(False))
+    # The same ids, new messages: the stale acknowledgements must not answer them.
+    new1, new2 = only_messages(session.receive_data(remote.publish("x", b"n", 1, 4) + remote.publish("y", b"m", 2, 5)))
+    assert new2.topic == "y"  # the QoS 2 id is free again: delivered, not taken for a resend
+    assert session.acknowledge(old1) is False and session.acknowledge(old2) is False
+    assert remote.read(session) == []
+    assert session.acknowledge(new1) and session.acknowledge(new2)
+    assert [shape(p) for p in remote.read(session)] == [("PUBACK", 4, 0), ("PUBREC", 5, 0)]
+
+
 def test_a_50_pubrel_for_an_unknown_id_is_answered_not_found() -> None:
     session, remote = connected(MQTT_50)
     session.receive_data(ack(v5.PUBREL, 3))

@@ -8,6 +8,7 @@ them to it)::
     __main__.py auth.py            the commands
     worker.py conf/                one worker, its parts started in the order they need;
                                    a Mosquitto configuration file read as options
+    bridging/                      a bridge to another broker, running
     transports/                    the engines that carry a connection's bytes
     settings.py server/            every option, declared once; a connection's life, on trio
     config.py                      the settings as a worker takes them

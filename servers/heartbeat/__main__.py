@@ -83,6 +83,7 @@ def config_from(args: argparse.Namespace, worker: int) -> HeartbeatConfig:
         max_topic_alias=args.max_topic_alias,
         outbound_topic_aliases=args.outbound_topic_aliases == "on",
         listeners=listeners_from(args),
+        bridges=list(args.bridge or ()),
         allow_anonymous=None if args.allow_anonymous is None else args.allow_anonymous == "true",
         allow_zero_length_clientid=args.allow_zero_length_clientid == "true",
         ws_port=args.ws_port,
@@ -293,6 +294,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
 
 
+def _plain_listener(args: argparse.Namespace) -> bool:
+    """Whether a plain MQTT listener (no TLS, no WebSockets) is served, for a bridge to join through."""
+    specs: list[ListenerSpec] = args.listener or []
+    if any(s.protocol == "mqtt" and not s.tls for s in specs):
+        return True
+    # The listener on --port: served without --listener, or with it when given too.
+    return (not specs or getattr(args, "port_given", True)) and tls_options(args) is None
+
+
 def check_arguments(cli: CommandLine, args: argparse.Namespace) -> None:
     """Refuse, in one line and before anything is bound, options that parsed alone but
     cannot work together, and files that do not load (each is told here, once, not by
@@ -331,6 +341,8 @@ def check_arguments(cli: CommandLine, args: argparse.Namespace) -> None:
             parse_target(args.cluster)
         except ValueError as exc:
             cli.refuse("--cluster", str(exc))
+    if args.bridge and not _plain_listener(args):
+        cli.refuse("--bridge", "a bridge joins this server through a plain mqtt:// listener, and none is given")
     try:
         # Loads the password file and the ACL as a worker will, and checks the settings together.
         config_from(argparse.Namespace(**{**vars(args), "presence_log": None}), 0)

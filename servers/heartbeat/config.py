@@ -6,6 +6,7 @@ import logging
 from dataclasses import dataclass, field
 
 from ..config import WorkerConfig
+from .bridge import BridgeSpec
 from .broker.budget import DEFAULT_MAX_OUTBOX_BYTES, DEFAULT_MAX_SUBSCRIBER_BYTES
 from .broker.outbox import DEFAULT_MAX_QUEUED, DEFAULT_MAX_QUEUED_BYTES, DEFAULT_WINDOW
 from .broker.persistent import DEFAULT_EXPIRY, DEFAULT_MAX_SESSIONS
@@ -147,6 +148,9 @@ class HeartbeatConfig(WorkerConfig):
     extra_sinks: list[PresenceSink] = field(default_factory=list)
     """Presence sinks of the default (in-process) coordinator; other coordinators hold their own."""
     listeners: list[ListenerConfig] | None = None
+    bridges: list[BridgeSpec] = field(default_factory=list)
+    """Bridges to other brokers (``--bridge``, a configuration file's ``connection``
+    sections), run by worker 0 only: one bridge per box, not one per worker."""
     """The listeners served (``--listener``, a configuration file's sections); None: one
     on ``host:port`` (TLS with ``tls``), and one for WebSockets on ``ws_port`` if set."""
     allow_anonymous: bool | None = None

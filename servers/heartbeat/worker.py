@@ -15,6 +15,7 @@ from ..bearer import TokenFile
 from ..listeners import CannotListen, open_listeners, port_of
 from ..page import Page
 from ..status import serve_status
+from .bridging import start_bridges
 from .config import HeartbeatConfig
 from .coordination import Coordinator
 from .server.doors import Door
@@ -97,6 +98,10 @@ async def serve_heartbeat(
                 serve_websockets_dense(server, server.engine, door)
             else:
                 await nursery.start(serve_websockets, server, door)
+        if config.bridges and config.worker == 0:
+            # One bridge per box: worker 0's. The others' clients reach it through the
+            # broker the workers share, as any subscriber on another worker does.
+            start_bridges(config.bridges, server, keeper, nursery)
         if status_port is not None:
             dashboard = server.dashboard
             dashboard.siblings, dashboard.host = list(status_siblings), status_host

@@ -12,8 +12,8 @@
 
 Pure, like the listener it sits beside: nothing here connects, resolves a name, reads
 a clock or imports trio. May import: :mod:`..mqtt` and the servers' shared modules
-(:mod:`servers.settings`, :mod:`servers.conffile`). The bridge's runtime, which will
-connect and forward, belongs to a room above the server's.
+(:mod:`servers.settings`, :mod:`servers.conffile`). The bridge's runtime, which
+connects and forwards, is :mod:`..bridging`, a room above the server's.
 """
 
 from __future__ import annotations

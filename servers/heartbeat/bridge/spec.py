@@ -1,8 +1,8 @@
 """One bridge as an operator writes it (:class:`BridgeSpec`): a Mosquitto ``connection``
 section's values, checked, with Mosquitto 2.0's defaults, and its command-line form.
 
-The command-line form (for a ``--bridge`` option to come with the bridge's runtime;
-:meth:`BridgeSpec.text` writes it, :func:`parse_bridge` reads it) is a URL::
+The command-line form (the ``--bridge`` option's; :meth:`BridgeSpec.text` writes it,
+:func:`parse_bridge` reads it) is a URL::
 
     mqtt[s]://HOST[:PORT][,HOST[:PORT]...]/NAME?topic=TOPIC[&topic=TOPIC...][&KEY=VALUE...]
 

@@ -22,8 +22,9 @@ The directives:
   without its dashes, ``_`` for ``-`` (``--presence-prefix`` is ``presence_prefix``);
   a flag takes ``true`` or ``false``;
 - a bridge's ``connection`` section is read whole and checked (:mod:`..bridge`), so a
-  wrong line is refused at its line, then refused as a whole: the bridge comes with
-  issue 64, and until it runs a file with one does not start the server;
+  wrong line is refused at its line, and becomes a ``--bridge`` (a bridge without
+  local credentials, where anonymous clients are refused, is warned of: it joins the
+  server as a client);
 - Mosquitto's others are refused saying why (:data:`REFUSED`), or ignored with a
   warning where they change nothing that matters here (:data:`IGNORED`).
 

@@ -1,18 +1,18 @@
-"""A configuration file's bridges (``connection`` sections), read and checked now, ahead
-of the bridge's runtime (issue 64): a section that is wrong is refused at its line
-with its own reason; one that is right is refused too, saying what it will be, since
-nothing runs a bridge yet and a server that quietly dropped one would lose messages."""
+"""A configuration file's bridges (``connection`` sections), read and checked (issue 64):
+a section that is wrong is refused at its line with its own reason; one that is right
+becomes a ``--bridge`` argument (:func:`bridge_argument`), which the bridge's runtime
+(:mod:`..bridging`) runs."""
 
 from __future__ import annotations
 
 import socket
 from collections.abc import Sequence
 
-from ...conffile import ConfigError, Directive
+from ...conffile import Directive
 from ..bridge import SECTION_DIRECTIVES, BridgeSpec, bridge_from_directives
-from .directives import BRIDGE, known, nearest
+from .directives import known, nearest
 
-__all__ = ["bridges", "refuse_bridges"]
+__all__ = ["bridge_argument", "bridges"]
 
 
 def bridges(directives: Sequence[Directive]) -> list[tuple[Directive, BridgeSpec]]:
@@ -48,14 +48,8 @@ def bridges(directives: Sequence[Directive]) -> list[tuple[Directive, BridgeSpec
     return out
 
 
-def refuse_bridges(first: Directive, directives: Sequence[Directive]) -> ConfigError:
-    """The refusal of a file with bridges, at its first ``connection`` line: a wrong
-    section's own, or what the bridge will be once it runs."""
-    found = bridges(directives)
-    spec = next(spec for header, spec in found if header is first)
-    hosts = ", ".join(a.text() for a in spec.addresses)
-    count = len(spec.topics)
-    return first.error(
-        f"{BRIDGE}: this bridge is read and checked ({spec.name} to {hosts}, {count} topic{'s' * (count != 1)}), "
-        "but nothing runs a bridge yet: remove the section to start the server"
-    )
+def bridge_argument(first: Directive, directives: Sequence[Directive]) -> BridgeSpec:
+    """The bridge of the section ``first`` begins (its ``--bridge`` value is its
+    :meth:`~BridgeSpec.text`), every section of the file checked first
+    (:class:`ConfigError` at the line that is wrong)."""
+    return next(spec for header, spec in bridges(directives) if header is first)

@@ -56,11 +56,10 @@ def directive_name(setting: Setting) -> str:
 
 
 DIRECTIVES: dict[str, Setting] = {
-    directive_name(s): s for s in SETTINGS if not s.hidden and s.option not in ("--config", "--listener")
+    directive_name(s): s for s in SETTINGS if not s.hidden and s.option not in ("--config", "--listener", "--bridge")
 }
 """Each directive that stands for one option, by name (``listener`` is a section)."""
 
-BRIDGE = "the bridge comes with issue 64"
 PLUGINS = "plugins are not supported: the password file (password_file) and the ACL (acl_file) are"
 _ENGINES = "OpenSSL engines (keys held in hardware) are not supported: give keyfile a PEM key"
 _PSK = "TLS-PSK is not supported (Python's ssl module serves certificates): use certfile and keyfile"
@@ -103,7 +102,7 @@ BRIDGE_DIRECTIVES = tuple(name for name in SECTION_DIRECTIVES if name != "connec
 """A bridge's directives (:mod:`..bridge`): read in a ``connection`` section (:mod:`.bridges`)."""
 for _name in BRIDGE_DIRECTIVES:
     REFUSED[_name] = (
-        f"a bridge's directive (of a connection section): {BRIDGE}; here no connection NAME is above it in this file"
+        "a bridge's directive, of a connection section: here no connection NAME is above it in this file"
     )
 
 IGNORED: dict[str, str] = {

@@ -15,8 +15,9 @@ from ...config import LOG_FILE
 from ...settings import Flag, Host, Path, Setting, SettingError, Text
 from ..listener import LISTENER_KEYS, SECURITY_KEYS, ListenerSpec
 from ..settings import SETTINGS
-from .bridges import refuse_bridges
+from .bridges import bridge_argument
 from .directives import (
+    BRIDGE_DIRECTIVES,
     DEFAULT_LISTENER,
     DEFAULT_VALUES,
     DIRECTIVES,
@@ -116,6 +117,8 @@ class _Translation:
     persistence_file: Directive | None = None
     log_types: list[Directive] = field(default_factory=list)
     log_dests: list[tuple[Directive, str | None]] = field(default_factory=list)
+    anonymous_bridges: list[Directive] = field(default_factory=list)
+    """The ``connection`` lines of bridges without a ``local_username``."""
 
     def emit(self, option: str, *value: str) -> None:
         """``option`` (with its value), unless the command line gives it."""
@@ -125,6 +128,8 @@ class _Translation:
     def take(self, d: Directive) -> None:
         """Translate one directive, or refuse it (:class:`ConfigError`)."""
         name = d.name
+        if d.bridge is not None and name in BRIDGE_DIRECTIVES:
+            return  # read with its section's ``connection`` line
         special = _SPECIAL.get(name)
         if special is not None:
             special(self, d)
@@ -192,8 +197,12 @@ class _Translation:
         self.sections[d] = section
 
     def connection(self, d: Directive) -> None:
-        """``connection NAME``: every bridge of the file read and checked, then refused (issue 64)."""
-        raise refuse_bridges(d, self.directives)
+        """``connection NAME``: its section read whole (every bridge of the file checked)
+        as one ``--bridge``; a ``--bridge`` on the command line replaces the file's."""
+        spec = bridge_argument(d, self.directives)
+        if spec.local_username is None:
+            self.anonymous_bridges.append(d)
+        self.emit("--bridge", spec.text())
 
     def listener_key(self, d: Directive) -> None:
         """One of a listener's own directives: its section's, or the default listener's."""
@@ -310,12 +319,24 @@ class _Translation:
         else:
             raise d.error(f"must be stderr, stdout, file PATH or none, not {d.value!r}")
 
+    def warn_anonymous_bridges(self) -> None:
+        """Mosquitto's bridge joins its own broker from inside, unchecked; this server's
+        joins through a listener, as a client: refused when anonymous clients are."""
+        args = self.arguments
+        refused = any(a == "--allow-anonymous" and args[i + 1] == "false" for i, a in enumerate(args[:-1]))
+        for d in self.anonymous_bridges if refused else ():
+            self.warnings.append(
+                f"{d.where}: connection: the bridge joins this server as a client, and anonymous clients are "
+                "refused: give it local_username and local_password (from the password file), or it cannot start"
+            )
+
     def finish(self) -> None:
         """What needs every directive read: the listeners, the anonymous rule, persistence, logging."""
         self.finish_listeners()
         if (self.listeners or self.default_listener) and not self.anonymous_given:
             # Mosquitto 2.0: a configured listener refuses anonymous clients unless told.
             self.emit("--allow-anonymous", "false")
+        self.warn_anonymous_bridges()
         self.finish_persistence()
         if self.log_types:
             levels = [LOG_LEVELS[_one_word(d)] for d in self.log_types]

@@ -9,6 +9,7 @@ from __future__ import annotations
 from ...config import LOG_FILE, LOG_LEVEL, worker_settings
 from ...settings import Choice, Flag, Host, Path, Setting, Text, count, port, seconds
 from ...tls import tls_settings
+from ..bridge import parse_bridge
 from ..config import ENGINES, KEEPALIVE_OVER_MAX
 from ..coordination.durable import SYNC_MODES
 from ..listener import parse_listener
@@ -156,6 +157,19 @@ SETTINGS: tuple[Setting, ...] = (
         "after them (cafile, require_certificate, max_connections, password_file, acl_file...; see "
         "docs/how-to/from-mosquitto.md); with a --listener, --port is served only if given too "
         "(default: one listener, on --host and --port)",
+        many=True,
+        group=_LISTENERS,
+    ),
+    Setting(
+        "--bridge",
+        Text(parse_bridge, metavar="URL"),
+        None,
+        "a bridge to another broker, given once for each (Mosquitto's connection sections): "
+        "mqtt://HOST[:PORT][,HOST[:PORT]...]/NAME?topic=TOPIC[&topic=TOPIC...][&KEY=VALUE...], "
+        "the topics as Mosquitto's topic directive with its blanks written %%20, the keys the "
+        "section's directives (remote_username, bridge_protocol_version, keepalive_interval, "
+        "restart_timeout, notifications...); mqtts:// with bridge_cafile for TLS; run by worker 0, "
+        "connected to the first plain mqtt:// listener (see docs/how-to/from-mosquitto.md)",
         many=True,
         group=_LISTENERS,
     ),

@@ -3,6 +3,7 @@ thing that happened, in the order it happened. Pure values, no behaviour."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TypeAlias
 
 from ..records import record
@@ -45,13 +46,16 @@ class Refused:
 @record
 class Message:
     """A PUBLISH from the remote, delivered once (a QoS 2 duplicate is not). ``properties``
-    are without the Topic Alias, which was the wire's business."""
+    are without the Topic Alias, which was the wire's business. ``packet_id`` is the
+    PUBLISH's (0 at QoS 0); it is not part of the message's value (two deliveries of
+    one message compare equal)."""
 
     topic: str
     payload: bytes
     qos: int
     retain: bool
     properties: Properties = EMPTY
+    packet_id: int = dataclasses.field(default=0, compare=False)
 
 
 @record

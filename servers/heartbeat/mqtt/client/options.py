@@ -36,8 +36,11 @@ class ClientOptions:
     we accept from the remote (5.0 tells it; in 3.1.1 the packet size still bounds
     the reader). ``window`` caps outbound QoS 1/2 messages in flight (in 5.0 the
     remote's Receive Maximum may lower it). ``try_private`` marks the protocol level
-    with 0x80, as a Mosquitto bridge does. ``properties`` adds any other CONNECT
-    property (User Properties, an Authentication Method).
+    with 0x80, as a Mosquitto bridge does. With ``manual_ack`` an inbound QoS 1/2
+    message is answered (PUBACK, PUBREC) only when the caller says so
+    (:meth:`~.session.ClientSession.acknowledge`): a bridge acknowledges a message once
+    the broker it passed it on to has acknowledged its copy. ``properties`` adds any
+    other CONNECT property (User Properties, an Authentication Method).
     """
 
     client_id: str
@@ -53,6 +56,7 @@ class ClientOptions:
     topic_alias_maximum: int = 0
     window: int = 20
     try_private: bool = False
+    manual_ack: bool = False
     properties: Properties = EMPTY
 
     def __post_init__(self) -> None:

@@ -70,6 +70,11 @@ class ClientSession:
         # Inbound QoS 2 packet ids answered with PUBREC and not yet released: a PUBLISH
         # with one of them is a resend, answered but not delivered again.
         self._incoming: set[int] = set()
+        # manual_ack: the inbound QoS 1/2 messages delivered and not yet acknowledged by
+        # the caller, by packet id; the very event object, so that an acknowledgement
+        # meant for a message of an earlier connection never answers a later one that
+        # happens to reuse its packet id.
+        self._unacked: dict[int, events.Message] = {}
         self._aliases: dict[int, str] = {}
         self._remote_max_packet: int | None = None
         self._remote_max_qos = 2
@@ -84,6 +89,12 @@ class ClientSession:
         self._reader = ServerPacketReader(self._v5, self.options.largest_inbound)
         self._aliases.clear()
         self._outbox.requests.clear()
+        # Messages delivered and not yet acknowledged are the remote's to send again
+        # (with its session) or lost with it (without): either way this connection's
+        # acknowledgement of them is moot, and a QoS 2 one sent again must be delivered
+        # again, since nothing answered it.
+        self._incoming.difference_update(self._unacked)
+        self._unacked.clear()
         self._out.clear()
         options = self.options
         if self.client_id != options.client_id:
@@ -180,6 +191,17 @@ class ClientSession:
             self._out += encoders.encode_unsubscribe(packet_id, filters)
         self._outbox.requests[packet_id] = len(filters)
         return packet_id
+
+    def acknowledge(self, message: events.Message) -> bool:
+        """With ``manual_ack``: answer ``message`` (a QoS 1 or 2 :class:`~.events.Message`
+        this session delivered) now, PUBACK or PUBREC. Returns whether it was answered:
+        not when it came on an earlier connection (the remote sends it again, or lost
+        it with its session), nor when already answered, nor at QoS 0."""
+        if self._unacked.get(message.packet_id) is not message or self.state != CONNECTED:
+            return False
+        del self._unacked[message.packet_id]
+        self._ack(v5.PUBACK if message.qos == 1 else v5.PUBREC, message.packet_id)
+        return True
 
     def _require_connection(self, what: str) -> None:
         if self.state not in (CONNECTING, CONNECTED):
@@ -321,9 +343,11 @@ class ClientSession:
             elif (topic := self._aliases.get(alias, "")) == "":
                 raise protocol_error(f"topic alias {alias} was never set")
             props = props.replace(topic_alias=None)
-        message = events.Message(topic, packet.payload, packet.qos, packet.retain, props)
         packet_id = packet.packet_id or 0
-        if packet.qos == 1:
+        message = events.Message(topic, packet.payload, packet.qos, packet.retain, props, packet_id)
+        if packet.qos and self.options.manual_ack:
+            self._deliver_unanswered(message)
+        elif packet.qos == 1:
             self._events.append(message)
             self._ack(v5.PUBACK, packet_id)
         elif packet.qos == 2:
@@ -336,6 +360,22 @@ class ClientSession:
             self._ack(v5.PUBREC, packet_id)
         else:
             self._events.append(message)
+
+    def _deliver_unanswered(self, message: events.Message) -> None:
+        """manual_ack: deliver ``message``, leaving its answer to :meth:`acknowledge`."""
+        packet_id = message.packet_id
+        if packet_id in self._unacked:
+            return  # a resend of one still waiting for the caller: it is answered once
+        if message.qos == 2 and packet_id in self._incoming:
+            self._ack(v5.PUBREC, packet_id)  # answered already: the PUBREC went missing
+            return
+        if message.qos == 2:
+            limit = self.options.receive_maximum
+            if self._v5 and limit is not None and len(self._incoming) >= limit:
+                raise PacketError(ReasonCode.RECEIVE_MAXIMUM_EXCEEDED, f"more than {limit} QoS 2 messages")
+            self._incoming.add(packet_id)
+        self._unacked[packet_id] = message
+        self._events.append(message)
 
     def _acknowledgement(self, packet: v5.Ack) -> None:
         kind, packet_id = packet.kind, packet.packet_id
