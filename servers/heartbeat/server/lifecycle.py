@@ -178,8 +178,8 @@ class HeartbeatServer:
         """The port MQTT over WebSockets is served on (0: none)."""
         self.engine: idlekeeper.Engine | None = None
         """The dense engine serving the connections, if that is the engine."""
-        self.stop_accepting: Callable[[], None] = lambda: None
-        """Closes the listeners (the first step of a shutdown); set by the engine serving them."""
+        self.closers: list[Callable[[], None]] = []
+        """What closes the listeners (the first step of a shutdown): each engine serving some adds one."""
         self._registry = worker_registry(keeper.stats, {"worker": str(config.worker)}, self.figures)
 
     # -- a connection's life, the steps both engines share (synchronous but vet) ---------
@@ -421,7 +421,8 @@ class HeartbeatServer:
         progress, 1 s more for the subscribers' reports, then :data:`LEAVE_TIMEOUT`, and
         the worker leaves without it (its one line says what was left undone).
         """
-        self.stop_accepting()
+        for close in self.closers:
+            close()
         with trio.move_on_after(grace):
             self.wills.flush()
             for conn in [c for c in self.connections if not c.subscriber]:

@@ -421,13 +421,7 @@ async def serve_dense(
         engine.add_canned_reply(PINGREQ_WIRE, _PINGRESP)  # for DenseConnection._offer_pings
         for door in doors:
             serve_door(server, engine, door)
-        others = server.stop_accepting
-
-        def stop_accepting() -> None:
-            others()
-            engine.close_listeners()
-
-        server.stop_accepting = stop_accepting
+        server.closers.append(engine.close_listeners)
         server.engine = engine
         task_status.started(engine)
         await trio.sleep_forever()

@@ -98,7 +98,7 @@ class WsDenseConnection(DenseConnection):
 
 def serve_websockets_dense(server: HeartbeatServer, engine: idlekeeper.Engine, door: Door) -> None:
     """MQTT over WebSockets on ``door`` (one without TLS), on the engine that serves the
-    TCP listeners: ``server.stop_accepting`` closes them all at once."""
+    TCP listeners: the engine's closer (``server.closers``) closes them all at once."""
     config = server.config
     policy = WsPolicy(config.ws_path, allowed_origins=config.ws_allowed_origins)
     engine.serve(door.sockets, lambda: WsDenseConnection(server, door, policy))

@@ -311,7 +311,7 @@ async def serve_streams(
     task_status: trio.TaskStatus[list[trio.SocketListener]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Accept MQTT over TCP (or TLS) on ``door``'s sockets until cancelled or
-    ``server.stop_accepting()``, a task per connection."""
+    the server's shutdown closes them, a task per connection."""
     accepting = _stops_with(server)
     listeners = door.sockets
 
@@ -344,7 +344,7 @@ async def serve_websockets(
 ) -> None:
     """MQTT over WebSockets on ``door``'s sockets (over TLS, wss, when the door has TLS),
     a task per connection, beside the server's TCP listeners whichever engine serves
-    those; until cancelled or ``server.stop_accepting()``.
+    those; until cancelled or the server's shutdown closes them.
 
     The keeper watches the stream of MQTT bytes the frames carry, so keep-alive counts
     MQTT packets and the stall check looks at the socket under the frames. An expiry
@@ -375,13 +375,7 @@ async def serve_websockets(
 
 
 def _stops_with(server: HeartbeatServer) -> trio.CancelScope:
-    """A scope that ``server.stop_accepting()`` cancels, beside whatever it did before."""
+    """A scope that the server's shutdown cancels, with its other listeners (``server.closers``)."""
     accepting = trio.CancelScope()
-    others = server.stop_accepting
-
-    def stop_accepting() -> None:
-        others()
-        accepting.cancel()
-
-    server.stop_accepting = stop_accepting
+    server.closers.append(accepting.cancel)
     return accepting
