@@ -442,6 +442,18 @@ def test_the_cli_refuses_a_bad_file_in_one_line(conf: Write, lines: tuple[str, .
     assert "Traceback" not in done.stderr
 
 
+@pytest.mark.parametrize("missing", [False, True])
+def test_a_config_file_that_cannot_be_read_is_refused_naming_the_option(tmp_path: Path, missing: bool) -> None:
+    path = tmp_path / "nope.conf" if missing else tmp_path
+    done = run_cli("--config", str(path), "--port", "0")
+    assert done.returncode == 2
+    assert done.stderr.count("\n") == 1, done.stderr
+    why = "cannot be read" if missing else "is a directory"
+    assert done.stderr == f"python -m servers.heartbeat: error: --config: {path} {why}" + (
+        " (missing, or no permission)\n" if missing else "\n"
+    )
+
+
 def test_help_lists_the_config_option() -> None:
     text = parser().format_help()
     assert "--config FILE" in text and "-c FILE" in text

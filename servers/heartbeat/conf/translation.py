@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ...conffile import Directive, read_config
+from ...conffile import ConfigError, Directive, read_config
 from ...config import LOG_FILE
 from ...settings import Flag, Host, Path, Setting, SettingError, Text
 from ..listener import LISTENER_KEYS, SECURITY_KEYS, ListenerSpec
@@ -60,6 +60,10 @@ def expand_config(argv: Sequence[str]) -> tuple[list[str], list[str]]:
     path = config_file(argv)
     if path is None:
         return list(argv), []
+    if not os.access(path, os.R_OK) or os.path.isdir(path):
+        # The file itself, before its lines: the one line names the option that gave it.
+        reason = "is a directory" if os.path.isdir(path) else "cannot be read (missing, or no permission)"
+        raise ConfigError(f"--config: {path} {reason}")
     arguments, warnings = translate(path, _options_given(argv))
     return arguments + list(argv), warnings
 
