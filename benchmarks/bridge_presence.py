@@ -129,6 +129,24 @@ async def retained_view(port: int, expected: int, seconds: float = 10.0) -> dict
     return watcher.devices()
 
 
+def _same(got: dict[str, Any], want: dict[str, Any]) -> bool:
+    return all(got.get(k) == want.get(k) for k in ("epoch", "status", "reason"))
+
+
+async def converged(port: int, truth: Callable[[], dict[str, dict[str, Any]]], seconds: float) -> float | None:
+    """Seconds until a fresh retained read of the remote at ``port`` is ``truth()`` (each
+    device's last event as the edge has it: the same session, status and reason), read
+    again every second; None if not within ``seconds``."""
+    start = trio.current_time()
+    while trio.current_time() - start < seconds:
+        want = truth()
+        got = await retained_view(port, len(want), 2.0)
+        if set(got) == set(want) and all(_same(got[k], v) for k, v in want.items()):
+            return trio.current_time() - start
+        await trio.sleep(1.0)
+    return None
+
+
 @dataclass
 class Devices:
     count: int

@@ -19,6 +19,10 @@ and the drill checks what they showed: a snapshot a second on the surviving work
 through the kill, and the lost devices counted ``worker-lost`` by the box's registry.
 With ``--listeners N`` the server has N listeners (``--listener``) and the devices
 come through them in turn: every event must name the listener its device came through.
+With ``--bridge`` the server bridges its presence to a real Mosquitto (``--bridge``,
+``topic # out 1 $SYS/presence/ edge/presence/``, run by worker 0, which the kill may
+take with it): after the kill, the remote's retained presence must become the edge's,
+every device's last session, status and reason.
 Loopback only; the server is stopped by its PID.
 """
 
@@ -30,18 +34,24 @@ import json
 import os
 import signal
 import socket
+import subprocess
 import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 
+import trio
+
 from loadtest.history import check_history
 from loadtest.mqtt_frames import frames
+from loadtest.mqtt_targets import mosquitto_binary
 from loadtest.page import Watcher, fetch
-from loadtest.processes import free_port, start_heartbeat
+from loadtest.processes import free_port, start_heartbeat, stop, wait_listening
 from servers.heartbeat.mqtt import encoders
 from servers.heartbeat.mqtt.policy import DEFAULT_PRESENCE_PREFIX
+
+from .bridge_presence import CONF, bridge_url, converged
 
 
 def _connect(port: int, client_id: str, keep_alive: int) -> socket.socket:
@@ -88,12 +98,36 @@ def _log(path: Path) -> list[dict[str, object]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def run(devices: int, workers: int, subscribers: int, pages: int = 0, doors: int = 1) -> dict[str, object]:
+def start_remote(work: Path) -> tuple[subprocess.Popen[bytes], int]:
+    """A Mosquitto for the bridge to send presence to (by PID, stopped by the caller)."""
+    binary = mosquitto_binary()
+    if binary is None:
+        raise SystemExit("--bridge needs mosquitto (apt-get install mosquitto)")
+    rport = free_port()
+    conf = work / "remote.conf"
+    conf.write_text(CONF.format(user="user root\n" if os.geteuid() == 0 else "", port=rport))
+    remote = subprocess.Popen([binary, "-c", str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wait_listening(rport, remote)
+    return remote, rport
+
+
+def run(
+    devices: int,
+    workers: int,
+    subscribers: int,
+    pages: int = 0,
+    doors: int = 1,
+    bridge: bool = False,
+    victim: int | None = None,
+) -> dict[str, object]:
     work = Path(tempfile.mkdtemp(prefix="ik-faults-"))
     log = work / "presence.jsonl"
     port = free_port()
     ports = [port] + [free_port() for _ in range(doors - 1)]
     extra = ["--tick", "0.1", "--presence-log", str(log)]
+    remote, rport = start_remote(work) if bridge else (None, 0)
+    if bridge:
+        extra += ["--bridge", bridge_url(rport)]
     for more in ports[1:]:
         extra += ["--listener", f"mqtt://127.0.0.1:{more}"]
     status = 0
@@ -113,7 +147,7 @@ def run(devices: int, workers: int, subscribers: int, pages: int = 0, doors: int
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             online = {e["client_id"]: e for e in _log(log) if e["status"] == "online"}
-            if len(online) >= devices + subscribers:
+            if len(online) >= devices + subscribers + bridge:  # and the bridge's own client
                 break
             time.sleep(0.2)
         for w in watchers:
@@ -125,9 +159,10 @@ def run(devices: int, workers: int, subscribers: int, pages: int = 0, doors: int
         # The kernel may put every subscriber on one worker: the victim must leave one
         # listening elsewhere, or nobody is there to hear the worker-lost events.
         candidates = [w for w, _ in by_worker.most_common() if sub_workers - {w}] or [by_worker.most_common(1)[0][0]]
-        victim = candidates[0]
+        victim = victim if victim in candidates else candidates[0]
         pid = int(next(ep for ep in epochs.values() if ep.startswith(f"{victim}.")).split(".")[1])
         lost = {c for c, e in online.items() if int(str(e["worker"])) == victim}
+        ours = {f"dev-{i}" for i in range(devices)} | {f"sub-{i}" for i in range(subscribers)}
         others = [li for li in listeners if int(str(online[f"sub-{listeners.index(li)}"]["worker"])) != victim]
         killed = time.monotonic()
         os.kill(pid, signal.SIGKILL)
@@ -159,13 +194,22 @@ def run(devices: int, workers: int, subscribers: int, pages: int = 0, doors: int
             page = {
                 "page_worker_lost": registry.get("ends", {}).get("worker-lost", 0),
                 "page_online": registry.get("online"),
-                "page_expected_online": devices + subscribers - len(lost),
+                # The bridge's own local client is online too, back after the kill if it was lost.
+                "page_expected_online": devices + subscribers - len(lost & ours) + bridge,
                 "page_longest_gap_s": round(max(w.longest_gap(killed, time.monotonic()) for w in survivors), 2),
                 "page_streams_failed": [w.failed for w in survivors if w.failed],
             }
             watching.set()
             for w in watchers:
                 w.close()
+        if remote is not None:
+
+            def truth() -> dict[str, dict[str, object]]:
+                return {str(e["client_id"]): e for e in _log(log) if str(e["client_id"]).startswith("dev-")}
+
+            right = trio.run(converged, rport, truth, 60.0)
+            page["bridge_remote_right_after_s"] = None if right is None else round(time.monotonic() - killed, 2)
+            page["bridge_worker_killed"] = victim == 0  # worker 0 runs the bridge
         remaining = {f"dev-{i}" for i in range(devices)} - lost
         stopped = time.monotonic()
         proc.send_signal(signal.SIGTERM)
@@ -216,6 +260,8 @@ def run(devices: int, workers: int, subscribers: int, pages: int = 0, doors: int
         if proc.poll() is None:
             proc.kill()  # by PID
             proc.wait()
+        if remote is not None:
+            stop(remote)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -225,8 +271,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--subscribers", type=int, default=4)
     p.add_argument("--pages", type=int, default=0, help="live operator's pages watching the workers throughout")
     p.add_argument("--listeners", type=int, default=1, help="listeners the devices come through in turn")
+    p.add_argument("--bridge", action="store_true", help="bridge presence to a real Mosquitto and check its view")
+    p.add_argument("--victim", type=int, default=None, help="the worker to kill (if a subscriber is elsewhere)")
     args = p.parse_args(argv)
-    result = run(args.devices, args.workers, args.subscribers, args.pages, max(1, args.listeners))
+    doors = max(1, args.listeners)
+    result = run(args.devices, args.workers, args.subscribers, args.pages, doors, args.bridge, args.victim)
     for key, value in result.items():
         print(f"{key:38} {value}")
     ok = (
@@ -238,6 +287,7 @@ def main(argv: list[str] | None = None) -> int:
         and result["events_naming_another_listener"] == 0
         and result["exit_code"] == 0
         and result["subscribers_heard_every_shutdown"]
+        and (not args.bridge or result["bridge_remote_right_after_s"] is not None)
         and (
             not args.pages
             or (

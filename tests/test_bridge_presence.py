@@ -6,6 +6,12 @@ keep-alive of the bridge's return the remote's *retained* view must be the edge'
 offline with reason keepalive-timeout and the edge's times, the others online; the
 edge's notification topic says 1, 0, 1. Real processes and clock; every wait bounded.
 
+Two things make it converge: live presence goes out flagged retained (a Retain As
+Published subscriber such as the bridge keeps the flag), and, as Mosquitto's bridge,
+each connection to the remote is sent the local retained messages of the out topics
+again (the registry's presence among them), so what happened while the link was down
+reaches the remote however it went.
+
 The remote prefix: Mosquitto denies any client's PUBLISH to ``$SYS/...`` (but
 ``$SYS/broker/connection/...``), so ``topic $SYS/presence/# out 1`` as such is refused
 there message by message ("Denied PUBLISH" in its log); the bridge maps it to
@@ -38,15 +44,6 @@ def test_the_url_sends_local_presence_out_at_qos_1_under_the_remote_prefix() -> 
     assert (topic.local_prefix, topic.remote_prefix) == ("$SYS/presence/", "edge/presence/")
 
 
-BUG = (
-    "presence events reach subscribers as QoS 0, retain 0 (coordination/inprocess.py and "
-    "authority.py _tell: Publication(topic, payload, 0, False, ...)) even under Retain As "
-    "Published, so the bridge forwards them unretained (the remote retains no presence) and "
-    "drops those that happen while the link is down (QoS 0 while the remote is away)"
-)
-
-
-@pytest.mark.xfail(strict=True, reason=BUG)
 async def test_the_remotes_retained_presence_converges_after_the_link_returns() -> None:
     needs_mosquitto()
     result = await measure(50, keep_alive=2, fraction=0.1, bridge_keepalive=5)

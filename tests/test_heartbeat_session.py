@@ -154,3 +154,28 @@ def test_a_client_cannot_make_the_server_hold_qos2_ids_without_bound() -> None:
         s.receive(packets.Publish("a", b"x", qos=2, packet_id=packet_id))
     with pytest.raises(ProtocolError, match="qos2-window"):
         s.receive(packets.Publish("a", b"x", qos=2, packet_id=MAX_INBOUND_QOS2 + 1))
+
+
+def test_a_bridge_marked_connect_subscribes_with_no_local_and_retain_as_published() -> None:
+    # Mosquitto's try_private: protocol level 0x84 (0x83 for 3.1). Its subscriptions
+    # take what Mosquitto gives a bridge; a device's take none. It may write its state
+    # under $SYS/broker/connection/, and no other $SYS topic.
+    wire = encoders.encode_connect("edge", protocol_level=0x84, will_topic="$SYS/broker/connection/edge/state")
+    (packet,) = PacketReader(1024).feed(wire)
+    assert isinstance(packet, packets.Connect)
+    assert (packet.protocol_level, packet.bridge) == (4, True)
+    (old,) = PacketReader(1024).feed(encoders.encode_connect("old", protocol_level=0x83, protocol_name="MQIsdp"))
+    assert isinstance(old, packets.Connect) and (old.protocol_level, old.bridge) == (3, True)
+    bridge, device = Session(), Session()
+    (accept,) = bridge.receive(packet)
+    assert isinstance(accept, Accept) and accept.will is not None
+    bridge.accepted()
+    device.receive(connect(client_id="device"))
+    device.accepted()
+    assert bridge.receive(packets.Subscribe(1, (("up/#", 1),)))[0] == AddSubscription("up/#", 1, options=0b11)
+    assert device.receive(packets.Subscribe(1, (("up/#", 1),)))[0] == AddSubscription("up/#", 1)
+    assert bridge.receive(packets.Publish("$SYS/broker/connection/edge/state", b"1", retain=True))[0] == Publication(
+        "$SYS/broker/connection/edge/state", b"1", 0, True
+    )
+    for topic in ("$SYS/broker/uptime", "$SYS/broker/connection/edge/other", f"{PRESENCE}x"):
+        assert bridge.receive(packets.Publish(topic, b"1")) == [Denied(topic)]

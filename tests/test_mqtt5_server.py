@@ -640,6 +640,32 @@ def test_no_local_retain_as_published_and_subscription_identifiers(
     assert first.retain and prop(first, "SubscriptionIdentifier") == [42]
 
 
+@pytest.mark.parametrize("workers", [1, 2])
+def test_live_presence_keeps_its_retain_flag_under_retain_as_published(
+    start_server: Any, clients: list[Paho5], workers: int
+) -> None:
+    # Presence is retained (the registry serves it to new subscriptions), so its live
+    # events are published retained: a Retain As Published subscriber, as a bridge is,
+    # keeps the flag and a remote broker retains what it forwards; any other gets it
+    # without, as every live message (on both coordinators: one worker, and several).
+    server: Server = start_server(workers=workers)
+    kept = Paho5(server.port, "kept")
+    clients.append(kept.start())
+    kept.subscribe((PRESENCE + "#", SubscribeOptions(qos=1, retainAsPublished=True, retainHandling=2)))
+    plain = Paho5(server.port, "plain")
+    clients.append(plain.start())
+    plain.subscribe((PRESENCE + "#", SubscribeOptions(qos=1, retainHandling=2)))
+    time.sleep(0.3)  # the filters reach the other worker
+    device = Paho5(server.port, "flagged")
+    clients.append(device.start())
+    topic = PRESENCE + "flagged"
+    kept.wait(lambda ms: bool(by_topic(ms, topic)))
+    plain.wait(lambda ms: bool(by_topic(ms, topic)))
+    ((flagged, status),) = [(m.retain, json.loads(m.payload)["status"]) for m in by_topic(kept.messages, topic)]
+    assert (flagged, status) == (True, "online")
+    assert [m.retain for m in by_topic(plain.messages, topic)] == [False]
+
+
 @pytest.mark.parametrize("engine", ENGINES)
 def test_a_subscriber_that_breaks_the_protocol_is_told_while_messages_flow(start_server: Any, engine: str) -> None:
     """Found by ``loadtest fuzz --mqtt5``: on the streams engine a subscriber's writer

@@ -435,6 +435,26 @@ def test_store_total_bound_drops_and_names_each_session_once() -> None:
     assert sorted(store.newly_dropping) == ["a", "b"]
 
 
+def test_a_bridges_session_is_queued_by_bytes_where_a_devices_is_also_by_count() -> None:
+    # The server's own bridge carries what a remote broker is owed: no count bound, the
+    # byte bound still holds. A device's session with the same bounds keeps 3.
+    store = SessionStore(window=1, max_queued=3, max_queued_bytes=100, bridges=["local.edge"])
+    for dev in ("local.edge", "dev"):
+        opened(store, dev, clean=False)
+        store.subscribe(dev, "t", 1)
+    for _ in range(20):
+        store.route(Publication("t", b"0123456789", 1))
+
+    def held(client_id: str) -> int:
+        session = store.get(client_id)
+        assert session is not None
+        return len(session.outbox.inflight()) + len(session.outbox.queued())
+
+    assert held("dev") == 3  # away: all of it queued, none in flight
+    assert 3 < held("local.edge") <= 100 // 10
+    assert store.dropped == (20 - held("dev")) + (20 - held("local.edge"))
+
+
 def test_store_qos2_inbound_ids_survive_in_the_session() -> None:
     store = SessionStore()
     opened(store, "dev", clean=False)

@@ -279,6 +279,13 @@ VIOLATIONS: list[tuple[str, bytes, str, int | None]] = [
     # CONNECT.
     ("mqisdp-level-4", encode_connect("x", protocol_level=4, protocol_name="MQIsdp"), "bad-protocol-level", 1),
     ("mqtt-6", encode_connect("x", protocol_level=6), "bad-protocol-level", 1),
+    ("mqtt-5-marked-a-bridge", encode_connect("x", protocol_level=0x85), "bad-protocol-level", 1),
+    (
+        "mqisdp-4-marked-a-bridge",
+        encode_connect("x", protocol_level=0x84, protocol_name="MQIsdp"),
+        "bad-protocol-level",
+        1,
+    ),
     ("mqtt-level-3", encode_connect("x", protocol_level=3), "bad-protocol-level", 1),
     ("unknown-protocol", encode_connect("x", protocol_name="HTTP"), "unknown-protocol", None),
     ("protocol-name-case", encode_connect("x", protocol_name="mqtt"), "unknown-protocol", None),

@@ -11,6 +11,10 @@ messages and acknowledgements passed between them.
   restarting. A QoS 0 one is dropped while the remote is away, as QoS 0 may be.
 - In: a remote message on an ``in``/``both`` topic is published locally on its mapped
   topic, and acknowledged to the remote once the local broker acknowledged it.
+- Retained: on each connection to the remote, as Mosquitto's bridge, the local
+  retained messages of the out topics go to it (the local subscription is made again
+  with Retain Handling 0), the registry's presence among them: after any outage the
+  remote's retained view is the edge's.
 - Loops: the local subscriptions take No Local (5.0), so what the bridge publishes
   locally never comes back to it; on the remote, a 5.0 bridge's subscriptions take No
   Local too, and a 3.1.1 one marks its CONNECT as a bridge's (``try_private``), which
@@ -276,29 +280,41 @@ class Bridge:
                 return
             if not data:
                 return
-            if not await self._handle(side, side.session.receive_data(data)):
-                await side.flush()
+            # A whole read's events are handled before anything is sent, so that a burst
+            # of messages goes on in one write each way rather than one per message.
+            going = self._handle(side, side.session.receive_data(data))
+            await self.remote.flush()
+            await self.local.flush()
+            if not going:
                 return
-            await side.flush()
 
     # -- events --------------------------------------------------------------------------
 
-    async def _handle(self, side: Side, events: list[Event]) -> bool:
-        """Act on ``side``'s events; False once its connection is over."""
+    def _handle(self, side: Side, events: list[Event]) -> bool:
+        """Act on ``side``'s events, queueing what they answer on both sessions (the
+        caller sends it); False once its connection is over."""
         local = side is self.local
         for event in events:
             if isinstance(event, Message):
-                await (self._outgoing(event) if local else self._incoming(event))
+                if local:
+                    self._outgoing(event)
+                else:
+                    self._incoming(event)
             elif isinstance(event, (Acknowledged, Dropped)):
                 chained, origin = (self._in, self.remote) if local else (self._out, self.local)
-                await self._acknowledged(event.token, chained, origin)
+                message = chained.pop(event.token, None)
+                if message is not None:
+                    origin.session.acknowledge(message)
             elif isinstance(event, Connected):
                 side.up = True
                 if side.watch is not None and side.session.keep_alive:
                     # A 5.0 server may set its own keep-alive (Server Keep Alive): the
                     # PINGREQs follow it, and so does the deadline for its answers.
                     side.watch.receive_timeout = 1.5 * side.session.keep_alive
-                await (self._local_connected() if local else self._remote_connected())
+                if local:
+                    self._local_connected()
+                else:
+                    self._remote_connected()
             elif isinstance(event, Subscribed):
                 if local:
                     self._local_ready.set()
@@ -321,25 +337,30 @@ class Bridge:
                 return False
         return True
 
-    async def _local_connected(self) -> None:
-        session = self.local.session
-        # Retain As Published: a retained message goes on retained (bridge_outgoing_retain
-        # says whether), as Mosquitto's bridge, inside its broker, sees the flag.
-        subs = [
-            v5.Subscription(f, q, no_local=True, retain_as_published=True)
-            for f, q in local_subscriptions(self.spec.topics)
-        ]
-        if subs:
-            session.subscribe(subs)
-        else:
-            self._local_ready.set()  # an ``in``-only bridge listens to nothing here
+    def _local_connected(self) -> None:
+        # As Mosquitto's bridge: the local broker's retained messages on the out topics
+        # go to the remote on each connection to it, so its retained view is the
+        # edge's after every outage (presence above all). So this subscription asks
+        # for them only if the remote is already up; else _remote_connected does.
+        self._subscribe_locally(0 if self.remote.up else 2)
         if self.spec.notifications and not self._notified_start:
             # As Mosquitto: the state is "0" from the start, until the remote accepts.
             self._notified_start = True
             self._notify_local(b"0")
-        await self.local.flush()
 
-    async def _remote_connected(self) -> None:
+    def _subscribe_locally(self, retain_handling: int) -> None:
+        # Retain As Published: a retained message goes on retained (bridge_outgoing_retain
+        # says whether), as Mosquitto's bridge, inside its broker, sees the flag.
+        subs = [
+            v5.Subscription(f, q, no_local=True, retain_as_published=True, retain_handling=retain_handling)
+            for f, q in local_subscriptions(self.spec.topics)
+        ]
+        if subs:
+            self.local.session.subscribe(subs)
+        else:
+            self._local_ready.set()  # an ``in``-only bridge listens to nothing here
+
+    def _remote_connected(self) -> None:
         self.connections += 1
         session = self.remote.session
         log.info("bridge %s: connected (%d)", self.spec.name, self.connections)
@@ -353,8 +374,8 @@ class Bridge:
             if not self.spec.notifications_local_only:
                 session.publish(self.state_topic, b"1", 1, retain=True)
             self._notify_local(b"1")
-        await self.remote.flush()
-        await self.local.flush()
+        if self.local.up:
+            self._subscribe_locally(0)  # the retained messages again, for the remote
 
     def _notify_local(self, payload: bytes) -> None:
         if not self.spec.notifications:
@@ -364,31 +385,23 @@ class Bridge:
         elif self.local.up:
             self.local.session.publish(self.state_topic, payload, 1, retain=True)
 
-    async def _outgoing(self, message: Message) -> None:
+    def _outgoing(self, message: Message) -> None:
         topic = map_outgoing(self.spec.topics, message.topic)
         if topic is None or (not message.qos and not self.remote.up):
             self.local.session.acknowledge(message)
-            await self.local.flush()
             return
         retain = message.retain and self.spec.bridge_outgoing_retain
         token = self.remote.session.publish(topic, message.payload, message.qos, retain, _forwarded(message))
         self.forwarded_out += 1
         if message.qos:
             self._out[token] = message
-        await self.remote.flush()
 
-    async def _incoming(self, message: Message) -> None:
+    def _incoming(self, message: Message) -> None:
         topic = map_incoming(self.spec.topics, message.topic)
         token = self.local.session.publish(topic, message.payload, message.qos, message.retain, _forwarded(message))
         self.forwarded_in += 1
         if message.qos:
             self._in[token] = message
-        await self.local.flush()
-
-    async def _acknowledged(self, token: int, chained: dict[int, Message], origin: Side) -> None:
-        message = chained.pop(token, None)
-        if message is not None and origin.session.acknowledge(message):
-            await origin.flush()
 
 
 def _forwarded(message: Message) -> Properties:

@@ -13,9 +13,9 @@ session's :class:`~.outbox.Outbox` numbers them and keeps them until acknowledge
 QoS 0 messages to a connected client take the ordinary path of its worker's
 broker, and are not queued while it is away (as Mosquitto's default).
 
-Bounds: each session's outbox (in flight, queued messages and bytes), a total of
-queued bytes over every session, and an expiry for sessions whose client does not
-return. What is dropped is counted.
+Bounds: each session's outbox (in flight, queued messages and bytes; a bridge's by
+bytes alone), a total of queued bytes over every session, and an expiry for sessions
+whose client does not return. What is dropped is counted.
 
 Expiry is the session's own (MQTT 5.0 §3.1.2.11.2): a 3.1.1 session is kept the
 store's ``expiry`` after its client left; a 5.0 session the Session Expiry Interval
@@ -40,12 +40,13 @@ from __future__ import annotations
 
 import collections
 import heapq
-from collections.abc import Callable, Hashable, Iterable
-from typing import Protocol
+from collections.abc import Callable, Collection, Hashable, Iterable
+from typing import Any
 
 from ..mqtt.publication import Publication
-from .outbox import DEFAULT_MAX_QUEUED, DEFAULT_MAX_QUEUED_BYTES, DEFAULT_WINDOW, Message, MessageJournal, Outbox
+from .outbox import DEFAULT_MAX_QUEUED, DEFAULT_MAX_QUEUED_BYTES, DEFAULT_WINDOW, Message, Outbox
 from .reports import Acked, AckedTogether, Attach, Delivery, Detach, Discard, Opened, Push, Report, Subscribed
+from .stored import SessionJournal, StoredSession
 from .subscriptions import Subscriptions
 
 __all__ = [
@@ -68,76 +69,7 @@ TAKEOVER_GRACE = 60
 """Seconds a session resumed from a connection that still holds it (a takeover) is kept
 at least, whatever its expiry, should that connection end before the new one's
 CONNACK: the old expiry (0, say) must not end a session the new connection resumed."""
-
-
-class SessionJournal(Protocol):
-    """Who is told of every change to the sessions, so that a durable store writes only
-    the sessions that changed (:mod:`..coordination.durable`)."""
-
-    def session(self, client_id: str) -> None:
-        """The session of ``client_id`` changed (or is gone): its record is written again."""
-        ...
-
-    def opened(self, stored: StoredSession) -> MessageJournal:
-        """A new session: the journal of its messages."""
-        ...
-
-    def discarded(self, stored: StoredSession) -> None:
-        """``stored`` is gone, and every message it held."""
-        ...
-
-
-class StoredSession:
-    """One client id's persistent state."""
-
-    __slots__ = (
-        "client_id",
-        "username",
-        "subscriptions",
-        "outbox",
-        "inbound",
-        "holder",
-        "left_at",
-        "drop_logged",
-        "v5",
-        "expiry",
-        "reopened",
-    )
-
-    def __init__(
-        self, client_id: str, outbox: Outbox, username: str | None = None, v5: bool = False, expiry: float = 0.0
-    ) -> None:
-        self.client_id = client_id
-        self.username = username
-        """Who the client last authenticated as (access rules apply per message)."""
-        self.subscriptions: dict[str, int] = {}
-        self.outbox = outbox
-        self.inbound: set[int] = set()
-        """QoS 2 packet ids received (PUBREC sent) whose PUBREL has not come."""
-        self.holder: Hashable | None = None
-        """Who holds the client's connection now (an epoch); None while it is away."""
-        self.left_at = 0.0
-        self.drop_logged = False
-        self.v5 = v5
-        """Whether the client last connected with MQTT 5.0 (its messages are written so)."""
-        self.expiry = expiry
-        """Seconds the session outlives its client's connection (0: it ends with it)."""
-        self.reopened = False
-        """A newer connection resumed it while an older one held it (a takeover, or a
-        reconnect whose older connection's end is still on its way): until the newer
-        one's CONNACK, the older one's end neither ends it nor sets its expiry."""
-
-    def speak(self, v5: bool) -> None:
-        """The client (re)connected with MQTT 5.0 (``v5``) or 3.1.x: what it is owed is
-        written in that version from now on (a 3.1.x PUBLISH has no room for properties)."""
-        if v5 == self.v5:
-            return
-        self.v5 = v5
-        journal = self.outbox.journal
-        for message in (*self.outbox.inflight(), *self.outbox.queued()):
-            message.properties = (message.properties or b"") if v5 else None
-            if journal is not None:
-                journal.changed(message)
+_NO_COUNT = 1 << 62  # a bridge's queue: bounded by its bytes instead
 
 
 class SessionStore:
@@ -155,7 +87,10 @@ class SessionStore:
         expiry: float = DEFAULT_EXPIRY,
         may_read: Callable[[str | None, str, str], bool] | None = None,
         max_sessions: int = DEFAULT_MAX_SESSIONS,
+        bridges: Collection[str] = (),
     ) -> None:
+        self.bridges = frozenset(bridges)
+        """The client ids of the server's own bridges (their local sessions): queued by bytes alone."""
         self.max_sessions = max_sessions
         """Sessions kept at once: past it, a new one is refused (a stored one still resumes)."""
         self.refused = 0
@@ -295,9 +230,7 @@ class SessionStore:
         if len(self._sessions) >= self.max_sessions:
             self.refused += 1
             return None
-        outbox = Outbox(
-            self.window, self.max_queued, self.max_queued_bytes, window_bytes=self.window_bytes, attached=False
-        )
+        outbox = self.outbox(client_id)
         stored = StoredSession(client_id, outbox, username, v5, self.expiry if expiry is None else expiry)
         self._sessions[client_id] = stored
         if self.journal is not None:
@@ -307,6 +240,15 @@ class SessionStore:
         stored.left_at = now
         heapq.heappush(self._expiries, (now + stored.expiry, client_id))
         return Opened(False, {}, frozenset())
+
+    def outbox(self, client_id: str, **options: Any) -> Outbox:
+        """A new outbox for ``client_id``'s session, bounded as the store says, but a
+        bridge's: it holds what a remote broker is owed, however many messages that is,
+        within the bytes' bound (the remote away, or slower than the publishers)."""
+        count = _NO_COUNT if client_id in self.bridges else self.max_queued
+        return Outbox(
+            self.window, count, self.max_queued_bytes, window_bytes=self.window_bytes, attached=False, **options
+        )
 
     def attach(self, client_id: str, holder: Hashable, expiry: float | None = None) -> Delivery | None:
         """Its CONNACK is out: from now on ``holder`` gets its messages, starting with the
@@ -455,17 +397,18 @@ class SessionStore:
             stored = self._sessions[client_id]
             if may_read is not None and not may_read(stored.username, client_id, topic):
                 continue
-            if stored.v5:
-                options = subscriptions.options(client_id)
-                flag, extra = False, b""
-                if options:
-                    shaped = subscriptions.shaped(client_id, options, topic, client_id == origin, retain)
-                    if shaped is None:
-                        continue  # No Local: its own message
-                    flag, extra = shaped
-                message = Message(topic, payload, level, flag, properties + extra)
-            else:
-                message = Message(topic, payload, level)
+            options = subscriptions.options(client_id)  # 5.0's, or a 3.1.x bridge's
+            flag, extra = False, b""
+            if options:
+                shaped = subscriptions.shaped(client_id, options, topic, client_id == origin, retain)
+                if shaped is None:
+                    continue  # No Local: its own message
+                flag, extra = shaped
+            message = (
+                Message(topic, payload, level, flag, properties + extra)
+                if stored.v5
+                else Message(topic, payload, level, flag)
+            )
             if stored.holder is None:
                 if not self.keeps_absent:
                     self.unkept += 1

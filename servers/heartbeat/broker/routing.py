@@ -223,14 +223,24 @@ class Broker(Generic[S]):
                     self.hold(sub, Message(topic, payload, level, flag, properties + extra))
                 else:
                     continue
-            elif level == 0:
-                if not wire:
-                    wire = encode_publish(topic, payload, retain=retain)
-                self.enqueue(sub, wire)
-            elif sub.persistent:
-                continue
             else:
-                self.hold(sub, Message(topic, payload, level, retain))
+                flag = retain
+                options = subscriptions.options(sub)
+                if options:  # a 3.1.x bridge's subscription (Mosquitto's try_private)
+                    shaped = subscriptions.shaped(sub, options, topic, sub is origin, published_retain)
+                    if shaped is None:
+                        continue  # No Local: its own message
+                    flag = shaped[0]
+                if level == 0:
+                    if flag:
+                        self.enqueue(sub, encode_publish(topic, payload, retain=True))
+                    else:
+                        wire = wire or encode_publish(topic, payload, retain=retain)
+                        self.enqueue(sub, wire)
+                elif sub.persistent:
+                    continue
+                else:
+                    self.hold(sub, Message(topic, payload, level, flag))
             count += 1
         self.delivered_bytes += count * len(payload)  # the shared ones' are give_message's
         for shared in subscriptions.groups(topic) if groups is None else groups:

@@ -44,6 +44,7 @@ from .sys_figures import BrokerCounts
 __all__ = [
     "LEAVE_TIMEOUT",
     "Coordinator",
+    "Duty",
     "Health",
     "Host",
     "log_session_drops",
@@ -169,6 +170,23 @@ def retained_figures(retention: Retention) -> list[Metric]:
     return f.families
 
 
+class Duty(Protocol):
+    """A task one node of a fleet performs at a time (:meth:`Coordinator.duty`)."""
+
+    @property
+    def renew_every(self) -> float:
+        """Seconds between :meth:`hold` calls while holding it."""
+        ...
+
+    async def hold(self) -> bool:
+        """Keep it if this node holds it, take it if free; whether this node holds it now."""
+        ...
+
+    async def release(self) -> None:
+        """Give it up now, for another node to take."""
+        ...
+
+
 class Coordinator(abc.ABC):
     """The interface between one worker and whatever it shares state with."""
 
@@ -184,6 +202,11 @@ class Coordinator(abc.ABC):
     @abc.abstractmethod
     async def run(self, host: Host, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Connect and serve ``host`` until cancelled; ``started()`` once reports are accepted."""
+
+    def duty(self, name: str) -> Duty | None:
+        """A claim on the task ``name`` that the whole fleet performs at one node at a time
+        (a bridge); None where this coordinator serves one box (its worker 0 performs it)."""
+        return None
 
     @abc.abstractmethod
     def online(self, event: PresenceEvent) -> None:

@@ -10,11 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from ..mqtt.publication import Publication
 from ..presence.event import PresenceEvent, PresenceSink
 from . import Host, frames, publish_to_sinks
 from .registry import Registry
-from .retention import presence_properties
+from .retention import live_presence, presence_properties
 
 __all__ = ["Alone"]
 
@@ -48,4 +47,4 @@ class Alone:
             if host is not None and event.client_id is not None:
                 # The supervisor's offline TTL is not known here: no Message Expiry.
                 properties = presence_properties(event, None, 0.0)
-                host.deliver(Publication(self._prefix + event.client_id, event.payload(), 0, False, properties))
+                host.deliver(live_presence(self._prefix + event.client_id, event, properties))

@@ -24,7 +24,6 @@ from ..broker.reports import Attach, Delivery
 from ..broker.topics import FilterIndex
 from ..mqtt.endings import Offline
 from ..mqtt.policy import DEFAULT_PRESENCE_PREFIX
-from ..mqtt.publication import Publication
 from ..presence.event import PresenceEvent, PresenceSink
 from ..presence.overview import RecentEnds, registry_overview
 from . import frames, log_session_drops, log_sessions_full, publish_to_sinks
@@ -35,7 +34,7 @@ from .holders import Holders
 from .probes import Probes
 from .registry import DEFAULT_MAX_BYTES as DEFAULT_RECORD_BYTES
 from .registry import Registry
-from .retention import MqttState
+from .retention import MqttState, live_presence
 from .spread import Spread
 from .sys_figures import BoxTotals, BrokerCounts, with_store
 
@@ -458,7 +457,7 @@ class Authority:
         publish_to_sinks(self.sinks, event)
         if event.client_id is not None:
             topic, properties = self.presence_prefix + event.client_id, self.retention.presence_properties(event)
-            self._spread.deliver(frames.Deliver(Publication(topic, event.payload(), 0, False, properties)))
+            self._spread.deliver(frames.Deliver(live_presence(topic, event, properties, self.retention.presence)))
 
     def _filters_changed(self) -> None:
         """Send each worker what changed in the filters held by others than it (the

@@ -33,7 +33,7 @@ from .durable.driver import Committer, durability_figures, restored
 from .durable.wills import HeldWill
 from .registry import DEFAULT_MAX_BYTES as DEFAULT_RECORD_BYTES
 from .registry import Registry
-from .retention import MqttState, RetainedMessage
+from .retention import MqttState, RetainedMessage, live_presence
 from .sys_figures import BrokerCounts, with_store
 
 logger = logging.getLogger("servers.heartbeat.coordination")
@@ -243,4 +243,4 @@ class InProcessCoordinator(Coordinator):
         if self._host is not None and event.client_id is not None:
             properties = self.retention.presence_properties(event)
             topic = self.presence_prefix + event.client_id
-            self._host.deliver(Publication(topic, event.payload(), 0, False, properties))
+            self._host.deliver(live_presence(topic, event, properties, self.retention.presence))

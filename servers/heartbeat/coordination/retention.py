@@ -28,6 +28,7 @@ from ...logs import OncePer, shown
 from ..broker.persistent import SessionStore
 from ..broker.retained import RetainedStore
 from ..mqtt.filters import topic_matches
+from ..mqtt.publication import Publication
 from ..mqtt.v5.outbound import expiring, forwarded, message_expiry
 from ..mqtt.v5.properties import Properties
 from ..presence.event import PresenceEvent
@@ -39,6 +40,7 @@ __all__ = [
     "RetainedMessage",
     "Retention",
     "exact_presence",
+    "live_presence",
     "matches_every_presence_topic",
     "presence_possible",
     "presence_properties",
@@ -113,6 +115,16 @@ def presence_properties(event: PresenceEvent, offline_ttl: float | None, now: fl
     return forwarded(
         Properties(payload_format_indicator=1, message_expiry_interval=expiry, content_type="application/json")
     )
+
+
+def live_presence(topic: str, event: PresenceEvent, properties: bytes, retained: bool = True) -> Publication:
+    """``event`` as it goes to the subscribers of ``topic`` as it happens: QoS 0 (what a
+    late subscriber is owed is the registry's state, not a queue of events), flagged
+    retained when presence is (``retained``). A subscriber with Retain As Published, a
+    bridge above all, then keeps it retained, so a remote broker's retained view
+    follows the edge's; every other subscriber gets it without the flag, as any live
+    message (:meth:`~..broker.routing.Broker.deliver`)."""
+    return Publication(topic, event.payload(), 0, retained, properties)
 
 
 @dataclass(frozen=True, slots=True)

@@ -175,22 +175,23 @@ def _parse_connect(src: bytes, pos: int, end: int) -> Connect | v5_packets.Conne
     name, pos = _string(src, pos, end, "the protocol name")
     if pos >= end:
         raise ProtocolError("truncated-packet", detail="CONNECT without a protocol level")
-    level = src[pos]
+    # The top bit marks a bridge (Mosquitto's try_private): the level is the rest.
+    bridge, level = bool(src[pos] & 0x80), src[pos] & 0x7F
     pos += 1
     # Judge the protocol before anything after it: MQTT 5 lays out the rest differently.
     if name == "MQTT":
-        if level == 5:
+        if level == 5 and not bridge:
             # MQTT 5.0: its own reader (properties, reason codes), from the protocol name on.
             connect = v5_codec.read_packet(V5_CONNECT_HEADER, src[start:end])
             assert isinstance(connect, v5_packets.Connect)
             return connect
         if level != 4:
-            raise ProtocolError("bad-protocol-level", connack_code=1, detail=f"MQTT protocol level {level}")
+            raise ProtocolError("bad-protocol-level", connack_code=1, detail=f"MQTT protocol level {src[pos - 1]}")
     elif name == "MQIsdp":
         # MQTT 3.1, which old devices still send: the same layout as 3.1.1 (the session
         # handles its differences: an id required, no session-present flag).
         if level != 3:
-            raise ProtocolError("bad-protocol-level", connack_code=1, detail=f"MQIsdp with level {level}, not 3")
+            raise ProtocolError("bad-protocol-level", connack_code=1, detail=f"MQIsdp with level {src[pos - 1]}, not 3")
     else:
         raise ProtocolError("unknown-protocol", detail=repr(name[:32]))
     if pos >= end:
@@ -240,6 +241,7 @@ def _parse_connect(src: bytes, pos: int, end: int) -> Connect | v5_packets.Conne
         will_retain=will_retain,
         username=username,
         password=password,
+        bridge=bridge,
     )
 
 

@@ -94,6 +94,9 @@ class Connect:
     will_retain: bool = False
     username: str | None = None
     password: bytes | None = None
+    bridge: bool = False
+    """The protocol level's top bit was set (``0x84``, ``0x83``): a bridge's CONNECT, as
+    Mosquitto's ``try_private`` marks it; ``protocol_level`` is without the bit."""
 
 
 @record

@@ -58,6 +58,7 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 __all__ = [
+    "BRIDGE_STATE",
     "DEFAULT_MAX_CLIENT_ID",
     "DEFAULT_MAX_QOS",
     "DEFAULT_PRESENCE_PREFIX",
@@ -132,6 +133,10 @@ def check_presence_prefix(prefix: str) -> str:
     return prefix
 
 
+BRIDGE_STATE = "$SYS/broker/connection/"
+"""Where bridges publish their state: ``$SYS/broker/connection/<client id>/state``."""
+
+
 @dataclass(frozen=True, slots=True)
 class SessionPolicy:
     """The server's rules for its sessions (see the module docs)."""
@@ -169,7 +174,14 @@ class SessionPolicy:
     """Whether clients may publish retained messages (and Wills); see the module docs."""
     message_size_limit: int = 0
     """The longest payload a client's PUBLISH or Will may carry, in bytes; 0: no limit."""
+    bridge: bool = False
+    """The session is a bridge's (its CONNECT said so, Mosquitto's ``try_private``): its
+    subscriptions take No Local and Retain As Published, as Mosquitto gives them."""
 
     def reserved(self, topic: str) -> bool:
-        """Whether only the server writes ``topic``: presence and the ``$`` topics."""
-        return topic.startswith("$") or topic.startswith(self.presence_prefix)
+        """Whether only the server writes ``topic``: presence and the ``$`` topics, but a
+        bridge's state (``$SYS/broker/connection/+/state``), which Mosquitto lets any
+        client write, so that a bridge connecting here may say it (and leave its Will)."""
+        if topic.startswith("$"):
+            return not (topic.startswith(BRIDGE_STATE) and topic.endswith("/state") and topic.count("/") == 4)
+        return topic.startswith(self.presence_prefix)

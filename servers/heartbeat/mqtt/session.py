@@ -8,6 +8,7 @@ handshake and of MQTT 3.1.1's packet order is testable on its own.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import itertools
 import os
@@ -30,7 +31,7 @@ from .effects import (
     TooLarge,
     Will,
 )
-from .filters import SHARE_PREFIX, shared_filter
+from .filters import SHARE_PREFIX, pack_options, shared_filter
 from .packets import ProtocolError
 from .policy import DEFAULT_MAX_QOS, DEFAULT_PRESENCE_PREFIX, SessionPolicy, utf8_length
 from .publication import Publication
@@ -95,6 +96,9 @@ _ID_PREFIX = f"auto-{os.getpid():x}-"
 
 
 _DEFAULT = SessionPolicy()
+# A bridge's subscriptions (Mosquitto's, for a CONNECT marked try_private): none of its
+# own messages back, and the retain flag as published, so no two brokers loop.
+_BRIDGED = pack_options(no_local=True, retain_as_published=True)
 
 
 def assign_client_id() -> str:
@@ -259,6 +263,9 @@ class Session:
         self.state = State.CONNECTING
         self.protocol_level = packet.protocol_level
         client_id = packet.client_id
+        if packet.bridge:
+            # A policy of its own rather than a slot on every device's session.
+            self._policy = dataclasses.replace(self._policy, bridge=True)
         policy = self._policy
         if packet.will_retain and packet.will_topic is not None and not policy.retain_available:
             # As Mosquitto: read from the flags, before anything else; no CONNACK code says it.
@@ -320,7 +327,7 @@ class Session:
         for topic_filter, level, verdict in self._verdicts(packet.topics):
             if verdict is Verdict.GRANTED:
                 granted.append(level)
-                effects.append(AddSubscription(topic_filter, level))
+                effects.append(AddSubscription(topic_filter, level, options=_BRIDGED if self._policy.bridge else 0))
             else:
                 granted.append(SUBACK_FAILURE)
                 if verdict is Verdict.QUOTA:

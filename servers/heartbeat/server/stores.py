@@ -40,6 +40,8 @@ def session_store(config: HeartbeatConfig) -> SessionStore:
         expiry=config.session_expiry,
         max_sessions=config.max_persistent_sessions,
         may_read=acl_reader(config, config.listeners or ()),
+        # A bridge's local session holds what its remote is owed: by bytes, not by count.
+        bridges=[spec.local_id() for spec in config.bridges if not spec.local_clean],
     )
 
 

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from ...broker.outbox import Message, Outbox, Stage
+from ...broker.outbox import Message, Stage
 from ...broker.persistent import SessionStore, StoredSession
 from ...presence.event import PresenceEvent
 
@@ -123,14 +123,7 @@ def session_of(
     client was connected when the server stopped left at ``ended_at`` (wall). Returns
     it with its subscriptions' MQTT 5 options."""
     client_id, username, v5, expiry, left, subscriptions, inbound = row
-    outbox = Outbox(
-        store.window,
-        store.max_queued,
-        store.max_queued_bytes,
-        window_bytes=store.window_bytes,
-        attached=False,
-        clock=outbox_clock,
-    )
+    outbox = store.outbox(client_id, clock=outbox_clock)
     messages = [message_of(r, clocks) for r in rows]
     outbox.restore([m for m in messages if m.packet_id], [m for m in messages if not m.packet_id])
     stored = StoredSession(client_id, outbox, username, bool(v5), expiry)

@@ -17,25 +17,25 @@ a module of its own:
 - :mod:`.filters` and :mod:`.routes`: who subscribes to what, and routing;
 - :mod:`.reader`: the presence stream, routed messages and notices, read back;
 - :mod:`.sessions` and :mod:`.retained`: persistent sessions, retained messages;
-- :mod:`.metrics`: the figures.
+- :mod:`.metrics`: the figures; :mod:`.duties`: a task one node performs at a time.
 
-**Nothing blocks the worker.** :meth:`RedisCoordinator.online`, ``offline``,
-``route``, ``note``, ``filters_changed``, ``session``, ``discard_session`` and
-``retain`` return at once: reports go into a bounded queue that one task flushes
-in order; while Redis is unreachable the queue holds them (past ``queue_limit``
-new ones are dropped and counted, and a resynchronisation is scheduled so the
-registry heals anyway). Only ``lookup``, ``open_session`` and ``retained`` wait,
-each bounded by a timeout; and a PUBACK whose message changed what Redis keeps
-waits for Redis to have it (:meth:`RedisCoordinator.committed`). ``open_session``
-goes through the queue too (so it sees the node's reports applied) and answers None
-after ``open_timeout``: a CONNECT refused (3) loses no stored session.
+**Nothing blocks the worker.** :meth:`RedisCoordinator.online`, ``offline``, ``route``,
+``note``, ``filters_changed``, ``session``, ``discard_session`` and ``retain`` return at
+once: reports go into a bounded queue that one task flushes in order; while Redis is
+unreachable the queue holds them (past ``queue_limit`` new ones are dropped and counted,
+and a resynchronisation is scheduled so the registry heals anyway). Only ``lookup``,
+``open_session`` and ``retained`` wait, each bounded by a timeout; and a PUBACK whose
+message changed what Redis keeps waits for Redis to have it
+(:meth:`RedisCoordinator.committed`). ``open_session`` goes through the queue too (so it
+sees the node's reports applied) and answers None after ``open_timeout``: a CONNECT
+refused (3) loses no stored session.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 import trio
@@ -52,11 +52,12 @@ from ...presence.overview import RecentEnds
 from .. import Coordinator, Health, Host, publish_to_sinks
 from ..retention import RetainedMessage
 from .claims import Claims
+from .duties import DutyLease
 from .filters import Filters
 from .flusher import Flusher
 from .keys import FleetKeys
 from .leases import LeaseKeeper
-from .link import RedisLink
+from .link import RedisLink, first_of
 from .lookups import device_record, fleet_overview
 from .metrics import FleetCounts, fleet_families, read_fleet_figures
 from .queue import OpenQuestion, Queued, ReportQueue
@@ -84,17 +85,15 @@ class RedisCoordinator(Coordinator, FleetCounts):
     Redis full for a week; 0: as long as the others).
 
     Persistent sessions and retained messages take the options of
-    :class:`~..inprocess.InProcessCoordinator`'s store and retention: ``max_qos``,
-    ``max_inflight`` (the window) and ``max_inflight_bytes``, ``max_queued`` and ``max_queued_bytes`` per
-    session, ``total_queued_bytes`` over all, ``session_expiry`` (seconds),
-    ``may_read`` (the ACL per message, as :attr:`SessionStore.may_read`; None lets
-    everything through), ``retain_presence``, ``presence_offline_ttl`` (None: while
-    the record is kept), ``max_retained_bytes`` and ``max_retained_count``, and each
-    client's share, ``max_retained_per_client`` and ``max_retained_bytes_per_client``. Every node
-    of a fleet should be given the same. ``open_timeout``: how long a CONNECT with
-    CleanSession=0 waits for its stored session before it is refused (3).
-
-    Its figures (:class:`~.metrics.FleetCounts`) are its attributes.
+    :class:`~..inprocess.InProcessCoordinator`'s store and retention: ``max_qos``, ``max_inflight``
+    (the window) and ``max_inflight_bytes``, ``max_queued`` and ``max_queued_bytes`` per session,
+    ``total_queued_bytes`` over all, ``session_expiry`` (seconds), ``may_read`` (the ACL per
+    message, as :attr:`SessionStore.may_read`; None lets everything through), ``retain_presence``,
+    ``presence_offline_ttl`` (None: while the record is kept), ``max_retained_bytes`` and
+    ``max_retained_count``, and each client's share, ``max_retained_per_client`` and
+    ``max_retained_bytes_per_client``. Every node of a fleet should be given the same.
+    ``open_timeout``: how long a CONNECT with CleanSession=0 waits for its stored session before
+    it is refused (3). Its figures (:class:`~.metrics.FleetCounts`) are its attributes.
     """
 
     def __init__(
@@ -199,6 +198,7 @@ class RedisCoordinator(Coordinator, FleetCounts):
             seen=self.recent,
             presence_prefix=presence_prefix,
             offline_ttl=presence_offline_ttl,
+            retain_presence=retain_presence,
             moved_on=self._moved_on,
         )
         self.flusher = Flusher(
@@ -416,6 +416,10 @@ class RedisCoordinator(Coordinator, FleetCounts):
         returns how many this call ended."""
         return await self.sweeper.sweep(dead, lock=lock, batch=batch)
 
+    def duty(self, name: str) -> DutyLease:
+        """See :meth:`Coordinator.duty`: a lease in Redis, as long as this node's."""
+        return DutyLease(self.link, self.keys, self.node, name, self.lease_keeper.lease)
+
     async def expire_sessions(self) -> int:
         """Discard the persistent sessions whose clients stayed away past ``session_expiry``;
         returns how many this call discarded. Every node runs it (a script: never twice)."""
@@ -456,7 +460,7 @@ class RedisCoordinator(Coordinator, FleetCounts):
         At most ``open_timeout``, and no longer than Redis answers: a fleet starts with
         Redis slow or down (reports are queued), only not yet routing by the others."""
         with trio.move_on_after(self.open_timeout):
-            await _first_of(self._joined, self.link.unreachable.wait)
+            await first_of(self._joined, self.link.unreachable.wait)
         if not self._is_member():
             link = self.link
             why = f"redis unreachable: {link.last_error}" if link.unreachable.is_set() else "redis is slow"
@@ -484,15 +488,3 @@ class RedisCoordinator(Coordinator, FleetCounts):
     def _moved_on(self) -> None:
         self._progress.set()
         self._progress = trio.Event()
-
-
-async def _first_of(*waits: Callable[[], Awaitable[object]]) -> None:
-    """Until the first of ``waits`` returns; the others are cancelled."""
-    async with trio.open_nursery() as nursery:
-        for wait in waits:
-            nursery.start_soon(_then_cancel, wait, nursery.cancel_scope)
-
-
-async def _then_cancel(wait: Callable[[], Awaitable[object]], scope: trio.CancelScope) -> None:
-    await wait()
-    scope.cancel()

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any, TypeAlias
 
@@ -18,7 +18,7 @@ from .pools import SlotKeepingClusterPool, SlotKeepingPool, SlotKeepingSentinelP
 from .scripts import FleetScripts
 from .target import RedisTarget, parse_target
 
-__all__ = ["CALLS_IN_FLIGHT", "Client", "RedisLink", "cluster_connections"]
+__all__ = ["CALLS_IN_FLIGHT", "Client", "RedisLink", "cluster_connections", "first_of"]
 
 Client: TypeAlias = "coredis.Redis[bytes] | coredis.RedisCluster[bytes]"
 """What a node talks to Redis through: one server's client or a cluster's."""
@@ -199,3 +199,15 @@ def _unanswered(exc: BaseException) -> bool:
 async def _entered(sentinel: coredis.Sentinel[bytes], primary: coredis.Redis[bytes]) -> AsyncIterator[None]:
     async with sentinel, primary:
         yield
+
+
+async def first_of(*waits: Callable[[], Awaitable[object]]) -> None:
+    """Until the first of ``waits`` returns; the others are cancelled."""
+    async with trio.open_nursery() as nursery:
+        for wait in waits:
+            nursery.start_soon(_then_cancel, wait, nursery.cancel_scope)
+
+
+async def _then_cancel(wait: Callable[[], Awaitable[object]], scope: trio.CancelScope) -> None:
+    await wait()
+    scope.cancel()

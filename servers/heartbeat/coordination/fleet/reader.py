@@ -42,7 +42,7 @@ import trio
 from ...mqtt.publication import Publication
 from ...presence.event import PresenceEvent, PresenceSink
 from .. import Host, publish_to_sinks
-from ..retention import presence_properties
+from ..retention import live_presence, presence_properties
 from .filters import Filters
 from .keys import FleetKeys
 from .link import RedisLink
@@ -80,6 +80,7 @@ class StreamReader:
         seen: PresenceSink | None = None,
         presence_prefix: str,
         offline_ttl: float | None = None,
+        retain_presence: bool = True,
         moved_on: Callable[[], None],
     ) -> None:
         self.link = link
@@ -92,6 +93,8 @@ class StreamReader:
         self.presence_prefix = presence_prefix
         self.offline_ttl = offline_ttl
         """How long offline presence is retained: the Message Expiry its events carry."""
+        self.retain_presence = retain_presence
+        """Whether presence is retained: the retain flag its live events carry."""
         self.moved_on = moved_on
         self.presence_streams = {shard.stream for shard in keys.shards}
         self.keys = keys
@@ -258,7 +261,7 @@ class StreamReader:
                 # Every node reads every event: each serves the shared subscriptions it owns for it.
                 groups = self.filters.shares.owned(topic, f"{event.epoch}\0{event.status}")
                 properties = presence_properties(event, self.offline_ttl, time.time())
-                host.deliver(Publication(topic, event.payload(), 0, False, properties), groups=groups)
+                host.deliver(live_presence(topic, event, properties, self.retain_presence), groups=groups)
             except Exception:
                 logger.exception("node %s: deliver raised", self.node)
 
