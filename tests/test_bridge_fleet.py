@@ -1,14 +1,16 @@
-"""One bridge per fleet (issue 64): two gateways on a real Redis, each given the same
+"""One bridge per fleet (issue 64): three gateways on a real Redis, each given the same
 ``--bridge`` to a real Mosquitto. One gateway runs it at a time (its duty, a lease in
-Redis), so the remote gets each message once whichever gateway it was published on;
-the runner SIGKILLed, the other takes the bridge over (the same client ids, the local
-session carried over in Redis) and what is published meanwhile at QoS 1 arrives; Redis
-restarted, the bridge stops and comes back.
+Redis), so the remote gets each message once whichever gateway it was published on.
+The runner SIGKILLed, another takes the bridge over (the same client ids, the local
+session carried over in Redis) and what is published meanwhile at QoS 1 arrives; that
+one stalled (SIGSTOP) past the lease, the third takes over, and the stalled one, resumed,
+stops its own; Redis restarted, the bridge carries on.
 Real processes and clock; every wait bounded."""
 
 from __future__ import annotations
 
 import collections
+import signal
 import socket
 import subprocess
 from pathlib import Path
@@ -49,7 +51,7 @@ async def test_a_fleet_runs_one_bridge_and_another_gateway_takes_it_over(
     redis: RedisServer, remote: Mosquitto, tmp_path: Path
 ) -> None:
     bridge = url(remote.port, "data/# out 1", restart_timeout="1", keepalive_interval="5")
-    started = [await trio.to_thread.run_sync(start_gateway, redis, bridge, tmp_path, f"gw{i}") for i in range(2)]
+    started = [await trio.to_thread.run_sync(start_gateway, redis, bridge, tmp_path, f"gw{i}") for i in range(3)]
     try:
         cloud = await client(remote.port, "cloud", "data/#", "$SYS/broker/connection/#")
 
@@ -59,51 +61,70 @@ async def test_a_fleet_runs_one_bridge_and_another_gateway_takes_it_over(
         def payloads() -> collections.Counter[bytes]:
             return collections.Counter(p for t, p, _ in cloud.messages() if t.startswith("data/"))
 
+        def runner() -> int:
+            name = holder(redis)
+            return int(name.removeprefix("gw")) if name else -1
+
         async with trio.open_nursery() as nursery:
             nursery.start_soon(drain, cloud)
             await until(lambda: notes()[-1:] == [b"1"], 30)
             devices = [await client(port, f"device{i}") for i, (_, port, _) in enumerate(started)]
             for d in devices:
                 nursery.start_soon(drain, d)
-            for n in range(20):
-                for i, d in enumerate(devices):
-                    d.session.publish(f"data/{i}", b"%d-%d" % (i, n), 1)
-            for d in devices:
-                await d.flush()
-            first = {b"%d-%d" % (i, n) for i in range(2) for n in range(20)}
-            await until(lambda: set(payloads()) >= first, 20)
+
+            async def publish(at: int, label: bytes, count: int) -> set[bytes]:
+                for n in range(count):
+                    devices[at].session.publish("data/n", b"%s-%d" % (label, n), 1)
+                await devices[at].flush()
+                return {b"%s-%d" % (label, n) for n in range(count)}
+
+            want = set()
+            for i in range(3):
+                want |= await publish(i, b"first%d" % i, 20)
+            await until(lambda: set(payloads()) >= want, 20)
             await trio.sleep(1.0)  # a second bridge's copies would have come by now
             assert set(payloads().values()) == {1}, payloads()
             # One bridge: connected once. Two (the same ids) would take each other's
             # sessions over, here and on the remote, and its state would flap.
             assert notes() == [b"1"], notes()
-            runner = int(holder(redis).removeprefix("gw"))
-            survivor = 1 - runner
-            # The runner dies: the other gateway takes the bridge over once the lease lapses,
-            # and what its device publishes meanwhile waits in the bridge's session.
-            started[runner][0].kill()
-            started[runner][0].wait()
-            for n in range(20):
-                devices[survivor].session.publish("data/after", b"after-%d" % n, 1)
-            await devices[survivor].flush()
-            later = {b"after-%d" % n for n in range(20)}
-            await until(lambda: set(payloads()) >= first | later, 30)
-            assert holder(redis) == f"gw{survivor}"
+            # The runner SIGKILLed: another gateway takes the bridge over once the lease
+            # lapses, and what is published meanwhile waits in the bridge's session.
+            first = runner()
+            started[first][0].kill()
+            started[first][0].wait()
+            alive = [i for i in range(3) if i != first]
+            want |= await publish(alive[0], b"after", 20)
+            await until(lambda: set(payloads()) >= want, 30)
+            second = runner()
+            assert second in alive
             assert notes()[-2:] == [b"0", b"1"]  # the dead runner's Will, then the new one
+            # The new runner stalled (SIGSTOP) past the lease: the last gateway takes over.
+            last = next(i for i in alive if i != second)
+            started[second][0].send_signal(signal.SIGSTOP)
+            await until(lambda: runner() == last, 20)
+            want |= await publish(last, b"stalled", 10)
+            await until(lambda: set(payloads()) >= want, 30)
+            # Resumed, it finds the duty taken and stops its bridge: the remote keeps one.
+            started[second][0].send_signal(signal.SIGCONT)
+            await trio.sleep(3.0)
+            assert runner() == last
+            resumed = await publish(last, b"resumed", 10)
+            want |= resumed
+            await until(lambda: set(payloads()) >= want, 30)
+            await trio.sleep(1.0)
+            assert {p: n for p, n in payloads().items() if p in resumed} == dict.fromkeys(resumed, 1)
             # Redis restarted, empty: the bridge stops if its lease could not be renewed
             # meanwhile (no second runner can be ruled out then), and runs on once Redis
             # answers; what is published after that is bridged.
             await trio.to_thread.run_sync(redis.restart)
             await trio.sleep(5.0)  # the fleet's resynchronisation, and the bridge's return
             assert notes()[-1:] == [b"1"], notes()
-            for n in range(10):
-                devices[survivor].session.publish("data/again", b"again-%d" % n, 1)
-            await devices[survivor].flush()
-            again = {b"again-%d" % n for n in range(10)}
-            await until(lambda: set(payloads()) >= first | later | again, 30)
+            want |= await publish(last, b"again", 10)
+            await until(lambda: set(payloads()) >= want, 30)
             nursery.cancel_scope.cancel()
     finally:
         for proc, _, _ in started:
+            proc.send_signal(signal.SIGCONT)
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
