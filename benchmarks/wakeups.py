@@ -21,6 +21,7 @@ measured the same way, as the last row. Loopback only; each server is stopped by
 from __future__ import annotations
 
 import argparse
+import collections
 import random
 import resource
 import select
@@ -66,28 +67,47 @@ def _connect_all(port: int, n: int, keepalive: int = 3600) -> list[socket.socket
     return socks
 
 
-def _ping(socks: list[socket.socket], rate: float, seconds: float, offset: int = 0) -> tuple[int, int]:
+def _ping(
+    socks: list[socket.socket], rate: float, seconds: float, offset: int = 0, delays: list[float] | None = None
+) -> tuple[int, int]:
     """PINGREQs at ``rate``/s, evenly spaced, the devices in a shuffled round (from its
-    ``offset``-th); returns (sent, answered)."""
+    ``offset``-th); returns (sent, answered). ``delays`` is given each PINGRESP's time
+    after its PINGREQ was sent (as this loop sees it: its own lag is in it too)."""
     poller = select.epoll()
     by_fd = {s.fileno(): s for s in socks}
     for fd in by_fd:
         poller.register(fd, select.EPOLLIN)
     order = list(socks)
     random.Random(1).shuffle(order)
+    waiting: dict[int, collections.deque[float]] = collections.defaultdict(collections.deque)
     sent = answered = 0
     start = next_at = time.monotonic()
     while (now := time.monotonic()) - start < seconds or answered < sent:
         if now - start > seconds + 5:
             break
         while next_at <= now and now - start < seconds:
-            order[(offset + sent) % len(order)].send(encoders.encode_pingreq())
+            sock = order[(offset + sent) % len(order)]
+            sock.send(encoders.encode_pingreq())
+            waiting[sock.fileno()].append(time.monotonic())
             sent += 1
             next_at += 1 / rate
         for fd, _ in poller.poll(max(0.0, min(next_at - time.monotonic(), 0.5))):
-            answered += len(by_fd[fd].recv(4096)) // 2  # PINGRESP is 2 bytes
+            got = len(by_fd[fd].recv(4096)) // 2  # PINGRESP is 2 bytes
+            answered += got
+            at, queue = time.monotonic(), waiting[fd]
+            for _ in range(min(got, len(queue))):
+                sent_at = queue.popleft()
+                if delays is not None:
+                    delays.append(at - sent_at)
     poller.close()
     return sent, answered
+
+
+def _quantile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 def _cpu_seconds(process: psutil.Process) -> float:
@@ -146,7 +166,8 @@ def measure_server(
         server = psutil.Process(proc.pid)
         split0 = server.cpu_times()
         before, t0 = _cpu_seconds(server), time.monotonic()
-        sent, answered = _ping(socks, rate, seconds, warmed)
+        delays: list[float] = []
+        sent, answered = _ping(socks, rate, seconds, warmed, delays)
         after, t1 = _cpu_seconds(server), time.monotonic()
         split1 = server.cpu_times()
         for sock in socks:
@@ -165,6 +186,8 @@ def measure_server(
         # Clock ticks (10 ms) here, so a split of tens of ticks: a few percent either way.
         "user_us": (split1.user - split0.user) * per_heartbeat,
         "kernel_us": (split1.system - split0.system) * per_heartbeat,
+        "delay_p50_ms": 1000 * _quantile(delays, 0.50),
+        "delay_p99_ms": 1000 * _quantile(delays, 0.99),
         "window_start": t0,
         "window_end": t1,
     }
@@ -226,6 +249,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--coalesce", default="0,0.1,0.25", help="comma-separated --coalesce values (default: 0,0.1,0.25)")
     p.add_argument("--keepalive", type=int, default=3600, help="the devices' keep-alive, seconds (default: 3600)")
     p.add_argument("--server-args", default="", help="more options for the server, as one string")
+    p.add_argument(
+        "--coalesce-pings",
+        default="default",
+        help="comma-separated --coalesce-pings values, a row each per --coalesce (default: the server's own)",
+    )
     p.add_argument("--warmup", type=float, default=0.0, help="seconds of PINGREQs before measuring (default: 0)")
     p.add_argument("--mosquitto", action="store_true", help="add a row for Mosquitto driven the same way, if installed")
     p.add_argument("--floor", action="store_true", help="add a row for benchmarks.ping_floor, a bare Python epoll loop")
@@ -234,10 +262,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     epoll_us, trio_us = floor["epoll_us_per_wakeup"], floor["trio_us_per_wakeup"]
     print(f"one wake-up here: plain epoll {epoll_us:.0f} µs, trio {trio_us:.0f} µs of CPU")
     extra = shlex.split(args.server_args)
-    rows = [
-        measure_server(args.devices, args.rate, args.seconds, float(c), args.keepalive, extra, args.warmup)
-        for c in args.coalesce.split(",")
-    ]
+    rows = []
+    for c in args.coalesce.split(","):
+        for pings in args.coalesce_pings.split(","):
+            more = [*extra, "--coalesce-pings", pings] if pings != "default" else extra
+            row = measure_server(args.devices, args.rate, args.seconds, float(c), args.keepalive, more, args.warmup)
+            row["pings"] = pings
+            rows.append(row)
     if args.mosquitto:
         try:
             rows.append(measure_server(args.devices, args.rate, args.seconds, None, args.keepalive, (), args.warmup))
@@ -251,15 +282,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"{args.devices:,} devices, {args.rate:g} PINGREQ/s for {args.seconds:g} s, one worker")
     print(
         "| --coalesce | heartbeats/s | answered | server CPU | per 1,000 heartbeats/s | vs the first "
-        "| a heartbeat: user · kernel |"
+        "| a heartbeat: user · kernel | PINGRESP after, p50 · p99 |"
     )
-    print("|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         name = {-2.0: "Python floor", -1.0: "Mosquitto"}.get(r["coalesce"], f"{r['coalesce']:g} s")
+        if "pings" in r:
+            name += f", pings {r['pings']}"
         print(
             f"| {name} | {r['heartbeats_per_s']:.0f} | {100 * r['answered']:.0f}% | "
             f"{r['cpu_pct']:.2f}% | {r['cpu_pct_per_1k']:.1f}% | {r['cpu_pct_per_1k'] / base:.2f}× "
-            f"| {r['user_us']:.1f} · {r['kernel_us']:.1f} µs |"
+            f"| {r['user_us']:.1f} · {r['kernel_us']:.1f} µs "
+            f"| {r['delay_p50_ms']:.1f} · {r['delay_p99_ms']:.1f} ms |"
         )
     return 0 if all(r["answered"] >= 1.0 for r in rows) else 1
 

@@ -65,12 +65,14 @@ class Dispatcher:
         low_water: int,
         coalesce: float = 0.0,
         coalesce_canned: float = 0.0,
+        canned_rate: float = 0.0,
         direct_wait: bool = True,
     ) -> None:
         if not 0 <= low_water <= high_water:
             raise ValueError("need 0 <= low_water <= high_water")
-        if coalesce < 0 or coalesce_canned < 0:
-            raise ValueError("coalesce and coalesce_canned must be >= 0")
+        for name, value in (("coalesce", coalesce), ("coalesce_canned", coalesce_canned), ("canned_rate", canned_rate)):
+            if value < 0:
+                raise ValueError(f"{name} must be >= 0")
         self.keeper = keeper
         self._epochs = keeper._epochs
         self.coalesce = coalesce
@@ -78,6 +80,8 @@ class Dispatcher:
         self.coalesce_canned = coalesce_canned
         """Seconds traffic is gathered after a pass that only answered canned requests
         (0: never); see :func:`~idlekeeper.open_engine`."""
+        self.canned_rate = canned_rate
+        """Canned requests a second from which those windows follow (0: whatever the rate)."""
         # A gathered packet is read up to a window after it came; stamping it then
         # would move its receive deadline out by as much, so it is stamped with when
         # the kernel received it.

@@ -190,6 +190,7 @@ async def open_engine(
     low_water: int = LOW_WATER,
     coalesce: float = 0.0,
     coalesce_canned: float = 0.0,
+    canned_rate: float = 0.0,
     direct_wait: bool = True,
 ) -> AsyncIterator[Engine]:
     """Start a dense engine (one task) whose connections ``keeper`` watches.
@@ -212,7 +213,12 @@ async def open_engine(
     A fleet whose traffic is mostly heartbeats then costs a wake-up a window, not one
     a heartbeat; what else arrives during a window waits for its end (up to
     ``coalesce_canned``), and a flow of other traffic is served as without it.
-    ``coalesce``, where set, applies to every pass instead.
+    ``coalesce``, where set, applies to every pass instead. With ``canned_rate`` (a
+    second, default 0: whatever the rate) the windows follow only while canned
+    requests come at least that fast (:class:`~idlekeeper.coalesce.CannedPace`): a
+    probe that comes alone is answered at once, and only a fleet's stream of them is
+    gathered. ``1 / coalesce_canned`` is the natural choice: a window then gathers
+    more than one on average, or none follows.
 
     ``direct_wait`` (default on): while no other task is runnable and no deadline is
     due, the engine waits for its sockets on an epoll set of its own that also holds
@@ -231,6 +237,7 @@ async def open_engine(
         low_water=low_water,
         coalesce=coalesce,
         coalesce_canned=coalesce_canned,
+        canned_rate=canned_rate,
         direct_wait=direct_wait,
     )
     try:
@@ -265,6 +272,7 @@ async def serve_protocol(
     low_water: int = LOW_WATER,
     coalesce: float = 0.0,
     coalesce_canned: float = 0.0,
+    canned_rate: float = 0.0,
     direct_wait: bool = True,
     task_status: trio.TaskStatus[Engine] = trio.TASK_STATUS_IGNORED,
 ) -> NoReturn:
@@ -273,7 +281,7 @@ async def serve_protocol(
     The dense counterpart of :func:`~idlekeeper.serve_tcp`; compatible with
     ``nursery.start``, which returns the :class:`Engine` (port 0 picks a free port:
     ``engine.listeners[0].getsockname()[1]``). ``ssl_context`` and
-    ``handshake_timeout`` are :meth:`Engine.serve`'s; ``read_size`` to ``coalesce_canned``
+    ``handshake_timeout`` are :meth:`Engine.serve`'s; ``read_size`` to ``canned_rate``
     :func:`open_engine`'s, as is ``direct_wait``.
     """
     listeners = await trio.open_tcp_listeners(port, host=host, backlog=backlog)
@@ -287,6 +295,7 @@ async def serve_protocol(
             low_water=low_water,
             coalesce=coalesce,
             coalesce_canned=coalesce_canned,
+            canned_rate=canned_rate,
             direct_wait=direct_wait,
         )
         async with opening as engine:

@@ -198,7 +198,7 @@ class HeartbeatTarget:
         """Enough workers for ``devices`` (or ``workers``), each with /metrics and a shared presence log.
 
         ``coalesce`` is the dense engine's ``--coalesce`` (0: a pass per wake-up), and
-        ``coalesce_pings`` its ``--coalesce-pings`` (0: none).
+        ``coalesce_pings`` its ``--coalesce-pings`` (0: the server's default).
 
         ``engine`` is the server's ``--engine``; a streams server is named ``idlekeeper-streams``.
         """

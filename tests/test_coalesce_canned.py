@@ -19,6 +19,7 @@ from trio.testing import MockClock
 import idlekeeper
 from idlekeeper import Engine
 from idlekeeper.arrival import MARGIN
+from idlekeeper.coalesce import CannedPace
 from idlekeeper.epochs import latest
 from tests.test_engine import Addr, Probe, collecting, connect, listening_socket, recv_exactly
 
@@ -38,12 +39,15 @@ class Pinged(Probe):
 
 
 @asynccontextmanager
-async def pinged_engine(window: float, receive: float = 60.0) -> AsyncIterator[tuple[Engine, list[Probe], Addr]]:
-    """A keeper (tick 0.1 s) and an engine gathering canned pings for ``window`` seconds,
-    serving :class:`Pinged` on a fresh listener: the engine, its protocols, the address."""
+async def pinged_engine(
+    window: float, receive: float = 60.0, rate: float = 0.0
+) -> AsyncIterator[tuple[Engine, list[Probe], Addr]]:
+    """A keeper (tick 0.1 s) and an engine gathering canned pings for ``window`` seconds
+    (while they come at ``rate`` a second or faster), serving :class:`Pinged` on a fresh
+    listener: the engine, its protocols, the address."""
     async with idlekeeper.open_keeper(tick=0.1) as keeper:
         probes, factory = collecting(Pinged)
-        async with idlekeeper.open_engine(keeper, coalesce_canned=window) as engine:
+        async with idlekeeper.open_engine(keeper, coalesce_canned=window, canned_rate=rate) as engine:
             engine.add_canned_reply(PING, PONG)
             [listener] = engine.serve([listening_socket()], factory, receive=receive)
             yield engine, probes, listener.getsockname()
@@ -214,8 +218,57 @@ async def test_without_the_option_no_pass_waits(clock: MockClock) -> None:
             sock.close()
 
 
-async def test_a_negative_window_is_refused() -> None:
+@pytest.mark.parametrize("name", ["coalesce", "coalesce_canned", "canned_rate"])
+async def test_a_negative_window_or_rate_is_refused(name: str) -> None:
     async with idlekeeper.open_keeper() as keeper:
-        with pytest.raises(ValueError, match="coalesce_canned must be >= 0"):
-            async with idlekeeper.open_engine(keeper, coalesce_canned=-0.1):
+        with pytest.raises(ValueError, match=f"^{name} must be >= 0"):
+            async with idlekeeper.open_engine(keeper, **{name: -0.1}):  # type: ignore[arg-type]
                 pass  # pragma: no cover - refused before the block
+
+
+def test_the_pace_says_busy_from_its_threshold_over_spans_of_its_length() -> None:
+    assert CannedPace(0.0).busy(0, 0.0)  # no threshold: a window after every canned pass
+    pace = CannedPace(20.0, span=0.5)
+    assert not pace.busy(0, 10.0)  # the first call only starts the span
+    assert not pace.busy(30, 10.2)  # a span not yet over: the last verdict holds
+    assert pace.busy(30, 10.5)  # 30 in 0.5 s: 60 a second
+    assert pace.busy(31, 10.7)
+    assert not pace.busy(35, 11.0)  # 5 in 0.5 s: 10 a second
+    assert not pace.busy(36, 20.0)  # one after a quiet spell: alone
+
+
+async def test_a_lone_ping_is_answered_at_once_and_a_stream_of_them_is_gathered(clock: MockClock) -> None:
+    """With a rate: a device pinging on its own (one a second against 4 a second) gets
+    every answer as its ping comes; eight pinging together (about 27 a second) are
+    gathered into windows, none answered later than one."""
+    async with pinged_engine(0.25, rate=4.0) as (engine, probes, addr):
+        socks = [await connect(addr) for _ in range(8)]
+        await trio.sleep(1.0)
+        assert len(probes) == 8
+        alone: list[float] = []
+        for _ in range(6):
+            sent = trio.current_time()
+            await socks[0].send(PING)
+            assert await recv_exactly(socks[0], 2) == PONG
+            alone.append(trio.current_time() - sent)
+            await trio.sleep(1.0)
+        assert max(alone) <= 1e-6 and engine.windows == 0
+        waits: list[float] = []
+
+        async def pinger(sock: trio.socket.SocketType, offset: float) -> None:
+            await trio.sleep(offset)
+            for _ in range(10):
+                sent = trio.current_time()
+                await sock.send(PING)
+                assert await recv_exactly(sock, 2) == PONG
+                waits.append(trio.current_time() - sent)
+                await trio.sleep(0.3)
+
+        with trio.fail_after(10):
+            async with trio.open_nursery() as nursery:
+                for i, sock in enumerate(socks):
+                    nursery.start_soon(pinger, sock, 0.0375 * i)
+        assert len(waits) == 80 and max(waits) <= 0.25 + 1e-6
+        assert engine.windows > 0 and max(waits) >= 0.1  # gathered, once the pace was seen
+        for sock in socks:
+            sock.close()

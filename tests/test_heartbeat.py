@@ -207,41 +207,59 @@ async def test_the_engine_answers_a_pingreq_only_where_the_session_would(clock: 
 
 
 async def test_coalesced_pings_wait_a_window_and_other_traffic_does_not(clock: MockClock, engine: str) -> None:
-    """``coalesce_pings``: on the dense engine, PINGREQs that come alone are answered a
-    window at a time (never later than the window); a PUBLISH that comes during a
-    window waits for its end, and the QoS 1 flow after it is served as it comes. A
+    """``coalesce_pings``: on the dense engine, a PINGREQ that comes alone is answered at
+    once; while a fleet's PINGREQs come faster than one a window they are answered a
+    window at a time (never later than the window), and a PUBLISH that comes meanwhile
+    waits for the window's end, after which the QoS 1 flow is served as it comes. A
     device that falls silent is closed 1.5 keep-alives after its last PINGREQ was read,
     within a tick. The streams engine has no windows: the option changes nothing there."""
     cfg = HeartbeatConfig(port=0, tick=TICK, connect_timeout=5, coalesce_pings=0.5)
     windowed = engine == "dense"
     async with running(cfg) as (server, _events):
-        watcher = await Client.connect(server.port, "watcher")
+        watcher = await Client.connect(server.port, "watcher", keep_alive=60)
         await watcher.send(encoders.encode_subscribe(1, [("t/#", 1)]))
         assert await watcher.read_packet() == encoders.encode_suback(1, [1])
         device = await Client.connect(server.port, "dev-w", keep_alive=4)
         other = await Client.connect(server.port, "dev-v", keep_alive=60)
-        waits = []
+        fleet = [await Client.connect(server.port, f"fleet-{i}", keep_alive=60) for i in range(5)]
+        alone = []
         for _ in range(3):
-            await trio.sleep(1.3)  # a quiet spell: the next ping is answered at once
+            await trio.sleep(1.3)  # a quiet spell: one PINGREQ, answered at once
+            sent = trio.current_time()
             await device.send(encoders.encode_pingreq())
-            assert await device.read(2) == encoders.encode_pingresp()  # and opens a window
+            assert await device.read(2) == encoders.encode_pingresp()
+            alone.append(trio.current_time() - sent)
+        assert max(alone) <= 1e-6
+
+        async def pinging(client: Client, offset: float) -> None:
+            # 5 devices, one PINGREQ each every 0.25 s: 20 a second, past one a window (2).
+            await trio.sleep(offset)
+            for _ in range(24):
+                await client.send(encoders.encode_pingreq())
+                assert await client.read(2) == encoders.encode_pingresp()
+                await trio.sleep(0.25)
+
+        async with trio.open_nursery() as nursery:
+            for i, client in enumerate(fleet):
+                nursery.start_soon(pinging, client, 0.05 * i)
+            await trio.sleep(1.5)  # the pace is seen
+            waits = []
+            for _ in range(3):
+                await trio.sleep(0.33)
+                sent = trio.current_time()
+                await other.send(encoders.encode_pingreq())
+                assert await other.read(2) == encoders.encode_pingresp()
+                waits.append(trio.current_time() - sent)
+            assert max(waits) <= 0.5 + 1e-6  # never past the window
+            assert (max(waits) >= 0.05) is windowed  # gathered
             await trio.sleep(0.1)
             sent = trio.current_time()
-            await other.send(encoders.encode_pingreq())
-            assert await other.read(2) == encoders.encode_pingresp()
-            waits.append(trio.current_time() - sent)
-        assert max(waits) <= 0.4 + 1e-6  # never past the window
-        assert (min(waits) >= 0.15) is windowed  # at its end (which may come with the reaper's, in its second half)
-        await trio.sleep(1.3)
-        await device.send(encoders.encode_pingreq())
-        assert await device.read(2) == encoders.encode_pingresp()
-        await trio.sleep(0.1)
-        sent = trio.current_time()
-        await device.send(encoders.encode_publish("t/a", b"1"))
-        assert publish_topic(await watcher.read_packet()) == ("t/a", b"1")
-        first = trio.current_time() - sent
-        assert first <= 0.4 + 1e-6 and (first >= 0.15) is windowed
-        for i in range(5):  # a QoS 1 flow: each acknowledged as it comes
+            await device.send(encoders.encode_publish("t/a", b"1"))
+            assert publish_topic(await watcher.read_packet()) == ("t/a", b"1")
+            first = trio.current_time() - sent
+            assert first <= 0.5 + 1e-6 and (first > 1e-6) is windowed
+            nursery.cancel_scope.cancel()
+        for i in range(5):  # a QoS 1 flow, the fleet quiet: each acknowledged as it comes
             sent = trio.current_time()
             await device.send(encoders.encode_publish("t/b", b"x", qos=1, packet_id=i + 1))
             assert await device.read(4) == encoders.encode_puback(i + 1)
@@ -256,7 +274,7 @@ async def test_coalesced_pings_wait_a_window_and_other_traffic_does_not(clock: M
         last = trio.current_time()  # read by now (its stamp: the mock clock has no kernel stamps)
         assert await device.closed()
         assert last + 6 <= trio.current_time() <= last + 6 + TICK + 1e-6
-        assert server.engine is None or server.engine.coalesce_canned == 0.5
+        assert server.engine is None or (server.engine.coalesce_canned, server.engine.canned_rate) == (0.5, 2.0)
 
 
 async def test_a_window_of_acknowledgements_read_alone_is_taken_in_halves(clock: MockClock, engine: str) -> None:

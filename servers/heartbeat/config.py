@@ -28,7 +28,12 @@ from .security.connect_rate import DEFAULT_CONNECT_RATE
 from .security.passwords import PasswordFile
 from .security.throttle import ThrottlePolicy
 
-__all__ = ["ENGINES", "KEEPALIVE_OVER_MAX", "HeartbeatConfig"]
+DEFAULT_COALESCE_PINGS = 0.04
+"""Seconds PINGREQs are gathered (the dense engine's window while a fleet pings faster
+than one a window): MQTT asks a PINGRESP "within a reasonable amount of time", and
+clients wait seconds."""
+
+__all__ = ["DEFAULT_COALESCE_PINGS", "ENGINES", "KEEPALIVE_OVER_MAX", "HeartbeatConfig"]
 
 logger = logging.getLogger("servers.heartbeat")
 
@@ -122,9 +127,11 @@ class HeartbeatConfig(WorkerConfig):
     """``dense`` (one task serves every connection) or ``streams`` (a task per connection)."""
     coalesce: float = 0.0
     """Dense engine: seconds packets are gathered per pass while they keep coming (CPU for latency)."""
-    coalesce_pings: float = 0.0
-    """Dense engine: seconds PINGREQs are gathered per pass while nothing else comes (CPU for
-    the latency of a packet arriving meanwhile); see :func:`idlekeeper.open_engine`'s ``coalesce_canned``."""
+    coalesce_pings: float = DEFAULT_COALESCE_PINGS
+    """Dense engine: seconds PINGREQs are gathered per pass while nothing else comes and they
+    come faster than one such window each (CPU for the latency of a packet arriving
+    meanwhile; 0: never); see :func:`idlekeeper.open_engine`'s ``coalesce_canned`` and
+    ``canned_rate``."""
     direct_wait: bool = True
     """Dense engine: while trio has nothing else to do, wait for the sockets on the engine's own
     epoll set (``--trio-waits`` turns it off); see :func:`idlekeeper.open_engine`'s ``direct_wait``."""

@@ -10,7 +10,7 @@ from ...config import LOG_FILE, LOG_LEVEL, worker_settings
 from ...settings import Choice, Flag, Host, Path, Setting, Text, count, port, seconds
 from ...tls import tls_settings
 from ..bridge import parse_bridge
-from ..config import ENGINES, KEEPALIVE_OVER_MAX
+from ..config import DEFAULT_COALESCE_PINGS, ENGINES, KEEPALIVE_OVER_MAX
 from ..coordination.durable import SYNC_MODES
 from ..listener import parse_listener
 from ..mqtt.packets import MAX_REMAINING_LENGTH
@@ -453,10 +453,11 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "--coalesce-pings",
         seconds(least=0),
-        0.0,
-        "dense engine: while nothing but PINGREQs comes, serve them in one pass every this many seconds "
-        "(a fleet's heartbeats cost a wake-up a window; a packet that arrives meanwhile waits up to that "
-        "long; any other traffic is served at once; default: 0)",
+        DEFAULT_COALESCE_PINGS,
+        "dense engine: while nothing but PINGREQs comes, and faster than one in this many seconds, "
+        "serve them in one pass every this many seconds (a fleet's heartbeats cost a wake-up a window; "
+        "a lone PINGREQ is answered at once; a packet that arrives during a window waits up to that "
+        "long; any other traffic is served at once; 0: never; default: 0.04)",
         group=_ENGINE,
     ),
     Setting(

@@ -415,9 +415,17 @@ async def serve_dense(
     A door with TLS speaks MQTT over TLS (8883): the engine runs each handshake under
     its own deadline, then the connection as over TCP."""
     cfg = server.config
-    async with idlekeeper.open_engine(
-        server.keeper, coalesce=cfg.coalesce, coalesce_canned=cfg.coalesce_pings, direct_wait=cfg.direct_wait
-    ) as engine:
+    pings = cfg.coalesce_pings
+    opening = idlekeeper.open_engine(
+        server.keeper,
+        coalesce=cfg.coalesce,
+        coalesce_canned=pings,
+        # Windows only while pings come faster than one a window: a lone one is
+        # answered at once, a fleet's stream costs a wake-up a window.
+        canned_rate=1 / pings if pings else 0.0,
+        direct_wait=cfg.direct_wait,
+    )
+    async with opening as engine:
         engine.add_canned_reply(PINGREQ_WIRE, _PINGRESP)  # for DenseConnection._offer_pings
         for door in doors:
             serve_door(server, engine, door)
