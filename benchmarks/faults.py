@@ -34,7 +34,6 @@ import json
 import os
 import signal
 import socket
-import subprocess
 import sys
 import tempfile
 import threading
@@ -45,13 +44,13 @@ import trio
 
 from loadtest.history import check_history
 from loadtest.mqtt_frames import frames
-from loadtest.mqtt_targets import mosquitto_binary
+from loadtest.mqtt_targets import PeerUnavailable, start_mosquitto
 from loadtest.page import Watcher, fetch
-from loadtest.processes import free_port, start_heartbeat, stop, wait_listening
+from loadtest.processes import free_port, start_heartbeat
 from servers.heartbeat.mqtt import encoders
 from servers.heartbeat.mqtt.policy import DEFAULT_PRESENCE_PREFIX
 
-from .bridge_presence import CONF, bridge_url, converged
+from .bridge_presence import bridge_url, converged
 
 
 def _connect(port: int, client_id: str, keep_alive: int) -> socket.socket:
@@ -98,19 +97,6 @@ def _log(path: Path) -> list[dict[str, object]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def start_remote(work: Path) -> tuple[subprocess.Popen[bytes], int]:
-    """A Mosquitto for the bridge to send presence to (by PID, stopped by the caller)."""
-    binary = mosquitto_binary()
-    if binary is None:
-        raise SystemExit("--bridge needs mosquitto (apt-get install mosquitto)")
-    rport = free_port()
-    conf = work / "remote.conf"
-    conf.write_text(CONF.format(user="user root\n" if os.geteuid() == 0 else "", port=rport))
-    remote = subprocess.Popen([binary, "-c", str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    wait_listening(rport, remote)
-    return remote, rport
-
-
 def run(
     devices: int,
     workers: int,
@@ -125,7 +111,9 @@ def run(
     port = free_port()
     ports = [port] + [free_port() for _ in range(doors - 1)]
     extra = ["--tick", "0.1", "--presence-log", str(log)]
-    remote, rport = start_remote(work) if bridge else (None, 0)
+    # Mosquitto's default queue would drop a burst of presence on the way in.
+    remote = start_mosquitto("bridge-remote", free_port(), "max_queued_messages 0\n") if bridge else None
+    rport = 0 if remote is None else remote.port
     if bridge:
         extra += ["--bridge", bridge_url(rport)]
     for more in ports[1:]:
@@ -202,14 +190,15 @@ def run(
             watching.set()
             for w in watchers:
                 w.close()
+        bridged: dict[str, object] = {}
         if remote is not None:
 
             def truth() -> dict[str, dict[str, object]]:
                 return {str(e["client_id"]): e for e in _log(log) if str(e["client_id"]).startswith("dev-")}
 
             right = trio.run(converged, rport, truth, 60.0)
-            page["bridge_remote_right_after_s"] = None if right is None else round(time.monotonic() - killed, 2)
-            page["bridge_worker_killed"] = victim == 0  # worker 0 runs the bridge
+            bridged["bridge_remote_right_after_s"] = None if right is None else round(time.monotonic() - killed, 2)
+            bridged["bridge_worker_killed"] = victim == 0  # worker 0 runs the bridge
         remaining = {f"dev-{i}" for i in range(devices)} - lost
         stopped = time.monotonic()
         proc.send_signal(signal.SIGTERM)
@@ -250,6 +239,7 @@ def run(
             "listeners": doors,
             "events_naming_another_listener": len(misnamed),
             **page,
+            **bridged,
         }
     finally:
         watching.set()
@@ -261,7 +251,7 @@ def run(
             proc.kill()  # by PID
             proc.wait()
         if remote is not None:
-            stop(remote)
+            remote.stop()  # by PID
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -275,7 +265,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--victim", type=int, default=None, help="the worker to kill (if a subscriber is elsewhere)")
     args = p.parse_args(argv)
     doors = max(1, args.listeners)
-    result = run(args.devices, args.workers, args.subscribers, args.pages, doors, args.bridge, args.victim)
+    try:
+        result = run(args.devices, args.workers, args.subscribers, args.pages, doors, args.bridge, args.victim)
+    except PeerUnavailable as exc:
+        print(f"python -m benchmarks.faults: --bridge: {exc}", file=sys.stderr)
+        return 2
     for key, value in result.items():
         print(f"{key:38} {value}")
     ok = (

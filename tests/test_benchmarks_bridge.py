@@ -5,23 +5,20 @@ figure is there and this server's bridge lost nothing."""
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
 
 from benchmarks.bridge.__main__ import main
-from loadtest.mqtt_targets import mosquitto_binary
+
+from .mosquitto_peer import require_mosquitto
 
 
 @pytest.mark.slow
 def test_the_bridge_benchmark_reports_every_figure_and_ours_loses_nothing(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    if mosquitto_binary() is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail("mosquitto is not installed, and CI installs it")
-        pytest.skip("mosquitto is not installed (apt-get install mosquitto; .ci/run does it in CI)")
+    require_mosquitto()
     out = tmp_path / "bridge.json"
     argv = ["--qos0", "500", "--qos1", "500", "--keepalive", "5", "--restart-messages", "300"]
     assert main([*argv, "--restart-rate", "200", "--timeout", "30", "--json", str(out)]) == 0

@@ -7,21 +7,19 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from pathlib import Path
 
 import pytest
 
 from benchmarks.listeners import KINDS, Served, check_figures, main
-from loadtest.mqtt_targets import MqttTarget, mosquitto_binary
+from loadtest.mqtt_targets import MqttTarget
+
+from .mosquitto_peer import require_mosquitto
 
 
 @pytest.mark.slow
 def test_a_tiny_run_measures_each_listener_on_both_servers(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    if mosquitto_binary() is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail("mosquitto is not installed, and CI installs it")
-        pytest.skip("mosquitto is not installed (apt-get install mosquitto; .ci/run does it in CI)")
+    require_mosquitto()
     out = tmp_path / "listeners.json"
     code = main(["--devices", "20", "--keepalive", "1", "--seconds", "3", "--json", str(out)])
     printed = capsys.readouterr().out

@@ -10,27 +10,21 @@ retained message stays retained; it may write its state there (and nowhere else 
 from __future__ import annotations
 
 import collections
-import os
-import subprocess
-from collections.abc import Iterator
 from functools import partial
-from pathlib import Path
 
 import pytest
 import trio
 
-from loadtest.mqtt_targets import mosquitto_binary
-from loadtest.processes import free_port, start_heartbeat, stop, wait_listening
+from loadtest.mqtt_targets import MqttTarget, start_mosquitto
+from loadtest.processes import free_port, start_heartbeat, stop
 from servers.heartbeat.mqtt.client import Acknowledged, Message
 
+from .mosquitto_peer import require_mosquitto
 from .test_bridge_runtime import ROOT, client, drain, until
 from .test_heartbeat import running
 from .test_mqtt_client_session import Link
 
 EDGE = """\
-{user}listener {port} 127.0.0.1
-allow_anonymous true
-persistence false
 connection up
 address 127.0.0.1:{remote}
 remote_clientid edge-up
@@ -43,24 +37,13 @@ STATE = "$SYS/broker/connection/edge-up/state"
 
 
 @pytest.fixture
-def mosquitto() -> Iterator[str]:
-    binary = mosquitto_binary()
-    if binary is None:
-        if os.environ.get("CI"):
-            pytest.fail("mosquitto is required in CI")
-        pytest.skip("mosquitto is not installed (apt-get install mosquitto)")
-    yield binary
+def mosquitto() -> str:
+    return require_mosquitto()
 
 
-def start_edge(binary: str, tmp_path: Path, remote: int) -> tuple[subprocess.Popen[bytes], int]:
-    port = free_port()
-    conf = tmp_path / "edge.conf"
-    # Run as root, Mosquitto would drop to the "mosquitto" user; keep it as it is.
-    conf.write_text(EDGE.format(user="user root\n" if os.geteuid() == 0 else "", port=port, remote=remote))
-    quiet = subprocess.DEVNULL
-    proc = subprocess.Popen([binary, "-c", str(conf)], stdout=quiet, stderr=quiet)
-    wait_listening(port, proc)
-    return proc, port
+def start_edge(remote: int) -> MqttTarget:
+    """Mosquitto with the bridge's section, on a port of its own."""
+    return start_mosquitto("edge", free_port(), EDGE.format(remote=remote))
 
 
 async def publish(port: int, topic: str, payload: bytes, retain: bool = False) -> None:
@@ -78,22 +61,23 @@ def seen(link: Link) -> collections.Counter[tuple[str, bytes, bool]]:
 
 
 @pytest.mark.parametrize("workers", [1, 2])
-async def test_mosquittos_bridge_to_this_server_with_its_defaults(mosquitto: str, tmp_path: Path, workers: int) -> None:
+async def test_mosquittos_bridge_to_this_server_with_its_defaults(mosquitto: str, workers: int) -> None:
     if workers == 1:
         async with running() as (server, _):
-            await bridged_from_mosquitto(mosquitto, tmp_path, int(server.port))
+            await bridged_from_mosquitto(int(server.port))
         return
     port = free_port()
     ours = await trio.to_thread.run_sync(partial(start_heartbeat, port, workers, cwd=str(ROOT)))
     try:
-        await bridged_from_mosquitto(mosquitto, tmp_path, port)
+        await bridged_from_mosquitto(port)
     finally:
         stop(ours)
 
 
-async def bridged_from_mosquitto(mosquitto: str, tmp_path: Path, port: int) -> None:
+async def bridged_from_mosquitto(port: int) -> None:
     here = await client(port, "here", "data/#", "both/#", "$SYS/broker/connection/#")
-    edge, edge_port = await trio.to_thread.run_sync(start_edge, mosquitto, tmp_path, port)
+    edge = await trio.to_thread.run_sync(start_edge, port)
+    edge_port = edge.port
     try:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(drain, here)
@@ -123,10 +107,9 @@ async def bridged_from_mosquitto(mosquitto: str, tmp_path: Path, port: int) -> N
                 await late.until(lambda e: isinstance(e, Message))
             assert ("both/kept", b"kept", True) in seen(late)
             # Killed: its Will says 0 here.
-            edge.kill()
-            edge.wait()
+            edge.proc.kill()
+            edge.proc.wait()
             await until(lambda: any(t == STATE and p == b"0" for t, p, _ in seen(here)), 10)
             nursery.cancel_scope.cancel()
     finally:
-        if edge.poll() is None:
-            stop(edge)
+        edge.stop()

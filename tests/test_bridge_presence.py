@@ -20,20 +20,10 @@ there message by message ("Denied PUBLISH" in its log); the bridge maps it to
 
 from __future__ import annotations
 
-import os
-
-import pytest
-
 from benchmarks.bridge_presence import bridge_url, measure
-from loadtest.mqtt_targets import mosquitto_binary
 from servers.heartbeat.bridge import parse_bridge
 
-
-def needs_mosquitto() -> None:
-    if mosquitto_binary() is None:
-        if os.environ.get("CI"):
-            pytest.fail("mosquitto is required in CI")
-        pytest.skip("mosquitto is not installed (apt-get install mosquitto)")
+from .mosquitto_peer import require_mosquitto
 
 
 def test_the_url_sends_local_presence_out_at_qos_1_under_the_remote_prefix() -> None:
@@ -45,7 +35,7 @@ def test_the_url_sends_local_presence_out_at_qos_1_under_the_remote_prefix() -> 
 
 
 async def test_the_remotes_retained_presence_converges_after_the_link_returns() -> None:
-    needs_mosquitto()
+    require_mosquitto()
     result = await measure(50, keep_alive=2, fraction=0.1, bridge_keepalive=5)
     assert result.broken_devices == 0
     assert result.edge_notifications[-3:] == ["1", "0", "1"]

@@ -24,13 +24,13 @@ import trio
 import trio.testing
 
 import idlekeeper
-from loadtest.mqtt_targets import mosquitto_binary
 from loadtest.processes import free_port, stop, wait_listening
 from servers.heartbeat.bridge import BridgeAddress, parse_bridge
 from servers.heartbeat.bridging import Bridge, announcer
 from servers.heartbeat.config import HeartbeatConfig
 from servers.heartbeat.mqtt.client import MQTT_311, ClientOptions, ClientSession, Message, Subscribed
 
+from .mosquitto_peer import require_mosquitto
 from .test_heartbeat import running
 from .test_mqtt_client_session import Link
 
@@ -71,11 +71,7 @@ class Mosquitto:
 
 
 def mosquitto_at(tmp_path: Path, anonymous: bool = True) -> Iterator[Mosquitto]:
-    binary = mosquitto_binary()
-    if binary is None:
-        if os.environ.get("CI"):
-            pytest.fail("mosquitto is required in CI")
-        pytest.skip("mosquitto is not installed (apt-get install mosquitto)")
+    binary = require_mosquitto()
     port = free_port()
     conf = tmp_path / f"mosquitto-{port}.conf"
     # Run as root, Mosquitto would drop to the "mosquitto" user; keep it as it is.
@@ -471,11 +467,7 @@ persistence false
 async def test_over_tls_with_the_bridges_ca(tmp_path: Path) -> None:
     import trustme
 
-    binary = mosquitto_binary()
-    if binary is None:
-        if os.environ.get("CI"):
-            pytest.fail("mosquitto is required in CI")
-        pytest.skip("mosquitto is not installed (apt-get install mosquitto)")
+    binary = require_mosquitto()
     ca = trustme.CA()
     ca.cert_pem.write_to_path(str(tmp_path / "ca.pem"))
     cert = ca.issue_cert("127.0.0.1")

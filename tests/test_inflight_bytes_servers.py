@@ -14,17 +14,17 @@ from pathlib import Path
 import coredis
 import pytest
 
-from loadtest.mqtt_targets import mosquitto_binary
 from loadtest.processes import free_port, start_heartbeat, wait_listening
 from servers.heartbeat.broker.reports import Acked, Detach
 from servers.heartbeat.mqtt import encoders
 from servers.heartbeat.mqtt.publication import Publication
 
+from .mosquitto_peer import require_mosquitto
 from .mqtt_wire import Sent
 from .redis_server import RedisServer
 from .test_fleet import PREFIX, drain, fleet, redis_server, until
 from .test_fleet_sessions import attach, held_session, knows, pid, publishes
-from .test_heartbeat_clients import IN_CI, Server, start_server
+from .test_heartbeat_clients import Server, start_server
 from .test_mqtt_state import Raw, publish
 from .test_tls_servers import stop
 
@@ -110,11 +110,7 @@ SCENES = {
 
 @pytest.mark.parametrize("scene", SCENES)
 def test_mosquitto_and_the_server_keep_the_same_number_in_flight(tmp_path: Path, scene: str) -> None:
-    binary = mosquitto_binary()
-    if binary is None:
-        if IN_CI:
-            pytest.fail("mosquitto is not installed, and CI must run this")
-        pytest.skip("mosquitto is not installed (apt-get install mosquitto)")
+    binary = require_mosquitto()
     sizes, window, expected = SCENES[scene]
     user = "user root\n" if os.geteuid() == 0 else ""
 

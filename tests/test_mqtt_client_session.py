@@ -18,7 +18,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from loadtest.mqtt_targets import mosquitto_binary
 from loadtest.processes import free_port, stop, wait_listening
 from servers.heartbeat.mqtt import encoders
 from servers.heartbeat.mqtt import packets as v3
@@ -47,6 +46,7 @@ from servers.heartbeat.mqtt.v5 import codec
 from servers.heartbeat.mqtt.v5 import packets as v5
 from servers.heartbeat.mqtt.v5.properties import EMPTY, Properties
 
+from .mosquitto_peer import require_mosquitto
 from .test_heartbeat import running
 
 VERSIONS = pytest.mark.parametrize("version", [MQTT_311, MQTT_50], ids=["3.1.1", "5.0"])
@@ -686,11 +686,7 @@ persistence false
 def mosquitto(tmp_path: Path) -> Iterator[tuple[int, Callable[[], int]]]:
     """Mosquitto on a free loopback port: the port, and a call that restarts it (the same
     port, no store) and returns the port."""
-    binary = mosquitto_binary()
-    if binary is None:
-        if os.environ.get("CI"):
-            pytest.fail("mosquitto is required in CI")
-        pytest.skip("mosquitto is not installed (apt-get install mosquitto)")
+    binary = require_mosquitto()
     port = free_port()
     conf = tmp_path / "mosquitto.conf"
     # Run as root, Mosquitto would drop to the "mosquitto" user; keep it as it is.

@@ -40,8 +40,8 @@ from __future__ import annotations
 
 import collections
 import heapq
+import time
 from collections.abc import Callable, Collection, Hashable, Iterable
-from typing import Any
 
 from ..mqtt.publication import Publication
 from .outbox import DEFAULT_MAX_QUEUED, DEFAULT_MAX_QUEUED_BYTES, DEFAULT_WINDOW, Message, Outbox
@@ -241,13 +241,13 @@ class SessionStore:
         heapq.heappush(self._expiries, (now + stored.expiry, client_id))
         return Opened(False, {}, frozenset())
 
-    def outbox(self, client_id: str, **options: Any) -> Outbox:
-        """A new outbox for ``client_id``'s session, bounded as the store says, but a
-        bridge's: it holds what a remote broker is owed, however many messages that is,
-        within the bytes' bound (the remote away, or slower than the publishers)."""
+    def outbox(self, client_id: str, clock: Callable[[], float] = time.monotonic) -> Outbox:
+        """A new outbox for ``client_id``'s session on ``clock``, bounded as the store says,
+        but a bridge's: it holds what a remote broker is owed, however many messages that
+        is, within the bytes' bound (the remote away, or slower than the publishers)."""
         count = _NO_COUNT if client_id in self.bridges else self.max_queued
         return Outbox(
-            self.window, count, self.max_queued_bytes, window_bytes=self.window_bytes, attached=False, **options
+            self.window, count, self.max_queued_bytes, window_bytes=self.window_bytes, attached=False, clock=clock
         )
 
     def attach(self, client_id: str, holder: Hashable, expiry: float | None = None) -> Delivery | None:
